@@ -1,0 +1,483 @@
+"""One Flax NNX decoder for the Llama 3.x and Qwen2 / Qwen2.5 families.
+
+Pre-norm transformer: token embedding -> L x [RMSNorm -> GQA self-attention with RoPE -> residual,
+RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied to the embedding or not) and, optionally,
+a scalar value head (the DRM's Bradley-Terry score, Eq. 1).
+
+Family differences are configuration, not code: Qwen2 has biases on q/k/v (`qkv_bias`), Llama may have
+biases on all four attention projections (`attention_bias`) and on the MLP (`mlp_bias`); Llama 3.1+ uses the
+`llama3` RoPE frequency scaling.
+
+Padding can sit anywhere. Positions derive from the attention mask (`cumsum(mask) - 1`), so left- and
+right-padded batches give the same logits at their real tokens. For generation the model reads and writes a
+`KVCache` whose per-slot validity mask lets a prefix prefilled once be extended by many suffixes
+(see `rrc_jax.sampling`).
+
+Shapes: B batch, T new tokens, S cache slots, E embed, H query heads, K kv heads, G = H / K, D head dim,
+I mlp width, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a query with no visible key gives no NaN
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    """Architecture and numerics of a decoder. Hashable (it is static in jit)."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_type: str = "default"
+    # (key, value) pairs of the rope scaling parameters (`factor`, `low_freq_factor`, ...), sorted by key.
+    rope_scaling: tuple[tuple[str, float], ...] = ()
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    value_head: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    dtype: str = "float32"  # compute dtype
+    param_dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"unknown model_type {self.model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        if self.rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"unsupported rope type {self.rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def params_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    def replace(self, **changes: Any) -> DecoderConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], **overrides: Any) -> DecoderConfig:
+        """From a Hugging Face `config.json` dict (transformers 4.x `rope_scaling` or 5.x `rope_parameters`)."""
+        model_type = hf.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"unknown model_type {model_type!r} in config.json; supported: "
+                             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}: only 'silu' (SwiGLU) is implemented")
+        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+        rope_theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+        rope_type = rope.pop("rope_type", rope.pop("type", "default")) or "default"
+        heads = hf["num_attention_heads"]
+        eos = hf.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        is_qwen = model_type == "qwen2"
+        if is_qwen and hf.get("use_sliding_window"):
+            raise ValueError("Qwen2 sliding-window attention (use_sliding_window=true) is not supported")
+        kwargs = dict(
+            model_type=model_type,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_type=rope_type,
+            rope_scaling=tuple(sorted((k, float(v)) for k, v in rope.items() if isinstance(v, (int, float)))),
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", is_qwen)),
+            qkv_bias=True if is_qwen else bool(hf.get("attention_bias", False)),
+            o_bias=False if is_qwen else bool(hf.get("attention_bias", False)),
+            mlp_bias=False if is_qwen else bool(hf.get("mlp_bias", False)),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            pad_token_id=hf.get("pad_token_id"),
+        )
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    def to_hf(self) -> dict[str, Any]:
+        """A `config.json` dict that transformers loads as `LlamaForCausalLM` / `Qwen2ForCausalLM`."""
+        arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[self.model_type]
+        rope = {"rope_type": self.rope_type, "rope_theta": self.rope_theta, **dict(self.rope_scaling)}
+        if "original_max_position_embeddings" in rope:
+            rope["original_max_position_embeddings"] = int(rope["original_max_position_embeddings"])
+        hf = dict(
+            architectures=[arch], model_type=self.model_type, vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim, hidden_act="silu",
+            rms_norm_eps=self.rms_norm_eps, max_position_embeddings=self.max_position_embeddings,
+            rope_parameters=rope, rope_theta=self.rope_theta,
+            rope_scaling=None if self.rope_type == "default" else rope,
+            tie_word_embeddings=self.tie_word_embeddings, bos_token_id=self.bos_token_id,
+            eos_token_id=(list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else
+                          (self.eos_token_ids[0] if self.eos_token_ids else None)),
+            pad_token_id=self.pad_token_id, dtype=self.param_dtype,
+        )
+        if self.model_type == "llama":
+            hf.update(attention_bias=self.qkv_bias, mlp_bias=self.mlp_bias)
+        return hf
+
+
+# ----------------------------------------------------------------------------------------------------------
+# RoPE
+# ----------------------------------------------------------------------------------------------------------
+
+def rope_inv_freq(cfg: DecoderConfig) -> np.ndarray:
+    """Inverse frequencies `[D/2]` (float32), with `linear` or `llama3` scaling (as transformers computes them)."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))
+    p = dict(cfg.rope_scaling)
+    if cfg.rope_type == "linear":
+        inv = inv / p["factor"]
+    elif cfg.rope_type == "llama3":
+        factor, low, high = p["factor"], p["low_freq_factor"], p["high_freq_factor"]
+        old_len = p.get("original_max_position_embeddings", cfg.max_position_embeddings)
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv = np.where(medium, smoothed, scaled)
+    return inv.astype(np.float32)
+
+
+def rope_cos_sin(positions: jax.Array, inv_freq) -> tuple[jax.Array, jax.Array]:
+    """cos, sin `[B, T, D]` (float32) for integer `positions [B, T]`."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate `x [B, T, N, D]` by `cos, sin [B, T, D]` (the rotate-half convention of Llama / Qwen2)."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+    return x * cos + rotated * sin
+
+
+# ----------------------------------------------------------------------------------------------------------
+# KV cache
+# ----------------------------------------------------------------------------------------------------------
+
+@struct.dataclass
+class KVCache:
+    """Key/value cache with a per-slot validity mask.
+
+    Slots are written left to right by all rows together (`end` is shared); a slot holds a real token of a row
+    only where `valid[b, s]`. Attention of a new token at slot `e` sees the valid slots `s <= e`, so padding may
+    sit anywhere (left-padded prompts, right-padded suffixes, rows that finished decoding).
+
+    k, v: per layer `[B, S, K, D]`; valid `[B, S]` bool; positions `[B]` int32, the RoPE position of each row's
+    next token (= its number of valid tokens); end `[]` int32, the next slot to write; logits `[B, V]` float32,
+    the next-token logits after each row's last valid token.
+    """
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+    valid: jax.Array
+    positions: jax.Array
+    end: jax.Array
+    logits: jax.Array
+
+    @property
+    def size(self) -> int:
+        return self.valid.shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.valid.shape[0]
+
+    def take(self, rows: jax.Array) -> KVCache:
+        """The cache of the given rows `[R]` (repeats allowed): one prefix prefilled once, reused by many rows."""
+        take = lambda x: jnp.take(x, rows, axis=0)
+        return KVCache(k=tuple(map(take, self.k)), v=tuple(map(take, self.v)), valid=take(self.valid),
+                       positions=take(self.positions), end=self.end, logits=take(self.logits))
+
+
+def init_cache(cfg: DecoderConfig, batch_size: int, size: int) -> KVCache:
+    """An empty cache of `size` slots for `batch_size` rows, in the compute dtype."""
+    shape = (batch_size, size, cfg.num_kv_heads, cfg.head_dim)
+    zeros = tuple(jnp.zeros(shape, cfg.compute_dtype) for _ in range(cfg.num_layers))
+    return KVCache(k=zeros, v=zeros, valid=jnp.zeros((batch_size, size), bool),
+                   positions=jnp.zeros((batch_size,), jnp.int32), end=jnp.zeros((), jnp.int32),
+                   logits=jnp.zeros((batch_size, cfg.vocab_size), jnp.float32))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Layers
+# ----------------------------------------------------------------------------------------------------------
+
+def _param(rngs: nnx.Rngs, shape: tuple[int, ...], names: tuple[str | None, ...], dtype, scale: float | None = None,
+           init: str = "normal") -> nnx.Param:
+    if init == "ones":
+        value = jnp.ones(shape, dtype)
+    elif init == "zeros":
+        value = jnp.zeros(shape, dtype)
+    else:
+        value = (scale or 0.02) * jax.random.normal(rngs.params(), shape, jnp.float32)
+        value = value.astype(dtype)
+    return nnx.Param(value, sharding_names=names)
+
+
+class RMSNorm(nnx.Module):
+    """`x / sqrt(mean(x^2) + eps) * scale`, normalized in float32."""
+
+    def __init__(self, dim: int, eps: float, *, param_dtype, rngs: nnx.Rngs):
+        self.eps = eps
+        self.scale = _param(rngs, (dim,), ("norm",), param_dtype, init="ones")
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(x.dtype) * y.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with RoPE; reads and writes a layer's cache when given one."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        e, h, k, d, pd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.params_dtype
+        self.cfg = cfg
+        self.q = _param(rngs, (e, h, d), ("embed", "heads", "head_dim"), pd)
+        self.k = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd)
+        self.v = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd)
+        self.o = _param(rngs, (h, d, e), ("heads", "head_dim", "embed"), pd)
+        if cfg.qkv_bias:
+            self.q_bias = _param(rngs, (h, d), ("heads", "head_dim"), pd, init="zeros")
+            self.k_bias = _param(rngs, (k, d), ("kv_heads", "head_dim"), pd, init="zeros")
+            self.v_bias = _param(rngs, (k, d), ("kv_heads", "head_dim"), pd, init="zeros")
+        if cfg.o_bias:
+            self.o_bias = _param(rngs, (e,), ("embed",), pd, init="zeros")
+
+    def _project(self, x: jax.Array, name: str) -> jax.Array:
+        dt = x.dtype
+        y = jnp.einsum("bte,end->btnd", x, getattr(self, name)[...].astype(dt))
+        if self.cfg.qkv_bias:
+            y = y + getattr(self, f"{name}_bias")[...].astype(dt)
+        return y
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
+                 kv_cache: tuple[jax.Array, jax.Array] | None = None, end: jax.Array | None = None
+                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """x `[B, T, E]`, cos/sin `[B, T, D]`, mask `[B, T, S]` (S = T without cache) -> `[B, T, E]`, cache."""
+        cfg = self.cfg
+        q = apply_rope(self._project(x, "q"), cos, sin)
+        k = apply_rope(self._project(x, "k"), cos, sin)
+        v = self._project(x, "v")
+        if kv_cache is not None:
+            k = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k.astype(kv_cache[0].dtype), end, axis=1)
+            v = jax.lax.dynamic_update_slice_in_dim(kv_cache[1], v.astype(kv_cache[1].dtype), end, axis=1)
+            kv_cache = (k, v)
+        b, t, _, d = q.shape
+        groups = cfg.num_heads // cfg.num_kv_heads
+        q = q.reshape(b, t, cfg.num_kv_heads, groups, d)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(q.dtype)).astype(jnp.float32) * (d ** -0.5)
+        scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(x.dtype)).reshape(b, t, cfg.num_heads, d)
+        y = jnp.einsum("bthd,hde->bte", out, self.o[...].astype(x.dtype))
+        if cfg.o_bias:
+            y = y + self.o_bias[...].astype(x.dtype)
+        return y, kv_cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU: `down(silu(gate(x)) * up(x))`."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        e, i, pd = cfg.hidden_size, cfg.intermediate_size, cfg.params_dtype
+        self.mlp_bias = cfg.mlp_bias
+        self.gate = _param(rngs, (e, i), ("embed", "mlp"), pd)
+        self.up = _param(rngs, (e, i), ("embed", "mlp"), pd)
+        self.down = _param(rngs, (i, e), ("mlp", "embed"), pd)
+        if cfg.mlp_bias:
+            self.gate_bias = _param(rngs, (i,), ("mlp",), pd, init="zeros")
+            self.up_bias = _param(rngs, (i,), ("mlp",), pd, init="zeros")
+            self.down_bias = _param(rngs, (e,), ("embed",), pd, init="zeros")
+
+    def _dense(self, x: jax.Array, name: str) -> jax.Array:
+        y = x @ getattr(self, name)[...].astype(x.dtype)
+        return y + getattr(self, f"{name}_bias")[...].astype(x.dtype) if self.mlp_bias else y
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self._dense(jax.nn.silu(self._dense(x, "gate")) * self._dense(x, "up"), "down")
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.params_dtype, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.params_dtype, rngs=rngs)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x, cos, sin, mask, kv_cache=None, end=None):
+        h, kv_cache = self.attn(self.attn_norm(x), cos, sin, mask, kv_cache, end)
+        x = x + h
+        return x + self.mlp(self.mlp_norm(x)), kv_cache
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Decoder
+# ----------------------------------------------------------------------------------------------------------
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+    """RoPE positions `[B, T]` of a padded batch: the index of each token among its row's real tokens."""
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
+
+
+def last_valid_index(mask: jax.Array) -> jax.Array:
+    """Index `[B]` of the last real token of each row of `mask [B, T]` (0 for an empty row)."""
+    t = mask.shape[1]
+    return jnp.where(mask.any(axis=1), t - 1 - jnp.argmax(mask[:, ::-1], axis=1), 0)
+
+
+class Decoder(nnx.Module):
+    """Llama / Qwen2 decoder. `model(input_ids, attention_mask=mask)` -> logits `[B, T, V]` (float32)."""
+
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        from rrc_jax.models.heads import ScalarHead  # local: heads imports nothing from here at import time
+
+        self.cfg = cfg
+        self.inv_freq = tuple(float(f) for f in rope_inv_freq(cfg))  # static (hashable) constant, not a parameter
+        pd = cfg.params_dtype
+        self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
+        self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
+        if cfg.value_head:
+            self.value_head = ScalarHead(cfg.hidden_size, param_dtype=pd, rngs=rngs)
+
+    # -- building blocks ---------------------------------------------------------------------------------
+
+    def _run_layers(self, input_ids: jax.Array, positions: jax.Array, mask: jax.Array,
+                    cache: KVCache | None = None) -> tuple[jax.Array, tuple | None]:
+        """Final-normed hidden states `[B, T, E]` and the updated per-layer (k, v) when a cache is given."""
+        x = jnp.take(self.embed[...], input_ids, axis=0).astype(self.cfg.compute_dtype)
+        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        new_kv = []
+        for i, layer in enumerate(self.layers):
+            kv = (cache.k[i], cache.v[i]) if cache is not None else None
+            x, kv = layer(x, cos, sin, mask, kv, cache.end if cache is not None else None)
+            new_kv.append(kv)
+        return self.final_norm(x), (tuple(new_kv) if cache is not None else None)
+
+    def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+        """Final-normed hidden states `[B, T, E]` of a padded batch (no cache)."""
+        if attention_mask is None:
+            attention_mask = jnp.ones(input_ids.shape, bool)
+        attention_mask = attention_mask.astype(bool)
+        t = input_ids.shape[1]
+        causal = jnp.tril(jnp.ones((t, t), bool))
+        mask = causal[None] & attention_mask[:, None, :]
+        h, _ = self._run_layers(input_ids, positions_from_mask(attention_mask), mask)
+        return h
+
+    def logits_from_hidden(self, h: jax.Array) -> jax.Array:
+        """LM-head logits `[..., V]` (float32) of hidden states `[..., E]`."""
+        w = self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
+        return jnp.dot(h, w.astype(h.dtype), preferred_element_type=jnp.float32).astype(jnp.float32)
+
+    # -- public API ----------------------------------------------------------------------------------------
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+        """Logits `[B, T, V]` (float32) for `input_ids [B, T]`, `attention_mask [B, T]` (1 = real token)."""
+        return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask))
+
+    def values(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+        """Scalar value-head scores `[B]` read at each row's last real token (the DRM reward, Eq. 1)."""
+        if not self.cfg.value_head:
+            raise ValueError("this model has no value head; build it with DecoderConfig(value_head=True)")
+        if attention_mask is None:
+            attention_mask = jnp.ones(input_ids.shape, bool)
+        h = self.hidden_states(input_ids, attention_mask)
+        last = jnp.take_along_axis(h, last_valid_index(attention_mask)[:, None, None], axis=1)[:, 0]
+        return self.value_head(last)
+
+    def token_logprobs(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
+                       chunk_size: int = 128, return_entropy: bool = False
+                       ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        """Log-probabilities `[B, T]` of each token given the ones before it; column 0 is 0.
+
+        The LM head and log-softmax run over `chunk_size` positions at a time under `jax.checkpoint`, so neither
+        the forward nor the backward pass materializes `[B, T, V]` logits. With `return_entropy`, also the
+        entropy `[B, T]` of the predictive distribution that produced each token (column 0 is 0).
+        """
+        b, t = input_ids.shape
+        h = self.hidden_states(input_ids, attention_mask)[:, :-1]
+        targets = input_ids[:, 1:]
+        n = t - 1
+        c = max(1, min(chunk_size, n))
+        pad = (-n) % c
+        h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+        h = h.reshape(b, -1, c, h.shape[-1]).swapaxes(0, 1)  # [chunks, B, c, E]
+        targets = targets.reshape(b, -1, c).swapaxes(0, 1)
+
+        @jax.checkpoint
+        def chunk(args):
+            hc, tc = args
+            logp = jax.nn.log_softmax(self.logits_from_hidden(hc), axis=-1)
+            tok = jnp.take_along_axis(logp, tc[..., None], axis=-1)[..., 0]
+            ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+            return tok, ent
+
+        tok, ent = jax.lax.map(chunk, (h, targets))
+        fix = lambda x: jnp.pad(x.swapaxes(0, 1).reshape(b, -1)[:, :n], ((0, 0), (1, 0)))
+        return (fix(tok), fix(ent)) if return_entropy else fix(tok)
+
+    def extend(self, cache: KVCache, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> KVCache:
+        """Append `input_ids [B, T]` (real where `attention_mask`) to `cache` at slots `[end, end + T)`.
+
+        Returns the updated cache whose `logits` are the next-token logits after each row's last real token
+        (unchanged for a row with no real token in this chunk). The caller keeps `end + T <= cache.size`
+        (`rrc_jax.sampling` checks it with a clear error).
+        """
+        if attention_mask is None:
+            attention_mask = jnp.ones(input_ids.shape, bool)
+        new = attention_mask.astype(bool)
+        t, s = input_ids.shape[1], cache.size
+        valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, new, cache.end, axis=1)
+        slot_q = cache.end + jnp.arange(t)
+        mask = valid[:, None, :] & (jnp.arange(s)[None, None, :] <= slot_q[None, :, None])
+        positions = cache.positions[:, None] + jnp.maximum(jnp.cumsum(new.astype(jnp.int32), axis=1) - 1, 0)
+        h, kv = self._run_layers(input_ids, positions, mask, cache)
+        last = jnp.take_along_axis(h, last_valid_index(new)[:, None, None], axis=1)[:, 0]
+        logits = jnp.where(new.any(axis=1)[:, None], self.logits_from_hidden(last), cache.logits)
+        return KVCache(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv), valid=valid,
+                       positions=cache.positions + new.sum(axis=1, dtype=jnp.int32), end=cache.end + t,
+                       logits=logits)

@@ -1,0 +1,62 @@
+"""Shared fixtures: tiny random Hugging Face checkpoints written with transformers' `save_pretrained`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+VOCAB = 96
+
+TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+KINDS = {
+    "llama3_untied": ("llama", dict(tie_word_embeddings=False, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}, rope_theta=500000.0)),
+    "llama3_tied": ("llama", dict(tie_word_embeddings=True, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}, rope_theta=500000.0)),
+    "qwen2_tied": ("qwen2", dict(tie_word_embeddings=True, rope_theta=1000000.0)),
+}
+
+
+def make_hf_model(kind: str, seed: int = 0, **overrides):
+    """A tiny random transformers model (float32, eval mode) of one of `KINDS`, with non-zero biases."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    family, extra = KINDS[kind]
+    kwargs = {**TINY, **extra, **overrides}
+    torch.manual_seed(seed)
+    if family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**kwargs))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**kwargs))
+    with torch.no_grad():  # random init leaves biases at zero; make them count
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+@pytest.fixture(scope="session", params=sorted(KINDS))
+def hf_checkpoint(request, tmp_path_factory):
+    """(kind, directory, torch model) for each tiny checkpoint kind."""
+    model = make_hf_model(request.param)
+    path = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(path)
+    return request.param, path, model
+
+
+def padded_batch(lengths, pad_side="left", seed=0, vocab=VOCAB, pad_id=0):
+    """Random token ids `[B, T]` (ids >= 3) and mask for rows of the given lengths."""
+    rng = np.random.default_rng(seed)
+    t = max(lengths)
+    ids = np.full((len(lengths), t), pad_id, np.int32)
+    mask = np.zeros((len(lengths), t), np.int32)
+    for i, n in enumerate(lengths):
+        row = rng.integers(3, vocab, n)
+        sl = slice(t - n, t) if pad_side == "left" else slice(0, n)
+        ids[i, sl], mask[i, sl] = row, 1
+    return ids, mask
