@@ -108,11 +108,11 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
       mesh: shard parameters over this mesh by their logical axes (`rrc_jax.sharding`); None = default device.
     """
     path = Path(path)
-    hf = read_hf_config(path)
+    cfg = DecoderConfig.from_hf(read_hf_config(path), dtype=dtype, param_dtype=param_dtype or dtype)
     files = _safetensors_files(path)
     if value_head is None:
         value_head = any("score.weight" in _keys(f) for f in files)
-    cfg = DecoderConfig.from_hf(hf, dtype=dtype, param_dtype=param_dtype or dtype, value_head=value_head)
+    cfg = cfg.replace(value_head=value_head)
     with sharding.model_context(mesh):
         model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     tensors = _tensor_map(cfg)
