@@ -1,0 +1,174 @@
+"""KV-cache sampler: greedy parity with transformers' generate, batching, prefix reuse, filters, log-probs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_hf_model, padded_batch
+from rrc_jax import sampling
+from rrc_jax.models import load_hf
+from rrc_jax.sampling import SamplingParams, decode, extend, generate, pad_sequences, prefill, sample_token
+
+LENGTHS = [5, 17, 9, 12]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    ref = make_hf_model("llama3_untied", seed=1)
+    path = tmp_path_factory.mktemp("llama")
+    ref.save_pretrained(path)
+    return load_hf(path), ref
+
+
+def prompts_of(ids, mask):
+    return [[int(t) for t in row[m.astype(bool)]] for row, m in zip(ids, mask)]
+
+
+def hf_greedy(ref, ids, mask, n, eos):
+    with torch.no_grad():
+        out = ref.generate(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
+                           max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    return out[:, ids.shape[1]:].numpy()
+
+
+def test_greedy_matches_transformers_generate(hf_checkpoint):
+    _, path, ref = hf_checkpoint
+    model = load_hf(path)
+    ids, mask = padded_batch(LENGTHS, "left", seed=5)
+    out = generate(model, prompts_of(ids, mask), max_new_tokens=32, temperature=0.0)
+    expected = hf_greedy(ref, ids, mask, 32, eos=2)
+    assert out.tokens.shape == (4, 32)
+    for b in range(4):
+        n = out.lengths[b]
+        np.testing.assert_array_equal(out.tokens[b, :n], expected[b, :n])
+        assert out.truncated[b] == (2 not in expected[b])
+
+
+def test_greedy_stops_like_transformers(llama):
+    """A stop id that some rows emit: those rows end there (stop token included), the others run to N."""
+    model, ref = llama
+    ids, mask = padded_batch(LENGTHS, "left", seed=5)
+    free = generate(model, prompts_of(ids, mask), max_new_tokens=32, temperature=0.0)
+    stop = int(free.tokens[0, 6])  # a token row 0 emits at step 6 (or earlier)
+    out = generate(model, prompts_of(ids, mask), max_new_tokens=32, temperature=0.0, stop_token_ids=[stop])
+    expected = hf_greedy(ref, ids, mask, 32, eos=stop)
+    assert out.lengths[0] <= 7 and not out.truncated[0]
+    for b in range(4):
+        n = out.lengths[b]
+        np.testing.assert_array_equal(out.tokens[b, :n], expected[b, :n])
+        assert (out.tokens[b, n:] == 0).all() and (out.logprobs[b, n:] == 0).all()
+        assert out.truncated[b] == (stop not in out.tokens[b, :n])
+        if not out.truncated[b]:
+            assert out.tokens[b, n - 1] == stop
+
+
+def test_batch_equals_one_prompt_at_a_time(llama):
+    model, _ = llama
+    ids, mask = padded_batch(LENGTHS, "left", seed=7)
+    prompts = prompts_of(ids, mask)
+    batch = generate(model, prompts, max_new_tokens=20, temperature=0.0, stop_token_ids=[])
+    for b, p in enumerate(prompts):
+        one = generate(model, [p], max_new_tokens=20, temperature=0.0, stop_token_ids=[])
+        np.testing.assert_array_equal(one.tokens[0], batch.tokens[b])
+        np.testing.assert_allclose(one.logprobs[0], batch.logprobs[b], atol=1e-5)
+
+
+def test_prefill_extend_decode_equals_whole_prompt(llama):
+    """Two prefixes prefilled once, each reused by two suffixes of different lengths (cache.take), equal
+    prefilling the concatenated texts."""
+    model, _ = llama
+    rng = np.random.default_rng(0)
+    prefixes = [list(rng.integers(3, 96, n)) for n in (6, 11)]
+    suffixes = [list(rng.integers(3, 96, n)) for n in (3, 8, 1, 5)]
+    owner = np.array([0, 0, 1, 1])
+    n_new = 12
+    ids, mask = pad_sequences(prefixes, 16, 0, "left")
+    prefix_cache = prefill(model, ids, mask, cache_size=16 + 8 + n_new)
+    s_ids, s_mask = pad_sequences(suffixes, 8, 0, "right")
+    cache = extend(model, prefix_cache.take(jnp.asarray(owner)), s_ids, s_mask)
+    assert int(prefix_cache.end) == 16 and int(cache.end) == 24  # the prefix cache itself is untouched
+    out = decode(model, cache, max_new_tokens=n_new, sampling=SamplingParams(temperature=0.0), stop_token_ids=[])
+    whole = [prefixes[o] + s for o, s in zip(owner, suffixes)]
+    ref = generate(model, whole, max_new_tokens=n_new, temperature=0.0, stop_token_ids=[])
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
+    # next-token logits after the suffix equal a plain forward pass over the whole text
+    w_ids, w_mask = pad_sequences(whole, 24, 0, "right")
+    full = np.asarray(model(jnp.asarray(w_ids), jnp.asarray(w_mask)))
+    last = np.array([len(w) - 1 for w in whole])
+    np.testing.assert_allclose(np.asarray(cache.logits), full[np.arange(4), last], atol=1e-4)
+
+
+def test_logprobs_equal_log_softmax_of_model_logits(llama):
+    model, _ = llama
+    ids, mask = padded_batch(LENGTHS, "left", seed=11)
+    prompts = prompts_of(ids, mask)
+    out = generate(model, prompts, max_new_tokens=16, temperature=0.8, top_p=0.9, rng=3, stop_token_ids=[])
+    whole = [p + list(out.tokens[b]) for b, p in enumerate(prompts)]
+    w_ids, w_mask = pad_sequences(whole, max(map(len, whole)), 0, "right")
+    logp = np.asarray(jax.nn.log_softmax(model(jnp.asarray(w_ids), jnp.asarray(w_mask)), axis=-1))
+    for b, p in enumerate(prompts):
+        pos = np.arange(len(p) - 1, len(p) - 1 + 16)
+        np.testing.assert_allclose(out.logprobs[b], logp[b, pos, out.tokens[b]], atol=1e-5)
+
+
+def test_sampling_is_deterministic_for_a_key(llama):
+    model, _ = llama
+    ids, mask = padded_batch(LENGTHS, "left", seed=2)
+    a = generate(model, prompts_of(ids, mask), max_new_tokens=16, temperature=1.0, rng=jax.random.key(42))
+    b = generate(model, prompts_of(ids, mask), max_new_tokens=16, temperature=1.0, rng=jax.random.key(42))
+    c = generate(model, prompts_of(ids, mask), max_new_tokens=16, temperature=1.0, rng=jax.random.key(43))
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert (a.tokens != c.tokens).any()
+
+
+def _allowed(logits, top_k, top_p):
+    order = np.argsort(-logits)
+    if top_k:
+        order = order[:top_k]
+    p = np.exp(logits[order] - logits[order].max())
+    p /= p.sum()
+    keep = np.cumsum(p) - p < top_p
+    kept = order[keep]
+    probs = np.exp(logits[kept] - logits[kept].max())
+    return kept, probs / probs.sum()
+
+
+@pytest.mark.parametrize("top_k,top_p", [(5, 1.0), (0, 0.8), (10, 0.6), (1, 1.0)])
+def test_top_k_top_p_stay_in_the_allowed_set(top_k, top_p):
+    """20k fixed-seed draws: never a token outside the allowed set; frequencies match the renormalized
+    probabilities (total variation < 0.03)."""
+    logits = np.random.default_rng(0).normal(size=64).astype(np.float32) * 2
+    draws = 20_000
+    tokens = np.asarray(sample_token(jnp.tile(jnp.asarray(logits), (draws, 1)), jax.random.key(0),
+                                     SamplingParams(1.0, top_k, top_p)))
+    kept, probs = _allowed(logits, top_k, top_p)
+    assert set(np.unique(tokens)) <= set(kept.tolist())
+    freq = np.array([(tokens == k).mean() for k in kept])
+    assert 0.5 * np.abs(freq - probs).sum() < 0.03
+
+
+def test_prompt_longer_than_cache_is_an_error(llama):
+    model, _ = llama
+    with pytest.raises(ValueError, match="prompt of 40 tokens plus max_new_tokens=10 exceeds the cache") as e:
+        generate(model, [[5] * 40], max_new_tokens=10, cache_size=32)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings"):
+        generate(model, [[5] * 250], max_new_tokens=10)
+    ids, mask = pad_sequences([[5] * 10], 16, 0)
+    cache = prefill(model, ids, mask, cache_size=20)
+    with pytest.raises(ValueError, match="exceeds its 20 slots"):
+        extend(model, cache, np.ones((1, 8), np.int32))
+    with pytest.raises(ValueError, match="does not fit the cache of 20 slots"):
+        decode(model, cache, max_new_tokens=5)
+
+
+def test_compiles_once_per_batch_bucket_and_length(llama):
+    model, _ = llama
+    generate(model, [[5, 6, 7], [8] * 9], max_new_tokens=6, temperature=0.0)
+    before = (sampling._prefill._cache_size(), sampling._decode._cache_size())
+    generate(model, [[9] * 12, [4, 4]], max_new_tokens=6, temperature=0.0)  # same batch, bucket 16, N
+    generate(model, [[3] * 15, [4] * 16], max_new_tokens=6, temperature=0.0, rng=5)
+    assert (sampling._prefill._cache_size(), sampling._decode._cache_size()) == before
