@@ -1,0 +1,172 @@
+"""GRPO in pure JAX: group-normalised advantages (Eq. 4) and the clipped surrogate loss (IRPO Appendix C).
+
+Everything here is jit-compatible and differentiable; option names that change the program (``scale_std``,
+``aggregation``, whether a reference is given) are static, numeric hyper-parameters are traced.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from rrc_jax.rewards._checks import check_option, check_rank, check_real, is_concrete
+
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+
+
+@functools.partial(jax.jit, static_argnames=("scale_std",))
+def _group_advantages(r: jax.Array, eps: jax.Array, scale_std: bool) -> jax.Array:
+    centered = r - jnp.mean(r, axis=-1, keepdims=True)  # r_i - mu_r
+    if scale_std:
+        centered = centered / (jnp.std(r, axis=-1, keepdims=True) + eps)  # sigma_r with 1/m (ddof=0), Eq. 4
+    flat = jnp.max(r, axis=-1, keepdims=True) == jnp.min(r, axis=-1, keepdims=True)
+    return jnp.where(flat, 0.0, centered)
+
+
+def group_advantages(rewards, scale_std: bool = True, eps: float = 1e-6) -> jax.Array:
+    """GRPO advantages, Eq. 4: ``A_i = (r_i - mean(r)) / (std(r) + eps)`` within each prompt's group.
+
+    Args:
+      rewards: ``[batch, group]`` rewards, one row per prompt (e.g. from ``scr_rewards`` / ``agr_rewards``).
+      scale_std: divide by the group's population standard deviation (``1/m``, as in Eq. 4). ``False`` gives
+        Dr.GRPO's mean-centred advantages ``r_i - mean(r)``.
+      eps: added to the standard deviation. Invariance to ``r -> b r + d`` (``b > 0``, Eq. 13) holds up to
+        ``eps / (b std)``.
+
+    Returns:
+      ``[batch, group]`` float32 advantages. A group whose rewards are all equal gets exactly zero advantages (no
+      learning signal, rather than amplified rounding noise).
+    """
+    check_rank(rewards, 2, "rewards", "[batch, group]")
+    check_real(rewards, "rewards")
+    return _group_advantages(jnp.asarray(rewards, jnp.float32), jnp.asarray(eps, jnp.float32), bool(scale_std))
+
+
+def _masked_sum(x: jax.Array, mask: jax.Array, axis=None) -> jax.Array:
+    return jnp.sum(jnp.where(mask, x, 0.0), axis=axis)
+
+
+def _aggregate(per_token: jax.Array, mask: jax.Array, aggregation: str, norm: jax.Array) -> jax.Array:
+    """Reduce ``[batch, time]`` per-token losses to a scalar; masked tokens never contribute."""
+    if aggregation == "token_mean":  # DAPO: every valid token in the batch weighs the same
+        return _masked_sum(per_token, mask) / jnp.maximum(jnp.sum(mask), 1)
+    seq_sum = _masked_sum(per_token, mask, axis=-1)  # [batch]
+    if aggregation == "seq_mean_token_sum_norm":  # Dr.GRPO: token sum over a constant, then mean over sequences
+        return jnp.mean(seq_sum / norm)
+    # GRPO: 1/G sum_i 1/|o_i| sum_t; sequences without a valid token are left out of the mean over sequences.
+    n_tok = jnp.sum(mask, axis=-1)
+    has_tok = n_tok > 0
+    seq_mean = seq_sum / jnp.maximum(n_tok, 1)
+    return jnp.sum(jnp.where(has_tok, seq_mean, 0.0)) / jnp.maximum(jnp.sum(has_tok), 1)
+
+
+@functools.partial(jax.jit, static_argnames=("aggregation", "has_ref"))
+def _grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, eps_low, eps_high, beta, norm, *,
+               aggregation: str, has_ref: bool):
+    mask = mask.astype(bool)
+    f32 = jnp.promote_types(logprobs.dtype, jnp.float32)  # bf16 -> f32; f64 stays f64 (x64 mode)
+    # Replace padded positions before any arithmetic, so NaN / inf there cannot leak into values or gradients.
+    logp = jnp.where(mask, logprobs.astype(f32), 0.0)
+    old = jnp.where(mask, old_logprobs.astype(f32), 0.0)
+    adv = advantages.astype(f32)[:, None]  # A_i, the same for every token of o_i
+    eps_low, eps_high, beta, norm = (jnp.asarray(x).astype(f32) for x in (eps_low, eps_high, beta, norm))
+
+    ratio = jnp.exp(logp - old)  # pi_theta(o_t | ...) / pi_theta_old(o_t | ...)
+    unclipped = ratio * adv
+    clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    policy_tok = -jnp.minimum(unclipped, clipped)  # IRPO Appendix C, negated (we minimise)
+
+    if has_ref:
+        ref = jnp.where(mask, ref_logprobs.astype(f32), 0.0)
+        log_ref_ratio = ref - logp
+        kl_tok = jnp.exp(log_ref_ratio) - log_ref_ratio - 1.0  # k3: pi_ref/pi - log(pi_ref/pi) - 1 >= 0
+    else:
+        kl_tok = jnp.zeros_like(logp)
+    loss = _aggregate(policy_tok + beta * kl_tok, mask, aggregation, norm)
+
+    n_tok = jnp.maximum(jnp.sum(mask), 1)
+    clip_low = mask & (adv < 0) & (ratio < 1.0 - eps_low)
+    clip_high = mask & (adv > 0) & (ratio > 1.0 + eps_high)
+    any_tok = jnp.any(mask)
+    metrics = {
+        "policy_loss": _aggregate(policy_tok, mask, aggregation, norm),
+        "kl": _masked_sum(kl_tok, mask) / n_tok,
+        "clip_fraction": jnp.sum(clip_low | clip_high) / n_tok,
+        "clip_low_fraction": jnp.sum(clip_low) / n_tok,
+        "clip_high_fraction": jnp.sum(clip_high) / n_tok,
+        "ratio_mean": jnp.where(any_tok, _masked_sum(ratio, mask) / n_tok, 1.0),
+        "ratio_min": jnp.where(any_tok, jnp.min(jnp.where(mask, ratio, jnp.inf)), 1.0),
+        "ratio_max": jnp.where(any_tok, jnp.max(jnp.where(mask, ratio, -jnp.inf)), 1.0),
+        "num_tokens": jnp.sum(mask).astype(f32),
+    }
+    return loss, jax.tree.map(lambda x: jax.lax.stop_gradient(x.astype(f32)), metrics)
+
+
+def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, eps_low: float = 0.2,
+              eps_high: float = 0.2, beta: float = 0.0, aggregation: str = "seq_mean_token_mean",
+              max_len: int | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Clipped GRPO surrogate with a k3 KL penalty; returns ``(loss, metrics)``, to be minimised.
+
+    Per valid token ``t`` of sequence ``i`` with ``rho = exp(logprobs - old_logprobs)``::
+
+        l_it = -min(rho A_i, clip(rho, 1 - eps_low, 1 + eps_high) A_i) + beta * k3_it
+        k3_it = exp(ref - logprobs) - (ref - logprobs) - 1      (unbiased, non-negative estimate of KL(pi || ref))
+
+    Args:
+      logprobs: ``[batch, time]`` log-probabilities of the sampled tokens under the policy being trained
+        (differentiable). ``batch`` counts sequences: prompts x group size, flattened.
+      old_logprobs: ``[batch, time]`` log-probabilities under the sampling policy ``pi_theta_old`` (stored at
+        rollout time; with one inner iteration they equal ``stop_gradient(logprobs)``).
+      ref_logprobs: ``[batch, time]`` log-probabilities under the frozen reference, or ``None`` (then ``beta`` must
+        be 0 and the ``kl`` metric is 0).
+      advantages: ``[batch]`` per-sequence advantages, e.g. ``group_advantages(r).reshape(-1)``.
+      mask: ``[batch, time]`` bool (or 0/1) marking response tokens. Masked positions never contribute, whatever
+        their values (NaN or inf included), to the loss, the gradient or the metrics.
+      eps_low, eps_high: the clip range ``[1 - eps_low, 1 + eps_high]`` (DAPO's decoupled clip; equal values give
+        GRPO / PPO).
+      beta: KL coefficient.
+      aggregation: how per-token losses become a scalar:
+        ``'seq_mean_token_mean'`` (GRPO): mean over tokens within each sequence, then mean over sequences (sequences
+        with no valid token are left out);
+        ``'token_mean'`` (DAPO): mean over all valid tokens of the batch;
+        ``'seq_mean_token_sum_norm'`` (Dr.GRPO): each sequence's token sum divided by the constant ``max_len``, then
+        mean over all ``batch`` sequences, so the loss has no length bias.
+      max_len: the Dr.GRPO constant (default ``time``); ignored by the other modes.
+
+    Returns:
+      ``(loss, metrics)``: scalar loss (float32; float64 for float64 inputs in x64 mode) and a dict of scalars (gradients stopped):
+      ``policy_loss`` (the clipped term alone, same aggregation), ``kl`` (token mean of k3), ``clip_fraction`` (share
+      of valid tokens where the clipped branch is active, i.e. whose gradient is cut), ``clip_low_fraction`` /
+      ``clip_high_fraction`` (its two sides), ``ratio_mean`` / ``ratio_min`` / ``ratio_max`` (over valid tokens) and
+      ``num_tokens``. Use ``jax.grad(grpo_loss, has_aux=True)`` (or ``value_and_grad``) to differentiate.
+    """
+    check_option(aggregation, AGGREGATIONS, "aggregation")
+    b, t = check_rank(logprobs, 2, "logprobs", "[batch, time]")
+    named = {"old_logprobs": old_logprobs, "mask": mask}
+    if ref_logprobs is not None:
+        named["ref_logprobs"] = ref_logprobs
+    for name, x in named.items():
+        if tuple(jnp.shape(x)) != (b, t):
+            raise ValueError(f"{name} must have the shape of logprobs [batch, time] = {(b, t)}, got {jnp.shape(x)}.")
+    if tuple(jnp.shape(advantages)) != (b,):
+        raise ValueError(
+            f"advantages must be [batch] = {(b,)} (one per sequence), got {jnp.shape(advantages)}; flatten group "
+            f"advantages with .reshape(-1) in the same order as the rows of logprobs."
+        )
+    for name, x in {"logprobs": logprobs, "advantages": advantages, "mask": mask, **named}.items():
+        check_real(x, name)
+    if ref_logprobs is None and is_concrete(beta) and float(beta) != 0.0:
+        raise ValueError(f"beta={beta} needs ref_logprobs for the KL term; pass reference log-probs or beta=0.")
+    if is_concrete(eps_low) and is_concrete(eps_high) and not (0.0 <= float(eps_low) < 1.0 and float(eps_high) >= 0):
+        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}.")
+    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
+        raise ValueError(f"max_len must be a positive int (the Dr.GRPO normaliser), got {max_len!r}.")
+    norm = float(t if max_len is None else max_len)
+    ref = ref_logprobs if ref_logprobs is not None else logprobs  # unused placeholder when has_ref is False
+    return _grpo_loss(
+        jnp.asarray(logprobs), jnp.asarray(old_logprobs), jnp.asarray(ref), jnp.asarray(advantages),
+        jnp.asarray(mask), jnp.asarray(eps_low), jnp.asarray(eps_high), jnp.asarray(beta), jnp.asarray(norm),
+        aggregation=aggregation, has_ref=ref_logprobs is not None,
+    )
