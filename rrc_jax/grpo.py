@@ -136,7 +136,8 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, eps_low
       max_len: the Dr.GRPO constant (default ``time``); ignored by the other modes.
 
     Returns:
-      ``(loss, metrics)``: scalar loss (float32; float64 for float64 inputs in x64 mode) and a dict of scalars (gradients stopped):
+      ``(loss, metrics)``: scalar loss (float32; float64 for float64 inputs in x64 mode) and a dict of scalars
+      (gradients stopped):
       ``policy_loss`` (the clipped term alone, same aggregation), ``kl`` (token mean of k3), ``clip_fraction`` (share
       of valid tokens where the clipped branch is active, i.e. whose gradient is cut), ``clip_low_fraction`` /
       ``clip_high_fraction`` (its two sides), ``ratio_mean`` / ``ratio_min`` / ``ratio_max`` (over valid tokens) and

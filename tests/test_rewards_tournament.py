@@ -282,3 +282,15 @@ def test_agr_diagnostics():
 def test_input_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_accelerator_value_check_helper():
+    """The on-accelerator branch of the count check (on CPU, numpy reads the buffer instead)."""
+    from rrc_jax.rewards._checks import _min_and_finite
+
+    low, finite = jax.device_get(_min_and_finite(jax.numpy.array([[3, -2], [0, 1]])))
+    assert low == -2 and finite
+    low, finite = jax.device_get(_min_and_finite(jax.numpy.array([1.0, np.inf])))
+    assert low == 1.0 and not finite
+    low, finite = jax.device_get(_min_and_finite(jax.numpy.array([True, False])))
+    assert low == 0 and finite

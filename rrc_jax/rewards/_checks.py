@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -38,16 +39,31 @@ def check_real(x: Any, name: str) -> None:
 
 def check_nonnegative(x: Any, name: str) -> None:
     """Raise ValueError if a concrete ``x`` has a negative or non-finite entry (vote counts, weights)."""
-    if not is_concrete(x):
+    if not is_concrete(x) or np.size(x) == 0:
         return
-    a = np.asarray(x)
-    if a.size and not np.all(np.isfinite(a)):
+    if isinstance(x, jax.Array) and any(d.platform != "cpu" for d in x.devices()):
+        # On an accelerator: reduce where the array lives, one dispatch, two scalars cross to host. (On CPU numpy
+        # reads the buffer without a copy and reduces faster than XLA's scalar reductions.)
+        low, finite = jax.device_get(_min_and_finite(x))
+    else:
+        a = np.asarray(x)
+        low = np.min(a)
+        finite = bool(np.all(np.isfinite(a))) if np.issubdtype(a.dtype, np.floating) else True
+    if not finite:
         raise ValueError(f"{name} has NaN or infinite entries; counts and weights must be finite.")
-    if a.size and np.min(a) < 0:
+    if low < 0:
         raise ValueError(
-            f"{name} has negative entries (min {np.min(a)}); vote counts are non-negative integers. "
+            f"{name} has negative entries (min {low}); vote counts are non-negative integers. "
             f"Abstentions are simply not counted."
         )
+
+
+@jax.jit
+def _min_and_finite(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    if x.dtype == jnp.bool_:
+        return jnp.zeros((), jnp.int32), jnp.ones((), bool)
+    finite = jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.ones((), bool)
+    return jnp.min(x), finite
 
 
 def check_option(value: str, allowed: Sequence[str], name: str) -> None:

@@ -4,7 +4,8 @@ Votes are integer count tensors (DESIGN.md section 3):
 
 * SCR: ``c[b, i, j]`` = judge votes preferring response i over response j (i != j), ``[batch, group, group]``;
   ``c[b, i, j] + c[b, j, i] <= V``, the rest abstained. The diagonal is ignored.
-* AGR: ``wins[b, i, k]`` / ``losses[b, i, k]`` = votes for response i over / under anchor k, ``[batch, group, anchors]``.
+* AGR: ``wins[b, i, k]`` / ``losses[b, i, k]`` = votes for response i over / under anchor k,
+  ``[batch, group, anchors]``.
 
 A pair's majority decides it (Algorithm 1 lines 5-12, Algorithm 2 lines 6-10). ``ties`` names what a tied pair
 (equal counts, which includes a pair where every vote abstained) gives:
@@ -74,12 +75,15 @@ def _check_votes(votes) -> None:
 def _scr_rewards(c: jax.Array, alpha: jax.Array, ties: str) -> jax.Array:
     m = c.shape[-1]
     c_ji = jnp.swapaxes(c, -1, -2)  # votes for o_j > o_i (Algorithm 1 line 4)
-    off_diag = ~jnp.eye(m, dtype=bool)
     # Lines 9-12 store w[i][j] = c_ij, w[j][i] = c_ji; line 22 / Eq. 16: o_i > o_j iff w_ij > w_ji (majority).
-    score = ((c > c_ji) & off_diag).astype(jnp.float32)
-    if ties == "half":
-        score = score + 0.5 * ((c == c_ji) & off_diag).astype(jnp.float32)
-    return alpha * jnp.sum(score, axis=-1)  # Eq. 16: r(x, o_i) = alpha * sum_{j != i} 1[o_i > o_j]
+    # The diagonal never counts: c_ii > c_ii is false.
+    wins = jnp.sum(c > c_ji, axis=-1, dtype=jnp.int32)
+    if ties == "half":  # wins + 0.5 * ties, with ties = (m - 1) - wins - losses
+        losses = jnp.sum(c < c_ji, axis=-1, dtype=jnp.int32)
+        score = 0.5 * (m - 1 + wins - losses).astype(jnp.float32)
+    else:
+        score = wins.astype(jnp.float32)
+    return alpha * score  # Eq. 16: r(x, o_i) = alpha * sum_{j != i} 1[o_i > o_j]
 
 
 def scr_rewards(c, alpha: float = 1.0, ties: str = "half") -> jax.Array:
@@ -109,12 +113,14 @@ def scr_rewards(c, alpha: float = 1.0, ties: str = "half") -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("ties",))
 def _agr_rewards(wins: jax.Array, losses: jax.Array, alpha: jax.Array, ties: str) -> jax.Array:
     if ties == "win":
-        score = (wins >= losses).astype(jnp.float32)  # Algorithm 2 line 10: if c_ik >= c_ki: s_i <- s_i + 1
+        s = jnp.sum(wins >= losses, axis=-1, dtype=jnp.int32)  # Algorithm 2 line 10: if c_ik >= c_ki: s_i += 1
+        score = s.astype(jnp.float32)
     else:
-        score = (wins > losses).astype(jnp.float32)
+        s = jnp.sum(wins > losses, axis=-1, dtype=jnp.int32)
+        score = s.astype(jnp.float32)
         if ties == "half":
-            score = score + 0.5 * (wins == losses).astype(jnp.float32)
-    return alpha * jnp.sum(score, axis=-1)  # line 12 / Eq. 22: r(x, o_i) = alpha * s_i
+            score = score + 0.5 * jnp.sum(wins == losses, axis=-1, dtype=jnp.int32).astype(jnp.float32)
+    return alpha * score  # line 12 / Eq. 22: r(x, o_i) = alpha * s_i
 
 
 def agr_rewards(wins, losses, alpha: float = 1.0, ties: str = "half") -> jax.Array:
