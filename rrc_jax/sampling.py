@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rrc_jax.models.decoder import Decoder, KVCache, init_cache
+from rrc_jax.models.decoder import ATTENTION_BLOCK, Decoder, KVCache, init_cache
 
 MIN_BUCKET = 16
 
@@ -134,6 +134,12 @@ def bucket_length(n: int, minimum: int = MIN_BUCKET) -> int:
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
 
 
+def round_up(n: int, multiple: int) -> int:
+    """`n` rounded up to a multiple of `multiple` (cache sizes: multiples of the attention block are read only
+    as far as they are filled)."""
+    return -(-int(n) // multiple) * multiple
+
+
 def pad_sequences(seqs: Sequence[Sequence[int]], length: int, pad_id: int, side: str = "left"
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Token lists -> ids `[B, length]` int32 and mask `[B, length]` bool, padded on `side` ('left' | 'right')."""
@@ -216,7 +222,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
       temperature, top_k, top_p: see `SamplingParams` (temperature 0 = greedy).
       stop_token_ids: ids that end a row (default: the model's EOS ids).
       pad_id: id written after a row ends (default: the model's pad id, else 0).
-      cache_size: KV-cache slots (default: bucket + N, at most the model's `max_position_embeddings` when that
+      cache_size: KV-cache slots (default: bucket + N rounded up to a multiple of 128, the prompt at most the model's `max_position_embeddings` when that
         is larger than the longest prompt + N). A prompt that cannot fit with N new tokens is an error.
     Returns:
       `SampleOutput` of numpy arrays: tokens `[B, N]`, logprobs `[B, N]`, lengths `[B]`, truncated `[B]`.
@@ -234,6 +240,6 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
     bucket = min(bucket_length(longest), limit - max_new_tokens)
     pad = _pad_id(model, pad_id)
     ids, mask = pad_sequences(prompts, bucket, pad, "left")
-    cache = prefill(model, ids, mask, cache_size=cache_size or bucket + max_new_tokens)
+    cache = prefill(model, ids, mask, cache_size=cache_size or round_up(bucket + max_new_tokens, ATTENTION_BLOCK))
     return decode(model, cache, max_new_tokens=max_new_tokens, rng=rng,
                   sampling=SamplingParams(temperature, top_k, top_p), stop_token_ids=stop_token_ids, pad_id=pad)

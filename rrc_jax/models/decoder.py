@@ -201,7 +201,7 @@ class KVCache:
     only where `valid[b, s]`. Attention of a new token at slot `e` sees the valid slots `s <= e`, so padding may
     sit anywhere (left-padded prompts, right-padded suffixes, rows that finished decoding).
 
-    k, v: per layer `[B, S, K, D]`; valid `[B, S]` bool; positions `[B]` int32, the RoPE position of each row's
+    k, v: per layer `[B, K, S, D]` (kv heads before slots, so attention reads them without a transpose); valid `[B, S]` bool; positions `[B]` int32, the RoPE position of each row's
     next token (= its number of valid tokens); end `[]` int32, the next slot to write; logits `[B, V]` float32,
     the next-token logits after each row's last valid token.
     """
@@ -230,7 +230,7 @@ class KVCache:
 
 def init_cache(cfg: DecoderConfig, batch_size: int, size: int) -> KVCache:
     """An empty cache of `size` slots for `batch_size` rows, in the compute dtype."""
-    shape = (batch_size, size, cfg.num_kv_heads, cfg.head_dim)
+    shape = (batch_size, cfg.num_kv_heads, size, cfg.head_dim)
     zeros = tuple(jnp.zeros(shape, cfg.compute_dtype) for _ in range(cfg.num_layers))
     return KVCache(k=zeros, v=zeros, valid=jnp.zeros((batch_size, size), bool),
                    positions=jnp.zeros((batch_size,), jnp.int32), end=jnp.zeros((), jnp.int32),
@@ -296,23 +296,69 @@ class Attention(nnx.Module):
         """x `[B, T, E]`, cos/sin `[B, T, D]`, mask `[B, T, S]` (S = T without cache) -> `[B, T, E]`, cache."""
         cfg = self.cfg
         q = apply_rope(self._project(x, "q"), cos, sin)
-        k = apply_rope(self._project(x, "k"), cos, sin)
-        v = self._project(x, "v")
-        if kv_cache is not None:
-            k = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k.astype(kv_cache[0].dtype), end, axis=1)
-            v = jax.lax.dynamic_update_slice_in_dim(kv_cache[1], v.astype(kv_cache[1].dtype), end, axis=1)
+        k = apply_rope(self._project(x, "k"), cos, sin).swapaxes(1, 2)  # [B, K, T, D]
+        v = self._project(x, "v").swapaxes(1, 2)
+        if kv_cache is not None:  # the cache is laid out [B, K, S, D]: (B, K) are batch dims of both dots
+            k = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k.astype(kv_cache[0].dtype), end, axis=2)
+            v = jax.lax.dynamic_update_slice_in_dim(kv_cache[1], v.astype(kv_cache[1].dtype), end, axis=2)
             kv_cache = (k, v)
         b, t, _, d = q.shape
-        groups = cfg.num_heads // cfg.num_kv_heads
-        q = q.reshape(b, t, cfg.num_kv_heads, groups, d)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(q.dtype)).astype(jnp.float32) * (d ** -0.5)
-        scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
-        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(x.dtype)).reshape(b, t, cfg.num_heads, d)
+        kh, g = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
+        q = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
+        if kv_cache is not None and k.shape[2] % ATTENTION_BLOCK == 0 and k.shape[2] > ATTENTION_BLOCK:
+            out = blocked_attention(q, k, v, mask, n_slots=end + t)
+        else:
+            out = dense_attention(q, k, v, mask)
+        out = out.astype(x.dtype).transpose(0, 3, 1, 2, 4).reshape(b, t, cfg.num_heads, d)
         y = jnp.einsum("bthd,hde->bte", out, self.o[...].astype(x.dtype))
         if cfg.o_bias:
             y = y + self.o_bias[...].astype(x.dtype)
         return y, kv_cache
+
+
+ATTENTION_BLOCK = 128  # cache slots per step of `blocked_attention`
+
+
+def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Softmax attention. q `[B, K, G, T, D]`, k/v `[B, K, S, D]`, mask `[B, T, S]` -> `[B, K, G, T, D]` float32."""
+    b, kh, g, t, d = q.shape
+    scores = jnp.einsum("bkqd,bksd->bkqs", q.reshape(b, kh, g * t, d), k.astype(q.dtype),
+                        preferred_element_type=jnp.float32).reshape(b, kh, g, t, -1) * (d ** -0.5)
+    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kh, g * t, -1)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, v, preferred_element_type=jnp.float32)
+    return out.reshape(b, kh, g, t, d)
+
+
+def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, n_slots: jax.Array,
+                      block: int = ATTENTION_BLOCK) -> jax.Array:
+    """`dense_attention` over only the first `n_slots` cache slots, `block` slots at a time (online softmax).
+
+    Decoding reads the cache once per step; visiting just the filled blocks makes a step cost proportional to
+    the tokens so far rather than to the cache size. S must be a multiple of `block`.
+    """
+    b, kh, g, t, d = q.shape
+    qf = q.reshape(b, kh, g * t, d)
+
+    def step(i, carry):
+        m, l, acc = carry
+        kb = jax.lax.dynamic_slice_in_dim(k, i * block, block, axis=2).astype(q.dtype)
+        vb = jax.lax.dynamic_slice_in_dim(v, i * block, block, axis=2)
+        mb = jax.lax.dynamic_slice_in_dim(mask, i * block, block, axis=2)
+        s = jnp.einsum("bkqd,bksd->bkqs", qf, kb, preferred_element_type=jnp.float32)
+        s = jnp.where(mb[:, None, None], s.reshape(b, kh, g, t, block) * (d ** -0.5), _MASK_VALUE)
+        m_new = jnp.maximum(m, s.max(axis=-1))
+        p = jnp.exp(s - m_new[..., None])
+        scale = jnp.exp(m - m_new)
+        pv = jnp.einsum("bkqs,bksd->bkqd", p.astype(vb.dtype).reshape(b, kh, g * t, block), vb,
+                        preferred_element_type=jnp.float32).reshape(b, kh, g, t, d)
+        return m_new, l * scale + p.sum(axis=-1), acc * scale[..., None] + pv
+
+    init = (jnp.full((b, kh, g, t), _MASK_VALUE, jnp.float32), jnp.zeros((b, kh, g, t), jnp.float32),
+            jnp.zeros((b, kh, g, t, d), jnp.float32))
+    n_blocks = (n_slots + block - 1) // block
+    _, l, acc = jax.lax.fori_loop(0, n_blocks, step, init)
+    return acc / l[..., None]
 
 
 class MLP(nnx.Module):

@@ -1,0 +1,105 @@
+"""Decode throughput of `rrc_jax.sampling.generate` vs transformers' `generate` on the same weights.
+
+    python benchmarks/sampler.py [--batch_sizes=1,8,64 --new_tokens=128 --prompt_len=32 --repeats=3]
+
+A ~20M-parameter Llama-style model with random weights is created with transformers, saved with
+`save_pretrained`, and loaded by `rrc_jax.models.load_hf`; both sides then generate the same number of tokens
+per row (no stop token), greedy, fp32, on the CPU (or whatever JAX / torch default to). Tokens/s counts generated
+tokens (batch x new tokens) over wall time of the whole call (prefill included), after one warm-up call (JAX
+compilation excluded). Prints a table and writes benchmarks/results/sampler.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def build_checkpoint(path: Path):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=8192, hidden_size=384, intermediate_size=1024, num_hidden_layers=8,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
+                      tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(path)
+    return model, sum(p.numel() for p in model.parameters())
+
+
+def best_of(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch_sizes", default="1,8,64")
+    ap.add_argument("--new_tokens", type=int, default=128)
+    ap.add_argument("--prompt_len", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sampler.json"))
+    args = ap.parse_args()
+
+    import jax
+    import torch
+
+    from rrc_jax.models import load_hf
+    from rrc_jax.sampling import generate
+
+    tmp = Path(tempfile.mkdtemp())
+    ref, n_params = build_checkpoint(tmp)
+    model = load_hf(tmp)
+    rng = np.random.default_rng(0)
+    rows = []
+    for b in [int(x) for x in args.batch_sizes.split(",")]:
+        ids = rng.integers(3, 8192, (b, args.prompt_len))
+        prompts = ids.tolist()
+
+        def ours():
+            generate(model, prompts, max_new_tokens=args.new_tokens, temperature=0.0, stop_token_ids=[])
+
+        def theirs():
+            with torch.no_grad():
+                ref.generate(input_ids=torch.tensor(ids), attention_mask=torch.ones_like(torch.tensor(ids)),
+                             max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+
+        ours()  # compile
+        theirs()
+        t_ours, t_hf = best_of(ours, args.repeats), best_of(theirs, args.repeats)
+        tokens = b * args.new_tokens
+        rows.append(dict(batch=b, new_tokens=args.new_tokens, rrc_jax_tok_s=tokens / t_ours,
+                         transformers_tok_s=tokens / t_hf, speedup=t_hf / t_ours,
+                         target=3.0 if b <= 8 else 1.5))
+        print(f"batch {b}: done", flush=True)
+
+    print(f"\nmodel: Llama-style, {n_params / 1e6:.1f}M params, fp32; prompt {args.prompt_len} tokens, "
+          f"{args.new_tokens} new tokens; jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads)")
+    print(f"{'batch':>5} {'rrc_jax tok/s':>14} {'transformers tok/s':>19} {'speedup':>8} {'target':>7}")
+    for r in rows:
+        print(f"{r['batch']:>5} {r['rrc_jax_tok_s']:>14.1f} {r['transformers_tok_s']:>19.1f} "
+              f"{r['speedup']:>7.2f}x {r['target']:>6.1f}x")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(params=n_params, prompt_len=args.prompt_len, jax=jax.__version__,
+                                   backend=jax.default_backend(), torch=torch.__version__,
+                                   machine=platform.machine(), cpus=os.cpu_count(), rows=rows), indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""`python -m rrc_jax.generate` prints only the continuation on stdout; errors are one line."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import make_hf_model
+from rrc_jax.models import load_hf, load_tokenizer, prompt_ids
+from rrc_jax.models.char_tokenizer import make_char_tokenizer
+from rrc_jax.sampling import generate
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli_model")
+    make_hf_model("qwen2_tied", seed=4, vocab_size=112).save_pretrained(path)
+    make_char_tokenizer().save_pretrained(path)
+    return path
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "rrc_jax.generate", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_prints_only_the_continuation(model_dir):
+    out = run_cli(f"--model={model_dir}", "--prompt=Sort: 3 1 2", "--max_new_tokens=12")
+    assert out.returncode == 0, out.stderr[-2000:]
+    tok = load_tokenizer(model_dir)
+    model = load_hf(model_dir)
+    ids = prompt_ids(tok, "Sort: 3 1 2")
+    assert ids[0] == 1  # BOS from the fallback (no chat template)
+    ref = generate(model, [ids], max_new_tokens=12, temperature=0.0, stop_token_ids=[2])
+    expected = tok.decode(ref.tokens[0, :ref.lengths[0]].tolist(), skip_special_tokens=True)
+    assert out.stdout == expected + "\n"
+
+
+def test_cli_sampling_flags_and_seed(model_dir):
+    args = [f"--model={model_dir}", "--prompt=abc", "--max_new_tokens=8", "--temperature=1.0", "--top_p=0.9"]
+    a, b = run_cli(*args, "--seed=1"), run_cli(*args, "--seed=1")
+    assert a.returncode == 0 and a.stdout == b.stdout
+
+
+def test_cli_missing_config_is_one_line(tmp_path):
+    out = run_cli(f"--model={tmp_path}", "--prompt=hi")
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1].startswith("error:") and "config.json" in out.stderr
+    assert out.stdout == ""
+
+
+def test_chat_template_is_used_when_present(model_dir):
+    tok = make_char_tokenizer()
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}" \
+                        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    ids = prompt_ids(tok, "hi", system="be brief")
+    assert tok.decode(ids) == "<system>be brief\n<user>hi\n<assistant>"
+    assert np.count_nonzero(np.array(ids) == 1) == 0  # no BOS added on top of the template
