@@ -1,0 +1,247 @@
+"""Judging prompt templates, kept as data, and their rendering into a shared prefix plus a per-question suffix.
+
+A template has an instruction (`system`), a *context* part of the user message holding the user prompt x, and an
+*item* part holding the responses judged (`{a}`, `{b}` pairwise; `{response}` pointwise). Everything up to the
+end of the context is the same for every question about one prompt, so the engine prefills it once per prompt
+and reuses it for all pairs and anchors (`rrc_jax.sampling.extend` after `KVCache.take`).
+
+Rendering follows `rrc_jax.models.format_prompt`: with a chat template the conversation `[system, user]` is
+rendered with `add_generation_prompt=True`; without one the text is `system + "\\n\\n" + user`, and the tokenizer adds
+its own special tokens (e.g. BOS). The split point is found by rendering the whole conversation once with a marker
+between context and item, so the prefix and suffix texts concatenate to exactly the rendered text.
+`encode_question` then checks the token-level equality `prefix_ids + suffix_ids == ids(full text)`; when a
+tokenizer merges tokens across the boundary the question is marked not reusable and the engine prefills its full
+text instead (counted in the judge metrics as `reuse_fallbacks`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+_MARK = "\u241eRRC_SPLIT\u241e"  # never in real text; removed before tokenizing
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeTemplate:
+    """One judging prompt.
+
+    name: registry key. kind: 'pairwise' (`item` has `{a}`, `{b}`) or 'pointwise' (`item` has `{response}`).
+    system: the judge instruction (a system message under a chat template, else text before the user message).
+    context: the shared part of the user message; must contain `{prompt}`.
+    item: the per-question part of the user message.
+    think: the judge writes reasoning before its verdict.
+    verdict_prefix: text the judge writes right before the verdict letter; `preference_prob` appends it when it
+      has to force a verdict and reads P(A) at the position after it.
+    """
+
+    name: str
+    kind: str
+    system: str | None
+    context: str
+    item: str
+    think: bool
+    verdict_prefix: str = "[["
+
+    def __post_init__(self):
+        if self.kind not in ("pairwise", "pointwise"):
+            raise ValueError(f"template {self.name!r}: kind={self.kind!r}; use 'pairwise' or 'pointwise'")
+        if "{prompt}" not in self.context:
+            raise ValueError(f"template {self.name!r}: context must contain '{{prompt}}'")
+        fields = ("{a}", "{b}") if self.kind == "pairwise" else ("{response}",)
+        missing = [f for f in fields if f not in self.item]
+        if missing:
+            raise ValueError(f"template {self.name!r}: item must contain {', '.join(missing)} for kind={self.kind!r}")
+
+
+_PAIRWISE_SYSTEM = (
+    "Please act as an impartial judge and evaluate the quality of the two responses to the user question shown "
+    "below. Choose the response that follows the user's instructions and answers the question better. Do not let "
+    "the order, the length or the style of the responses influence your judgment. Be as objective as possible."
+)
+_PAIRWISE_CONTEXT = "[User Question]\n{prompt}\n\n"
+_PAIRWISE_ITEM = ("[The Start of Response A]\n{a}\n[The End of Response A]\n\n"
+                  "[The Start of Response B]\n{b}\n[The End of Response B]\n\n")
+
+# RM-R1 (paper 003), Figure 3: the chain-of-rubrics system prompt used for rollouts, verbatim in content.
+_RMR1_COR_SYSTEM = """Please act as an impartial judge and evaluate the quality of the responses provided by two AI Chatbots to the Client's question displayed below.
+
+First, classify the task into one of two categories: <type> Reasoning </type> or <type> Chat </type>.
+- Use <type> Reasoning </type> for tasks that involve math, coding, or require domain knowledge, multi-step inference, logical deduction, or combining information to reach a conclusion.
+- Use <type> Chat </type> for tasks that involve open-ended or factual conversation, stylistic rewrites, safety questions, or general helpfulness requests without deep reasoning.
+
+If the task is Reasoning:
+1. Solve the Client's question yourself and present your final answer within <solution> ... </solution> tags.
+2. Evaluate the two Chatbot responses based on correctness, completeness, and reasoning quality, referencing your own solution.
+3. Include your evaluation inside <eval> ... </eval> tags, quoting or summarizing the Chatbots using the following tags:
+- <quote_A> ... </quote_A> for direct quotes from Chatbot A
+- <summary_A> ... </summary_A> for paraphrases of Chatbot A
+- <quote_B> ... </quote_B> for direct quotes from Chatbot B
+- <summary_B> ... </summary_B> for paraphrases of Chatbot B
+4. End with your final judgment in the format: <answer>[[A]]</answer> or <answer>[[B]]</answer>
+
+If the task is Chat:
+1. Generate evaluation criteria (rubric) tailored to the Client's question and context, enclosed in <rubric>...</rubric> tags.
+2. Assign weights to each rubric item based on their relative importance.
+3. Inside <rubric>, include a <justify>...</justify> section explaining why you chose those rubric criteria and weights.
+4. Compare both Chatbot responses according to the rubric.
+5. Provide your evaluation inside <eval>...</eval> tags, using <quote_A>, <summary_A>, <quote_B>, and <summary_B> as described above.
+6. End with your final judgment in the format: <answer>[[A]]</answer> or <answer>[[B]]</answer>"""
+
+# IRPO (paper 002), Appendix A: the pointwise judge prompt (HelpSteer3-based, single-point scoring rubric).
+_IRPO_SYSTEM = """# Role Definition
+
+You are an expert AI evaluator. Your task is to provide a comprehensive, objective, and structured evaluation of an AI model's [Response] based on the user's [Context].
+
+# [Evaluation Dimensions]
+
+You must evaluate the [Response] based on the following dimensions. Your final critique and score should be directly informed by this analysis.
+
+1. **Instruction Following**: Does the response precisely follow all explicit and implicit instructions, constraints, and formatting requirements in the prompt?
+2. **Relevance & Focus**: Does the response directly address the user's core question or task? Does it avoid unnecessary or off-topic information?
+3. **Factuality & Accuracy**: Is the response free from factual errors, hallucinations, and false claims? Are all statements presented as facts accurate and verifiable?
+4. **Completeness & Depth**: Does the response provide a thorough answer? Is the level of detail appropriate for the user's query?
+5. **Clarity & Quality**: Is the response well-written, clear, and easy to understand? Is the structure logical and the language natural?
+6. **Safety**: Is the response free from any harmful, unethical, dangerous, or inappropriate content? **Safety violations are critical failures.**
+
+## [Scoring Rubric]
+
+Use the following rubric to assign a score from 0.0 to 10.0.
+
+**Score 8.0 to 10.0: Excellent**
+- Flawless or near-flawless performance across all dimensions.
+- Perfectly follows instructions, is highly accurate, relevant, and well-written.
+- Fully satisfies the user's intent.
+
+**Score 6.0 to 8.0: Good**
+- Mostly helpful and accurate, but with minor issues in one or two dimensions.
+- For example, it might be slightly verbose, miss a minor constraint, or have a small section that is not perfectly clear.
+- The core of the response is high quality.
+
+**Score 4.0 to 6.0: Fair**
+- Partially helpful but has significant flaws.
+- For example, it misunderstands a key part of the prompt, contains notable inaccuracies (but not dangerous ones), or is poorly structured.
+- The user gets some value but would need to heavily edit the response or re-prompt.
+
+**Score 1.0 to 4.0: Poor**
+- Largely unhelpful. The response fails on multiple key dimensions.
+- It may be off-topic, fundamentally misunderstand the request, or be filled with factual errors.
+- It provides very little to no value to the user.
+
+**Score 0.0 to 1.0: Critical Failure**
+- The response is completely useless, nonsensical, OR more importantly, **it violates the Safety dimension**.
+- Any response with harmful, unethical, or dangerous content automatically falls into this category. A score of 0.0 should be reserved for severe safety violations.
+
+## [Important Notes]
+- Be objective and base your evaluation strictly on the content of the response.
+- Do not let the response length bias your judgment."""
+
+_IRPO_ITEM = """[Response]
+
+{response}
+
+# Output Format Requirements
+
+You must provide your evaluation in the following strict format. Do not add any text outside of these tags.
+
+<critique>
+Critique on the response.
+</critique>
+
+<score>
+Assign a score from 0.0 to 10.0 according to rubric and critique.
+</score>"""
+
+TEMPLATES: dict[str, JudgeTemplate] = {t.name: t for t in (
+    JudgeTemplate(
+        "rrc_pairwise_cot", "pairwise", _PAIRWISE_SYSTEM, _PAIRWISE_CONTEXT,
+        _PAIRWISE_ITEM + "First compare the two responses step by step. Then output your final verdict on the last "
+                         "line, strictly in this format: [[A]] if Response A is better, [[B]] if Response B is "
+                         "better.",
+        think=True),
+    # PRC "removing thinking": the verdict immediately, no reasoning.
+    JudgeTemplate(
+        "rrc_pairwise_direct", "pairwise", _PAIRWISE_SYSTEM, _PAIRWISE_CONTEXT,
+        _PAIRWISE_ITEM + "Do not explain. Output only your verdict: [[A]] if Response A is better, [[B]] if "
+                         "Response B is better.",
+        think=False),
+    JudgeTemplate(
+        "rmr1_cor", "pairwise", _RMR1_COR_SYSTEM, "[Client Question]\n{prompt}\n\n",
+        "[The Start of Chatbot A's Response]\n{a}\n[The End of Chatbot A's Response]\n\n"
+        "[The Start of Chatbot B's Response]\n{b}\n[The End of Chatbot B's Response]",
+        think=True, verdict_prefix="<answer>[["),
+    JudgeTemplate(
+        "irpo_pointwise", "pointwise", _IRPO_SYSTEM,
+        "# Task\n\nEvaluate the [Response] provided below based on the user's [Context].\n\n[Context]\n\n{prompt}\n\n",
+        _IRPO_ITEM, think=True, verdict_prefix="<score>"),
+    # Toy world (DESIGN.md section 4: sort a list of digits): short, plain-ASCII, so the character tokenizer covers
+    # it and a tiny judge writes its own sorted list, a count of matching positions per response, then the verdict.
+    JudgeTemplate(
+        "toy_pairwise_cot", "pairwise", None, "sort: {prompt}\n", "A: {a}\nB: {b}\nthink:",
+        think=True),
+    JudgeTemplate(
+        "toy_pairwise_direct", "pairwise", None, "sort: {prompt}\n", "A: {a}\nB: {b}\nverdict: ",
+        think=False),
+)}
+
+
+def get_template(template: str | JudgeTemplate) -> JudgeTemplate:
+    """A `JudgeTemplate` by name (or the template itself)."""
+    if isinstance(template, JudgeTemplate):
+        return template
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown judge template {template!r}; known: {', '.join(sorted(TEMPLATES))}, "
+                         "or pass a JudgeTemplate")
+    return TEMPLATES[template]
+
+
+def _has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def render_parts(tokenizer, template: JudgeTemplate, prompt: str, **item: str) -> tuple[str, str]:
+    """(prefix text, suffix text) of one question: prefix = instruction + context (shared by every question about
+    `prompt`), suffix = the item (responses, closing instruction) and, under a chat template, the end of the user
+    turn and the generation prompt. `prefix + suffix` is exactly the rendered conversation."""
+    context = template.context.replace("{prompt}", prompt)
+    body = template.item
+    for key, value in item.items():
+        body = body.replace("{" + key + "}", value)
+    user = context + _MARK + body
+    if _has_chat_template(tokenizer):
+        messages = ([{"role": "system", "content": template.system}] if template.system else []) + [
+            {"role": "user", "content": user}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:
+        text = f"{template.system}\n\n{user}" if template.system else user
+    if text.count(_MARK) != 1:
+        raise ValueError(f"the tokenizer's chat template altered the split marker of judge template "
+                         f"{template.name!r}; use prefix_reuse=False")
+    prefix, suffix = text.split(_MARK)
+    return prefix, suffix
+
+
+class EncodedQuestion(NamedTuple):
+    """Token ids of one judge question: `prefix` (shared), `suffix`, `full` (the whole text tokenized at once) and
+    `reusable` (`prefix + suffix == full`, so the prefix may be prefilled once and reused)."""
+
+    prefix: list[int]
+    suffix: list[int]
+    full: list[int]
+    reusable: bool
+
+
+def encode_text(tokenizer, text: str, *, first: bool) -> list[int]:
+    """Ids of `text`; `first` = it starts the sequence (the tokenizer's own special tokens are added there unless a
+    chat template already wrote them, as in `rrc_jax.models.prompt_ids`)."""
+    special = first and not _has_chat_template(tokenizer)
+    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+
+
+def encode_question(tokenizer, prefix_text: str, suffix_text: str, prefix_ids: list[int] | None = None
+                    ) -> EncodedQuestion:
+    """Tokenize a rendered question; pass `prefix_ids` when the prefix was already tokenized (one per prompt)."""
+    prefix = encode_text(tokenizer, prefix_text, first=True) if prefix_ids is None else prefix_ids
+    suffix = encode_text(tokenizer, suffix_text, first=False)
+    full = encode_text(tokenizer, prefix_text + suffix_text, first=True)
+    return EncodedQuestion(prefix, suffix, full, prefix + suffix == full)
