@@ -6,9 +6,9 @@
 * ``engine``: `Judge` turns (prompts, responses, anchors) into the vote tensors of `rrc_jax.rewards`.
 """
 
-from rrc_jax.judge.engine import Judge, JudgeConfig, JudgeMetrics, PairVotes, Tournament, order_rewards
+from rrc_jax.judge.engine import Judge, JudgeConfig, JudgeMetrics, PairVotes, Tournament, Vote, order_rewards
 from rrc_jax.judge.prompts import TEMPLATES, JudgeTemplate, get_template, render_parts
 from rrc_jax.judge.verdicts import parse_score, parse_verdict
 
-__all__ = ["Judge", "JudgeConfig", "JudgeMetrics", "JudgeTemplate", "PairVotes", "TEMPLATES", "Tournament",
+__all__ = ["Judge", "JudgeConfig", "JudgeMetrics", "JudgeTemplate", "PairVotes", "TEMPLATES", "Tournament", "Vote",
            "get_template", "order_rewards", "parse_score", "parse_verdict", "render_parts"]

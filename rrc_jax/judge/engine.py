@@ -103,6 +103,18 @@ class PairVotes(NamedTuple):
     abstains: np.ndarray
 
 
+class Vote(NamedTuple):
+    """One judgment of `Judge.explain`: pair index, vote index, whether A/B were swapped, the judge's text, its
+    parsed verdict ('A' | 'B' | None, as shown) and the winner mapped back to the caller's order ('a' | 'b' | None)."""
+
+    pair: int
+    vote: int
+    swapped: bool
+    text: str
+    verdict: str | None
+    winner: str | None
+
+
 class Tournament(NamedTuple):
     """`order [B, m]` response indices best first; `rewards [B, m]` float32, Eq. 21 with alpha = 1
     (`m - 1 - position`); `queries [B]` pairs compared (each asked V times)."""
@@ -259,7 +271,7 @@ class Judge:
     # -- pairwise votes --------------------------------------------------------------------------------
 
     def _pair_votes(self, prompts: Sequence[str], owners: Sequence[int], firsts: Sequence[str],
-                    seconds: Sequence[str], votes: int, swap: bool) -> tuple[PairVotes, list[str]]:
+                    seconds: Sequence[str], votes: int, swap: bool) -> tuple[PairVotes, list[Vote]]:
         """Votes `[K]` for K pairs (prompt `owners[k]`, `firsts[k]` vs `seconds[k]`), each asked `votes` times."""
         template = self.template
         if template.kind != "pairwise":
@@ -290,19 +302,26 @@ class Judge:
             both = parsed[i[:, 0]] & parsed[i[:, 1]]
             self.metrics.swap_couples += int(both.sum())
             self.metrics.swap_consistent += int((both & (first_wins[i[:, 0]] == first_wins[i[:, 1]])).sum())
-        return PairVotes(wins, losses, abstains), texts
+        log = [Vote(int(p), q % votes, s, t, v, None if v is None else ("a" if w else "b"))
+               for q, (p, s, t, v, w) in enumerate(zip(pair_of, swapped, texts, verdicts, first_wins))]
+        return PairVotes(wins, losses, abstains), log
 
     def compare(self, prompts: Sequence[str], a: Sequence[str], b: Sequence[str], votes: int = 1,
                 swap: bool = True) -> PairVotes:
         """Judge K pairs (`prompts[k]`, `a[k]` vs `b[k]`) `votes` times each; identical prompt strings share one
         prefilled prefix. Returns `PairVotes` of `[K]` int32: wins (for a), losses (for b), abstains."""
+        return self.explain(prompts, a, b, votes, swap)[0]
+
+    def explain(self, prompts: Sequence[str], a: Sequence[str], b: Sequence[str], votes: int = 1,
+                swap: bool = True) -> tuple[PairVotes, list[Vote]]:
+        """`compare` plus every judgment (`Vote`: text, verdict as shown, winner in the caller's order)."""
         _check_votes(votes)
         if not len(prompts) == len(a) == len(b):
             raise ValueError(f"compare: prompts, a and b must have equal lengths, got {len(prompts)}, {len(a)}, "
                              f"{len(b)}")
         unique = list(dict.fromkeys(prompts))
         index = {p: i for i, p in enumerate(unique)}
-        return self._pair_votes(unique, [index[p] for p in prompts], a, b, votes, swap)[0]
+        return self._pair_votes(unique, [index[p] for p in prompts], a, b, votes, swap)
 
     def round_robin(self, prompts: Sequence[str], responses: Sequence[Sequence[str]], votes: int = 1,
                     swap: bool = True) -> np.ndarray:

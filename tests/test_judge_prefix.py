@@ -1,0 +1,124 @@
+"""Shared-prefix prefill with a real (tiny, random) decoder: greedy judgments with reuse equal those without, the
+prefill tokens drop by (questions - 1) x prefix length per prompt, and the prefix / suffix split is exact for
+tokenizers with and without a chat template (a split that a tokenizer merges falls back to a full prefill)."""
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from rrc_jax.judge import Judge, JudgeTemplate, get_template, render_parts
+from rrc_jax.judge.prompts import encode_question
+from rrc_jax.models import Decoder, DecoderConfig, format_prompt, prompt_ids
+from rrc_jax.models.char_tokenizer import make_char_tokenizer
+from rrc_jax.sharding import model_context
+
+CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def char_tokenizer(chat: bool):
+    tok = make_char_tokenizer()
+    if chat:
+        tok.chat_template = CHAT
+    return tok
+
+
+def bpe_tokenizer():
+    """A byte-level BPE with Llama 3's pre-tokenizer split, trained offline on judge-like text, with a chat
+    template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    corpus = [t.system or "" for t in map(get_template, ("rrc_pairwise_cot", "rmr1_cor"))]
+    corpus += ["[The Start of Response A]\nThe answer is 4.\n[The End of Response A]\n\nresponse responses " * 3]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<pad>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    fast.chat_template = CHAT
+    return fast
+
+
+def tiny_decoder(vocab: int, seed: int = 0) -> Decoder:
+    cfg = DecoderConfig(model_type="llama", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_layers=2,
+                        num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=4096, bos_token_id=1,
+                        eos_token_ids=(2,), pad_token_id=0)
+    with model_context(None):
+        model = Decoder(cfg, rngs=nnx.Rngs(seed))
+    return model
+
+
+PROMPTS = ["What is 2 + 2?", "Name a prime number larger than ten."]
+GROUPS = [["4", "Four.", "It is 5."], ["11", "13 is prime.", "Twelve"]]
+
+
+@pytest.mark.parametrize("tokenizer_kind", ["char", "char_chat", "bpe_chat"])
+def test_split_is_exact(tokenizer_kind):
+    tok = {"char": lambda: char_tokenizer(False), "char_chat": lambda: char_tokenizer(True), "bpe_chat": bpe_tokenizer}[
+        tokenizer_kind]()
+    for name in ("rrc_pairwise_cot", "rrc_pairwise_direct", "rmr1_cor", "toy_pairwise_cot"):
+        t = get_template(name)
+        for prompt, (a, b) in zip(PROMPTS, [GROUPS[0][:2], GROUPS[1][1:]]):
+            pre, suf = render_parts(tok, t, prompt, a=a, b=b)
+            user = t.context.replace("{prompt}", prompt) + t.item.replace("{a}", a).replace("{b}", b)
+            assert pre + suf == format_prompt(tok, user, t.system)
+            q = encode_question(tok, pre, suf)
+            assert q.full == prompt_ids(tok, user, t.system)
+            assert q.reusable and q.prefix + q.suffix == q.full, (name, prompt)
+
+
+def test_split_that_a_tokenizer_merges_is_detected():
+    """A template whose context ends inside a word: BPE merges across the boundary, so it is not reusable."""
+    tok = bpe_tokenizer()
+    bad = JudgeTemplate("bad_split", "pairwise", None, "{prompt} resp", "onses: A {a} B {b}", think=True)
+    pre, suf = render_parts(tok, bad, "Q", a="x", b="y")
+    assert not encode_question(tok, pre, suf).reusable
+
+
+# a short chat-style template keeps the random judge's outputs response-dependent (with the long instructions a
+# tiny random model writes the same text for every pair, which would make the comparison vacuous)
+SHORT = JudgeTemplate("short", "pairwise", "Judge the pair.", "Q: {prompt}\n\n", "[A] {a}\n[B] {b}\nVerdict:",
+                      think=True)
+
+
+@pytest.mark.parametrize("tokenizer_kind,template", [("char", "toy_pairwise_cot"), ("char_chat", SHORT),
+                                                     ("bpe_chat", SHORT)])
+def test_greedy_judgments_with_reuse_equal_without(tokenizer_kind, template):
+    tok = {"char": lambda: char_tokenizer(False), "char_chat": lambda: char_tokenizer(True), "bpe_chat": bpe_tokenizer}[
+        tokenizer_kind]()
+    model = tiny_decoder(len(tok), seed=5)
+    kw = dict(template=template, temperature=0.0, max_new_tokens=16, max_batch=16)
+    reuse, full = Judge(model, tok, **kw), Judge(model, tok, prefix_reuse=False, **kw)
+    a = [g[i] for g in GROUPS for i in (0, 0, 1)]
+    b = [g[j] for g in GROUPS for j in (1, 2, 2)]
+    prompts = [p for p in PROMPTS for _ in range(3)]
+    v1, log1 = reuse.explain(prompts, a, b, votes=2)
+    v2, log2 = full.explain(prompts, a, b, votes=2)
+    assert [v.text for v in log1] == [v.text for v in log2]
+    assert len({v.text for v in log1}) > 1  # the random judge does not write the same thing for every pair
+    for x, y in zip(v1, v2):
+        np.testing.assert_array_equal(x, y)
+    # expected saving: each prompt has 3 pairs x 2 votes = 6 questions sharing one prefix -> (6 - 1) x prefix length
+    prefix_len = [len(encode_question(tok, *render_parts(tok, get_template(template), p, a="", b="")).prefix)
+                  for p in PROMPTS]
+    assert reuse.metrics.prefill_tokens_saved == sum(5 * n for n in prefix_len)
+    assert full.metrics.prefill_tokens - reuse.metrics.prefill_tokens == sum(5 * n for n in prefix_len)
+    assert reuse.metrics.reuse_fallbacks == 0 and reuse.metrics.questions == full.metrics.questions == 12
+
+
+def test_fallback_questions_are_prefilled_in_full_and_counted():
+    tok = bpe_tokenizer()
+    model = tiny_decoder(len(tok), seed=4)
+    bad = JudgeTemplate("bad_split", "pairwise", None, "{prompt} resp", "onses: A {a} B {b}\n", think=True)
+    kw = dict(template=bad, temperature=0.0, max_new_tokens=16)
+    reuse, full = Judge(model, tok, **kw), Judge(model, tok, prefix_reuse=False, **kw)
+    _, log1 = reuse.explain(PROMPTS, ["4", "11"], ["5", "12"], votes=2)
+    _, log2 = full.explain(PROMPTS, ["4", "11"], ["5", "12"], votes=2)
+    assert [v.text for v in log1] == [v.text for v in log2]
+    assert reuse.metrics.reuse_fallbacks == 4 and reuse.metrics.prefill_tokens_saved == 0
