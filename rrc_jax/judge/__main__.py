@@ -1,0 +1,57 @@
+"""Judge one pair with a local Hugging Face checkpoint and show every vote.
+
+    python -m rrc_jax.judge --model=DIR --prompt=TEXT --a=TEXT --b=TEXT [--votes=V --template=NAME
+                            --max_new_tokens=N --temperature=T --top_p=P --top_k=K --seed=S --noswap
+                            --dtype=bfloat16]
+
+Prints each vote's reasoning and verdict (with A/B swapping, every second vote shows the pair reversed; the winner
+is reported in the caller's terms, `a` or `b`) and the tally. Logs and errors go to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags, logging
+
+_MODEL = flags.DEFINE_string("model", None, "Hugging Face model directory (config.json, safetensors, tokenizer).")
+_PROMPT = flags.DEFINE_string("prompt", None, "The user prompt both responses answer.")
+_A = flags.DEFINE_string("a", None, "Response a.")
+_B = flags.DEFINE_string("b", None, "Response b.")
+_VOTES = flags.DEFINE_integer("votes", 1, "Judgments of the pair (V).")
+_SWAP = flags.DEFINE_boolean("swap", True, "Show every second vote with A and B swapped (position-bias debiasing).")
+_TEMPLATE = flags.DEFINE_string("template", "rrc_pairwise_cot", "Judge template name (rrc_jax.judge.TEMPLATES).")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 512, "Most tokens per judgment (reasoning + verdict).")
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature; 0 = greedy.")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1 = off.")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "Top-k filter; 0 = off.")
+_SEED = flags.DEFINE_integer("seed", 0, "PRNG seed.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter and compute dtype.")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from rrc_jax.judge import Judge, JudgeConfig
+    from rrc_jax.models import load_hf, load_tokenizer
+
+    try:
+        config = JudgeConfig(template=_TEMPLATE.value, max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value,
+                             top_p=_TOP_P.value, top_k=_TOP_K.value, seed=_SEED.value)
+        model = load_hf(_MODEL.value, dtype=_DTYPE.value)
+        judge = Judge(model, load_tokenizer(_MODEL.value), config)
+        votes, log = judge.explain([_PROMPT.value], [_A.value], [_B.value], votes=_VOTES.value, swap=_SWAP.value)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    for v in log:
+        shown = "A = b, B = a (swapped)" if v.swapped else "A = a, B = b"
+        print(f"=== vote {v.vote + 1}/{_VOTES.value} ({shown}) ===")
+        print(v.text)
+        print(f"--- verdict: {v.verdict or 'none (abstain)'}" + (f" -> {v.winner} wins" if v.winner else ""))
+    print(f"tally: a {int(votes.wins[0])}, b {int(votes.losses[0])}, abstain {int(votes.abstains[0])}")
+    logging.info("judge metrics: %s", judge.metrics.summary())
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["model", "prompt", "a", "b"])
+    app.run(main)
