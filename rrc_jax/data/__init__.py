@@ -1,0 +1,1 @@
+"""Data: prompt datasets, grain pipelines and the embedded toy world."""
