@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from rrc_jax import sharding
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a query with no visible key gives no NaN
@@ -250,7 +252,7 @@ def _param(rngs: nnx.Rngs, shape: tuple[int, ...], names: tuple[str | None, ...]
     else:
         value = (scale or 0.02) * jax.random.normal(rngs.params(), shape, jnp.float32)
         value = value.astype(dtype)
-    return nnx.Param(value, sharding_names=names)
+    return sharding.param(value, names)
 
 
 class RMSNorm(nnx.Module):
