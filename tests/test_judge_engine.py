@@ -22,21 +22,25 @@ from rrc_jax.models.decoder import DecoderConfig, KVCache
 
 RESPONSES = "αβγδεζηθικλμνξοπ"  # 16 single-character responses / anchors
 PROMPTS = "①②③④⑤"
-END, END_DIRECT = "§", "¶"  # the last character of every question (reasoning / direct templates)
-TOKENIZER = make_char_tokenizer(PRINTABLE + RESPONSES + PROMPTS + END + END_DIRECT)
+END, END_DIRECT, END_POINT = "§", "¶", "¤"  # last character of every question (reasoning / direct / pointwise)
+TOKENIZER = make_char_tokenizer(PRINTABLE + RESPONSES + PROMPTS + END + END_DIRECT + END_POINT)
 ID = TOKENIZER.convert_tokens_to_ids
-R0, P0, END_ID, END_DIRECT_ID = ID(RESPONSES[0]), ID(PROMPTS[0]), ID(END), ID(END_DIRECT)
+R0, P0, END_ID, END_DIRECT_ID, END_POINT_ID = (ID(RESPONSES[0]), ID(PROMPTS[0]), ID(END), ID(END_DIRECT),
+                                                ID(END_POINT))
 
 TEMPLATE = JudgeTemplate("scripted_cot", "pairwise", "JUDGE THE PAIR.", "Q {prompt}\n", "A {a}\nB {b}\n" + END,
                          think=True)
 DIRECT = JudgeTemplate("scripted_direct", "pairwise", "JUDGE THE PAIR.", "Q {prompt}\n", "A {a}\nB {b}\n" + END_DIRECT,
                        think=False)
+POINTWISE = JudgeTemplate("scripted_point", "pointwise", "SCORE IT.", "Q {prompt}\n", "R {response}\n" + END_POINT,
+                          think=True)
 # script 0: prefers A (short reasoning), 1: A (long reasoning), 2: B (short), 3: B (long), 4: abstains (both
 # verdicts in the final line), 5: truncated (no verdict before max_new_tokens); after the direct template's
 # marker it writes script 6 ([[A]]) or 7 ([[B]]) instead, by DIRECT_OF.
 SCRIPTS = ["OK [[A]]", "A IS RIGHT, B IS NOT. [[A]]", "OK [[B]]", "B IS RIGHT, A IS NOT. [[B]]",
-           "HARD TO SAY: [[A]] OR [[B]]", "X" * 60, "[[A]]", "[[B]]"]
-DIRECT_OF = np.array([6, 6, 7, 7, 6, 6, 6, 7])
+           "HARD TO SAY: [[A]] OR [[B]]", "X" * 60, "[[A]]", "[[B]]"] + [f"FINE. <score>{k}</score>" for k in range(10)]
+DIRECT_OF = np.array([6, 6, 7, 7, 6, 6, 6, 7] + [6] * 10)
+# pointwise questions show one response r, so the model reads table[p, r, r]: script 8 + score
 MAX_NEW = 40  # < len of script 5: it never stops
 
 
@@ -65,7 +69,7 @@ class ScriptedJudge(nnx.Module):
         first = at(jnp.argmax(is_r, axis=1)) - R0
         second = at(s - 1 - jnp.argmax(is_r[:, ::-1], axis=1)) - R0
         p = at(jnp.argmax(is_p, axis=1)) - P0
-        is_e = valid & ((toks == END_ID) | (toks == END_DIRECT_ID))
+        is_e = valid & ((toks == END_ID) | (toks == END_DIRECT_ID) | (toks == END_POINT_ID))
         e_pos = s - 1 - jnp.argmax(is_e[:, ::-1], axis=1)
         direct = at(e_pos) == END_DIRECT_ID
         j = jnp.sum(valid & (col > e_pos[:, None]), axis=1)
@@ -109,8 +113,12 @@ def script_for(p, first, second):
     return 4 if q1 == q2 else (long if q1 > q2 else 2 + long)
 
 
-TABLE = np.array([[[script_for(p, i, j) for j in range(len(RESPONSES))] for i in range(len(RESPONSES))]
-                  for p in range(len(PROMPTS))])
+def point_score(p, r):
+    return None if p == TRUNCATING else int(QUALITY[p, r]) % 10
+
+
+TABLE = np.array([[[script_for(p, i, j) if i != j else (5 if point_score(p, i) is None else 8 + point_score(p, i))
+                    for j in range(len(RESPONSES))] for i in range(len(RESPONSES))] for p in range(len(PROMPTS))])
 
 
 @pytest.fixture(scope="module")
@@ -304,6 +312,18 @@ def test_preference_prob(model):
     assert judge.metrics.forced_verdicts == 0
     p = judge.preference_prob([PROMPTS[TRUNCATING]], [a], [b], think=True)
     assert judge.metrics.forced_verdicts == 1 and 0.0 <= p[0] <= 1.0
+
+
+def test_pointwise_scores(model):
+    judge = make_judge(model)
+    groups = [group(p, 3)[1] for p in (0, TRUNCATING, 1)]
+    scores = judge.score([PROMPTS[p] for p in (0, TRUNCATING, 1)], groups, template=POINTWISE)
+    assert scores.shape == (3, 3)
+    for g, p in enumerate((0, TRUNCATING, 1)):
+        for i, r in enumerate(groups[g]):
+            want = point_score(p, RESPONSES.index(r))
+            assert (math.isnan(scores[g, i]) if want is None else scores[g, i] == want), (g, i)
+    assert judge.metrics.abstains == 3 and judge.metrics.questions == 9
 
 
 def test_bad_inputs_name_the_problem(model):
