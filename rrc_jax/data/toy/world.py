@@ -1,0 +1,154 @@
+"""Build (once) and cache the toy world's models: a policy, a generative judge (GRM) and a DRM.
+
+`build_world(settings, cache_dir)` trains, on first use:
+
+- the **policy**: SFT on noisy demonstrations of the sorting task, so it starts mediocre and diverse;
+- the **GRM**: SFT (Eq. 2) on `toy_pairwise_cot` judge questions about pairs of demonstrations, imitating the
+  toy judgment (sorted answer, correct positions of each response, verdict), A/B order random;
+- the **DRM**: the same backbone size with a scalar value head, Bradley-Terry (Eq. 1) on the same kind of pairs;
+
+and saves each as a Hugging Face directory (safetensors + config.json + the character tokenizer) under
+`cache_dir/<key>/`, where `key` hashes the settings. Later calls with the same settings reuse them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from flax import nnx
+
+from rrc_jax.data.toy.task import ALPHABET, SortTask, oracle_quality, toy_judgment
+from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer, prompt_ids, save_hf
+from rrc_jax.models.char_tokenizer import make_char_tokenizer
+from rrc_jax.train_rm import Preference, drm_batches, fit, grm_example, sft_batches
+
+VERSION = 1  # bump when the world's recipe changes, so stale caches are not reused
+JUDGE_TEMPLATE = "toy_pairwise_cot"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A tiny Llama-style model and how long to train it."""
+
+    hidden: int = 64
+    layers: int = 2
+    steps: int = 600
+    batch_size: int = 64
+    learning_rate: float = 3e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldSettings:
+    task: SortTask = SortTask()
+    policy: ModelSpec = ModelSpec(hidden=64, layers=2, steps=500)
+    grm: ModelSpec = ModelSpec(hidden=96, layers=3, steps=1200)
+    drm: ModelSpec = ModelSpec(hidden=64, layers=2, steps=400)
+    seed: int = 0
+
+    def key(self) -> str:
+        blob = json.dumps({"version": VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    """Paths of the built models (Hugging Face directories, each with the tokenizer)."""
+
+    root: Path
+    policy: Path
+    grm: Path
+    drm: Path
+
+
+def model_config(spec: ModelSpec, vocab_size: int, *, value_head: bool = False) -> DecoderConfig:
+    return DecoderConfig(model_type="llama", vocab_size=vocab_size, hidden_size=spec.hidden,
+                         intermediate_size=3 * spec.hidden, num_layers=spec.layers, num_heads=4, num_kv_heads=2,
+                         head_dim=spec.hidden // 4, max_position_embeddings=256, tie_word_embeddings=True,
+                         value_head=value_head, bos_token_id=1, eos_token_ids=(2,), pad_token_id=0)
+
+
+def _pair(task: SortTask, rng: np.random.Generator) -> tuple[str, str, str]:
+    """A prompt and two distinct demonstrations of it (possibly of equal quality)."""
+    digits = task.prompt(rng)
+    a = task.demonstration(digits, rng)
+    b = task.demonstration(digits, rng)
+    while b == a:
+        b = task.demonstration(digits, rng)
+    return digits, a, b
+
+
+def _train_policy(settings: WorldSettings, tokenizer, rng) -> Decoder:
+    task, spec = settings.task, settings.policy
+    model = Decoder(model_config(spec, len(tokenizer)), rngs=nnx.Rngs(settings.seed))
+    eos = int(tokenizer.eos_token_id)
+
+    def example():
+        digits = task.prompt(rng)
+        return (prompt_ids(tokenizer, task.prompt_text(digits)),
+                list(tokenizer(task.demonstration(digits, rng), add_special_tokens=False)["input_ids"]) + [eos])
+
+    fit(model, sft_batches(example, spec.batch_size, 0), kind="sft", steps=spec.steps,
+        learning_rate=spec.learning_rate, desc="toy policy (SFT)")
+    return model
+
+
+def _train_grm(settings: WorldSettings, tokenizer, rng) -> Decoder:
+    task, spec = settings.task, settings.grm
+    model = Decoder(model_config(spec, len(tokenizer)), rngs=nnx.Rngs(settings.seed + 1))
+
+    def example():
+        digits, a, b = _pair(task, rng)
+        chosen, rejected = (a, b) if oracle_quality(digits, a) >= oracle_quality(digits, b) else (b, a)
+        pref = Preference(task.prompt_text(digits), chosen, rejected)
+        return grm_example(tokenizer, JUDGE_TEMPLATE, pref, rng,
+                           judgment=lambda x, y, _: toy_judgment(digits, x, y))
+
+    fit(model, sft_batches(example, spec.batch_size, 0), kind="sft", steps=spec.steps,
+        learning_rate=spec.learning_rate, desc="toy GRM (Eq. 2)")
+    return model
+
+
+def _train_drm(settings: WorldSettings, tokenizer, rng) -> Decoder:
+    task, spec = settings.task, settings.drm
+    model = Decoder(model_config(spec, len(tokenizer), value_head=True), rngs=nnx.Rngs(settings.seed + 2))
+
+    def pref():
+        while True:
+            digits, a, b = _pair(task, rng)
+            qa, qb = oracle_quality(digits, a), oracle_quality(digits, b)
+            if qa != qb:
+                return Preference(task.prompt_text(digits), *((a, b) if qa > qb else (b, a)))
+
+    fit(model, drm_batches(tokenizer, pref, spec.batch_size, 0), kind="bt", steps=spec.steps,
+        learning_rate=spec.learning_rate, desc="toy DRM (Eq. 1)")
+    return model
+
+
+def build_world(settings: WorldSettings, cache_dir: str | Path) -> World:
+    """The toy world's model directories, trained and cached on first use (progress on stderr)."""
+    root = Path(cache_dir).expanduser() / f"toy-{settings.key()}"
+    world = World(root, root / "policy", root / "grm", root / "drm")
+    marker = root / "world.json"
+    if marker.is_file():
+        return world
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"building the toy world in {root} (first use; cached afterwards)", file=sys.stderr)
+    tokenizer = make_char_tokenizer(ALPHABET)
+    rng = np.random.default_rng(settings.seed)
+    t0 = time.time()
+    for name, train in (("policy", _train_policy), ("grm", _train_grm), ("drm", _train_drm)):
+        save_hf(train(settings, tokenizer, rng), root / name, tokenizer=tokenizer)
+    marker.write_text(json.dumps({"version": VERSION, "settings": dataclasses.asdict(settings),
+                                  "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
+    return world
+
+
+def load_world(world: World):
+    """(policy, grm, drm, tokenizer) loaded from a built world."""
+    return load_hf(world.policy), load_hf(world.grm), load_hf(world.drm), load_tokenizer(world.policy)

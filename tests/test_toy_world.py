@@ -1,0 +1,49 @@
+"""The toy task's oracle and judgments, and the cached toy-world bootstrap (tiny step counts)."""
+
+import numpy as np
+import pytest
+
+from rrc_jax.data.toy import SortTask, oracle_quality, parse_digits, toy_judgment
+from rrc_jax.data.toy.world import ModelSpec, WorldSettings, build_world, load_world
+from rrc_jax.judge.verdicts import parse_verdict
+
+
+def test_oracle_quality_is_graded():
+    assert oracle_quality("3141", "1134") == 1.0
+    assert oracle_quality("3141", "1143") == 0.5
+    assert oracle_quality("3141", "113") == 0.75  # a missing position counts as wrong
+    assert oracle_quality("3141", "113489") == pytest.approx(4 / 6)  # extra positions too
+    assert oracle_quality("3141", "x") == 0.0
+    assert parse_digits(" 123 a") == "123"
+
+
+def test_toy_judgment_prefers_the_better_response():
+    rng = np.random.default_rng(0)
+    task = SortTask()
+    for _ in range(200):
+        d = task.prompt(rng)
+        a, b = task.demonstration(d, rng), task.demonstration(d, rng)
+        text = toy_judgment(d, a, b)
+        assert text.startswith(" " + "".join(sorted(d)) + " a")
+        want = "A" if oracle_quality(d, a) >= oracle_quality(d, b) else "B"
+        assert parse_verdict(text) == want
+
+
+def test_demonstrations_are_noisy_but_informative():
+    rng = np.random.default_rng(1)
+    task = SortTask()
+    qs = [oracle_quality(d, task.demonstration(d, rng)) for d in (task.prompt(rng) for _ in range(500))]
+    assert 0.4 < np.mean(qs) < 0.85 and np.std(qs) > 0.15
+
+
+def test_world_is_built_once_and_reused(tmp_path):
+    tiny = ModelSpec(hidden=32, layers=1, steps=3, batch_size=8)
+    settings = WorldSettings(policy=tiny, grm=tiny, drm=tiny)
+    world = build_world(settings, tmp_path)
+    stamp = (world.grm / "model.safetensors").stat().st_mtime_ns
+    again = build_world(settings, tmp_path)
+    assert again == world and (world.grm / "model.safetensors").stat().st_mtime_ns == stamp
+    policy, grm, drm, tok = load_world(world)
+    assert drm.cfg.value_head and not policy.cfg.value_head and len(tok) == policy.cfg.vocab_size
+    other = build_world(WorldSettings(policy=tiny, grm=tiny, drm=tiny, seed=1), tmp_path)
+    assert other.root != world.root
