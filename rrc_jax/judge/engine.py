@@ -12,8 +12,9 @@ questions of a call go through the sampler together (`Judge._complete`):
   length in prefill tokens;
 - without it, each question's full text is prefilled (`rrc_jax.sampling.generate`).
 
-Questions are sorted by suffix length and cut into chunks of at most `max_batch` rows; row counts and suffix
-lengths are padded to powers of two so compilations are shared across chunks and calls. Verdicts are parsed on the
+Questions are sorted by suffix length and cut into chunks of at most `max_batch` rows; row counts are padded to
+multiples of 8 and lengths to quarter steps of powers of two (`length_bucket`), so compilations are shared across
+chunks and calls while padding stays small. Verdicts are parsed on the
 host and scattered into integer count tensors with `np.add.at`, each question carrying its own prompt index.
 
 A/B swapping (beyond the paper, against position bias): with `swap=True`, votes v = 1, 3, 5, ... of a pair show it
@@ -133,6 +134,13 @@ def order_rewards(order, alpha: float = 1.0) -> np.ndarray:
     return r
 
 
+def length_bucket(n: int) -> int:
+    """Padded length for n tokens: quarter steps of the power-of-two bucket (`bucket_length(n) / 4`, at least 16),
+    so padding wastes at most about a third while compilations stay at four per octave."""
+    b = bucket_length(n)
+    return min(b, round_up(n, max(16, b // 4)))
+
+
 def _check_groups(responses, name: str) -> int:
     sizes = {len(g) for g in responses}
     if len(sizes) != 1:
@@ -197,7 +205,8 @@ class Judge:
         return jax.random.fold_in(jax.random.key(self.config.seed), self._calls)
 
     def _row_count(self, n: int) -> int:
-        return min(self.config.max_batch, bucket_length(n, minimum=1))
+        """Rows of a chunk of n questions: n rounded up to a multiple of 8 (at most max_batch)."""
+        return min(self.config.max_batch, round_up(n, 8))
 
     def _complete(self, template: JudgeTemplate, prompts: Sequence[str], owners: Sequence[int],
                   items: Sequence[dict[str, str]]) -> tuple[list[str], list[list[int]], list]:
@@ -219,8 +228,8 @@ class Judge:
         if reuse:
             used = sorted({owners[i] for i in reuse})
             row_of = {o: r for r, o in enumerate(used)}
-            p_len = bucket_length(max(len(prefixes[o]) for o in used))
-            s_all = bucket_length(max(len(enc[i].suffix) for i in reuse))
+            p_len = length_bucket(max(len(prefixes[o]) for o in used))
+            s_all = length_bucket(max(len(enc[i].suffix) for i in reuse))
             cache_size = round_up(p_len + s_all + n_new, ATTENTION_BLOCK)
             ids, mask = pad_sequences([prefixes[o] for o in used], p_len, self.pad_id, "left")
             prefix_cache = prefill(self.model, ids, mask, cache_size=cache_size)
@@ -231,7 +240,7 @@ class Judge:
             for start in range(0, len(order), cfg.max_batch):
                 chunk = order[start:start + cfg.max_batch]
                 rows = chunk + [chunk[-1]] * (self._row_count(len(chunk)) - len(chunk))
-                s_len = bucket_length(max(len(enc[i].suffix) for i in chunk))
+                s_len = length_bucket(max(len(enc[i].suffix) for i in chunk))
                 s_ids, s_mask = pad_sequences([enc[i].suffix for i in rows], s_len, self.pad_id, "right")
                 s_mask[len(chunk):] = False  # padding rows: no suffix, results dropped
                 cache = prefix_cache.take(jnp.asarray([row_of[owners[i]] for i in rows], jnp.int32))
@@ -501,7 +510,7 @@ class Judge:
         for start in range(0, len(order), self.config.max_batch):
             chunk = order[start:start + self.config.max_batch]
             rows = chunk + [chunk[-1]] * (self._row_count(len(chunk)) - len(chunk))
-            t = bucket_length(max(len(seqs[i]) for i in chunk))
+            t = length_bucket(max(len(seqs[i]) for i in chunk))
             ids, mask = pad_sequences([seqs[i] for i in rows], t, self.pad_id, "left")
             logits = prefill(self.model, ids, mask, cache_size=round_up(t, ATTENTION_BLOCK)).logits
             p = np.asarray(jax.nn.softmax(logits[:, jnp.array([token_a, token_b])], axis=-1)[:, 0])
