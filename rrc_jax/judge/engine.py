@@ -482,7 +482,8 @@ class Judge:
         if template.kind != "pairwise":
             raise ValueError(f"preference_prob needs a pairwise template, got {template.name!r}")
         unique = list(dict.fromkeys(prompts))
-        owners = [unique.index(p) for p in prompts]
+        index = {p: i for i, p in enumerate(unique)}
+        owners = [index[p] for p in prompts]
         items = [{"a": x, "b": y} for x, y in zip(a, b)]
         token_a, token_b = self.verdict_token_ids("[[")
         if think:
