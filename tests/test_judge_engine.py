@@ -338,3 +338,7 @@ def test_bad_inputs_name_the_problem(model):
         Judge(model, TOKENIZER, template="nope")
     with pytest.raises(ValueError, match="pointwise"):
         judge.score(["①"], [["α"]], template=TEMPLATE)
+    with pytest.raises(ValueError, match="max_new_tokens=0"):
+        make_judge(model, max_new_tokens=0)
+    with pytest.raises(ValueError, match="top_p"):
+        make_judge(model, top_p=0.0)
