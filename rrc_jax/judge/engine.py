@@ -184,6 +184,12 @@ class Judge:
     def reset_metrics(self) -> None:
         self.metrics = JudgeMetrics()
 
+    def reseed(self, seed: int) -> None:
+        """Restart the judge's random stream from `seed`: a trainer reseeds it every step (e.g. from the step
+        number), so that a resumed run draws the same judgments as an uninterrupted one."""
+        self.config = dataclasses.replace(self.config, seed=int(seed))
+        self._calls = 0
+
     # -- low level: questions -> completions -----------------------------------------------------------
 
     def _encode(self, template: JudgeTemplate, prompts: Sequence[str], owners: Sequence[int],

@@ -1,0 +1,113 @@
+"""Prompt sets for RL and the grain pipeline that serves them.
+
+`load_prompts(config)` returns the training and held-out `PromptSet`s: the toy task's (generated from
+`toy.seed`, with the oracle quality) or the rows of local files (`data.path`, `data.eval_path`; jsonl / json /
+parquet read with `datasets`, the prompt text in `data.field`; a chat-style list of `{role, content}` messages
+uses the last user message). Rows with no usable prompt are dropped and counted in the log.
+
+`prompt_batches(config, n)` yields `[prompts_per_step]` arrays of prompt indices: shuffled (per epoch, from the
+seed), repeated, sharded across hosts, with `get_state()` / `set_state()` for checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import grain
+import jax
+import numpy as np
+from absl import logging
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSet:
+    """Prompt `texts` with stable integer `ids`; `oracle(index, response) -> q` on the toy task, else None."""
+
+    ids: list[int]
+    texts: list[str]
+    oracle: Callable[[int, str], float] | None = None
+
+
+def toy_prompts(config) -> tuple[PromptSet, PromptSet]:
+    from rrc_jax.data.toy.task import SortTask, oracle_quality
+
+    t = config.toy
+    task = SortTask(t.min_len, t.max_len, t.noise)
+    rng = np.random.default_rng(10_000 + t.seed)  # disjoint from the world's training draws
+    train_digits = [task.prompt(rng) for _ in range(t.train_prompts)]
+    seen = set(train_digits)
+    eval_digits = []
+    while len(eval_digits) < config.data.eval_prompts:  # held out: never a training prompt
+        d = task.prompt(rng)
+        if d not in seen:
+            eval_digits.append(d)
+            seen.add(d)
+
+    def make(digits: list[str], offset: int) -> PromptSet:
+        return PromptSet(list(range(offset, offset + len(digits))), [task.prompt_text(d) for d in digits],
+                         lambda i, response: oracle_quality(digits[i], response))
+
+    return make(train_digits, 0), make(eval_digits, len(train_digits))
+
+
+def _prompt_of(row: dict, field: str):
+    value = row.get(field)
+    if isinstance(value, list):  # chat messages: the last user turn
+        users = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
+        value = users[-1] if users else None
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def file_prompts(path: str, field: str, limit: int | None = None) -> PromptSet:
+    from datasets import load_dataset
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"config.data.path: {p} does not exist (give a local jsonl / json / parquet file)")
+    kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(p.suffix)
+    if kind is None:
+        raise ValueError(f"config.data.path: {p} must end in .jsonl, .json or .parquet")
+    ds = load_dataset(kind, data_files=str(p), split="train")
+    if field not in ds.column_names:
+        raise ValueError(f"config.data.field: {p} has no field {field!r}; its fields are {', '.join(ds.column_names)}")
+    texts, dropped = [], 0
+    for row in ds:
+        text = _prompt_of(row, field)
+        if text is None:
+            dropped += 1
+        else:
+            texts.append(text)
+        if limit and len(texts) >= limit:
+            break
+    if dropped:
+        logging.warning("%s: dropped %d rows with an empty or malformed %r", p, dropped, field)
+    if not texts:
+        raise ValueError(f"config.data.path: {p} has no usable prompt in field {field!r}")
+    return PromptSet(list(range(len(texts))), texts)
+
+
+def load_prompts(config) -> tuple[PromptSet, PromptSet]:
+    d = config.data
+    if d.path == "toy":
+        return toy_prompts(config)
+    train = file_prompts(d.path, d.field)
+    if d.eval_path:
+        ev = file_prompts(d.eval_path, d.field, limit=d.eval_prompts)
+    else:  # hold out the tail of the training file
+        k = min(d.eval_prompts, len(train.texts) // 10)
+        ev = PromptSet(list(range(k)), train.texts[-k:])
+        train = PromptSet(train.ids[:-k], train.texts[:-k])
+    return train, ev
+
+
+def prompt_batches(config, n: int):
+    """A checkpointable grain iterator of `[prompts_per_step]` int arrays of prompt indices for this host."""
+    b = config.rl.prompts_per_step
+    hosts, host = jax.process_count(), jax.process_index()
+    if b % hosts:
+        raise ValueError(f"config.rl.prompts_per_step={b} must be divisible by the number of hosts ({hosts})")
+    ds = grain.MapDataset.range(n).shuffle(seed=config.seed).repeat()
+    ds = ds[host::hosts].batch(b // hosts, drop_remainder=True)
+    return iter(ds.to_iter_dataset())
