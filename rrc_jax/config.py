@@ -31,7 +31,7 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
                                             max_prompt_tokens=512))
 
     c.toy = ml_collections.ConfigDict(dict(
-        cache_dir="~/.cache/rrc_jax", seed=0, min_len=4, max_len=6, noise=0.7, train_prompts=2048,
+        cache_dir="~/.cache/rrc_jax", seed=0, min_len=4, max_len=6, noise=0.3, train_prompts=2048,
         policy_steps=500, grm_steps=1200, drm_steps=400))
 
     c.rl = ml_collections.ConfigDict(dict(

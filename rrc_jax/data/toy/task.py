@@ -1,12 +1,12 @@
 """The toy task: sort a short list of digits.
 
 A prompt x is the digits followed by `>` (e.g. `31415>`); a response o is the digits in some order followed by EOS
-(e.g. `11345`). The oracle quality `q(x, o)` (Eq. 6) is the fraction of positions that hold the right digit of the
-sorted answer (graded, not binary, so margins matter); a response of the wrong length is compared over the sorted
-answer's length, extra or missing positions counting as wrong.
+(e.g. `11345`). The oracle quality `q(x, o)` (Eq. 6) is the fraction of the sorted answer's positions that hold
+the right digit, one position deducted per extra digit (graded, not binary, so margins matter; missing digits
+cost their positions, and padding never pays).
 
 The toy judge (a GRM trained with Eq. 2, `toy_pairwise_cot` template) reasons before its verdict: it writes the
-sorted answer, then for each response the number of correct positions, then `[[A]]` or `[[B]]`:
+sorted answer, then for each response its score (correct positions minus extra digits), then `[[A]]` or `[[B]]`:
 
     sort: 31415>            <- shared prefix (the prompt)
     A: 13145                <- the pair
@@ -38,40 +38,57 @@ def parse_digits(text: str) -> str:
     return "".join(out)
 
 
-def oracle_quality(prompt_digits: str, response: str) -> float:
-    """`q(x, o)` in [0, 1]: positions of `response` holding the digit of `sorted(prompt_digits)` at that position,
-    over the longer of the two lengths."""
+def _score(prompt_digits: str, response: str) -> int:
+    """Correct positions of `response` against the sorted answer, minus its digits beyond the answer's length
+    (missing digits already cost their positions), at least 0."""
     target = "".join(sorted(prompt_digits))
     resp = parse_digits(response)
-    if not target:
-        return 0.0
     hits = sum(a == b for a, b in zip(target, resp))
-    return hits / max(len(target), len(resp))
+    return max(0, hits - max(0, len(resp) - len(target)))
+
+
+def oracle_quality(prompt_digits: str, response: str) -> float:
+    """`q(x, o)` in [0, 1] (Eq. 6): the share of the sorted answer's positions that `response` gets right, one
+    position deducted per extra digit (so padding a response never pays)."""
+    return _score(prompt_digits, response) / len(prompt_digits) if prompt_digits else 0.0
 
 
 def toy_judgment(prompt_digits: str, a: str, b: str) -> str:
-    """The toy judge's reasoning and verdict for a pair: `' <sorted> a<hits> b<hits> [[A|B]]'`.
+    """The toy judge's reasoning and verdict for a pair: `' <sorted> a<score> b<score> [[A|B]]'`, where a score
+    is the number `oracle_quality` divides by the length: the verdict follows the written scores exactly.
 
-    Ties (equal hits) go to A: the judge must still choose, and A/B swapping in the engine removes the bias.
+    Ties go to A: the judge must still choose, and A/B swapping in the engine removes the bias.
     """
     target = "".join(sorted(prompt_digits))
-    ha = sum(x == y for x, y in zip(target, parse_digits(a)))
-    hb = sum(x == y for x, y in zip(target, parse_digits(b)))
-    qa, qb = oracle_quality(prompt_digits, a), oracle_quality(prompt_digits, b)
-    return f" {target} a{ha} b{hb} [[{'A' if qa >= qb else 'B'}]]"
+    sa, sb = _score(prompt_digits, a), _score(prompt_digits, b)
+    return f" {target} a{sa} b{sb} [[{'A' if sa >= sb else 'B'}]]"
+
+
+def bubble_passes(digits: str, k: int) -> str:
+    """`digits` after `k` passes of bubble sort (k >= len - 1: sorted)."""
+    out = list(digits)
+    for _ in range(k):
+        for i in range(len(out) - 1):
+            if out[i] > out[i + 1]:
+                out[i], out[i + 1] = out[i + 1], out[i]
+    return "".join(out)
 
 
 @dataclasses.dataclass(frozen=True)
 class SortTask:
-    """Prompts of `min_len`..`max_len` digits, and noisy demonstrations for the initial policy's SFT.
+    """Prompts of `min_len`..`max_len` digits, and imperfect demonstrations for the initial policy's SFT.
 
-    A demonstration is the sorted answer with, with probability `noise`, each of 1-3 random corruptions: swap two
-    positions, replace a digit, drop a digit. The policy pre-trained on them starts mediocre and diverse.
+    A demonstration is the prompt after k passes of bubble sort, k drawn with weights `passes` (k = 0 copies the
+    input; the last weight is for a full sort), then, with probability `noise`, 1-2 random corruptions (swap two
+    positions, replace a digit, drop a digit). Incomplete sorts are the most likely demonstrations, so the policy
+    pre-trained on them is mediocre even when decoding greedily, and diverse when sampling; better responses exist
+    in its distribution for RL to find.
     """
 
     min_len: int = 4
     max_len: int = 6
-    noise: float = 0.7
+    noise: float = 0.3
+    passes: tuple[float, ...] = (0.3, 0.3, 0.2, 0.2)
 
     def prompt(self, rng: np.random.Generator) -> str:
         """The digits of one prompt, e.g. `'31415'` (the policy sees `prompt_text(digits)`)."""
@@ -83,9 +100,11 @@ class SortTask:
         return f"{digits}>"
 
     def demonstration(self, digits: str, rng: np.random.Generator) -> str:
-        out = list(sorted(digits))
+        w = np.asarray(self.passes, float)
+        k = int(rng.choice(len(w), p=w / w.sum()))
+        out = list(bubble_passes(digits, len(digits) if k == len(w) - 1 else k))
         if rng.random() < self.noise:
-            for _ in range(int(rng.integers(1, 4))):
+            for _ in range(int(rng.integers(1, 3))):
                 kind = rng.integers(3)
                 i, j = rng.integers(len(out)), rng.integers(len(out))
                 if kind == 0:

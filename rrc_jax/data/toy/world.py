@@ -4,7 +4,7 @@
 
 - the **policy**: SFT on noisy demonstrations of the sorting task, so it starts mediocre and diverse;
 - the **GRM**: SFT (Eq. 2) on `toy_pairwise_cot` judge questions about pairs of demonstrations, imitating the
-  toy judgment (sorted answer, correct positions of each response, verdict), A/B order random;
+  toy judgment (sorted answer, the score of each response, verdict), A/B order random;
 - the **DRM**: the same backbone size with a scalar value head, Bradley-Terry (Eq. 1) on the same kind of pairs;
 
 and saves each as a Hugging Face directory (safetensors + config.json + the character tokenizer) under
@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 from flax import nnx
 
-from rrc_jax.data.toy.task import ALPHABET, SortTask, oracle_quality, toy_judgment
+from rrc_jax.data.toy.task import ALPHABET, DIGITS, SortTask, oracle_quality, toy_judgment
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer, prompt_ids, save_hf
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
 from rrc_jax.train_rm import Preference, drm_batches, fit, grm_example, sft_batches
 
-VERSION = 1  # bump when the world's recipe changes, so stale caches are not reused
+VERSION = 3  # bump when the world's recipe changes, so stale caches are not reused
 JUDGE_TEMPLATE = "toy_pairwise_cot"
 
 
@@ -73,13 +73,22 @@ def model_config(spec: ModelSpec, vocab_size: int, *, value_head: bool = False) 
                          value_head=value_head, bos_token_id=1, eos_token_ids=(2,), pad_token_id=0)
 
 
+def _response(task: SortTask, digits: str, rng: np.random.Generator) -> str:
+    """A demonstration, padded with 1-3 stray digits one time in four, so that reward models learn that padding
+    costs (an RL policy tries it soon enough)."""
+    out = task.demonstration(digits, rng)
+    if rng.random() < 0.25:
+        out += "".join(rng.choice(list(DIGITS), int(rng.integers(1, 4))))
+    return out
+
+
 def _pair(task: SortTask, rng: np.random.Generator) -> tuple[str, str, str]:
-    """A prompt and two distinct demonstrations of it (possibly of equal quality)."""
+    """A prompt and two distinct responses to it (possibly of equal quality)."""
     digits = task.prompt(rng)
-    a = task.demonstration(digits, rng)
-    b = task.demonstration(digits, rng)
+    a = _response(task, digits, rng)
+    b = _response(task, digits, rng)
     while b == a:
-        b = task.demonstration(digits, rng)
+        b = _response(task, digits, rng)
     return digits, a, b
 
 
