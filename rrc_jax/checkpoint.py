@@ -68,12 +68,10 @@ class Checkpointer:
         step = self.latest_step()
         if step is None:
             raise FileNotFoundError(f"config.init_from: no checkpoint in {self.directory}")
-        meta = self.manager.item_metadata(step)["state"]
         abstract = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct,
                                            nnx.to_pure_dict(nnx.state(model, nnx.Param)))}
-        del meta
-        out = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(abstract, partial_restore=True)))
+        out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract), partial_restore=True)))
         self._assign(model, nnx.Param, out["state"]["params"])
         return step
 

@@ -19,7 +19,7 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     and datasets to scale up."""
     c = ml_collections.ConfigDict()
     c.workdir = f"workdir/{kind}"
-    c.steps = 30
+    c.steps = 40
     c.seed = 0
     c.init_from = ""  # another run's checkpoint directory (workdir/checkpoints) to start the policy from
 

@@ -16,7 +16,6 @@ held-out prompts (`eval/oracle_quality`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import signal
 import sys
@@ -61,6 +60,7 @@ class Setup:
     train: PromptSet
     eval: PromptSet
     anchors: list[list[str]] | None = None
+    eval_references: list[str] | None = None  # the reference policy's greedy eval responses (computed once)
 
 
 def say(message: str) -> None:
@@ -106,7 +106,8 @@ def build(config, need_judge: bool = True) -> Setup:
     policy = load_hf(dirs["policy"], dtype=dtype)
     tokenizer = load_tokenizer(dirs["policy"])
     kind = config.reward.kind
-    needs_ref = config.rl.beta > 0 or kind == "prc" or (kind == "agr")
+    # the reference serves the KL, PRC's greedy references, AGR's anchors and the judged eval win rate
+    needs_ref = config.rl.beta > 0 or kind != "drm"
     reference = load_hf(dirs["reference"], dtype=dtype) if needs_ref else None
     judge = drm = None
     if kind == "drm":
@@ -131,9 +132,8 @@ def ensure_anchors(setup: Setup, force: bool = False, model: Decoder | None = No
     n = c.reward.n_anchors
     if force or not path.is_file():
         gen = generate_anchor_texts(setup, model or setup.reference or setup.policy, seed)
-        save_anchors = anchors_lib.save_anchors
         if jax.process_index() == 0:
-            save_anchors(path, setup.train.ids, setup.train.texts, gen)
+            anchors_lib.save_anchors(path, setup.train.ids, setup.train.texts, gen)
         say(f"wrote {len(gen)} x {n} anchors to {path}")
     setup.anchors = anchors_lib.load_anchors(path, setup.train.ids, setup.train.texts, n)
 
@@ -259,7 +259,7 @@ def update(setup: Setup, optimizer: nnx.Optimizer, batch, adv: np.ndarray, key: 
             else:
                 skipped += 1
             logs.append({k: float(v) for k, v in {"loss": loss, **metrics}.items()})
-    out = {k: float(np.nanmean([l[k] for l in logs])) for k in logs[0]}
+    out = {k: float(np.mean([l[k] for l in logs])) for k in logs[0]}  # NaN shows a skipped update
     out["skipped_updates"] = skipped
     return out
 
@@ -286,10 +286,11 @@ def evaluate(setup: Setup) -> dict[str, float]:
         metrics["eval/oracle_quality"] = float(q.mean())
         metrics["eval/oracle_quality_se"] = float(q.std(ddof=1) / math.sqrt(len(q)))
     if setup.judge is not None and setup.reference is not None:
-        ref = generate(setup.reference, ids, max_new_tokens=n_new, temperature=0.0)
-        ref_texts = anchors_lib.decode_responses(setup.tokenizer, ref.tokens, ref.lengths)
+        if setup.eval_references is None:
+            ref = generate(setup.reference, ids, max_new_tokens=n_new, temperature=0.0)
+            setup.eval_references = anchors_lib.decode_responses(setup.tokenizer, ref.tokens, ref.lengths)
         v = setup.config.eval.judge_votes
-        pv = setup.judge.compare(ev.texts, texts, ref_texts, votes=v, swap=True)
+        pv = setup.judge.compare(ev.texts, texts, setup.eval_references, votes=v, swap=True)
         decided = np.maximum(pv.wins + pv.losses, 1)
         metrics["eval/win_rate_vs_reference"] = float(np.mean((pv.wins + 0.5 * (v - pv.wins - pv.losses)) / v))
         metrics["eval/decided_win_rate_vs_reference"] = float(np.mean(pv.wins / decided))

@@ -14,14 +14,14 @@ The same `fit` loop serves the toy world's bootstrap (`rrc_jax.data.toy.world`) 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from rrc_jax.judge.prompts import encode_text, get_template, render_parts
 from rrc_jax.models import Decoder, prompt_ids
 from rrc_jax.progress import Progress
-from rrc_jax.sampling import bucket_length, pad_sequences
+from rrc_jax.sampling import length_bucket, pad_sequences
 from rrc_jax.sft import make_optimizer, sft_batch, train_step
 
 
@@ -56,10 +56,10 @@ def grm_example(tokenizer, template: str, pref: Preference, rng: np.random.Gener
 
 def sft_batches(examples: Callable[[], tuple[list[int], list[int]]], batch_size: int, pad_id: int
                 ) -> Iterator[dict[str, np.ndarray]]:
-    """Endless SFT batches from an example factory, padded to a power-of-two length bucket."""
+    """Endless SFT batches from an example factory, padded to a `length_bucket`."""
     while True:
         ex = [examples() for _ in range(batch_size)]
-        length = bucket_length(max(len(p) + len(c) for p, c in ex))
+        length = length_bucket(max(len(p) + len(c) for p, c in ex))
         yield sft_batch([p for p, _ in ex], [c for _, c in ex], length, pad_id)
 
 
@@ -73,7 +73,7 @@ def drm_batches(tokenizer, prefs: Callable[[], Preference], batch_size: int, pad
         for side in ("chosen", "rejected"):
             rows[side] = [prompt_ids(tokenizer, p.prompt) + encode_text(tokenizer, getattr(p, side), first=False)
                           + [eos] for p in ps]
-        length = bucket_length(max(len(r) for side in rows.values() for r in side))
+        length = length_bucket(max(len(r) for side in rows.values() for r in side))
         batch = {}
         for side, seqs in rows.items():
             batch[f"{side}_ids"], batch[f"{side}_mask"] = pad_sequences(seqs, length, pad_id, "right")

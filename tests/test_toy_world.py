@@ -1,7 +1,6 @@
 """The toy task's oracle and judgments, and the cached toy-world bootstrap (tiny step counts)."""
 
 import numpy as np
-import pytest
 
 from rrc_jax.data.toy import SortTask, oracle_quality, parse_digits, toy_judgment
 from rrc_jax.data.toy.world import ModelSpec, WorldSettings, build_world, load_world

@@ -52,9 +52,9 @@ def read_metrics(workdir):
     return rows
 
 
-def cli_args(workdir, cache, kind="agr", **overrides):
+def cli_args(workdir, cache, kind="agr", module="rrc_jax.train", **overrides):
     items = {**TINY, "workdir": str(workdir), "toy.cache_dir": str(cache), **overrides}
-    return [sys.executable, "-m", "rrc_jax.train", f"--config={REPO / 'configs' / f'{kind}.py'}"] + [
+    return [sys.executable, "-m", module, f"--config={REPO / 'configs' / f'{kind}.py'}"] + [
         f"--config.{k}={v}" for k, v in items.items()]
 
 
@@ -130,6 +130,15 @@ def test_anchors_are_stored_and_reused(tmp_path, toy_cache):
     assert setup.anchors == load_anchors(path, [r["id"] for r in rows], [r["prompt"] for r in rows], 2)
     with pytest.raises(ValueError, match="different prompt"):
         load_anchors(path, [rows[0]["id"]], ["not the prompt"], 2)
+
+
+def test_anchors_cli_writes_the_file(tmp_path, toy_cache):
+    out = subprocess.run(cli_args(tmp_path, toy_cache, module="rrc_jax.anchors", **{"reward.n_anchors": 3}),
+                         capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "anchors.jsonl").read_text().splitlines()]
+    assert len(rows) == 64 and {len(r["anchors"]) for r in rows} == {3}
+    assert len({r["id"] for r in rows}) == 64
 
 
 def test_hf_export_matches_the_trained_policy(tmp_path, toy_cache):

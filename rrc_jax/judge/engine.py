@@ -38,8 +38,8 @@ import numpy as np
 from rrc_jax.judge.prompts import JudgeTemplate, encode_question, encode_text, get_template, render_parts
 from rrc_jax.judge.verdicts import parse_score, parse_verdict
 from rrc_jax.models.decoder import ATTENTION_BLOCK
-from rrc_jax.sampling import (SamplingParams, bucket_length, decode, extend, generate, pad_sequences, prefill,
-                              round_up)
+from rrc_jax.sampling import (SamplingParams, decode, extend, generate, length_bucket, pad_sequences,
+                              prefill, round_up)
 
 
 _VERDICT = re.compile(r"\[\[\s*[AaBb]\s*\]\]")
@@ -132,13 +132,6 @@ def order_rewards(order, alpha: float = 1.0) -> np.ndarray:
     r = np.zeros((b, m), np.float32)
     np.put_along_axis(r, order, alpha * (m - 1 - np.arange(m, dtype=np.float32))[None].repeat(b, 0), axis=1)
     return r
-
-
-def length_bucket(n: int) -> int:
-    """Padded length for n tokens: quarter steps of the power-of-two bucket (`bucket_length(n) / 4`, at least 16),
-    so padding wastes at most about a third while compilations stay at four per octave."""
-    b = bucket_length(n)
-    return min(b, round_up(n, max(16, b // 4)))
 
 
 def _check_groups(responses, name: str) -> int:

@@ -203,7 +203,8 @@ class KVCache:
     only where `valid[b, s]`. Attention of a new token at slot `e` sees the valid slots `s <= e`, so padding may
     sit anywhere (left-padded prompts, right-padded suffixes, rows that finished decoding).
 
-    k, v: per layer `[B, K, S, D]` (kv heads before slots, so attention reads them without a transpose); valid `[B, S]` bool; positions `[B]` int32, the RoPE position of each row's
+    k, v: per layer `[B, K, S, D]` (kv heads before slots, so attention reads them without a transpose);
+    valid `[B, S]` bool; positions `[B]` int32, the RoPE position of each row's
     next token (= its number of valid tokens); end `[]` int32, the next slot to write; logits `[B, V]` float32,
     the next-token logits after each row's last valid token.
     """
