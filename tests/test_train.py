@@ -182,3 +182,55 @@ def test_resume_after_sigkill_gives_identical_metrics(tmp_path, toy_cache):
     for step in (4, 5, 6):
         for key in ("loss", "policy_loss", "reward/mean", "reward/std", "oracle_quality"):
             assert a[step][key] == b[step][key], (step, key)
+
+
+def test_ctrl_c_saves_a_checkpoint_before_exiting(tmp_path, toy_cache):
+    train.build(tiny_config("drm", tmp_path / "warm", toy_cache), need_judge=False)  # toy world ready
+    workdir = tmp_path / "run"
+    cmd = cli_args(workdir, toy_cache, kind="drm", **{"steps": 50, "checkpoint.save_every": 0, "eval.every": 0})
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        metrics = workdir / "metrics.jsonl"
+        if metrics.is_file() and any(json.loads(line)["step"] >= 1 for line in metrics.read_text().splitlines()):
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err[-2000:]
+    saved = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    last = max(json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines())
+    assert saved == [last] and 1 <= last < 50
+    assert "interrupted: checkpoint of step" in err
+
+
+def test_prompts_from_a_jsonl_file(tmp_path, toy_cache):
+    from rrc_jax.data.toy import SortTask
+
+    rng = np.random.default_rng(0)
+    task = SortTask()
+    rows = [{"prompt": task.prompt_text(task.prompt(rng))} for _ in range(40)]
+    rows += [{"prompt": ""}, {"prompt": [{"role": "user", "content": "1234>"}]}]
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = tiny_config("drm", tmp_path / "w", toy_cache, **{"data.path": str(data)})
+    metrics = read_metrics(train.run(config))
+    assert "reward/mean" in metrics[2] and "oracle_quality" not in metrics[2]  # no oracle for file prompts
+    setup = train.build(config, need_judge=False)
+    assert len(setup.train.texts) + len(setup.eval.texts) == 41 and "1234>" in setup.train.texts + setup.eval.texts
+    config.data.field = "question"
+    with pytest.raises(ValueError, match="config.data.field: .* has no field 'question'"):
+        train.build(config, need_judge=False)
+
+
+def test_anchor_refresh_regenerates_from_the_policy(tmp_path, toy_cache):
+    """Without refresh the anchors stay those of the reference; with `anchor_refresh_every=1` step 2 replaces them
+    with samples of the current policy."""
+    fixed = tmp_path / "fixed"
+    train.run(tiny_config("agr", fixed, toy_cache))
+    refreshed = tmp_path / "refreshed"
+    rows = read_metrics(train.run(tiny_config("agr", refreshed, toy_cache, **{"reward.anchor_refresh_every": 1})))
+    assert np.isfinite(rows[2]["reward/mean"])
+    a = (fixed / "anchors.jsonl").read_text().splitlines()
+    b = (refreshed / "anchors.jsonl").read_text().splitlines()
+    assert len(a) == len(b) == 64 and a != b
