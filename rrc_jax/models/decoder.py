@@ -20,6 +20,7 @@ I mlp width, V vocab.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -345,22 +346,21 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
 
     def step(i, carry):
         m, l, acc = carry
-        kb = jax.lax.dynamic_slice_in_dim(k, i * block, block, axis=2).astype(q.dtype)
-        vb = jax.lax.dynamic_slice_in_dim(v, i * block, block, axis=2)
-        mb = jax.lax.dynamic_slice_in_dim(mask, i * block, block, axis=2)
-        s = jnp.einsum("bkqd,bksd->bkqs", qf, kb, preferred_element_type=jnp.float32)
-        s = jnp.where(mb[:, None, None], s.reshape(b, kh, g, t, block) * (d ** -0.5), _MASK_VALUE)
+        sl = slice(i * block, (i + 1) * block)  # static slices fuse into the dots (no block copies)
+        s = jnp.einsum("bkqd,bksd->bkqs", qf, k[:, :, sl].astype(q.dtype), preferred_element_type=jnp.float32)
+        s = jnp.where(mask[:, None, None, :, sl], s.reshape(b, kh, g, t, block) * (d ** -0.5), _MASK_VALUE)
         m_new = jnp.maximum(m, s.max(axis=-1))
         p = jnp.exp(s - m_new[..., None])
         scale = jnp.exp(m - m_new)
-        pv = jnp.einsum("bkqs,bksd->bkqd", p.astype(vb.dtype).reshape(b, kh, g * t, block), vb,
+        pv = jnp.einsum("bkqs,bksd->bkqd", p.astype(v.dtype).reshape(b, kh, g * t, block), v[:, :, sl],
                         preferred_element_type=jnp.float32).reshape(b, kh, g, t, d)
         return m_new, l * scale + p.sum(axis=-1), acc * scale[..., None] + pv
 
-    init = (jnp.full((b, kh, g, t), _MASK_VALUE, jnp.float32), jnp.zeros((b, kh, g, t), jnp.float32),
-            jnp.zeros((b, kh, g, t, d), jnp.float32))
-    n_blocks = (n_slots + block - 1) // block
-    _, l, acc = jax.lax.fori_loop(0, n_blocks, step, init)
+    carry = (jnp.full((b, kh, g, t), _MASK_VALUE, jnp.float32), jnp.zeros((b, kh, g, t), jnp.float32),
+             jnp.zeros((b, kh, g, t, d), jnp.float32))
+    for i in range(k.shape[2] // block):  # blocks past the filled slots are skipped at run time
+        carry = jax.lax.cond(i * block < n_slots, functools.partial(step, i), lambda c: c, carry)
+    _, l, acc = carry
     return acc / l[..., None]
 
 
