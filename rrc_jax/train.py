@@ -40,7 +40,7 @@ from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import Decoder, load_hf, load_tokenizer, prompt_ids, save_hf
 from rrc_jax.progress import Progress
 from rrc_jax.rewards import agr_rewards, cara_rewards, prc_rewards, scr_diagnostics, scr_rewards
-from rrc_jax.sampling import generate, pad_sequences
+from rrc_jax.sampling import generate, length_bucket, pad_sequences
 from rrc_jax.sft import sft_batch
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "Trainer config file, e.g. configs/agr.py.",
@@ -159,7 +159,7 @@ def rollouts(setup: Setup, prompts: list[str], key: jax.Array) -> tuple[list[lis
                    top_p=c.rl.top_p)
     responses = [out.tokens[r, :out.lengths[r]].tolist() for r in range(len(rows))]
     texts = anchors_lib.decode_responses(setup.tokenizer, out.tokens, out.lengths)
-    length = max(len(p) + len(r) for p, r in zip(rows, responses))
+    length = length_bucket(max(len(p) + len(r) for p, r in zip(rows, responses)))  # few shapes, few compiles
     batch = sft_batch(rows, responses, length, setup.policy.cfg.pad_token_id or 0)
     batch["truncated"] = out.truncated
     return [texts[i * m:(i + 1) * m] for i in range(len(prompts))], batch
@@ -174,8 +174,9 @@ def rewards(setup: Setup, prompts: list[str], responses: list[list[str]], prompt
     if r.kind == "drm":
         rows = [prompt_ids(setup.tokenizer, p) + setup.tokenizer(o, add_special_tokens=False)["input_ids"]
                 + [int(setup.tokenizer.eos_token_id)] for p, group in zip(prompts, responses) for o in group]
-        ids, mask = pad_sequences(rows, max(map(len, rows)), setup.drm.cfg.pad_token_id or 0, "right")
-        return np.asarray(setup.drm.values(jnp.asarray(ids), jnp.asarray(mask))).reshape(b, m), metrics
+        ids, mask = pad_sequences(rows, length_bucket(max(map(len, rows))), setup.drm.cfg.pad_token_id or 0, "right")
+        graphdef, state = nnx.split(setup.drm)
+        return np.asarray(_values(graphdef, state, jnp.asarray(ids), jnp.asarray(mask))).reshape(b, m), metrics
     judge = setup.judge
     judge.reset_metrics()
     if r.kind == "prc":
@@ -230,6 +231,11 @@ def _apply(model, optimizer, grads):
 @jax.jit
 def _token_logprobs(graphdef, state, ids, mask):
     return nnx.merge(graphdef, state).token_logprobs(ids, mask)
+
+
+@jax.jit
+def _values(graphdef, state, ids, mask):
+    return nnx.merge(graphdef, state).values(ids, mask)
 
 
 def logprobs_of(model: Decoder, batch) -> jax.Array:
