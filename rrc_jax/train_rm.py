@@ -1,14 +1,16 @@
 """Reward-model training: generative judges by SFT on rationale + verdict (Eq. 2), discriminative reward models
 by Bradley-Terry (Eq. 1).
 
-(The `python -m rrc_jax.train_rm --config=...` entry point comes with the ml_collections configs, issue 5.)
+    python -m rrc_jax.train_rm --config=configs/grm_sft.py   # GRM SFT (Eq. 2)
+    python -m rrc_jax.train_rm --config=configs/drm_bt.py    # DRM, Bradley-Terry (Eq. 1)
 
 A GRM example is a judge question rendered with a judging template (`rrc_jax.judge.prompts`) exactly as the judge
 engine renders it at inference, followed by the target judgment (rationale, then `[[A]]` / `[[B]]`). The A/B order
 of every pair is drawn at random, so the verdict letter carries no position prior. A DRM example is a
 (prompt + chosen, prompt + rejected) pair scored by the value head at its last token.
 
-The same `fit` loop serves the toy world's bootstrap (`rrc_jax.data.toy.world`) and real preference data.
+The same `fit` loop serves the toy world's bootstrap (`rrc_jax.data.toy.world`) and this command line; it takes any
+iterator of batches, so preference-dataset loaders (HelpSteer3, not built yet) plug into it unchanged.
 """
 
 from __future__ import annotations
@@ -102,3 +104,74 @@ def fit(model: Decoder, batches: Iterator[dict[str, np.ndarray]], *, kind: str, 
             bar.update(1, loss=metrics["loss"])
     return {k: float(np.mean([m[k] for m in tail])) for k in tail[0]} if tail else {}
 
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Command line: python -m rrc_jax.train_rm --config=configs/grm_sft.py (or configs/drm_bt.py)
+# ------------------------------------------------------------------------------------------------------------
+
+def rm_config(kind: str):
+    """Defaults of the reward-model trainer: `kind` 'grm' (SFT, Eq. 2) or 'drm' (Bradley-Terry, Eq. 1)."""
+    import ml_collections
+
+    c = ml_collections.ConfigDict()
+    c.kind = kind
+    c.workdir = f"workdir/{kind}"
+    c.seed = 0
+    c.data = ml_collections.ConfigDict(dict(path="toy"))  # toy preference pairs (the toy world's task)
+    c.toy = ml_collections.ConfigDict(dict(min_len=4, max_len=6, noise=0.3))
+    c.model = ml_collections.ConfigDict(dict(hidden=96 if kind == "grm" else 64, layers=3 if kind == "grm" else 2))
+    c.train = ml_collections.ConfigDict(dict(steps=1200 if kind == "grm" else 400, batch_size=64,
+                                             learning_rate=3e-3))
+    c.lock()
+    return c
+
+
+def run_rm(config):
+    """Train the configured reward model and export it to `workdir/hf_export` (with its tokenizer)."""
+    from pathlib import Path
+
+    from rrc_jax.data.toy import world
+    from rrc_jax.data.toy.task import ALPHABET, SortTask
+    from rrc_jax.models import save_hf
+    from rrc_jax.models.char_tokenizer import make_char_tokenizer
+
+    if config.kind not in ("grm", "drm"):
+        raise ValueError(f"config.kind: {config.kind!r}; use 'grm' (SFT on rationale + verdict) or 'drm' "
+                         "(Bradley-Terry)")
+    if config.data.path != "toy":
+        raise ValueError(f"config.data.path: {config.data.path!r}; only the toy world's pairs are supported so far "
+                         "(preference-dataset loaders such as HelpSteer3 are not built yet)")
+    spec = world.ModelSpec(hidden=config.model.hidden, layers=config.model.layers, steps=config.train.steps,
+                           batch_size=config.train.batch_size, learning_rate=config.train.learning_rate)
+    task = SortTask(config.toy.min_len, config.toy.max_len, config.toy.noise)
+    settings = world.WorldSettings(task=task, grm=spec, drm=spec, seed=config.seed)
+    tokenizer = make_char_tokenizer(ALPHABET)
+    rng = np.random.default_rng(config.seed)
+    model = (world.train_grm if config.kind == "grm" else world.train_drm)(settings, tokenizer, rng)
+    out = Path(config.workdir).expanduser() / "hf_export"
+    save_hf(model, out, tokenizer=tokenizer)
+    return out
+
+
+def main(argv) -> None:
+    import sys
+
+    from absl import app
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    try:
+        out = run_rm(_CONFIG.value)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    print(f"saved the {_CONFIG.value.kind.upper()} to {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    from absl import app
+    from ml_collections import config_flags
+
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/grm_sft.py or configs/drm_bt.py",
+                                              lock_config=True)
+    app.run(main)

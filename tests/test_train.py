@@ -234,3 +234,17 @@ def test_anchor_refresh_regenerates_from_the_policy(tmp_path, toy_cache):
     a = (fixed / "anchors.jsonl").read_text().splitlines()
     b = (refreshed / "anchors.jsonl").read_text().splitlines()
     assert len(a) == len(b) == 64 and a != b
+
+
+@pytest.mark.parametrize("config_file,kind", [("grm_sft", "grm"), ("drm_bt", "drm")])
+def test_train_rm_cli_exports_a_reward_model(tmp_path, config_file, kind):
+    cmd = [sys.executable, "-m", "rrc_jax.train_rm", f"--config={REPO / 'configs' / f'{config_file}.py'}",
+           f"--config.workdir={tmp_path}", "--config.train.steps=3", "--config.train.batch_size=8",
+           "--config.model.hidden=32", "--config.model.layers=1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    model = load_hf(tmp_path / "hf_export")
+    assert model.cfg.value_head == (kind == "drm")
+    bad = subprocess.run(cmd + ["--config.data.path=/data/helpsteer3.jsonl"], capture_output=True, text=True,
+                         timeout=600, cwd=REPO)
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: config.data.path")

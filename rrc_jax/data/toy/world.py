@@ -92,7 +92,7 @@ def _pair(task: SortTask, rng: np.random.Generator) -> tuple[str, str, str]:
     return digits, a, b
 
 
-def _train_policy(settings: WorldSettings, tokenizer, rng) -> Decoder:
+def train_policy(settings: WorldSettings, tokenizer, rng) -> Decoder:
     task, spec = settings.task, settings.policy
     model = Decoder(model_config(spec, len(tokenizer)), rngs=nnx.Rngs(settings.seed))
     eos = int(tokenizer.eos_token_id)
@@ -107,7 +107,7 @@ def _train_policy(settings: WorldSettings, tokenizer, rng) -> Decoder:
     return model
 
 
-def _train_grm(settings: WorldSettings, tokenizer, rng) -> Decoder:
+def train_grm(settings: WorldSettings, tokenizer, rng) -> Decoder:
     task, spec = settings.task, settings.grm
     model = Decoder(model_config(spec, len(tokenizer)), rngs=nnx.Rngs(settings.seed + 1))
 
@@ -123,7 +123,7 @@ def _train_grm(settings: WorldSettings, tokenizer, rng) -> Decoder:
     return model
 
 
-def _train_drm(settings: WorldSettings, tokenizer, rng) -> Decoder:
+def train_drm(settings: WorldSettings, tokenizer, rng) -> Decoder:
     task, spec = settings.task, settings.drm
     model = Decoder(model_config(spec, len(tokenizer), value_head=True), rngs=nnx.Rngs(settings.seed + 2))
 
@@ -151,7 +151,7 @@ def build_world(settings: WorldSettings, cache_dir: str | Path) -> World:
     tokenizer = make_char_tokenizer(ALPHABET)
     rng = np.random.default_rng(settings.seed)
     t0 = time.time()
-    for name, train in (("policy", _train_policy), ("grm", _train_grm), ("drm", _train_drm)):
+    for name, train in (("policy", train_policy), ("grm", train_grm), ("drm", train_drm)):
         save_hf(train(settings, tokenizer, rng), root / name, tokenizer=tokenizer)
     marker.write_text(json.dumps({"version": VERSION, "settings": dataclasses.asdict(settings),
                                   "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
