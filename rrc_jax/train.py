@@ -61,6 +61,7 @@ class Setup:
     eval: PromptSet
     anchors: list[list[str]] | None = None
     eval_references: list[str] | None = None  # the reference policy's greedy eval responses (computed once)
+    prc_references: dict[int, str] = dataclasses.field(default_factory=dict)  # prompt index -> greedy reference
 
 
 def say(message: str) -> None:
@@ -168,7 +169,7 @@ def rollouts(setup: Setup, prompts: list[str], key: jax.Array) -> tuple[list[lis
 def rewards(setup: Setup, prompts: list[str], responses: list[list[str]], prompt_index: np.ndarray
             ) -> tuple[np.ndarray, dict[str, float]]:
     """Rewards `[B, m]` of the configured kind, and reward-side metrics."""
-    c, r = setup.config, setup.config.reward
+    r = setup.config.reward
     b, m = len(prompts), len(responses[0])
     metrics: dict[str, float] = {}
     if r.kind == "drm":
@@ -180,9 +181,7 @@ def rewards(setup: Setup, prompts: list[str], responses: list[list[str]], prompt
     judge = setup.judge
     judge.reset_metrics()
     if r.kind == "prc":
-        refs = generate(setup.reference, [prompt_ids(setup.tokenizer, p) for p in prompts],
-                        max_new_tokens=c.rl.max_new_tokens, temperature=0.0)
-        ref_texts = anchors_lib.decode_responses(setup.tokenizer, refs.tokens, refs.lengths)
+        ref_texts = prc_references(setup, prompt_index)
         p_a = judge.preference_prob([p for p in prompts for _ in range(m)], [o for g in responses for o in g],
                                     [t for t in ref_texts for _ in range(m)], think=r.prc_think)
         out = np.asarray(prc_rewards(p_a.reshape(b, m)))
@@ -204,6 +203,18 @@ def rewards(setup: Setup, prompts: list[str], responses: list[list[str]], prompt
                     "judge/abstain_rate": s["abstain_rate"], "judge/position_consistency": s["position_consistency"],
                     "judge/prefill_tokens_saved": s["prefill_tokens_saved"]})
     return np.asarray(out, np.float32), metrics
+
+
+def prc_references(setup: Setup, prompt_index: np.ndarray) -> list[str]:
+    """The frozen reference policy's greedy response to each prompt (PRC's o_ref, Eq. 5), generated once per prompt
+    and cached."""
+    todo = sorted({int(i) for i in prompt_index} - setup.prc_references.keys())
+    if todo:
+        out = generate(setup.reference, [prompt_ids(setup.tokenizer, setup.train.texts[i]) for i in todo],
+                       max_new_tokens=setup.config.rl.max_new_tokens, temperature=0.0)
+        texts = anchors_lib.decode_responses(setup.tokenizer, out.tokens, out.lengths)
+        setup.prc_references.update(zip(todo, texts))
+    return [setup.prc_references[int(i)] for i in prompt_index]
 
 
 def _loss(model: Decoder, batch, old_logp, ref_logp, adv, hp):
