@@ -201,3 +201,13 @@ def test_long_cache_uses_blocks_and_matches(llama):
     large = generate(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=512)
     np.testing.assert_array_equal(small.tokens, large.tokens)
     np.testing.assert_allclose(small.logprobs, large.logprobs, atol=1e-5)
+
+
+def test_greedy_token_is_argmax_including_ties():
+    from rrc_jax.sampling import greedy_token
+
+    rng = np.random.default_rng(0)
+    logits = rng.integers(-3, 3, (64, 50)).astype(np.float32)  # many ties: the first maximum must win
+    logits[0] = -np.inf
+    logits[1, 7] = np.inf
+    np.testing.assert_array_equal(np.asarray(greedy_token(jnp.asarray(logits))), np.argmax(logits, axis=-1))

@@ -288,8 +288,11 @@ class Attention(nnx.Module):
             self.o_bias = _param(rngs, (e,), ("embed",), pd, init="zeros")
 
     def _project(self, x: jax.Array, name: str) -> jax.Array:
-        dt = x.dtype
-        y = jnp.einsum("bte,end->btnd", x, getattr(self, name)[...].astype(dt))
+        """`x [B, T, E]` -> `[B, T, N, D]`. A plain 2-D matmul on `[E, N*D]`: a 3-D einsum lets XLA's CPU
+        layout assignment transpose the weight on every decode step."""
+        dt, w = x.dtype, getattr(self, name)[...]
+        e, n, d = w.shape
+        y = (x @ w.reshape(e, n * d).astype(dt)).reshape(*x.shape[:-1], n, d)
         if self.cfg.qkv_bias:
             y = y + getattr(self, f"{name}_bias")[...].astype(dt)
         return y
@@ -309,18 +312,29 @@ class Attention(nnx.Module):
         b, t, _, d = q.shape
         kh, g = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
-        if kv_cache is not None and k.shape[2] % ATTENTION_BLOCK == 0 and k.shape[2] > ATTENTION_BLOCK:
+        if kv_cache is not None and use_blocked_attention(k):
             out = blocked_attention(q, k, v, mask, n_slots=end + t)
         else:
             out = dense_attention(q, k, v, mask)
-        out = out.astype(x.dtype).transpose(0, 3, 1, 2, 4).reshape(b, t, cfg.num_heads, d)
-        y = jnp.einsum("bthd,hde->bte", out, self.o[...].astype(x.dtype))
+        out = out.astype(x.dtype).transpose(0, 3, 1, 2, 4).reshape(b, t, cfg.num_heads * d)
+        y = out @ self.o[...].reshape(cfg.num_heads * d, -1).astype(x.dtype)
         if cfg.o_bias:
             y = y + self.o_bias[...].astype(x.dtype)
         return y, kv_cache
 
 
-ATTENTION_BLOCK = 128  # cache slots per step of `blocked_attention`
+ATTENTION_BLOCK = 64  # cache slots per step of `blocked_attention`
+BLOCKED_ATTENTION_MIN_BYTES = 2 << 20  # per layer and per k or v; smaller caches are read densely
+
+
+def use_blocked_attention(k: jax.Array) -> bool:
+    """Whether attention over a cache `k [B, K, S, D]` visits only its filled blocks (`blocked_attention`).
+
+    Skipping empty blocks pays once a layer's cache is large; below `BLOCKED_ATTENTION_MIN_BYTES` reading all of
+    it in one dense pass is cheaper than the per-block control flow (static shapes: decided at trace time).
+    """
+    return k.shape[2] % ATTENTION_BLOCK == 0 and k.shape[2] > ATTENTION_BLOCK and k.size * k.dtype.itemsize >= \
+        BLOCKED_ATTENTION_MIN_BYTES
 
 
 def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
