@@ -238,8 +238,8 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
       temperature, top_k, top_p: see `SamplingParams` (temperature 0 = greedy).
       stop_token_ids: ids that end a row (default: the model's EOS ids).
       pad_id: id written after a row ends (default: the model's pad id, else 0).
-      cache_size: KV-cache slots (default: bucket + N rounded up to a multiple of 128). The longest prompt plus N
-        must fit it (or, by default, the model's `max_position_embeddings`); otherwise a clear error.
+      cache_size: KV-cache slots (default: bucket + N rounded up to a multiple of `ATTENTION_BLOCK`). The longest
+        prompt plus N must fit it (or, by default, the model's `max_position_embeddings`); otherwise a clear error.
     Returns:
       `SampleOutput` of numpy arrays: tokens `[B, N]`, logprobs `[B, N]`, lengths `[B]`, truncated `[B]`.
     """

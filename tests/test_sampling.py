@@ -193,14 +193,65 @@ def test_blocked_attention_equals_dense():
                                atol=1e-5)
 
 
-def test_long_cache_uses_blocks_and_matches(llama):
-    """A 512-slot cache (blocked attention) gives the same greedy tokens as a 96-slot one (dense)."""
+def test_long_cache_uses_blocks_and_matches(llama, monkeypatch):
+    """A 576-slot cache (blocked attention) gives the same greedy tokens as a 96-slot one (dense)."""
+    from rrc_jax.models import decoder
+
     model, _ = llama
     ids, mask = padded_batch(LENGTHS, "left", seed=9)
     small = generate(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=96)
-    large = generate(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=512)
+    monkeypatch.setattr(decoder, "BLOCKED_ATTENTION_MIN_BYTES", 0)  # a tiny model's cache is blocked too
+    assert decoder.use_blocked_attention(jnp.zeros((4, 2, 576, 8)))
+    large = generate(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=576)
     np.testing.assert_array_equal(small.tokens, large.tokens)
     np.testing.assert_allclose(small.logprobs, large.logprobs, atol=1e-5)
+
+
+@pytest.mark.parametrize("blocked", [False, True])
+def test_branch_equals_take(llama, monkeypatch, blocked):
+    """A branched cache (prefix shared, not copied) gives the logits, greedy tokens and log-probs of `take`; so does
+    a branch of a branch. With `blocked`, the rows' own slots are read by blocked attention after the prefix."""
+    from rrc_jax.models import decoder
+
+    model, _ = llama
+    if blocked:
+        monkeypatch.setattr(decoder, "BLOCKED_ATTENTION_MIN_BYTES", 0)
+    rng = np.random.default_rng(1)
+    prefixes = [list(rng.integers(3, 96, n)) for n in (6, 11, 2)]
+    suffixes = [list(rng.integers(3, 96, n)) for n in (3, 8, 1, 5, 7)]
+    owner = jnp.asarray([2, 0, 0, 1, 2], jnp.int32)
+    n_new, own = 20, 192 if blocked else 40
+    ids, mask = pad_sequences(prefixes, 16, 0, "left")
+    s_ids, s_mask = pad_sequences(suffixes, 8, 0, "right")
+    copied = extend(model, prefill(model, ids, mask, cache_size=16 + own).take(owner), s_ids, s_mask)
+    shared = extend(model, prefill(model, ids, mask, cache_size=16).branch(owner, own), s_ids, s_mask)
+    assert shared.shared and shared.size == own and int(shared.end) == 8
+    np.testing.assert_allclose(np.asarray(shared.logits), np.asarray(copied.logits), atol=1e-5)
+    greedy = dict(max_new_tokens=n_new, sampling=SamplingParams(temperature=0.0), stop_token_ids=[])
+    a, b = decode(model, copied, **greedy), decode(model, shared, **greedy)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    # branch of a branch: rows 1 and 4 continue (prefix + suffix), then one more shared token each
+    twice = extend(model, shared.branch(jnp.asarray([1, 4, 4]), own), np.array([[7], [8], [9]]))
+    once = extend(model, copied.take(jnp.asarray([1, 4, 4])), np.array([[7], [8], [9]]))
+    np.testing.assert_allclose(np.asarray(twice.logits), np.asarray(once.logits), atol=1e-5)
+
+
+def test_shared_then_blocked_attention_equals_dense():
+    from rrc_jax.models.decoder import blocked_attention, dense_attention, shared_attention
+
+    rng = np.random.default_rng(2)
+    b, kh, g, t, d, n, s = 3, 2, 2, 4, 8, 10, 128
+    q = jnp.asarray(rng.normal(size=(b, kh, g, t, d)), jnp.float32)
+    ks, vs = (jnp.asarray(rng.normal(size=(kh, n, d)), jnp.float32) for _ in range(2))
+    k, v = (jnp.asarray(rng.normal(size=(b, kh, s, d)), jnp.float32) for _ in range(2))
+    shared_mask = jnp.asarray(rng.random((b, n)) < 0.6)
+    mask = jnp.asarray(np.broadcast_to(np.arange(s) < 70, (b, t, s)))
+    out = blocked_attention(q, k, v, mask, jnp.asarray(70), 64, carry=shared_attention(q, ks, vs, shared_mask))
+    full_k = jnp.concatenate([jnp.broadcast_to(ks[None], (b, kh, n, d)), k], axis=2)
+    full_v = jnp.concatenate([jnp.broadcast_to(vs[None], (b, kh, n, d)), v], axis=2)
+    full_mask = jnp.concatenate([jnp.broadcast_to(shared_mask[:, None], (b, t, n)), mask], axis=2)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(dense_attention(q, full_k, full_v, full_mask)), atol=1e-5)
 
 
 def test_greedy_token_is_argmax_including_ties():

@@ -38,7 +38,7 @@ import numpy as np
 from rrc_jax.judge.prompts import JudgeTemplate, encode_question, encode_text, get_template, render_parts
 from rrc_jax.judge.verdicts import parse_score, parse_verdict
 from rrc_jax.models.decoder import ATTENTION_BLOCK
-from rrc_jax.sampling import (SamplingParams, decode, extend, generate, length_bucket, pad_sequences,
+from rrc_jax.sampling import (SamplingParams, bucket_length, decode, extend, generate, length_bucket, pad_sequences,
                               prefill, round_up)
 
 
@@ -228,21 +228,25 @@ class Judge:
             used = sorted({owners[i] for i in reuse})
             row_of = {o: r for r, o in enumerate(used)}
             p_len = length_bucket(max(len(prefixes[o]) for o in used))
-            s_all = length_bucket(max(len(enc[i].suffix) for i in reuse))
-            cache_size = round_up(p_len + s_all + n_new, ATTENTION_BLOCK)
             ids, mask = pad_sequences([prefixes[o] for o in used], p_len, self.pad_id, "left")
-            prefix_cache = prefill(self.model, ids, mask, cache_size=cache_size)
+            prefix_cache = prefill(self.model, ids, mask, cache_size=p_len)
             prefilled = sum(len(prefixes[o]) for o in used)
             self.metrics.prefill_tokens += prefilled
             self.metrics.prefill_tokens_saved += sum(len(enc[i].prefix) for i in reuse) - prefilled
-            order = sorted(reuse, key=lambda i: len(enc[i].suffix))
+            # grouped by prompt, so that a chunk of rows continues few prefixes (each read once per step)
+            order = sorted(reuse, key=lambda i: (owners[i], len(enc[i].suffix)))
             for start in range(0, len(order), cfg.max_batch):
                 chunk = order[start:start + cfg.max_batch]
                 rows = chunk + [chunk[-1]] * (self._row_count(len(chunk)) - len(chunk))
                 s_len = length_bucket(max(len(enc[i].suffix) for i in chunk))
                 s_ids, s_mask = pad_sequences([enc[i].suffix for i in rows], s_len, self.pad_id, "right")
                 s_mask[len(chunk):] = False  # padding rows: no suffix, results dropped
-                cache = prefix_cache.take(jnp.asarray([row_of[owners[i]] for i in rows], jnp.int32))
+                chunk_prefixes = sorted({row_of[owners[i]] for i in chunk})
+                local = {o: j for j, o in enumerate(chunk_prefixes)}
+                chunk_prefixes += chunk_prefixes[-1:] * (bucket_length(len(chunk_prefixes), 1) - len(chunk_prefixes))
+                cache = prefix_cache.take(jnp.asarray(chunk_prefixes, jnp.int32)).branch(
+                    jnp.asarray([local[row_of[owners[i]]] for i in rows], jnp.int32),
+                    size=round_up(s_len + n_new, ATTENTION_BLOCK))
                 cache = extend(self.model, cache, s_ids, s_mask)
                 out = decode(self.model, cache, max_new_tokens=n_new, rng=self._next_key(), sampling=sampling,
                              stop_token_ids=self.stop_token_ids, pad_id=self.pad_id)

@@ -208,6 +208,10 @@ class KVCache:
     valid `[B, S]` bool; positions `[B]` int32, the RoPE position of each row's
     next token (= its number of valid tokens); end `[]` int32, the next slot to write; logits `[B, V]` float32,
     the next-token logits after each row's last valid token.
+
+    A cache made by `branch` also holds a read-only prefix shared by its rows, attended before the row's own
+    slots: shared_k, shared_v per layer `[K, N, D]` (N prefix slots of all prefixes together) and shared_mask
+    `[B, N]`, which of them each row sees. Otherwise these are None.
     """
 
     k: tuple[jax.Array, ...]
@@ -216,6 +220,9 @@ class KVCache:
     positions: jax.Array
     end: jax.Array
     logits: jax.Array
+    shared_k: tuple[jax.Array, ...] | None = None
+    shared_v: tuple[jax.Array, ...] | None = None
+    shared_mask: jax.Array | None = None
 
     @property
     def size(self) -> int:
@@ -225,11 +232,41 @@ class KVCache:
     def batch_size(self) -> int:
         return self.valid.shape[0]
 
+    @property
+    def shared(self) -> bool:
+        return self.shared_mask is not None
+
     def take(self, rows: jax.Array) -> KVCache:
-        """The cache of the given rows `[R]` (repeats allowed): one prefix prefilled once, reused by many rows."""
+        """The cache of the given rows `[R]` (repeats allowed), copied: one prefix prefilled once, reused by many
+        rows. `branch` reuses it without the copies."""
         take = lambda x: jnp.take(x, rows, axis=0)
-        return KVCache(k=tuple(map(take, self.k)), v=tuple(map(take, self.v)), valid=take(self.valid),
-                       positions=take(self.positions), end=self.end, logits=take(self.logits))
+        return self.replace(k=tuple(map(take, self.k)), v=tuple(map(take, self.v)), valid=take(self.valid),
+                            positions=take(self.positions), logits=take(self.logits),
+                            shared_mask=None if self.shared_mask is None else take(self.shared_mask))
+
+    def branch(self, rows: jax.Array, size: int) -> KVCache:
+        """A cache for R new rows, row r continuing row `rows[r]` of this one, with `size` slots of its own.
+
+        The rows' common history is not copied: it becomes the new cache's shared prefix, which attention reads
+        once per step for all rows instead of once per row (the judge asks every pair of a prompt after the same
+        `[instruction, prompt]` prefix). Equal to `take(rows)` followed by the same extensions, up to float
+        rounding. rows `[R]` int32.
+        """
+        rows = jnp.asarray(rows, jnp.int32)
+        p, s = self.batch_size, self.size
+        flat = lambda x: x.swapaxes(0, 1).reshape(x.shape[1], p * s, x.shape[3])  # [P, K, S, D] -> [K, P*S, D]
+        owner = jnp.repeat(jnp.arange(p, dtype=jnp.int32), s)
+        mask = (rows[:, None] == owner[None, :]) & self.valid.reshape(-1)[None, :]
+        shared_k, shared_v = tuple(map(flat, self.k)), tuple(map(flat, self.v))
+        if self.shared:  # branching a branch: its own shared prefix comes first
+            shared_k = tuple(jnp.concatenate(kv, axis=1) for kv in zip(self.shared_k, shared_k))
+            shared_v = tuple(jnp.concatenate(kv, axis=1) for kv in zip(self.shared_v, shared_v))
+            mask = jnp.concatenate([jnp.take(self.shared_mask, rows, axis=0), mask], axis=1)
+        r, (_, kh, _, d) = rows.shape[0], self.k[0].shape
+        zeros = tuple(jnp.zeros((r, kh, size, d), self.k[0].dtype) for _ in self.k)
+        return KVCache(k=zeros, v=zeros, valid=jnp.zeros((r, size), bool), positions=self.positions[rows],
+                       end=jnp.zeros((), jnp.int32), logits=self.logits[rows], shared_k=shared_k,
+                       shared_v=shared_v, shared_mask=mask)
 
 
 def init_cache(cfg: DecoderConfig, batch_size: int, size: int) -> KVCache:
@@ -298,9 +335,13 @@ class Attention(nnx.Module):
         return y
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-                 kv_cache: tuple[jax.Array, jax.Array] | None = None, end: jax.Array | None = None
+                 kv_cache: tuple[jax.Array, jax.Array] | None = None, end: jax.Array | None = None,
+                 shared: tuple[jax.Array, jax.Array, jax.Array] | None = None
                  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """x `[B, T, E]`, cos/sin `[B, T, D]`, mask `[B, T, S]` (S = T without cache) -> `[B, T, E]`, cache."""
+        """x `[B, T, E]`, cos/sin `[B, T, D]`, mask `[B, T, S]` (S = T without cache) -> `[B, T, E]`, cache.
+
+        `shared` = (k `[K, N, D]`, v `[K, N, D]`, mask `[B, N]`): a prefix attended before the cache (`branch`).
+        """
         cfg = self.cfg
         q = apply_rope(self._project(x, "q"), cos, sin)
         k = apply_rope(self._project(x, "k"), cos, sin).swapaxes(1, 2)  # [B, K, T, D]
@@ -312,7 +353,13 @@ class Attention(nnx.Module):
         b, t, _, d = q.shape
         kh, g = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
-        if kv_cache is not None and use_blocked_attention(k):
+        if shared is not None:
+            carry = shared_attention(q, *shared)
+            if use_blocked_attention(k):
+                out = blocked_attention(q, k, v, mask, n_slots=end + t, carry=carry)
+            else:
+                out = _normalize(_attend(carry, q, k, v, mask))
+        elif kv_cache is not None and use_blocked_attention(k):
             out = blocked_attention(q, k, v, mask, n_slots=end + t)
         else:
             out = dense_attention(q, k, v, mask)
@@ -348,34 +395,71 @@ def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -
     return out.reshape(b, kh, g, t, d)
 
 
+def _attend(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple:
+    """One online-softmax step over keys `k, v [B, K, S, D]` visible where `mask [B, T, S]`.
+
+    carry = (running max `[B, K, G, T]`, running sum `[B, K, G, T]`, unnormalized output `[B, K, G, T, D]`).
+    """
+    m, l, acc = carry
+    b, kh, g, t, d = q.shape
+    s = jnp.einsum("bkqd,bksd->bkqs", q.reshape(b, kh, g * t, d), k.astype(q.dtype),
+                   preferred_element_type=jnp.float32)
+    s = jnp.where(mask[:, None, None], s.reshape(b, kh, g, t, -1) * (d ** -0.5), _MASK_VALUE)
+    m_new = jnp.maximum(m, s.max(axis=-1))
+    p = jnp.exp(s - m_new[..., None])
+    scale = jnp.exp(m - m_new)
+    pv = jnp.einsum("bkqs,bksd->bkqd", p.astype(v.dtype).reshape(b, kh, g * t, -1), v,
+                    preferred_element_type=jnp.float32).reshape(b, kh, g, t, d)
+    return m_new, l * scale + p.sum(axis=-1), acc * scale[..., None] + pv
+
+
+def _empty_carry(q: jax.Array) -> tuple:
+    b, kh, g, t, d = q.shape
+    return (jnp.full((b, kh, g, t), _MASK_VALUE, jnp.float32), jnp.zeros((b, kh, g, t), jnp.float32),
+            jnp.zeros((b, kh, g, t, d), jnp.float32))
+
+
+def _normalize(carry: tuple) -> jax.Array:
+    _, l, acc = carry
+    return acc / l[..., None]
+
+
 def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, n_slots: jax.Array,
-                      block: int = ATTENTION_BLOCK) -> jax.Array:
+                      block: int = ATTENTION_BLOCK, carry: tuple | None = None) -> jax.Array:
     """`dense_attention` over only the first `n_slots` cache slots, `block` slots at a time (online softmax).
 
     Decoding reads the cache once per step; visiting just the filled blocks makes a step cost proportional to
-    the tokens so far rather than to the cache size. S must be a multiple of `block`.
+    the tokens so far rather than to the cache size. S must be a multiple of `block`. `carry` continues the
+    softmax of keys attended before (a shared prefix, see `shared_attention`).
     """
-    b, kh, g, t, d = q.shape
-    qf = q.reshape(b, kh, g * t, d)
+    carry = _empty_carry(q) if carry is None else carry
 
     def step(i, carry):
-        m, l, acc = carry
-        sl = slice(i * block, (i + 1) * block)  # static slices fuse into the dots (no block copies)
-        s = jnp.einsum("bkqd,bksd->bkqs", qf, k[:, :, sl].astype(q.dtype), preferred_element_type=jnp.float32)
-        s = jnp.where(mask[:, None, None, :, sl], s.reshape(b, kh, g, t, block) * (d ** -0.5), _MASK_VALUE)
-        m_new = jnp.maximum(m, s.max(axis=-1))
-        p = jnp.exp(s - m_new[..., None])
-        scale = jnp.exp(m - m_new)
-        pv = jnp.einsum("bkqs,bksd->bkqd", p.astype(v.dtype).reshape(b, kh, g * t, block), v[:, :, sl],
-                        preferred_element_type=jnp.float32).reshape(b, kh, g, t, d)
-        return m_new, l * scale + p.sum(axis=-1), acc * scale[..., None] + pv
+        sl = slice(i * block, (i + 1) * block)  # static slices
+        return _attend(carry, q, k[:, :, sl], v[:, :, sl], mask[:, :, sl])
 
-    carry = (jnp.full((b, kh, g, t), _MASK_VALUE, jnp.float32), jnp.zeros((b, kh, g, t), jnp.float32),
-             jnp.zeros((b, kh, g, t, d), jnp.float32))
     for i in range(k.shape[2] // block):  # blocks past the filled slots are skipped at run time
         carry = jax.lax.cond(i * block < n_slots, functools.partial(step, i), lambda c: c, carry)
-    _, l, acc = carry
-    return acc / l[..., None]
+    return _normalize(carry)
+
+
+def shared_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple:
+    """Online-softmax carry (see `_attend`) of queries `q [B, K, G, T, D]` over a prefix shared by all rows:
+    k, v `[K, N, D]`, row b seeing slots where `mask [B, N]`.
+
+    All rows' queries of a kv head meet the prefix in one matmul `[B*G*T, D] x [D, N]`, so each prefix slot is
+    read once per step however many rows continue it (with `take`, once per row).
+    """
+    b, kh, g, t, d = q.shape
+    n = k.shape[1]
+    qf = q.swapaxes(0, 1).reshape(kh, b * g * t, d)
+    s = jnp.einsum("kqd,knd->kqn", qf, k.astype(q.dtype), preferred_element_type=jnp.float32)
+    s = jnp.where(mask[None, :, None, None, :], s.reshape(kh, b, g, t, n) * (d ** -0.5), _MASK_VALUE)
+    m = s.max(axis=-1)
+    p = jnp.exp(s - m[..., None])
+    acc = jnp.einsum("kqn,knd->kqd", p.astype(v.dtype).reshape(kh, b * g * t, n), v,
+                     preferred_element_type=jnp.float32).reshape(kh, b, g, t, d)
+    return m.swapaxes(0, 1), p.sum(axis=-1).swapaxes(0, 1), acc.swapaxes(0, 1)
 
 
 class MLP(nnx.Module):
@@ -407,8 +491,8 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.params_dtype, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, cos, sin, mask, kv_cache=None, end=None):
-        h, kv_cache = self.attn(self.attn_norm(x), cos, sin, mask, kv_cache, end)
+    def __call__(self, x, cos, sin, mask, kv_cache=None, end=None, shared=None):
+        h, kv_cache = self.attn(self.attn_norm(x), cos, sin, mask, kv_cache, end, shared)
         x = x + h
         return x + self.mlp(self.mlp_norm(x)), kv_cache
 
@@ -455,7 +539,9 @@ class Decoder(nnx.Module):
         new_kv = []
         for i, layer in enumerate(self.layers):
             kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            x, kv = layer(x, cos, sin, mask, kv, cache.end if cache is not None else None)
+            shared = (cache.shared_k[i], cache.shared_v[i], cache.shared_mask) if cache is not None and \
+                cache.shared else None
+            x, kv = layer(x, cos, sin, mask, kv, cache.end if cache is not None else None, shared)
             new_kv.append(kv)
         return self.final_norm(x), (tuple(new_kv) if cache is not None else None)
 
@@ -541,6 +627,6 @@ class Decoder(nnx.Module):
         h, kv = self._run_layers(input_ids, positions, mask, cache)
         last = jnp.take_along_axis(h, last_valid_index(new)[:, None, None], axis=1)[:, 0]
         logits = jnp.where(new.any(axis=1)[:, None], self.logits_from_hidden(last), cache.logits)
-        return KVCache(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv), valid=valid,
-                       positions=cache.positions + new.sum(axis=1, dtype=jnp.int32), end=cache.end + t,
-                       logits=logits)
+        return cache.replace(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv), valid=valid,
+                             positions=cache.positions + new.sum(axis=1, dtype=jnp.int32), end=cache.end + t,
+                             logits=logits)
