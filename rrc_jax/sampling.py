@@ -4,7 +4,8 @@ Three steps, each jit-compiled once per shape:
 
 - `prefill(model, ids, mask, cache_size=S)`: run left-padded prompts `[B, T]` into a fresh `KVCache` of S slots.
 - `extend(model, cache, ids, mask)`: append more tokens (e.g. a judge question after a shared
-  `[instruction, prompt]` prefix; use `cache.take(rows)` to reuse one prefix row for many suffixes).
+  `[instruction, prompt]` prefix: `cache.branch(rows, size)` lets many rows continue one prefix row, which
+  attention then reads once per step for all of them; `cache.take(rows)` copies it into every row).
 - `decode(model, cache, max_new_tokens=N, ...)`: sample up to N tokens per row, stopping early once every row
   has emitted a stop token.
 
