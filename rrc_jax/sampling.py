@@ -228,7 +228,7 @@ def decode(model: Decoder, cache: KVCache, *, max_new_tokens: int, rng: jax.Arra
 def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, rng: jax.Array | int = 0,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None,
-             cache_size: int | None = None) -> SampleOutput:
+             cache_size: int | None = None, group_size: int = 1) -> SampleOutput:
     """Sample continuations of a batch of token-id prompts of any lengths.
 
     Args:
@@ -241,11 +241,16 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
       pad_id: id written after a row ends (default: the model's pad id, else 0).
       cache_size: KV-cache slots (default: bucket + N rounded up to a multiple of `ATTENTION_BLOCK`). The longest
         prompt plus N must fit it (or, by default, the model's `max_position_embeddings`); otherwise a clear error.
+      group_size: G continuations of every prompt (a GRPO group). Each prompt is prefilled once and shared by its
+        G rows (`KVCache.branch`): attention reads it once per step for the whole group.
     Returns:
-      `SampleOutput` of numpy arrays: tokens `[B, N]`, logprobs `[B, N]`, lengths `[B]`, truncated `[B]`.
+      `SampleOutput` of numpy arrays: tokens `[B*G, N]`, logprobs `[B*G, N]`, lengths `[B*G]`, truncated `[B*G]`;
+      prompt b's continuations are rows `b*G ... b*G + G - 1`.
     """
     if not prompts:
         raise ValueError("generate() got no prompts")
+    if group_size < 1:
+        raise ValueError(f"group_size={group_size} must be >= 1")
     longest = max(len(p) for p in prompts)
     if min(len(p) for p in prompts) == 0:
         raise ValueError("generate() got an empty prompt; every prompt needs at least one token (e.g. BOS)")
@@ -257,6 +262,11 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
     bucket = min(bucket_length(longest), limit - max_new_tokens)
     pad = _pad_id(model, pad_id)
     ids, mask = pad_sequences(prompts, bucket, pad, "left")
-    cache = prefill(model, ids, mask, cache_size=cache_size or round_up(bucket + max_new_tokens, ATTENTION_BLOCK))
+    if group_size == 1:
+        cache = prefill(model, ids, mask, cache_size=cache_size or round_up(bucket + max_new_tokens, ATTENTION_BLOCK))
+    else:
+        own = cache_size - bucket if cache_size else round_up(max_new_tokens, ATTENTION_BLOCK)
+        rows = np.repeat(np.arange(len(prompts), dtype=np.int32), group_size)
+        cache = prefill(model, ids, mask, cache_size=bucket).branch(jnp.asarray(rows), size=own)
     return decode(model, cache, max_new_tokens=max_new_tokens, rng=rng,
                   sampling=SamplingParams(temperature, top_k, top_p), stop_token_ids=stop_token_ids, pad_id=pad)

@@ -156,8 +156,8 @@ def rollouts(setup: Setup, prompts: list[str], key: jax.Array) -> tuple[list[lis
     c, m = setup.config, setup.config.rl.group_size
     ids = [prompt_ids(setup.tokenizer, p) for p in prompts]
     rows = [ids[i] for i in range(len(prompts)) for _ in range(m)]
-    out = generate(setup.policy, rows, max_new_tokens=c.rl.max_new_tokens, rng=key, temperature=c.rl.temperature,
-                   top_p=c.rl.top_p)
+    out = generate(setup.policy, ids, max_new_tokens=c.rl.max_new_tokens, rng=key, temperature=c.rl.temperature,
+                   top_p=c.rl.top_p, group_size=m)
     responses = [out.tokens[r, :out.lengths[r]].tolist() for r in range(len(rows))]
     texts = anchors_lib.decode_responses(setup.tokenizer, out.tokens, out.lengths)
     length = length_bucket(max(len(p) + len(r) for p, r in zip(rows, responses)))  # few shapes, few compiles

@@ -237,6 +237,26 @@ def test_branch_equals_take(llama, monkeypatch, blocked):
     np.testing.assert_allclose(np.asarray(twice.logits), np.asarray(once.logits), atol=1e-5)
 
 
+def test_group_size_shares_each_prompt(llama):
+    """`generate(prompts, group_size=G)` equals generating each prompt repeated G times: greedy tokens and log-probs;
+    sampled groups are deterministic for a key and their rows differ."""
+    model, _ = llama
+    ids, mask = padded_batch(LENGTHS, "left", seed=4)
+    prompts = prompts_of(ids, mask)
+    repeated = [p for p in prompts for _ in range(3)]
+    ref = generate(model, repeated, max_new_tokens=16, temperature=0.0, stop_token_ids=[])
+    out = generate(model, prompts, max_new_tokens=16, temperature=0.0, stop_token_ids=[], group_size=3)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
+    a = generate(model, prompts, max_new_tokens=16, temperature=1.0, rng=3, group_size=3)
+    b = generate(model, prompts, max_new_tokens=16, temperature=1.0, rng=3, group_size=3)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert a.tokens.shape == (3 * len(prompts), 16)
+    assert all(len({tuple(t) for t in a.tokens[3 * i:3 * i + 3]}) > 1 for i in range(len(prompts)))
+    with pytest.raises(ValueError, match="group_size"):
+        generate(model, prompts, max_new_tokens=4, group_size=0)
+
+
 def test_shared_then_blocked_attention_equals_dense():
     from rrc_jax.models.decoder import blocked_attention, dense_attention, shared_attention
 
