@@ -336,16 +336,22 @@ class Attention(nnx.Module):
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
                  kv_cache: tuple[jax.Array, jax.Array] | None = None, end: jax.Array | None = None,
-                 shared: tuple[jax.Array, jax.Array, jax.Array] | None = None
+                 shared: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+                 query_index: jax.Array | None = None
                  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x `[B, T, E]`, cos/sin `[B, T, D]`, mask `[B, T, S]` (S = T without cache) -> `[B, T, E]`, cache.
 
         `shared` = (k `[K, N, D]`, v `[K, N, D]`, mask `[B, N]`): a prefix attended before the cache (`branch`).
+        `query_index [B]`: keys and values of all T tokens go to the cache, but only token `query_index[b]` of
+        each row queries; the output is then `[B, 1, E]` (the last layer of `Decoder.extend`).
         """
         cfg = self.cfg
-        q = apply_rope(self._project(x, "q"), cos, sin)
+        n_slots = None if end is None else end + x.shape[1]
         k = apply_rope(self._project(x, "k"), cos, sin).swapaxes(1, 2)  # [B, K, T, D]
         v = self._project(x, "v").swapaxes(1, 2)
+        if query_index is not None:
+            x, cos, sin, mask = (rows_at(a, query_index) for a in (x, cos, sin, mask))
+        q = apply_rope(self._project(x, "q"), cos, sin)
         if kv_cache is not None:  # the cache is laid out [B, K, S, D]: (B, K) are batch dims of both dots
             k = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k.astype(kv_cache[0].dtype), end, axis=2)
             v = jax.lax.dynamic_update_slice_in_dim(kv_cache[1], v.astype(kv_cache[1].dtype), end, axis=2)
@@ -356,11 +362,11 @@ class Attention(nnx.Module):
         if shared is not None:
             carry = shared_attention(q, *shared)
             if use_blocked_attention(k):
-                out = blocked_attention(q, k, v, mask, n_slots=end + t, carry=carry)
+                out = blocked_attention(q, k, v, mask, n_slots=n_slots, carry=carry)
             else:
                 out = _normalize(_attend(carry, q, k, v, mask))
         elif kv_cache is not None and use_blocked_attention(k):
-            out = blocked_attention(q, k, v, mask, n_slots=end + t)
+            out = blocked_attention(q, k, v, mask, n_slots=n_slots)
         else:
             out = dense_attention(q, k, v, mask)
         out = out.astype(x.dtype).transpose(0, 3, 1, 2, 4).reshape(b, t, cfg.num_heads * d)
@@ -491,15 +497,20 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.params_dtype, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, cos, sin, mask, kv_cache=None, end=None, shared=None):
-        h, kv_cache = self.attn(self.attn_norm(x), cos, sin, mask, kv_cache, end, shared)
-        x = x + h
+    def __call__(self, x, cos, sin, mask, kv_cache=None, end=None, shared=None, query_index=None):
+        h, kv_cache = self.attn(self.attn_norm(x), cos, sin, mask, kv_cache, end, shared, query_index)
+        x = x + h if query_index is None else rows_at(x, query_index) + h
         return x + self.mlp(self.mlp_norm(x)), kv_cache
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Decoder
 # ----------------------------------------------------------------------------------------------------------
+
+def rows_at(x: jax.Array, index: jax.Array) -> jax.Array:
+    """`x[b, index[b]]` kept as `[B, 1, ...]` for `x [B, T, ...]` and `index [B]`."""
+    return jnp.take_along_axis(x, index.reshape(-1, *([1] * (x.ndim - 1))), axis=1)
+
 
 def positions_from_mask(mask: jax.Array) -> jax.Array:
     """RoPE positions `[B, T]` of a padded batch: the index of each token among its row's real tokens."""
@@ -532,8 +543,14 @@ class Decoder(nnx.Module):
     # -- building blocks ---------------------------------------------------------------------------------
 
     def _run_layers(self, input_ids: jax.Array, positions: jax.Array, mask: jax.Array,
-                    cache: KVCache | None = None) -> tuple[jax.Array, tuple | None]:
-        """Final-normed hidden states `[B, T, E]` and the updated per-layer (k, v) when a cache is given."""
+                    cache: KVCache | None = None, last_index: jax.Array | None = None
+                    ) -> tuple[jax.Array, tuple | None]:
+        """Final-normed hidden states `[B, T, E]` and the updated per-layer (k, v) when a cache is given.
+
+        With `last_index [B]`, only the hidden state `[B, 1, E]` of token `last_index[b]` of each row: the last
+        layer still writes every token's keys and values, but skips the queries, attention output and MLP of the
+        others (nothing reads them).
+        """
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(self.cfg.compute_dtype)
         cos, sin = rope_cos_sin(positions, self.inv_freq)
         new_kv = []
@@ -541,7 +558,9 @@ class Decoder(nnx.Module):
             kv = (cache.k[i], cache.v[i]) if cache is not None else None
             shared = (cache.shared_k[i], cache.shared_v[i], cache.shared_mask) if cache is not None and \
                 cache.shared else None
-            x, kv = layer(x, cos, sin, mask, kv, cache.end if cache is not None else None, shared)
+            final = last_index is not None and i == len(self.layers) - 1
+            x, kv = layer(x, cos, sin, mask, kv, cache.end if cache is not None else None, shared,
+                          last_index if final else None)
             new_kv.append(kv)
         return self.final_norm(x), (tuple(new_kv) if cache is not None else None)
 
@@ -624,8 +643,8 @@ class Decoder(nnx.Module):
         slot_q = cache.end + jnp.arange(t)
         mask = valid[:, None, :] & (jnp.arange(s)[None, None, :] <= slot_q[None, :, None])
         positions = cache.positions[:, None] + jnp.maximum(jnp.cumsum(new.astype(jnp.int32), axis=1) - 1, 0)
-        h, kv = self._run_layers(input_ids, positions, mask, cache)
-        last = jnp.take_along_axis(h, last_valid_index(new)[:, None, None], axis=1)[:, 0]
+        h, kv = self._run_layers(input_ids, positions, mask, cache, last_index=last_valid_index(new))
+        last = h[:, 0]
         logits = jnp.where(new.any(axis=1)[:, None], self.logits_from_hidden(last), cache.logits)
         return cache.replace(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv), valid=valid,
                              positions=cache.positions + new.sum(axis=1, dtype=jnp.int32), end=cache.end + t,
