@@ -267,6 +267,6 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
     else:
         own = cache_size - bucket if cache_size else round_up(max_new_tokens, ATTENTION_BLOCK)
         rows = np.repeat(np.arange(len(prompts), dtype=np.int32), group_size)
-        cache = prefill(model, ids, mask, cache_size=bucket).branch(jnp.asarray(rows), size=own)
+        cache = prefill(model, ids, mask, cache_size=bucket).branch(rows, size=own)
     return decode(model, cache, max_new_tokens=max_new_tokens, rng=rng,
                   sampling=SamplingParams(temperature, top_k, top_p), stop_token_ids=stop_token_ids, pad_id=pad)

@@ -258,7 +258,7 @@ def test_group_size_shares_each_prompt(llama):
 
 
 def test_shared_then_blocked_attention_equals_dense():
-    from rrc_jax.models.decoder import blocked_attention, dense_attention, shared_attention
+    from rrc_jax.models.decoder import _empty_carry, blocked_attention, dense_attention, shared_attention
 
     rng = np.random.default_rng(2)
     b, kh, g, t, d, n, s = 3, 2, 2, 4, 8, 10, 128
@@ -267,7 +267,8 @@ def test_shared_then_blocked_attention_equals_dense():
     k, v = (jnp.asarray(rng.normal(size=(b, kh, s, d)), jnp.float32) for _ in range(2))
     shared_mask = jnp.asarray(rng.random((b, n)) < 0.6)
     mask = jnp.asarray(np.broadcast_to(np.arange(s) < 70, (b, t, s)))
-    out = blocked_attention(q, k, v, mask, jnp.asarray(70), 64, carry=shared_attention(q, ks, vs, shared_mask))
+    carry = shared_attention(_empty_carry(q), q, ks, vs, shared_mask)
+    out = blocked_attention(q, k, v, mask, jnp.asarray(70), 64, carry=carry)
     full_k = jnp.concatenate([jnp.broadcast_to(ks[None], (b, kh, n, d)), k], axis=2)
     full_v = jnp.concatenate([jnp.broadcast_to(vs[None], (b, kh, n, d)), v], axis=2)
     full_mask = jnp.concatenate([jnp.broadcast_to(shared_mask[:, None], (b, t, n)), mask], axis=2)

@@ -7,12 +7,14 @@ Every judgment of a call becomes one *question* (a prompt index, the text shown 
 questions of a call go through the sampler together (`Judge._complete`):
 
 - with `prefix_reuse` (default), the `[instruction, prompt]` prefix of each prompt is prefilled once
-  (`rrc_jax.sampling.prefill`, left-padded), each question takes its prompt's row (`KVCache.take`), appends its
-  right-padded suffix (`extend`) and decodes (`decode`); a prompt with k questions saves (k - 1) x its prefix
-  length in prefill tokens;
+  (`rrc_jax.sampling.prefill`, left-padded), each question continues its prompt's row without copying it
+  (`KVCache.branch`: attention reads a prefix once per step for all its questions), appends its right-padded
+  suffix (`extend`) and decodes (`decode`); a prompt with k questions saves (k - 1) x its prefix length in
+  prefill tokens;
 - without it, each question's full text is prefilled (`rrc_jax.sampling.generate`).
 
-Questions are sorted by suffix length and cut into chunks of at most `max_batch` rows; row counts are padded to
+Questions are sorted by prompt, then by suffix length (so a chunk continues few prefixes), and cut into chunks of
+at most `max_batch` rows; row counts are padded to
 multiples of 8 and lengths to quarter steps of powers of two (`length_bucket`), so compilations are shared across
 chunks and calls while padding stays small. Verdicts are parsed on the
 host and scattered into integer count tensors with `np.add.at`, each question carrying its own prompt index.

@@ -359,14 +359,11 @@ class Attention(nnx.Module):
         b, t, _, d = q.shape
         kh, g = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
-        if shared is not None:
-            carry = shared_attention(q, *shared)
-            if use_blocked_attention(k):
-                out = blocked_attention(q, k, v, mask, n_slots=n_slots, carry=carry)
-            else:
-                out = _normalize(_attend(carry, q, k, v, mask))
-        elif kv_cache is not None and use_blocked_attention(k):
-            out = blocked_attention(q, k, v, mask, n_slots=n_slots)
+        carry = None if shared is None else shared_attention(_empty_carry(q), q, *shared)
+        if kv_cache is not None and use_blocked_attention(k):
+            out = blocked_attention(q, k, v, mask, n_slots=n_slots, carry=carry)
+        elif carry is not None:
+            out = _normalize(_attend(carry, q, k, v, mask))
         else:
             out = dense_attention(q, k, v, mask)
         out = out.astype(x.dtype).transpose(0, 3, 1, 2, 4).reshape(b, t, cfg.num_heads * d)
@@ -406,17 +403,23 @@ def _attend(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
 
     carry = (running max `[B, K, G, T]`, running sum `[B, K, G, T]`, unnormalized output `[B, K, G, T, D]`).
     """
-    m, l, acc = carry
     b, kh, g, t, d = q.shape
     s = jnp.einsum("bkqd,bksd->bkqs", q.reshape(b, kh, g * t, d), k.astype(q.dtype),
                    preferred_element_type=jnp.float32)
     s = jnp.where(mask[:, None, None], s.reshape(b, kh, g, t, -1) * (d ** -0.5), _MASK_VALUE)
+    return _softmax_step(carry, s, lambda p: jnp.einsum(
+        "bkqs,bksd->bkqd", p.astype(v.dtype).reshape(b, kh, g * t, -1), v,
+        preferred_element_type=jnp.float32).reshape(b, kh, g, t, d))
+
+
+def _softmax_step(carry: tuple, s: jax.Array, weighted_values) -> tuple:
+    """Fold masked, scaled scores `s [..., S]` into an online-softmax carry (running max `[...]`, running sum
+    `[...]`, unnormalized output `[..., D]`); `weighted_values(p)` -> `[..., D]` is `p @ values`."""
+    m, l, acc = carry
     m_new = jnp.maximum(m, s.max(axis=-1))
     p = jnp.exp(s - m_new[..., None])
     scale = jnp.exp(m - m_new)
-    pv = jnp.einsum("bkqs,bksd->bkqd", p.astype(v.dtype).reshape(b, kh, g * t, -1), v,
-                    preferred_element_type=jnp.float32).reshape(b, kh, g, t, d)
-    return m_new, l * scale + p.sum(axis=-1), acc * scale[..., None] + pv
+    return m_new, l * scale + p.sum(axis=-1), acc * scale[..., None] + weighted_values(p)
 
 
 def _empty_carry(q: jax.Array) -> tuple:
@@ -449,23 +452,22 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     return _normalize(carry)
 
 
-def shared_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple:
-    """Online-softmax carry (see `_attend`) of queries `q [B, K, G, T, D]` over a prefix shared by all rows:
-    k, v `[K, N, D]`, row b seeing slots where `mask [B, N]`.
+def shared_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple:
+    """`_attend` over a prefix shared by all rows: k, v `[K, N, D]`, row b seeing slots where `mask [B, N]`.
 
     All rows' queries of a kv head meet the prefix in one matmul `[B*G*T, D] x [D, N]`, so each prefix slot is
-    read once per step however many rows continue it (with `take`, once per row).
+    read once per step however many rows continue it (with `take`, once per row). Scores are laid out
+    `[K, B, G, T, N]`; only the small carry is transposed.
     """
     b, kh, g, t, d = q.shape
     n = k.shape[1]
-    qf = q.swapaxes(0, 1).reshape(kh, b * g * t, d)
-    s = jnp.einsum("kqd,knd->kqn", qf, k.astype(q.dtype), preferred_element_type=jnp.float32)
+    s = jnp.einsum("kqd,knd->kqn", q.swapaxes(0, 1).reshape(kh, b * g * t, d), k.astype(q.dtype),
+                   preferred_element_type=jnp.float32)
     s = jnp.where(mask[None, :, None, None, :], s.reshape(kh, b, g, t, n) * (d ** -0.5), _MASK_VALUE)
-    m = s.max(axis=-1)
-    p = jnp.exp(s - m[..., None])
-    acc = jnp.einsum("kqn,knd->kqd", p.astype(v.dtype).reshape(kh, b * g * t, n), v,
-                     preferred_element_type=jnp.float32).reshape(kh, b, g, t, d)
-    return m.swapaxes(0, 1), p.sum(axis=-1).swapaxes(0, 1), acc.swapaxes(0, 1)
+    swap = lambda c: tuple(x.swapaxes(0, 1) for x in c)
+    return swap(_softmax_step(swap(carry), s, lambda p: jnp.einsum(
+        "kqn,knd->kqd", p.astype(v.dtype).reshape(kh, b * g * t, n), v,
+        preferred_element_type=jnp.float32).reshape(kh, b, g, t, d)))
 
 
 class MLP(nnx.Module):
