@@ -180,7 +180,7 @@ def test_blocked_attention_equals_dense():
     rng = np.random.default_rng(0)
     b, kh, g, t, d, s = 3, 2, 3, 5, 8, 512
     q, k, v = (jnp.asarray(rng.normal(size=shape), jnp.float32)
-               for shape in ((b, kh, g, t, d), (b, kh, s, d), (b, kh, s, d)))
+               for shape in ((b, kh, g, t, d), (b, kh, d, s), (b, kh, s, d)))  # keys are [B, K, D, S]
     end = 200  # slots beyond end + t are never visible
     mask = rng.random((b, t, s)) < 0.7
     mask[:, :, end + t:] = False
@@ -201,7 +201,7 @@ def test_long_cache_uses_blocks_and_matches(llama, monkeypatch):
     ids, mask = padded_batch(LENGTHS, "left", seed=9)
     small = generate(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=96)
     monkeypatch.setattr(decoder, "BLOCKED_ATTENTION_MIN_BYTES", 0)  # a tiny model's cache is blocked too
-    assert decoder.use_blocked_attention(jnp.zeros((4, 2, 576, 8)))
+    assert decoder.use_blocked_attention(jnp.zeros((4, 2, 8, 576)))
     large = generate(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=576)
     np.testing.assert_array_equal(small.tokens, large.tokens)
     np.testing.assert_allclose(small.logprobs, large.logprobs, atol=1e-5)
@@ -263,13 +263,13 @@ def test_shared_then_blocked_attention_equals_dense():
     rng = np.random.default_rng(2)
     b, kh, g, t, d, n, s = 3, 2, 2, 4, 8, 10, 128
     q = jnp.asarray(rng.normal(size=(b, kh, g, t, d)), jnp.float32)
-    ks, vs = (jnp.asarray(rng.normal(size=(kh, n, d)), jnp.float32) for _ in range(2))
-    k, v = (jnp.asarray(rng.normal(size=(b, kh, s, d)), jnp.float32) for _ in range(2))
+    ks, vs = (jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in ((kh, d, n), (kh, n, d)))
+    k, v = (jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in ((b, kh, d, s), (b, kh, s, d)))
     shared_mask = jnp.asarray(rng.random((b, n)) < 0.6)
     mask = jnp.asarray(np.broadcast_to(np.arange(s) < 70, (b, t, s)))
     carry = shared_attention(_empty_carry(q), q, ks, vs, shared_mask)
     out = blocked_attention(q, k, v, mask, jnp.asarray(70), 64, carry=carry)
-    full_k = jnp.concatenate([jnp.broadcast_to(ks[None], (b, kh, n, d)), k], axis=2)
+    full_k = jnp.concatenate([jnp.broadcast_to(ks[None], (b, kh, d, n)), k], axis=3)
     full_v = jnp.concatenate([jnp.broadcast_to(vs[None], (b, kh, n, d)), v], axis=2)
     full_mask = jnp.concatenate([jnp.broadcast_to(shared_mask[:, None], (b, t, n)), mask], axis=2)
     np.testing.assert_allclose(np.asarray(out), np.asarray(dense_attention(q, full_k, full_v, full_mask)), atol=1e-5)

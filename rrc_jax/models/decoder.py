@@ -204,13 +204,15 @@ class KVCache:
     only where `valid[b, s]`. Attention of a new token at slot `e` sees the valid slots `s <= e`, so padding may
     sit anywhere (left-padded prompts, right-padded suffixes, rows that finished decoding).
 
-    k, v: per layer `[B, K, S, D]` (kv heads before slots, so attention reads them without a transpose);
-    valid `[B, S]` bool; positions `[B]` int32, the RoPE position of each row's
+    k: per layer `[B, K, D, S]`, v: per layer `[B, K, S, D]`. Both attention matmuls then read the cache in
+    the standard `[M, K] x [K, N]` form, batched over (B, K): scores `q [G*T, D] x k [D, S]`, output
+    `p [G*T, S] x v [S, D]` (CPU dot kernels repack a transposed operand on every call; on a decode step that
+    repacking cost more than the product). valid `[B, S]` bool; positions `[B]` int32, the RoPE position of each row's
     next token (= its number of valid tokens); end `[]` int32, the next slot to write; logits `[B, V]` float32,
     the next-token logits after each row's last valid token.
 
     A cache made by `branch` also holds a read-only prefix shared by its rows, attended before the row's own
-    slots: shared_k, shared_v per layer `[K, N, D]` (N prefix slots of all prefixes together) and shared_mask
+    slots: shared_k per layer `[K, D, N]`, shared_v `[K, N, D]` (N prefix slots of all prefixes together), shared_mask
     `[B, N]`, which of them each row sees. Otherwise these are None.
     """
 
@@ -254,26 +256,32 @@ class KVCache:
         """
         rows = jnp.asarray(rows, jnp.int32)
         p, s = self.batch_size, self.size
-        flat = lambda x: x.swapaxes(0, 1).reshape(x.shape[1], p * s, x.shape[3])  # [P, K, S, D] -> [K, P*S, D]
+        flat_k = lambda x: x.transpose(1, 2, 0, 3).reshape(x.shape[1], x.shape[2], p * s)  # -> [K, D, P*S]
+        flat_v = lambda x: x.swapaxes(0, 1).reshape(x.shape[1], p * s, x.shape[3])  # -> [K, P*S, D]
         owner = jnp.repeat(jnp.arange(p, dtype=jnp.int32), s)
         mask = (rows[:, None] == owner[None, :]) & self.valid.reshape(-1)[None, :]
-        shared_k, shared_v = tuple(map(flat, self.k)), tuple(map(flat, self.v))
+        shared_k, shared_v = tuple(map(flat_k, self.k)), tuple(map(flat_v, self.v))
         if self.shared:  # branching a branch: its own shared prefix comes first
-            shared_k = tuple(jnp.concatenate(kv, axis=1) for kv in zip(self.shared_k, shared_k))
+            shared_k = tuple(jnp.concatenate(kv, axis=2) for kv in zip(self.shared_k, shared_k))
             shared_v = tuple(jnp.concatenate(kv, axis=1) for kv in zip(self.shared_v, shared_v))
             mask = jnp.concatenate([jnp.take(self.shared_mask, rows, axis=0), mask], axis=1)
-        r, (_, kh, _, d) = rows.shape[0], self.k[0].shape
-        zeros = tuple(jnp.zeros((r, kh, size, d), self.k[0].dtype) for _ in self.k)
-        return KVCache(k=zeros, v=zeros, valid=jnp.zeros((r, size), bool), positions=self.positions[rows],
+        (_, kh, d, _), r = self.k[0].shape, rows.shape[0]
+        k, v = _empty_kv(len(self.k), r, kh, size, d, self.k[0].dtype)
+        return KVCache(k=k, v=v, valid=jnp.zeros((r, size), bool), positions=self.positions[rows],
                        end=jnp.zeros((), jnp.int32), logits=self.logits[rows], shared_k=shared_k,
                        shared_v=shared_v, shared_mask=mask)
 
 
+def _empty_kv(layers: int, b: int, kh: int, s: int, d: int, dtype) -> tuple[tuple, tuple]:
+    """Zero keys `[B, K, D, S]` and values `[B, K, S, D]` for each of `layers` layers."""
+    return (tuple(jnp.zeros((b, kh, d, s), dtype) for _ in range(layers)),
+            tuple(jnp.zeros((b, kh, s, d), dtype) for _ in range(layers)))
+
+
 def init_cache(cfg: DecoderConfig, batch_size: int, size: int) -> KVCache:
     """An empty cache of `size` slots for `batch_size` rows, in the compute dtype."""
-    shape = (batch_size, cfg.num_kv_heads, size, cfg.head_dim)
-    zeros = tuple(jnp.zeros(shape, cfg.compute_dtype) for _ in range(cfg.num_layers))
-    return KVCache(k=zeros, v=zeros, valid=jnp.zeros((batch_size, size), bool),
+    k, v = _empty_kv(cfg.num_layers, batch_size, cfg.num_kv_heads, size, cfg.head_dim, cfg.compute_dtype)
+    return KVCache(k=k, v=v, valid=jnp.zeros((batch_size, size), bool),
                    positions=jnp.zeros((batch_size,), jnp.int32), end=jnp.zeros((), jnp.int32),
                    logits=jnp.zeros((batch_size, cfg.vocab_size), jnp.float32))
 
@@ -341,19 +349,19 @@ class Attention(nnx.Module):
                  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x `[B, T, E]`, cos/sin `[B, T, D]`, mask `[B, T, S]` (S = T without cache) -> `[B, T, E]`, cache.
 
-        `shared` = (k `[K, N, D]`, v `[K, N, D]`, mask `[B, N]`): a prefix attended before the cache (`branch`).
+        `shared` = (k `[K, D, N]`, v `[K, N, D]`, mask `[B, N]`): a prefix attended before the cache (`branch`).
         `query_index [B]`: keys and values of all T tokens go to the cache, but only token `query_index[b]` of
         each row queries; the output is then `[B, 1, E]` (the last layer of `Decoder.extend`).
         """
         cfg = self.cfg
         n_slots = None if end is None else end + x.shape[1]
-        k = apply_rope(self._project(x, "k"), cos, sin).swapaxes(1, 2)  # [B, K, T, D]
-        v = self._project(x, "v").swapaxes(1, 2)
+        k = apply_rope(self._project(x, "k"), cos, sin).transpose(0, 2, 3, 1)  # [B, K, D, T]
+        v = self._project(x, "v").swapaxes(1, 2)  # [B, K, T, D]
         if query_index is not None:
             x, cos, sin, mask = (rows_at(a, query_index) for a in (x, cos, sin, mask))
         q = apply_rope(self._project(x, "q"), cos, sin)
-        if kv_cache is not None:  # the cache is laid out [B, K, S, D]: (B, K) are batch dims of both dots
-            k = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k.astype(kv_cache[0].dtype), end, axis=2)
+        if kv_cache is not None:  # (see KVCache for the layout)
+            k = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k.astype(kv_cache[0].dtype), end, axis=3)
             v = jax.lax.dynamic_update_slice_in_dim(kv_cache[1], v.astype(kv_cache[1].dtype), end, axis=2)
             kv_cache = (k, v)
         b, t, _, d = q.shape
@@ -378,19 +386,20 @@ BLOCKED_ATTENTION_MIN_BYTES = 2 << 20  # per layer and per k or v; smaller cache
 
 
 def use_blocked_attention(k: jax.Array) -> bool:
-    """Whether attention over a cache `k [B, K, S, D]` visits only its filled blocks (`blocked_attention`).
+    """Whether attention over a cache `k [B, K, D, S]` visits only its filled blocks (`blocked_attention`).
 
     Skipping empty blocks pays once a layer's cache is large; below `BLOCKED_ATTENTION_MIN_BYTES` reading all of
     it in one dense pass is cheaper than the per-block control flow (static shapes: decided at trace time).
     """
-    return k.shape[2] % ATTENTION_BLOCK == 0 and k.shape[2] > ATTENTION_BLOCK and k.size * k.dtype.itemsize >= \
+    return k.shape[3] % ATTENTION_BLOCK == 0 and k.shape[3] > ATTENTION_BLOCK and k.size * k.dtype.itemsize >= \
         BLOCKED_ATTENTION_MIN_BYTES
 
 
 def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Softmax attention. q `[B, K, G, T, D]`, k/v `[B, K, S, D]`, mask `[B, T, S]` -> `[B, K, G, T, D]` float32."""
+    """Softmax attention. q `[B, K, G, T, D]`, k `[B, K, D, S]`, v `[B, K, S, D]`, mask `[B, T, S]`
+    -> `[B, K, G, T, D]` float32."""
     b, kh, g, t, d = q.shape
-    scores = jnp.einsum("bkqd,bksd->bkqs", q.reshape(b, kh, g * t, d), k.astype(q.dtype),
+    scores = jnp.einsum("bkqd,bkds->bkqs", q.reshape(b, kh, g * t, d), k.astype(q.dtype),
                         preferred_element_type=jnp.float32).reshape(b, kh, g, t, -1) * (d ** -0.5)
     scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kh, g * t, -1)
@@ -399,12 +408,12 @@ def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -
 
 
 def _attend(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple:
-    """One online-softmax step over keys `k, v [B, K, S, D]` visible where `mask [B, T, S]`.
+    """One online-softmax step over keys `k [B, K, D, S]`, values `v [B, K, S, D]` visible where `mask [B, T, S]`.
 
     carry = (running max `[B, K, G, T]`, running sum `[B, K, G, T]`, unnormalized output `[B, K, G, T, D]`).
     """
     b, kh, g, t, d = q.shape
-    s = jnp.einsum("bkqd,bksd->bkqs", q.reshape(b, kh, g * t, d), k.astype(q.dtype),
+    s = jnp.einsum("bkqd,bkds->bkqs", q.reshape(b, kh, g * t, d), k.astype(q.dtype),
                    preferred_element_type=jnp.float32)
     s = jnp.where(mask[:, None, None], s.reshape(b, kh, g, t, -1) * (d ** -0.5), _MASK_VALUE)
     return _softmax_step(carry, s, lambda p: jnp.einsum(
@@ -445,23 +454,24 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
 
     def step(i, carry):
         sl = slice(i * block, (i + 1) * block)  # static slices
-        return _attend(carry, q, k[:, :, sl], v[:, :, sl], mask[:, :, sl])
+        return _attend(carry, q, k[:, :, :, sl], v[:, :, sl], mask[:, :, sl])
 
-    for i in range(k.shape[2] // block):  # blocks past the filled slots are skipped at run time
+    for i in range(k.shape[3] // block):  # blocks past the filled slots are skipped at run time
         carry = jax.lax.cond(i * block < n_slots, functools.partial(step, i), lambda c: c, carry)
     return _normalize(carry)
 
 
 def shared_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple:
-    """`_attend` over a prefix shared by all rows: k, v `[K, N, D]`, row b seeing slots where `mask [B, N]`.
+    """`_attend` over a prefix shared by all rows: k `[K, D, N]`, v `[K, N, D]`, row b seeing slots where
+    `mask [B, N]`.
 
     All rows' queries of a kv head meet the prefix in one matmul `[B*G*T, D] x [D, N]`, so each prefix slot is
     read once per step however many rows continue it (with `take`, once per row). Scores are laid out
     `[K, B, G, T, N]`; only the small carry is transposed.
     """
     b, kh, g, t, d = q.shape
-    n = k.shape[1]
-    s = jnp.einsum("kqd,knd->kqn", q.swapaxes(0, 1).reshape(kh, b * g * t, d), k.astype(q.dtype),
+    n = k.shape[2]
+    s = jnp.einsum("kqd,kdn->kqn", q.swapaxes(0, 1).reshape(kh, b * g * t, d), k.astype(q.dtype),
                    preferred_element_type=jnp.float32)
     s = jnp.where(mask[None, :, None, None, :], s.reshape(kh, b, g, t, n) * (d ** -0.5), _MASK_VALUE)
     swap = lambda c: tuple(x.swapaxes(0, 1) for x in c)
