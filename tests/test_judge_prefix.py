@@ -92,7 +92,7 @@ SHORT = JudgeTemplate("short", "pairwise", "Judge the pair.", "Q: {prompt}\n\n",
 def test_greedy_judgments_with_reuse_equal_without(tokenizer_kind, template):
     tok = {"char": lambda: char_tokenizer(False), "char_chat": lambda: char_tokenizer(True), "bpe_chat": bpe_tokenizer}[
         tokenizer_kind]()
-    model = tiny_decoder(len(tok), seed=5)
+    model = tiny_decoder(len(tok), seed=0)  # a seed whose random judge writes different texts for different pairs
     kw = dict(template=template, temperature=0.0, max_new_tokens=16, max_batch=16)
     reuse, full = Judge(model, tok, **kw), Judge(model, tok, prefix_reuse=False, **kw)
     a = [g[i] for g in GROUPS for i in (0, 0, 1)]

@@ -61,6 +61,26 @@ def test_round_trip_save_hf_loads_in_transformers(hf_checkpoint, tmp_path):
                                np.asarray(model(jnp.asarray(ids), jnp.asarray(mask))), atol=1e-6)
 
 
+def test_fused_projections_with_all_biases_round_trip_exactly(tmp_path):
+    """Llama with attention and MLP biases and 3 query heads per kv head: q/k/v fuse into `qkv` and gate/up into
+    `gate_up`; logits match transformers and `save_hf` gives back every tensor bit for bit."""
+    ref = make_hf_model("llama3_untied", seed=5, hidden_size=48, num_attention_heads=6, num_key_value_heads=2,
+                        attention_bias=True, mlp_bias=True)
+    ref.save_pretrained(tmp_path / "in")
+    model = load_hf(tmp_path / "in")
+    assert model.cfg.qkv_bias and model.cfg.o_bias and model.cfg.mlp_bias
+    assert model.layers[0].attn.qkv[...].shape == (48, 2, 5, 8)  # [E, K, G + 2, D]
+    assert model.layers[0].mlp.gate_up[...].shape == (48, 64, 2)  # [E, I, 2]
+    ids, mask = padded_batch([9, 4, 14], "left", seed=6)
+    ours = np.asarray(model(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
+    np.testing.assert_allclose(ours[mask.astype(bool)], torch_logits(ref, ids, mask)[mask.astype(bool)], atol=1e-4)
+    save_hf(model, tmp_path / "out")
+    before, after = load_file(tmp_path / "in" / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert set(after) == set(before) - {k for k in before if "rotary" in k}
+    for name, w in after.items():
+        np.testing.assert_array_equal(w, before[name], err_msg=name)
+
+
 def test_sharded_save_writes_index_and_loads(tmp_path):
     ref = make_hf_model("llama3_untied")
     ref.save_pretrained(tmp_path / "src")
@@ -113,8 +133,10 @@ def test_meshed_construction_on_8_devices():
         mesh = make_mesh(data=2, fsdp=2, tensor=2)
         with model_context(mesh):
             model = Decoder(cfg, rngs=nnx.Rngs(0))
-        spec = model.layers[0].mlp.gate[...].sharding.spec
-        assert tuple(spec) == ("fsdp", "tensor"), spec
+        spec = model.layers[0].mlp.gate_up[...].sharding.spec
+        assert tuple(spec) == ("fsdp", "tensor", None), spec
+        spec = model.layers[0].attn.qkv[...].sharding.spec  # [E, K, G + 2, D]: kv heads over tensor
+        assert tuple(spec) == ("fsdp", "tensor", None, None), spec
         assert tuple(model.embed[...].sharding.spec) == ("tensor", "fsdp")
         print("ok")
     """)
@@ -187,5 +209,15 @@ def test_error_missing_tensor(tmp_path):
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"missing tensor model\.layers\.1\.mlp\.up_proj\.weight") as e:
+        load_hf(tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_error_tensor_of_wrong_shape(tmp_path):
+    make_hf_model("llama3_untied").save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["model.layers.0.self_attn.k_proj.weight"] = tensors["model.layers.0.self_attn.k_proj.weight"][:-1]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"k_proj\.weight \(15, 32\).*does not convert to the shape") as e:
         load_hf(tmp_path)
     assert "\n" not in str(e.value)

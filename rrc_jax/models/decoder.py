@@ -185,10 +185,11 @@ def rope_cos_sin(positions: jax.Array, inv_freq) -> tuple[jax.Array, jax.Array]:
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate `x [B, T, N, D]` by `cos, sin [B, T, D]` (the rotate-half convention of Llama / Qwen2)."""
+    """Rotate `x [B, T, ..., D]` (any head axes) by `cos, sin [B, T, D]` (rotate-half, as Llama / Qwen2)."""
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+    heads = (1,) * (x.ndim - 3)
+    cos, sin = (c.reshape(*c.shape[:2], *heads, c.shape[-1]).astype(x.dtype) for c in (cos, sin))
     return x * cos + rotated * sin
 
 
@@ -315,32 +316,31 @@ class RMSNorm(nnx.Module):
         return self.scale[...].astype(x.dtype) * y.astype(x.dtype)
 
 
+def dense(x: jax.Array, w: jax.Array, bias: jax.Array | None = None) -> jax.Array:
+    """`x [..., E] @ w [E, *N]` -> `[..., *N]`, as one 2-D matmul on `w` viewed `[E, prod(N)]` (an N-D einsum
+    lets XLA's CPU layout assignment transpose the weight on every decode step)."""
+    y = (x @ w.reshape(w.shape[0], -1).astype(x.dtype)).reshape(*x.shape[:-1], *w.shape[1:])
+    return y if bias is None else y + bias.astype(x.dtype)
+
+
 class Attention(nnx.Module):
-    """Grouped-query self-attention with RoPE; reads and writes a layer's cache when given one."""
+    """Grouped-query self-attention with RoPE; reads and writes a layer's cache when given one.
+
+    The q, k and v projections are one weight `qkv [E, K, G + 2, D]`: for kv head j, its G query heads (HF heads
+    j*G ... j*G + G - 1), then its key and value. One matmul per layer instead of three (a decode step streams
+    every weight once, and fewer, larger products stream faster), and sharding the K axis keeps each group's
+    queries with their key and value.
+    """
 
     def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
         e, h, k, d, pd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.params_dtype
         self.cfg = cfg
-        self.q = _param(rngs, (e, h, d), ("embed", "heads", "head_dim"), pd)
-        self.k = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd)
-        self.v = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd)
+        self.qkv = _param(rngs, (e, k, h // k + 2, d), ("embed", "kv_heads", None, "head_dim"), pd)
         self.o = _param(rngs, (h, d, e), ("heads", "head_dim", "embed"), pd)
         if cfg.qkv_bias:
-            self.q_bias = _param(rngs, (h, d), ("heads", "head_dim"), pd, init="zeros")
-            self.k_bias = _param(rngs, (k, d), ("kv_heads", "head_dim"), pd, init="zeros")
-            self.v_bias = _param(rngs, (k, d), ("kv_heads", "head_dim"), pd, init="zeros")
+            self.qkv_bias = _param(rngs, (k, h // k + 2, d), ("kv_heads", None, "head_dim"), pd, init="zeros")
         if cfg.o_bias:
             self.o_bias = _param(rngs, (e,), ("embed",), pd, init="zeros")
-
-    def _project(self, x: jax.Array, name: str) -> jax.Array:
-        """`x [B, T, E]` -> `[B, T, N, D]`. A plain 2-D matmul on `[E, N*D]`: a 3-D einsum lets XLA's CPU
-        layout assignment transpose the weight on every decode step."""
-        dt, w = x.dtype, getattr(self, name)[...]
-        e, n, d = w.shape
-        y = (x @ w.reshape(e, n * d).astype(dt)).reshape(*x.shape[:-1], n, d)
-        if self.cfg.qkv_bias:
-            y = y + getattr(self, f"{name}_bias")[...].astype(dt)
-        return y
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
                  kv_cache: tuple[jax.Array, jax.Array] | None = None, end: jax.Array | None = None,
@@ -355,18 +355,19 @@ class Attention(nnx.Module):
         """
         cfg = self.cfg
         n_slots = None if end is None else end + x.shape[1]
-        k = apply_rope(self._project(x, "k"), cos, sin).transpose(0, 2, 3, 1)  # [B, K, D, T]
-        v = self._project(x, "v").swapaxes(1, 2)  # [B, K, T, D]
+        g = cfg.num_heads // cfg.num_kv_heads
+        qkv = dense(x, self.qkv[...], self.qkv_bias[...] if cfg.qkv_bias else None)  # [B, T, K, G + 2, D]
+        qk = apply_rope(qkv[..., :g + 1, :], cos, sin)
+        q, k, v = qk[..., :g, :], qk[..., g, :], qkv[..., g + 1, :]
+        k, v = k.transpose(0, 2, 3, 1), v.swapaxes(1, 2)  # [B, K, D, T], [B, K, T, D]
         if query_index is not None:
-            x, cos, sin, mask = (rows_at(a, query_index) for a in (x, cos, sin, mask))
-        q = apply_rope(self._project(x, "q"), cos, sin)
+            x, q, mask = (rows_at(a, query_index) for a in (x, q, mask))
         if kv_cache is not None:  # (see KVCache for the layout)
             k = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k.astype(kv_cache[0].dtype), end, axis=3)
             v = jax.lax.dynamic_update_slice_in_dim(kv_cache[1], v.astype(kv_cache[1].dtype), end, axis=2)
             kv_cache = (k, v)
-        b, t, _, d = q.shape
-        kh, g = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads
-        q = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
+        b, t, _, _, d = q.shape
+        q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
         carry = None if shared is None else shared_attention(_empty_carry(q), q, *shared)
         if kv_cache is not None and use_blocked_attention(k):
             out = blocked_attention(q, k, v, mask, n_slots=n_slots, carry=carry)
@@ -375,9 +376,7 @@ class Attention(nnx.Module):
         else:
             out = dense_attention(q, k, v, mask)
         out = out.astype(x.dtype).transpose(0, 3, 1, 2, 4).reshape(b, t, cfg.num_heads * d)
-        y = out @ self.o[...].reshape(cfg.num_heads * d, -1).astype(x.dtype)
-        if cfg.o_bias:
-            y = y + self.o_bias[...].astype(x.dtype)
+        y = dense(out, self.o[...].reshape(cfg.num_heads * d, -1), self.o_bias[...] if cfg.o_bias else None)
         return y, kv_cache
 
 
@@ -395,16 +394,25 @@ def use_blocked_attention(k: jax.Array) -> bool:
         BLOCKED_ATTENTION_MIN_BYTES
 
 
+def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
+    """Unscaled attention scores `[B, K, G, T, S]` (float32) of q `[B, K, G, T, D]` against k `[B, K, D, S]`."""
+    b, kh, g, t, d = q.shape
+    return jnp.einsum("bkqd,bkds->bkqs", q.reshape(b, kh, g * t, d), k.astype(q.dtype),
+                      preferred_element_type=jnp.float32).reshape(b, kh, g, t, -1)
+
+
+def _weighted(p: jax.Array, v: jax.Array) -> jax.Array:
+    """`p [B, K, G, T, S] @ v [B, K, S, D]` -> `[B, K, G, T, D]` float32."""
+    b, kh, g, t, s = p.shape
+    return jnp.einsum("bkqs,bksd->bkqd", p.astype(v.dtype).reshape(b, kh, g * t, s), v,
+                      preferred_element_type=jnp.float32).reshape(b, kh, g, t, -1)
+
+
 def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Softmax attention. q `[B, K, G, T, D]`, k `[B, K, D, S]`, v `[B, K, S, D]`, mask `[B, T, S]`
     -> `[B, K, G, T, D]` float32."""
-    b, kh, g, t, d = q.shape
-    scores = jnp.einsum("bkqd,bkds->bkqs", q.reshape(b, kh, g * t, d), k.astype(q.dtype),
-                        preferred_element_type=jnp.float32).reshape(b, kh, g, t, -1) * (d ** -0.5)
-    scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kh, g * t, -1)
-    out = jnp.einsum("bkqs,bksd->bkqd", probs, v, preferred_element_type=jnp.float32)
-    return out.reshape(b, kh, g, t, d)
+    scores = jnp.where(mask[:, None, None], _scores(q, k) * (q.shape[-1] ** -0.5), _MASK_VALUE)
+    return _weighted(jax.nn.softmax(scores, axis=-1), v)
 
 
 def _attend(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple:
@@ -412,13 +420,8 @@ def _attend(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
 
     carry = (running max `[B, K, G, T]`, running sum `[B, K, G, T]`, unnormalized output `[B, K, G, T, D]`).
     """
-    b, kh, g, t, d = q.shape
-    s = jnp.einsum("bkqd,bkds->bkqs", q.reshape(b, kh, g * t, d), k.astype(q.dtype),
-                   preferred_element_type=jnp.float32)
-    s = jnp.where(mask[:, None, None], s.reshape(b, kh, g, t, -1) * (d ** -0.5), _MASK_VALUE)
-    return _softmax_step(carry, s, lambda p: jnp.einsum(
-        "bkqs,bksd->bkqd", p.astype(v.dtype).reshape(b, kh, g * t, -1), v,
-        preferred_element_type=jnp.float32).reshape(b, kh, g, t, d))
+    s = jnp.where(mask[:, None, None], _scores(q, k) * (q.shape[-1] ** -0.5), _MASK_VALUE)
+    return _softmax_step(carry, s, lambda p: _weighted(p, v))
 
 
 def _softmax_step(carry: tuple, s: jax.Array, weighted_values) -> tuple:
@@ -481,25 +484,22 @@ def shared_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mas
 
 
 class MLP(nnx.Module):
-    """SwiGLU: `down(silu(gate(x)) * up(x))`."""
+    """SwiGLU: `down(silu(gate(x)) * up(x))`, gate and up as one weight `gate_up [E, I, 2]` (one matmul; the
+    I axis leads so that sharding it keeps each unit's gate and up together)."""
 
     def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
         e, i, pd = cfg.hidden_size, cfg.intermediate_size, cfg.params_dtype
         self.mlp_bias = cfg.mlp_bias
-        self.gate = _param(rngs, (e, i), ("embed", "mlp"), pd)
-        self.up = _param(rngs, (e, i), ("embed", "mlp"), pd)
+        self.gate_up = _param(rngs, (e, i, 2), ("embed", "mlp", None), pd)
         self.down = _param(rngs, (i, e), ("mlp", "embed"), pd)
         if cfg.mlp_bias:
-            self.gate_bias = _param(rngs, (i,), ("mlp",), pd, init="zeros")
-            self.up_bias = _param(rngs, (i,), ("mlp",), pd, init="zeros")
+            self.gate_up_bias = _param(rngs, (i, 2), ("mlp", None), pd, init="zeros")
             self.down_bias = _param(rngs, (e,), ("embed",), pd, init="zeros")
 
-    def _dense(self, x: jax.Array, name: str) -> jax.Array:
-        y = x @ getattr(self, name)[...].astype(x.dtype)
-        return y + getattr(self, f"{name}_bias")[...].astype(x.dtype) if self.mlp_bias else y
-
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self._dense(jax.nn.silu(self._dense(x, "gate")) * self._dense(x, "up"), "down")
+        bias = lambda name: getattr(self, f"{name}_bias")[...] if self.mlp_bias else None
+        gate_up = dense(x, self.gate_up[...], bias("gate_up"))  # [..., I, 2]
+        return dense(jax.nn.silu(gate_up[..., 0]) * gate_up[..., 1], self.down[...], bias("down"))
 
 
 class Block(nnx.Module):

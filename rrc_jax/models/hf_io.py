@@ -12,6 +12,7 @@ tokenizer's chat template when it has one and uses the raw text otherwise (the d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -27,40 +28,68 @@ from safetensors.numpy import save_file
 from rrc_jax import sharding
 from rrc_jax.models.decoder import Decoder, DecoderConfig
 
-Transform = Callable[[np.ndarray], np.ndarray]
-_ident: Transform = lambda w: w
+Combine = Callable[[list[np.ndarray]], np.ndarray]  # HF tensors -> our parameter
+Split = Callable[[np.ndarray], list[np.ndarray]]  # our parameter -> HF tensors
 
 
-def _tensor_map(cfg: DecoderConfig) -> dict[str, tuple[tuple[Any, ...], Transform, Transform]]:
-    """HF tensor name -> (path of the parameter in `Decoder`, HF->ours transform, ours->HF transform)."""
+def _one(f: Callable[[np.ndarray], np.ndarray]) -> tuple[Combine, Split]:
+    """A parameter that is one HF tensor; `f` (the identity or a transpose) converts it either way."""
+    return (lambda ws: f(ws[0])), (lambda w: [f(w)])
+
+
+_IDENT = _one(lambda w: w)
+_T = _one(lambda w: w.T)
+
+
+def _tensor_map(cfg: DecoderConfig) -> dict[tuple[Any, ...], tuple[tuple[str, ...], Combine, Split]]:
+    """Path of each `Decoder` parameter -> (the HF tensors it is made of, HF -> ours, ours -> HF).
+
+    Ours fuses some HF tensors: `attn.qkv [E, K, G + 2, D]` is q_proj, k_proj and v_proj regrouped by kv head
+    (query head h belongs to kv head h // G, as in transformers' `repeat_kv`); `mlp.gate_up [E, I, 2]` stacks
+    gate_proj and up_proj.
+    """
     e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    t = lambda w: w.T
-    heads_in = lambda n: (lambda w: w.T.reshape(e, n, d), lambda w: w.reshape(e, n * d).T)  # [n*d, e] <-> [e, n, d]
-    bias = lambda n: (lambda w: w.reshape(n, d), lambda w: w.reshape(n * d))
-    m: dict[str, tuple[tuple[Any, ...], Transform, Transform]] = {
-        "model.embed_tokens.weight": (("embed",), _ident, _ident),
-        "model.norm.weight": (("final_norm", "scale"), _ident, _ident),
+    g = h // k
+
+    def qkv(weight: bool) -> tuple[Combine, Split]:
+        """HF q, k, v weights `[n*D, E]` (biases `[n*D]`) <-> ours `[E, K, G + 2, D]` (bias `[K, G + 2, D]`)."""
+        lead = (e,) if weight else ()
+        t = (lambda w: w.T) if weight else (lambda w: w)
+        combine = lambda ws: np.concatenate([t(w).reshape(*lead, k, -1, d) for w in ws], axis=-2)
+        split = lambda w: [t(x.reshape(*lead, -1)) for x in (w[..., :g, :], w[..., g, :], w[..., g + 1, :])]
+        return combine, split
+
+    def gate_up(weight: bool) -> tuple[Combine, Split]:
+        """HF gate, up weights `[I, E]` (biases `[I]`) <-> ours `[E, I, 2]` (bias `[I, 2]`)."""
+        t = (lambda w: w.T) if weight else (lambda w: w)
+        return (lambda ws: np.stack([t(w) for w in ws], axis=-1)), (lambda w: [t(w[..., 0]), t(w[..., 1])])
+
+    m: dict[tuple[Any, ...], tuple[tuple[str, ...], Combine, Split]] = {
+        ("embed",): (("model.embed_tokens.weight",), *_IDENT),
+        ("final_norm", "scale"): (("model.norm.weight",), *_IDENT),
     }
     if not cfg.tie_word_embeddings:
-        m["lm_head.weight"] = (("lm_head",), t, t)
+        m[("lm_head",)] = (("lm_head.weight",), *_T)
     if cfg.value_head:
-        m["score.weight"] = (("value_head", "kernel"), lambda w: w[0], lambda w: w[None])
-    for i in range(cfg.num_layers):
-        p, L = f"model.layers.{i}.", ("layers", i)
-        m[p + "input_layernorm.weight"] = (L + ("attn_norm", "scale"), _ident, _ident)
-        m[p + "post_attention_layernorm.weight"] = (L + ("mlp_norm", "scale"), _ident, _ident)
-        for name, n in (("q", h), ("k", k), ("v", k)):
-            m[p + f"self_attn.{name}_proj.weight"] = (L + ("attn", name), *heads_in(n))
-            if cfg.qkv_bias:
-                m[p + f"self_attn.{name}_proj.bias"] = (L + ("attn", f"{name}_bias"), *bias(n))
-        m[p + "self_attn.o_proj.weight"] = (L + ("attn", "o"), lambda w: w.T.reshape(h, d, e),
-                                            lambda w: w.reshape(h * d, e).T)
+        m[("value_head", "kernel")] = (("score.weight",), lambda ws: ws[0][0], lambda w: [w[None]])
+    for n in range(cfg.num_layers):
+        p, L = f"model.layers.{n}.", ("layers", n)
+        m[L + ("attn_norm", "scale")] = ((p + "input_layernorm.weight",), *_IDENT)
+        m[L + ("mlp_norm", "scale")] = ((p + "post_attention_layernorm.weight",), *_IDENT)
+        proj = lambda names, kind: tuple(p + f"{kind}.{x}_proj.weight" for x in names)
+        bias = lambda names, kind: tuple(p + f"{kind}.{x}_proj.bias" for x in names)
+        m[L + ("attn", "qkv")] = (proj("qkv", "self_attn"), *qkv(True))
+        if cfg.qkv_bias:
+            m[L + ("attn", "qkv_bias")] = (bias("qkv", "self_attn"), *qkv(False))
+        m[L + ("attn", "o")] = ((p + "self_attn.o_proj.weight",), lambda ws: ws[0].T.reshape(h, d, e),
+                                lambda w: [w.reshape(h * d, e).T])
         if cfg.o_bias:
-            m[p + "self_attn.o_proj.bias"] = (L + ("attn", "o_bias"), _ident, _ident)
-        for name in ("gate", "up", "down"):
-            m[p + f"mlp.{name}_proj.weight"] = (L + ("mlp", name), t, t)
-            if cfg.mlp_bias:
-                m[p + f"mlp.{name}_proj.bias"] = (L + ("mlp", f"{name}_bias"), _ident, _ident)
+            m[L + ("attn", "o_bias")] = ((p + "self_attn.o_proj.bias",), *_IDENT)
+        m[L + ("mlp", "gate_up")] = (proj(("gate", "up"), "mlp"), *gate_up(True))
+        m[L + ("mlp", "down")] = ((p + "mlp.down_proj.weight",), *_T)
+        if cfg.mlp_bias:
+            m[L + ("mlp", "gate_up_bias")] = (bias(("gate", "up"), "mlp"), *gate_up(False))
+            m[L + ("mlp", "down_bias")] = ((p + "mlp.down_proj.bias",), *_IDENT)
     return m
 
 
@@ -83,14 +112,15 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
     return json.loads(cfg_file.read_text())
 
 
-def _safetensors_files(path: Path) -> list[Path]:
+def _tensor_files(path: Path) -> dict[str, Path]:
+    """HF tensor name -> the safetensors file holding it (`model.safetensors` or the shards of its index)."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [path / f for f in sorted(set(weight_map.values()))]
+        return {name: path / f for name, f in json.loads(index.read_text())["weight_map"].items()}
     single = path / "model.safetensors"
     if single.is_file():
-        return [single]
+        with safe_open(single, framework="numpy") as f:
+            return dict.fromkeys(f.keys(), single)
     raise FileNotFoundError(f"{path} has no model.safetensors or model.safetensors.index.json; "
                             "convert the checkpoint to safetensors (transformers: save_pretrained(...))")
 
@@ -109,46 +139,50 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
     """
     path = Path(path)
     cfg = DecoderConfig.from_hf(read_hf_config(path), dtype=dtype, param_dtype=param_dtype or dtype)
-    files = _safetensors_files(path)
+    files = _tensor_files(path)
     if value_head is None:
-        value_head = any("score.weight" in _keys(f) for f in files)
+        value_head = "score.weight" in files
     cfg = cfg.replace(value_head=value_head)
     with sharding.model_context(mesh):
         model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     tensors = _tensor_map(cfg)
-    loaded: set[str] = set()
-    for file in files:
-        with safe_open(file, framework="numpy") as f:
-            for name in f.keys():
-                if name not in tensors:
-                    continue  # e.g. rotary inv_freq buffers, or lm_head.weight of a tied checkpoint
-                target, to_ours, _ = tensors[name]
-                var = _variable(model, target)
-                w = to_ours(f.get_tensor(name))
-                if w.shape != var.value.shape:
-                    raise ValueError(f"{file}: tensor {name} has shape {w.shape} after conversion, "
-                                     f"expected {var.value.shape} from config.json")
-                w = w.astype(cfg.params_dtype)
-                var.value = (jax.device_put(w, sharding.logical_to_sharding(var.sharding_names, mesh))
-                             if mesh is not None else jax.device_put(w))
-                loaded.add(name)
-    missing = [n for n in tensors if n not in loaded]
-    if missing == ["score.weight"]:  # a fresh value head on a causal-LM checkpoint
-        var = _variable(model, tensors["score.weight"][0])
-        var.value = np.zeros(var.value.shape, cfg.params_dtype)
-        if mesh is not None:
-            var.value = jax.device_put(var.value, sharding.logical_to_sharding(var.sharding_names, mesh))
-    elif missing:
-        where = files[0] if len(files) == 1 else f"{path} (sharded checkpoint)"
+    missing = [n for names, _, _ in tensors.values() for n in names if n not in files]
+    if missing and missing != ["score.weight"]:  # (a lone missing score.weight: a fresh value head, zeros)
+        where = next(iter(files.values())) if len(set(files.values())) == 1 else f"{path} (sharded checkpoint)"
         raise ValueError(f"{where}: missing tensor {missing[0]}" +
                          (f" and {len(missing) - 1} more" if len(missing) > 1 else "") +
                          "; the checkpoint does not match its config.json")
+    with contextlib.ExitStack() as stack:
+        opened: dict[Path, Any] = {}
+
+        def read(name: str) -> np.ndarray:  # memory-mapped; released once converted and placed
+            if files[name] not in opened:
+                opened[files[name]] = stack.enter_context(safe_open(files[name], framework="numpy"))
+            return opened[files[name]].get_tensor(name)
+
+        for target, (names, combine, _) in tensors.items():
+            var = _variable(model, target)
+            if missing and names == ("score.weight",):  # a fresh value head on a causal-LM checkpoint
+                w = np.zeros(var.value.shape)
+            else:
+                w = _convert(names, [read(n) for n in names], combine, var.value.shape, files[names[0]])
+            w = w.astype(cfg.params_dtype)
+            var.value = (jax.device_put(w, sharding.logical_to_sharding(var.sharding_names, mesh))
+                         if mesh is not None else jax.device_put(w))
     return model
 
 
-def _keys(file: Path) -> list[str]:
-    with safe_open(file, framework="numpy") as f:
-        return list(f.keys())
+def _convert(names: tuple[str, ...], sources: list[np.ndarray], combine: Combine, shape: tuple[int, ...],
+             file: Path) -> np.ndarray:
+    """`combine(sources)`, or a one-line error naming the tensors when they do not make a parameter of `shape`."""
+    try:
+        w = combine(sources)
+    except ValueError:  # e.g. a q_proj whose rows are not heads x head_dim
+        w = None
+    if w is None or w.shape != shape:
+        got = ", ".join(f"{n} {tuple(x.shape)}" for n, x in zip(names, sources))
+        raise ValueError(f"{file}: tensor {got} does not convert to the shape {shape} that config.json implies")
+    return w
 
 
 def _host_array(x: jax.Array) -> np.ndarray:
@@ -196,13 +230,14 @@ def save_hf(model: Decoder, path: str | os.PathLike, *, dtype: str | None = None
 def _shards(model: Decoder, out_dtype, max_bytes: int) -> Iterator[dict[str, np.ndarray]]:
     shard: dict[str, np.ndarray] = {}
     size = 0
-    for name, (target, _, to_hf) in _tensor_map(model.cfg).items():
-        w = np.ascontiguousarray(to_hf(_host_array(_variable(model, target).value)).astype(out_dtype))
-        if shard and size + w.nbytes > max_bytes:
-            yield shard
-            shard, size = {}, 0
-        shard[name] = w
-        size += w.nbytes
+    for target, (names, _, split) in _tensor_map(model.cfg).items():
+        for name, w in zip(names, split(_host_array(_variable(model, target).value))):
+            w = np.ascontiguousarray(w.astype(out_dtype))
+            if shard and size + w.nbytes > max_bytes:
+                yield shard
+                shard, size = {}, 0
+            shard[name] = w
+            size += w.nbytes
     yield shard
 
 

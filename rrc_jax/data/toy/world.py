@@ -28,7 +28,7 @@ from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer, prom
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
 from rrc_jax.train_rm import Preference, drm_batches, fit, grm_example, sft_batches
 
-VERSION = 3  # bump when the world's recipe changes, so stale caches are not reused
+VERSION = 4  # bump when the world's recipe changes, so stale caches are not reused
 JUDGE_TEMPLATE = "toy_pairwise_cot"
 
 
