@@ -560,8 +560,8 @@ class Decoder(nnx.Module):
         """Final-normed hidden states `[B, T, E]` and the updated per-layer (k, v) when a cache is given.
 
         With `last_index [B]`, only the hidden state `[B, 1, E]` of token `last_index[b]` of each row: the last
-        layer still writes every token's keys and values, but skips the queries, attention output and MLP of the
-        others (nothing reads them).
+        layer still writes every token's keys and values, but skips the attention and MLP of the others (nothing
+        reads them).
         """
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(self.cfg.compute_dtype)
         cos, sin = rope_cos_sin(positions, self.inv_freq)
