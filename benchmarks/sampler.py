@@ -1,12 +1,13 @@
 """Decode throughput of `rrc_jax.sampling.generate` vs transformers' `generate` on the same weights.
 
-    python benchmarks/sampler.py [--batch_sizes=1,8,64 --new_tokens=128 --prompt_len=32 --repeats=3]
+    python benchmarks/sampler.py [--batch_sizes=1,8,64 --new_tokens=128 --prompt_len=32 --repeats=3 --dtype=float32]
 
 A ~20M-parameter Llama-style model with random weights is created with transformers, saved with
 `save_pretrained`, and loaded by `rrc_jax.models.load_hf`; both sides then generate the same number of tokens
-per row (no stop token), greedy, fp32, on the CPU (or whatever JAX / torch default to). Tokens/s counts generated
-tokens (batch x new tokens) over wall time of the whole call (prefill included), after one warm-up call (JAX
-compilation excluded). Prints a table and writes benchmarks/results/sampler.json.
+per row (no stop token), greedy, in `--dtype` (float32, the default, or bfloat16 weights and compute on both
+sides), on the CPU (or whatever JAX / torch default to). Tokens/s counts generated tokens (batch x new tokens) over
+wall time of the whole call (prefill included), after one warm-up call (JAX compilation excluded). Prints a table
+and writes benchmarks/results/sampler.json (sampler_bfloat16.json for bfloat16).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def main() -> None:
     ap.add_argument("--new_tokens", type=int, default=128)
     ap.add_argument("--prompt_len", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sampler.json"))
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/sampler[_bfloat16].json)")
     args = ap.parse_args()
 
     import jax
@@ -61,7 +63,8 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp())
     ref, n_params = build_checkpoint(tmp)
-    model = load_hf(tmp)
+    ref = ref.to(getattr(torch, args.dtype))
+    model = load_hf(tmp, dtype=args.dtype)
     rng = np.random.default_rng(0)
     rows = []
     for b in [int(x) for x in args.batch_sizes.split(",")]:
@@ -86,16 +89,17 @@ def main() -> None:
                          target=3.0 if b <= 8 else 1.5))
         print(f"batch {b}: done", flush=True)
 
-    print(f"\nmodel: Llama-style, {n_params / 1e6:.1f}M params, fp32; prompt {args.prompt_len} tokens, "
+    print(f"\nmodel: Llama-style, {n_params / 1e6:.1f}M params, {args.dtype}; prompt {args.prompt_len} tokens, "
           f"{args.new_tokens} new tokens; jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} "
           f"({torch.get_num_threads()} threads)")
     print(f"{'batch':>5} {'rrc_jax tok/s':>14} {'transformers tok/s':>19} {'speedup':>8} {'target':>7}")
     for r in rows:
         print(f"{r['batch']:>5} {r['rrc_jax_tok_s']:>14.1f} {r['transformers_tok_s']:>19.1f} "
               f"{r['speedup']:>7.2f}x {r['target']:>6.1f}x")
-    out = Path(args.out)
+    suffix = "" if args.dtype == "float32" else f"_{args.dtype}"
+    out = Path(args.out or Path(__file__).parent / "results" / f"sampler{suffix}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(params=n_params, prompt_len=args.prompt_len, jax=jax.__version__,
+    out.write_text(json.dumps(dict(params=n_params, dtype=args.dtype, prompt_len=args.prompt_len, jax=jax.__version__,
                                    backend=jax.default_backend(), torch=torch.__version__,
                                    machine=platform.machine(), cpus=os.cpu_count(), rows=rows), indent=2))
     print(f"wrote {out}")
