@@ -175,7 +175,7 @@ def test_compiles_once_per_batch_bucket_and_length(llama):
 
 
 def test_blocked_attention_equals_dense():
-    from rrc_jax.models.decoder import blocked_attention, dense_attention
+    from rrc_jax.models.decoder import _empty_carry, _normalize, cache_attention, dense_attention
 
     rng = np.random.default_rng(0)
     b, kh, g, t, d, s = 3, 2, 3, 5, 8, 512
@@ -186,7 +186,9 @@ def test_blocked_attention_equals_dense():
     mask[:, :, end + t:] = False
     mask[0, 1] = False  # a query that sees nothing must not produce NaN
     mask = jnp.asarray(mask)
-    dense, blocked = dense_attention(q, k, v, mask), blocked_attention(q, k, v, mask, jnp.asarray(end + t), 128)
+    blocks = lambda x, axis: tuple(jnp.split(x, s // 128, axis=axis))  # four blocks of 128 slots
+    dense = dense_attention(q, k, v, mask)
+    blocked = _normalize(cache_attention(_empty_carry(q), q, blocks(k, 3), blocks(v, 2), mask, jnp.asarray(end + t)))
     assert not np.isnan(np.asarray(blocked)).any()
     sees = np.asarray(mask.any(-1))[:, None, None, :, None]  # a query that sees nothing has no defined output
     np.testing.assert_allclose(np.where(sees, np.asarray(blocked), 0), np.where(sees, np.asarray(dense), 0),
@@ -194,17 +196,25 @@ def test_blocked_attention_equals_dense():
 
 
 def test_long_cache_uses_blocks_and_matches(llama, monkeypatch):
-    """A 576-slot cache (blocked attention) gives the same greedy tokens as a 96-slot one (dense)."""
+    """A 576-slot cache (9 blocks, blocked attention) gives the same greedy tokens as a 96-slot one (one block);
+    so does a prefill that spans several blocks and starts past the first (extend into a blocked cache)."""
     from rrc_jax.models import decoder
 
     model, _ = llama
     ids, mask = padded_batch(LENGTHS, "left", seed=9)
     small = generate(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=96)
     monkeypatch.setattr(decoder, "BLOCKED_ATTENTION_MIN_BYTES", 0)  # a tiny model's cache is blocked too
-    assert decoder.use_blocked_attention(jnp.zeros((4, 2, 8, 576)))
+    assert [len(b) for b in decoder.init_cache(model.cfg, 4, 576).k] == [9] * model.cfg.num_layers
     large = generate(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=576)
     np.testing.assert_array_equal(small.tokens, large.tokens)
     np.testing.assert_allclose(small.logprobs, large.logprobs, atol=1e-5)
+    # writing several tokens across block boundaries: 60 slots of padding first, then the prompts from slot 60 on
+    cache = extend(model, prefill(model, np.zeros((len(ids), 60), np.int32), np.zeros((len(ids), 60), bool),
+                                  cache_size=576), ids, mask)
+    assert len(cache.k[0]) == 9 and int(cache.end) == 60 + ids.shape[1]
+    later = decode(model, cache, max_new_tokens=40, sampling=SamplingParams(temperature=0.0), stop_token_ids=None)
+    np.testing.assert_array_equal(small.tokens, later.tokens)
+    np.testing.assert_allclose(small.logprobs, later.logprobs, atol=1e-5)
 
 
 @pytest.mark.parametrize("blocked", [False, True])
@@ -258,7 +268,7 @@ def test_group_size_shares_each_prompt(llama):
 
 
 def test_shared_then_blocked_attention_equals_dense():
-    from rrc_jax.models.decoder import _empty_carry, blocked_attention, dense_attention, shared_attention
+    from rrc_jax.models.decoder import _empty_carry, _normalize, cache_attention, dense_attention, shared_attention
 
     rng = np.random.default_rng(2)
     b, kh, g, t, d, n, s = 3, 2, 2, 4, 8, 10, 128
@@ -268,7 +278,7 @@ def test_shared_then_blocked_attention_equals_dense():
     shared_mask = jnp.asarray(rng.random((b, n)) < 0.6)
     mask = jnp.asarray(np.broadcast_to(np.arange(s) < 70, (b, t, s)))
     carry = shared_attention(_empty_carry(q), q, ks, vs, shared_mask)
-    out = blocked_attention(q, k, v, mask, jnp.asarray(70), 64, carry=carry)
+    out = _normalize(cache_attention(carry, q, jnp.split(k, 2, axis=3), jnp.split(v, 2, axis=2), mask, jnp.asarray(70)))
     full_k = jnp.concatenate([jnp.broadcast_to(ks[None], (b, kh, d, n)), k], axis=3)
     full_v = jnp.concatenate([jnp.broadcast_to(vs[None], (b, kh, n, d)), v], axis=2)
     full_mask = jnp.concatenate([jnp.broadcast_to(shared_mask[:, None], (b, t, n)), mask], axis=2)

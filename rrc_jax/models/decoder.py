@@ -205,20 +205,25 @@ class KVCache:
     only where `valid[b, s]`. Attention of a new token at slot `e` sees the valid slots `s <= e`, so padding may
     sit anywhere (left-padded prompts, right-padded suffixes, rows that finished decoding).
 
-    k: per layer `[B, K, D, S]`, v: per layer `[B, K, S, D]`. Both attention matmuls then read the cache in
-    the standard `[M, K] x [K, N]` form, batched over (B, K): scores `q [G*T, D] x k [D, S]`, output
-    `p [G*T, S] x v [S, D]` (CPU dot kernels repack a transposed operand on every call; on a decode step that
-    repacking cost more than the product). valid `[B, S]` bool; positions `[B]` int32, the RoPE position of each row's
-    next token (= its number of valid tokens); end `[]` int32, the next slot to write; logits `[B, V]` float32,
-    the next-token logits after each row's last valid token.
+    k: per layer, a tuple of blocks `[B, K, D, S_j]`; v: per layer, blocks `[B, K, S_j, D]`; the blocks hold
+    consecutive slots and their S_j sum to S. A small cache is one block; from `BLOCKED_ATTENTION_MIN_BYTES` per
+    layer on, blocks of `ATTENTION_BLOCK` slots, so that attention visits only the filled ones and reads each
+    as a whole array (XLA's CPU backend copies a slice of a larger array before a matmul). Keys are
+    `[.., D, S_j]` so that both attention matmuls read the cache in the standard `[M, K] x [K, N]` form, batched
+    over (B, K): scores `q [G*T, D] x k [D, S_j]`, output `p [G*T, S_j] x v [S_j, D]` (CPU dot kernels repack
+    a transposed operand on every call; on a decode step that cost more than the product).
+
+    valid `[B, S]` bool; positions `[B]` int32, the RoPE position of each row's next token (= its number of valid
+    tokens); end `[]` int32, the next slot to write; logits `[B, V]` float32, the next-token logits after each
+    row's last valid token.
 
     A cache made by `branch` also holds a read-only prefix shared by its rows, attended before the row's own
     slots: shared_k per layer `[K, D, N]`, shared_v `[K, N, D]` (N prefix slots of all prefixes together), shared_mask
     `[B, N]`, which of them each row sees. Otherwise these are None.
     """
 
-    k: tuple[jax.Array, ...]
-    v: tuple[jax.Array, ...]
+    k: tuple[tuple[jax.Array, ...], ...]
+    v: tuple[tuple[jax.Array, ...], ...]
     valid: jax.Array
     positions: jax.Array
     end: jax.Array
@@ -243,7 +248,7 @@ class KVCache:
         """The cache of the given rows `[R]` (repeats allowed), copied: one prefix prefilled once, reused by many
         rows. `branch` reuses it without the copies."""
         take = lambda x: jnp.take(x, rows, axis=0)
-        return self.replace(k=tuple(map(take, self.k)), v=tuple(map(take, self.v)), valid=take(self.valid),
+        return self.replace(k=jax.tree.map(take, self.k), v=jax.tree.map(take, self.v), valid=take(self.valid),
                             positions=take(self.positions), logits=take(self.logits),
                             shared_mask=None if self.shared_mask is None else take(self.shared_mask))
 
@@ -257,8 +262,10 @@ class KVCache:
         """
         rows = jnp.asarray(rows, jnp.int32)
         p, s = self.batch_size, self.size
-        flat_k = lambda x: x.transpose(1, 2, 0, 3).reshape(x.shape[1], x.shape[2], p * s)  # -> [K, D, P*S]
-        flat_v = lambda x: x.swapaxes(0, 1).reshape(x.shape[1], p * s, x.shape[3])  # -> [K, P*S, D]
+        flat_k = lambda blocks: (lambda x: x.transpose(1, 2, 0, 3).reshape(x.shape[1], x.shape[2], p * s))(
+            jnp.concatenate(blocks, axis=3))  # [P, K, D, S] -> [K, D, P*S]
+        flat_v = lambda blocks: (lambda x: x.swapaxes(0, 1).reshape(x.shape[1], p * s, x.shape[3]))(
+            jnp.concatenate(blocks, axis=2))  # [P, K, S, D] -> [K, P*S, D]
         owner = jnp.repeat(jnp.arange(p, dtype=jnp.int32), s)
         mask = (rows[:, None] == owner[None, :]) & self.valid.reshape(-1)[None, :]
         shared_k, shared_v = tuple(map(flat_k, self.k)), tuple(map(flat_v, self.v))
@@ -266,17 +273,62 @@ class KVCache:
             shared_k = tuple(jnp.concatenate(kv, axis=2) for kv in zip(self.shared_k, shared_k))
             shared_v = tuple(jnp.concatenate(kv, axis=1) for kv in zip(self.shared_v, shared_v))
             mask = jnp.concatenate([jnp.take(self.shared_mask, rows, axis=0), mask], axis=1)
-        (_, kh, d, _), r = self.k[0].shape, rows.shape[0]
-        k, v = _empty_kv(len(self.k), r, kh, size, d, self.k[0].dtype)
+        (_, kh, d, _), r = self.k[0][0].shape, rows.shape[0]
+        k, v = _empty_kv(len(self.k), r, kh, size, d, self.k[0][0].dtype)
         return KVCache(k=k, v=v, valid=jnp.zeros((r, size), bool), positions=self.positions[rows],
                        end=jnp.zeros((), jnp.int32), logits=self.logits[rows], shared_k=shared_k,
                        shared_v=shared_v, shared_mask=mask)
 
 
+ATTENTION_BLOCK = 64  # cache slots per block of a blocked cache
+BLOCKED_ATTENTION_MIN_BYTES = 2 << 20  # per layer and per k or v; smaller caches are one block
+
+
+def block_slots(b: int, kh: int, s: int, d: int, dtype) -> int:
+    """Slots per block of a layer's cache `[B, K, D, S]`: `ATTENTION_BLOCK` once it reaches
+    `BLOCKED_ATTENTION_MIN_BYTES` (and S is a multiple of it), else S (one block).
+
+    Skipping empty blocks pays once a cache is large; below that, reading all of it in one pass is cheaper than the
+    per-block control flow (static shapes: decided when the cache is made).
+    """
+    large = b * kh * s * d * jnp.dtype(dtype).itemsize >= BLOCKED_ATTENTION_MIN_BYTES
+    return ATTENTION_BLOCK if large and s % ATTENTION_BLOCK == 0 and s > ATTENTION_BLOCK else s
+
+
 def _empty_kv(layers: int, b: int, kh: int, s: int, d: int, dtype) -> tuple[tuple, tuple]:
-    """Zero keys `[B, K, D, S]` and values `[B, K, S, D]` for each of `layers` layers."""
-    return (tuple(jnp.zeros((b, kh, d, s), dtype) for _ in range(layers)),
-            tuple(jnp.zeros((b, kh, s, d), dtype) for _ in range(layers)))
+    """Zero key blocks `[B, K, D, S_j]` and value blocks `[B, K, S_j, D]` for each of `layers` layers."""
+    n = block_slots(b, kh, s, d, dtype)
+    return (tuple(tuple(jnp.zeros((b, kh, d, n), dtype) for _ in range(s // n)) for _ in range(layers)),
+            tuple(tuple(jnp.zeros((b, kh, n, d), dtype) for _ in range(s // n)) for _ in range(layers)))
+
+
+def write_blocks(blocks: tuple[jax.Array, ...], new: jax.Array, end: jax.Array, axis: int) -> tuple[jax.Array, ...]:
+    """`blocks` (consecutive slots along `axis`) with `new` (T slots along `axis`) written at slots
+    `[end, end + T)`; the caller keeps `end + T <= S`.
+
+    One block, or one new token: an in-place update of each block (a block that does not hold the slot rewrites
+    its own value there, so decoding touches one slot per block). Several tokens over several blocks (prefill,
+    extend): each block is rebuilt from a gather of the tokens that land in it.
+    """
+    t, out, start = new.shape[axis], [], 0
+    for block in blocks:
+        n, upd = block.shape[axis], new.astype(block.dtype)
+        if len(blocks) == 1:
+            block = jax.lax.dynamic_update_slice_in_dim(block, upd, end, axis)
+        elif t == 1:
+            pos = jnp.clip(end - start, 0, n - 1)
+            inside = (end >= start) & (end < start + n)
+            old = jax.lax.dynamic_slice_in_dim(block, pos, 1, axis)
+            block = jax.lax.dynamic_update_slice_in_dim(block, jnp.where(inside, upd, old), pos, axis)
+        else:
+            idx = start + jnp.arange(n) - end  # which new token lands in each slot of this block
+            shape = [1] * block.ndim
+            shape[axis] = n
+            hit = ((idx >= 0) & (idx < t)).reshape(shape)
+            block = jnp.where(hit, jnp.take(upd, jnp.clip(idx, 0, t - 1), axis=axis), block)
+        out.append(block)
+        start += n
+    return tuple(out)
 
 
 def init_cache(cfg: DecoderConfig, batch_size: int, size: int) -> KVCache:
@@ -343,18 +395,19 @@ class Attention(nnx.Module):
             self.o_bias = _param(rngs, (e,), ("embed",), pd, init="zeros")
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
-                 kv_cache: tuple[jax.Array, jax.Array] | None = None, end: jax.Array | None = None,
+                 kv_cache: tuple[tuple, tuple] | None = None, end: jax.Array | None = None,
                  shared: tuple[jax.Array, jax.Array, jax.Array] | None = None,
                  query_index: jax.Array | None = None
-                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+                 ) -> tuple[jax.Array, tuple[tuple, tuple] | None]:
         """x `[B, T, E]`, cos/sin `[B, T, D]`, mask `[B, T, S]` (S = T without cache) -> `[B, T, E]`, cache.
+
+        `kv_cache` = (key blocks, value blocks) of this layer (`KVCache`), written at slots `[end, end + T)`.
 
         `shared` = (k `[K, D, N]`, v `[K, N, D]`, mask `[B, N]`): a prefix attended before the cache (`branch`).
         `query_index [B]`: keys and values of all T tokens go to the cache, but only token `query_index[b]` of
         each row queries; the output is then `[B, 1, E]` (the last layer of `Decoder.extend`).
         """
         cfg = self.cfg
-        n_slots = None if end is None else end + x.shape[1]
         g = cfg.num_heads // cfg.num_kv_heads
         qkv = dense(x, self.qkv[...], self.qkv_bias[...] if cfg.qkv_bias else None)  # [B, T, K, G + 2, D]
         qk = apply_rope(qkv[..., :g + 1, :], cos, sin)
@@ -362,36 +415,17 @@ class Attention(nnx.Module):
         k, v = k.transpose(0, 2, 3, 1), v.swapaxes(1, 2)  # [B, K, D, T], [B, K, T, D]
         if query_index is not None:
             x, q, mask = (rows_at(a, query_index) for a in (x, q, mask))
-        if kv_cache is not None:  # (see KVCache for the layout)
-            k = jax.lax.dynamic_update_slice_in_dim(kv_cache[0], k.astype(kv_cache[0].dtype), end, axis=3)
-            v = jax.lax.dynamic_update_slice_in_dim(kv_cache[1], v.astype(kv_cache[1].dtype), end, axis=2)
-            kv_cache = (k, v)
         b, t, _, _, d = q.shape
         q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
-        carry = None if shared is None else shared_attention(_empty_carry(q), q, *shared)
-        if kv_cache is not None and use_blocked_attention(k):
-            out = blocked_attention(q, k, v, mask, n_slots=n_slots, carry=carry)
-        elif carry is not None:
-            out = _normalize(_attend(carry, q, k, v, mask))
-        else:
+        if kv_cache is None:
             out = dense_attention(q, k, v, mask)
+        else:  # (see KVCache for the layout)
+            kv_cache = write_blocks(kv_cache[0], k, end, axis=3), write_blocks(kv_cache[1], v, end, axis=2)
+            carry = _empty_carry(q) if shared is None else shared_attention(_empty_carry(q), q, *shared)
+            out = _normalize(cache_attention(carry, q, *kv_cache, mask, n_slots=end + k.shape[3]))
         out = out.astype(x.dtype).transpose(0, 3, 1, 2, 4).reshape(b, t, cfg.num_heads * d)
         y = dense(out, self.o[...].reshape(cfg.num_heads * d, -1), self.o_bias[...] if cfg.o_bias else None)
         return y, kv_cache
-
-
-ATTENTION_BLOCK = 64  # cache slots per step of `blocked_attention`
-BLOCKED_ATTENTION_MIN_BYTES = 2 << 20  # per layer and per k or v; smaller caches are read densely
-
-
-def use_blocked_attention(k: jax.Array) -> bool:
-    """Whether attention over a cache `k [B, K, D, S]` visits only its filled blocks (`blocked_attention`).
-
-    Skipping empty blocks pays once a layer's cache is large; below `BLOCKED_ATTENTION_MIN_BYTES` reading all of
-    it in one dense pass is cheaper than the per-block control flow (static shapes: decided at trace time).
-    """
-    return k.shape[3] % ATTENTION_BLOCK == 0 and k.shape[3] > ATTENTION_BLOCK and k.size * k.dtype.itemsize >= \
-        BLOCKED_ATTENTION_MIN_BYTES
 
 
 def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
@@ -445,23 +479,20 @@ def _normalize(carry: tuple) -> jax.Array:
     return acc / l[..., None]
 
 
-def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, n_slots: jax.Array,
-                      block: int = ATTENTION_BLOCK, carry: tuple | None = None) -> jax.Array:
-    """`dense_attention` over only the first `n_slots` cache slots, `block` slots at a time (online softmax).
+def cache_attention(carry: tuple, q: jax.Array, k_blocks: tuple[jax.Array, ...], v_blocks: tuple[jax.Array, ...],
+                    mask: jax.Array, n_slots: jax.Array) -> tuple:
+    """`_attend` over a cache stored as blocks (`KVCache`), skipping at run time the blocks that start at or after
+    `n_slots` (the filled slots): a decoding step then costs in proportion to the tokens so far, not to S.
 
-    Decoding reads the cache once per step; visiting just the filled blocks makes a step cost proportional to
-    the tokens so far rather than to the cache size. S must be a multiple of `block`. `carry` continues the
-    softmax of keys attended before (a shared prefix, see `shared_attention`).
+    k_blocks `[B, K, D, S_j]`, v_blocks `[B, K, S_j, D]`, mask `[B, T, S]`.
     """
-    carry = _empty_carry(q) if carry is None else carry
-
-    def step(i, carry):
-        sl = slice(i * block, (i + 1) * block)  # static slices
-        return _attend(carry, q, k[:, :, :, sl], v[:, :, sl], mask[:, :, sl])
-
-    for i in range(k.shape[3] // block):  # blocks past the filled slots are skipped at run time
-        carry = jax.lax.cond(i * block < n_slots, functools.partial(step, i), lambda c: c, carry)
-    return _normalize(carry)
+    start = 0
+    for j, (k, v) in enumerate(zip(k_blocks, v_blocks)):
+        n = k.shape[3]
+        step = functools.partial(lambda c, k, v, m: _attend(c, q, k, v, m), k=k, v=v, m=mask[:, :, start:start + n])
+        carry = step(carry) if j == 0 else jax.lax.cond(start < n_slots, step, lambda c: c, carry)
+        start += n
+    return carry
 
 
 def shared_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple:
