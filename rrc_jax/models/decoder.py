@@ -20,7 +20,6 @@ I mlp width, V vocab.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any
 
@@ -310,9 +309,9 @@ def write_blocks(blocks: tuple[jax.Array, ...], new: jax.Array, end: jax.Array, 
     its own value there, so decoding touches one slot per block). Several tokens over several blocks (prefill,
     extend): each block is rebuilt from a gather of the tokens that land in it.
     """
-    t, out, start = new.shape[axis], [], 0
+    t, upd, out, start = new.shape[axis], new.astype(blocks[0].dtype), [], 0
     for block in blocks:
-        n, upd = block.shape[axis], new.astype(block.dtype)
+        n = block.shape[axis]
         if len(blocks) == 1:
             block = jax.lax.dynamic_update_slice_in_dim(block, upd, end, axis)
         elif t == 1:
@@ -489,7 +488,7 @@ def cache_attention(carry: tuple, q: jax.Array, k_blocks: tuple[jax.Array, ...],
     start = 0
     for j, (k, v) in enumerate(zip(k_blocks, v_blocks)):
         n = k.shape[3]
-        step = functools.partial(lambda c, k, v, m: _attend(c, q, k, v, m), k=k, v=v, m=mask[:, :, start:start + n])
+        step = lambda c, k=k, v=v, m=mask[:, :, start:start + n]: _attend(c, q, k, v, m)
         carry = step(carry) if j == 0 else jax.lax.cond(start < n_slots, step, lambda c: c, carry)
         start += n
     return carry
