@@ -84,10 +84,10 @@ class ScriptedJudge(nnx.Module):
         b, t = input_ids.shape
         new = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
         valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, new, cache.end, axis=1)
-        upd = jnp.broadcast_to(input_ids.astype(jnp.float32)[:, None, None, :], (b, 1, 2, t))
-        (block,), = cache.k  # one layer; a tiny cache is one block [B, K, D, S]
-        k = jax.lax.dynamic_update_slice(block, upd.astype(block.dtype), (0, 0, 0, cache.end))
-        toks, seen = k[:, 0, 0, :].astype(jnp.int32), valid  # keys are [B, K, D, S]
+        upd = jnp.broadcast_to(input_ids.astype(jnp.float32)[:, None, :], (b, 2, t))
+        (block,), = cache.k  # one layer; a tiny cache is one block [B*K, D, S], K = 1
+        k = jax.lax.dynamic_update_slice(block, upd.astype(block.dtype), (0, 0, cache.end))
+        toks, seen = k[:, 0, :].astype(jnp.int32), valid
         if cache.shared:  # a branched cache: the shared prefix [K, D, N] comes before the row's own slots
             shared = jnp.broadcast_to(cache.shared_k[0][0, 0, :].astype(jnp.int32), cache.shared_mask.shape)
             toks, seen = jnp.concatenate([shared, toks], axis=1), jnp.concatenate([cache.shared_mask, valid], axis=1)

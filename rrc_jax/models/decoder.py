@@ -204,13 +204,15 @@ class KVCache:
     only where `valid[b, s]`. Attention of a new token at slot `e` sees the valid slots `s <= e`, so padding may
     sit anywhere (left-padded prompts, right-padded suffixes, rows that finished decoding).
 
-    k: per layer, a tuple of blocks `[B, K, D, S_j]`; v: per layer, blocks `[B, K, S_j, D]`; the blocks hold
-    consecutive slots and their S_j sum to S. A small cache is one block; from `BLOCKED_ATTENTION_MIN_BYTES` per
-    layer on, blocks of `ATTENTION_BLOCK` slots, so that attention visits only the filled ones and reads each
-    as a whole array (XLA's CPU backend copies a slice of a larger array before a matmul). Keys are
-    `[.., D, S_j]` so that both attention matmuls read the cache in the standard `[M, K] x [K, N]` form, batched
-    over (B, K): scores `q [G*T, D] x k [D, S_j]`, output `p [G*T, S_j] x v [S_j, D]` (CPU dot kernels repack
-    a transposed operand on every call; on a decode step that cost more than the product).
+    k: per layer, a tuple of blocks `[B*K, D, S_j]`; v: per layer, blocks `[B*K, S_j, D]` (row b's kv head j at
+    b*K + j); the blocks hold consecutive slots and their S_j sum to S. A small cache is one block; from
+    `BLOCKED_ATTENTION_MIN_BYTES` per layer on, blocks of `ATTENTION_BLOCK` slots, so that attention visits only
+    the filled ones and reads each as a whole array (XLA's CPU backend copies a slice of a larger array before a
+    matmul). Keys are `[.., D, S_j]` so that both attention matmuls read the cache in the standard
+    `[M, K] x [K, N]` form, batched over B*K: scores `q [G*T, D] x k [D, S_j]`, output `p [G*T, S_j] x v [S_j, D]`
+    (CPU dot kernels repack a transposed operand on every call; on a decode step that cost more than the
+    product). B and K share one axis so that the matmuls read the cache arrays as they are: at B = 1 a separate
+    batch axis of size 1 made XLA fuse the cache update twice and copy the cache on every decode step.
 
     valid `[B, S]` bool; positions `[B]` int32, the RoPE position of each row's next token (= its number of valid
     tokens); end `[]` int32, the next slot to write; logits `[B, V]` float32, the next-token logits after each
@@ -247,7 +249,9 @@ class KVCache:
         """The cache of the given rows `[R]` (repeats allowed), copied: one prefix prefilled once, reused by many
         rows. `branch` reuses it without the copies."""
         take = lambda x: jnp.take(x, rows, axis=0)
-        return self.replace(k=jax.tree.map(take, self.k), v=jax.tree.map(take, self.v), valid=take(self.valid),
+        b = self.batch_size
+        take_kv = lambda x: take(x.reshape(b, -1, *x.shape[1:])).reshape(-1, *x.shape[1:])  # rows of [B*K, ...]
+        return self.replace(k=jax.tree.map(take_kv, self.k), v=jax.tree.map(take_kv, self.v), valid=take(self.valid),
                             positions=take(self.positions), logits=take(self.logits),
                             shared_mask=None if self.shared_mask is None else take(self.shared_mask))
 
@@ -261,10 +265,12 @@ class KVCache:
         """
         rows = jnp.asarray(rows, jnp.int32)
         p, s = self.batch_size, self.size
+        (pk, d, _), r = self.k[0][0].shape, rows.shape[0]
+        kh = pk // p
         flat_k = lambda blocks: (lambda x: x.transpose(1, 2, 0, 3).reshape(x.shape[1], x.shape[2], p * s))(
-            jnp.concatenate(blocks, axis=3))  # [P, K, D, S] -> [K, D, P*S]
+            jnp.concatenate(blocks, axis=2).reshape(p, -1, d, s))  # [P*K, D, S] -> [K, D, P*S]
         flat_v = lambda blocks: (lambda x: x.swapaxes(0, 1).reshape(x.shape[1], p * s, x.shape[3]))(
-            jnp.concatenate(blocks, axis=2))  # [P, K, S, D] -> [K, P*S, D]
+            jnp.concatenate(blocks, axis=1).reshape(p, -1, s, d))  # [P*K, S, D] -> [K, P*S, D]
         owner = jnp.repeat(jnp.arange(p, dtype=jnp.int32), s)
         mask = (rows[:, None] == owner[None, :]) & self.valid.reshape(-1)[None, :]
         shared_k, shared_v = tuple(map(flat_k, self.k)), tuple(map(flat_v, self.v))
@@ -272,7 +278,6 @@ class KVCache:
             shared_k = tuple(jnp.concatenate(kv, axis=2) for kv in zip(self.shared_k, shared_k))
             shared_v = tuple(jnp.concatenate(kv, axis=1) for kv in zip(self.shared_v, shared_v))
             mask = jnp.concatenate([jnp.take(self.shared_mask, rows, axis=0), mask], axis=1)
-        (_, kh, d, _), r = self.k[0][0].shape, rows.shape[0]
         k, v = _empty_kv(len(self.k), r, kh, size, d, self.k[0][0].dtype)
         return KVCache(k=k, v=v, valid=jnp.zeros((r, size), bool), positions=self.positions[rows],
                        end=jnp.zeros((), jnp.int32), logits=self.logits[rows], shared_k=shared_k,
@@ -284,7 +289,7 @@ BLOCKED_ATTENTION_MIN_BYTES = 2 << 20  # per layer and per k or v; smaller cache
 
 
 def block_slots(b: int, kh: int, s: int, d: int, dtype) -> int:
-    """Slots per block of a layer's cache `[B, K, D, S]`: `ATTENTION_BLOCK` once it reaches
+    """Slots per block of a layer's cache `[B*K, D, S]`: `ATTENTION_BLOCK` once it reaches
     `BLOCKED_ATTENTION_MIN_BYTES` (and S is a multiple of it), else S (one block).
 
     Skipping empty blocks pays once a cache is large; below that, reading all of it in one pass is cheaper than the
@@ -295,10 +300,10 @@ def block_slots(b: int, kh: int, s: int, d: int, dtype) -> int:
 
 
 def _empty_kv(layers: int, b: int, kh: int, s: int, d: int, dtype) -> tuple[tuple, tuple]:
-    """Zero key blocks `[B, K, D, S_j]` and value blocks `[B, K, S_j, D]` for each of `layers` layers."""
+    """Zero key blocks `[B*K, D, S_j]` and value blocks `[B*K, S_j, D]` for each of `layers` layers."""
     n = block_slots(b, kh, s, d, dtype)
-    return (tuple(tuple(jnp.zeros((b, kh, d, n), dtype) for _ in range(s // n)) for _ in range(layers)),
-            tuple(tuple(jnp.zeros((b, kh, n, d), dtype) for _ in range(s // n)) for _ in range(layers)))
+    return (tuple(tuple(jnp.zeros((b * kh, d, n), dtype) for _ in range(s // n)) for _ in range(layers)),
+            tuple(tuple(jnp.zeros((b * kh, n, d), dtype) for _ in range(s // n)) for _ in range(layers)))
 
 
 def write_blocks(blocks: tuple[jax.Array, ...], new: jax.Array, end: jax.Array, axis: int) -> tuple[jax.Array, ...]:
@@ -419,25 +424,28 @@ class Attention(nnx.Module):
         if kv_cache is None:
             out = dense_attention(q, k, v, mask)
         else:  # (see KVCache for the layout)
-            kv_cache = write_blocks(kv_cache[0], k, end, axis=3), write_blocks(kv_cache[1], v, end, axis=2)
+            n_new = k.shape[3]
+            kv_cache = (write_blocks(kv_cache[0], k.reshape(-1, d, n_new), end, axis=2),
+                        write_blocks(kv_cache[1], v.reshape(-1, n_new, d), end, axis=1))
             carry = _empty_carry(q) if shared is None else shared_attention(_empty_carry(q), q, *shared)
-            out = _normalize(cache_attention(carry, q, *kv_cache, mask, n_slots=end + k.shape[3]))
+            out = _normalize(cache_attention(carry, q, *kv_cache, mask, n_slots=end + n_new))
         out = out.astype(x.dtype).transpose(0, 3, 1, 2, 4).reshape(b, t, cfg.num_heads * d)
         y = dense(out, self.o[...].reshape(cfg.num_heads * d, -1), self.o_bias[...] if cfg.o_bias else None)
         return y, kv_cache
 
 
 def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
-    """Unscaled attention scores `[B, K, G, T, S]` (float32) of q `[B, K, G, T, D]` against k `[B, K, D, S]`."""
+    """Unscaled attention scores `[B, K, G, T, S]` (float32) of q `[B, K, G, T, D]` against k `[B*K, D, S]`
+    (or `[B, K, D, S]`)."""
     b, kh, g, t, d = q.shape
-    return jnp.einsum("bkqd,bkds->bkqs", q.reshape(b, kh, g * t, d), k.astype(q.dtype),
+    return jnp.einsum("xqd,xds->xqs", q.reshape(b * kh, g * t, d), k.reshape(b * kh, d, -1).astype(q.dtype),
                       preferred_element_type=jnp.float32).reshape(b, kh, g, t, -1)
 
 
 def _weighted(p: jax.Array, v: jax.Array) -> jax.Array:
-    """`p [B, K, G, T, S] @ v [B, K, S, D]` -> `[B, K, G, T, D]` float32."""
+    """`p [B, K, G, T, S] @ v [B*K, S, D]` (or `[B, K, S, D]`) -> `[B, K, G, T, D]` float32."""
     b, kh, g, t, s = p.shape
-    return jnp.einsum("bkqs,bksd->bkqd", p.astype(v.dtype).reshape(b, kh, g * t, s), v,
+    return jnp.einsum("xqs,xsd->xqd", p.astype(v.dtype).reshape(b * kh, g * t, s), v.reshape(b * kh, s, -1),
                       preferred_element_type=jnp.float32).reshape(b, kh, g, t, -1)
 
 
@@ -483,11 +491,11 @@ def cache_attention(carry: tuple, q: jax.Array, k_blocks: tuple[jax.Array, ...],
     """`_attend` over a cache stored as blocks (`KVCache`), skipping at run time the blocks that start at or after
     `n_slots` (the filled slots): a decoding step then costs in proportion to the tokens so far, not to S.
 
-    k_blocks `[B, K, D, S_j]`, v_blocks `[B, K, S_j, D]`, mask `[B, T, S]`.
+    k_blocks `[B*K, D, S_j]`, v_blocks `[B*K, S_j, D]`, mask `[B, T, S]`.
     """
     start = 0
     for j, (k, v) in enumerate(zip(k_blocks, v_blocks)):
-        n = k.shape[3]
+        n = k.shape[-1]
         step = lambda c, k=k, v=v, m=mask[:, :, start:start + n]: _attend(c, q, k, v, m)
         carry = step(carry) if j == 0 else jax.lax.cond(start < n_slots, step, lambda c: c, carry)
         start += n
