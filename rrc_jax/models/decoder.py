@@ -267,10 +267,11 @@ class KVCache:
         p, s = self.batch_size, self.size
         (pk, d, _), r = self.k[0][0].shape, rows.shape[0]
         kh = pk // p
-        flat_k = lambda blocks: (lambda x: x.transpose(1, 2, 0, 3).reshape(x.shape[1], x.shape[2], p * s))(
-            jnp.concatenate(blocks, axis=2).reshape(p, -1, d, s))  # [P*K, D, S] -> [K, D, P*S]
-        flat_v = lambda blocks: (lambda x: x.swapaxes(0, 1).reshape(x.shape[1], p * s, x.shape[3]))(
-            jnp.concatenate(blocks, axis=1).reshape(p, -1, s, d))  # [P*K, S, D] -> [K, P*S, D]
+        # blocks of [P*K, D, S_j] -> [K, D, P*S]; of [P*K, S_j, D] -> [K, P*S, D]
+        flat_k = lambda blocks: jnp.concatenate(blocks, axis=2).reshape(p, kh, d, s).transpose(1, 2, 0, 3).reshape(
+            kh, d, p * s)
+        flat_v = lambda blocks: jnp.concatenate(blocks, axis=1).reshape(p, kh, s, d).swapaxes(0, 1).reshape(
+            kh, p * s, d)
         owner = jnp.repeat(jnp.arange(p, dtype=jnp.int32), s)
         mask = (rows[:, None] == owner[None, :]) & self.valid.reshape(-1)[None, :]
         shared_k, shared_v = tuple(map(flat_k, self.k)), tuple(map(flat_v, self.v))
@@ -418,7 +419,7 @@ class Attention(nnx.Module):
         q, k, v = qk[..., :g, :], qk[..., g, :], qkv[..., g + 1, :]
         k, v = k.transpose(0, 2, 3, 1), v.swapaxes(1, 2)  # [B, K, D, T], [B, K, T, D]
         if query_index is not None:
-            x, q, mask = (rows_at(a, query_index) for a in (x, q, mask))
+            q, mask = rows_at(q, query_index), rows_at(mask, query_index)
         b, t, _, _, d = q.shape
         q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
         if kv_cache is None:
