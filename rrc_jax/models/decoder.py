@@ -600,7 +600,7 @@ class Decoder(nnx.Module):
 
         With `last_index [B]`, only the hidden state `[B, 1, E]` of token `last_index[b]` of each row: the last
         layer still writes every token's keys and values, but skips the attention and MLP of the others (nothing
-        reads them). With one token (T = 1, a decoding step) that token is the one: no gather.
+        reads them).
         """
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(self.cfg.compute_dtype)
         cos, sin = rope_cos_sin(positions, self.inv_freq)
@@ -609,7 +609,7 @@ class Decoder(nnx.Module):
             kv = (cache.k[i], cache.v[i]) if cache is not None else None
             shared = (cache.shared_k[i], cache.shared_v[i], cache.shared_mask) if cache is not None and \
                 cache.shared else None
-            final = last_index is not None and i == len(self.layers) - 1 and input_ids.shape[1] > 1
+            final = last_index is not None and i == len(self.layers) - 1
             x, kv = layer(x, cos, sin, mask, kv, cache.end if cache is not None else None, shared,
                           last_index if final else None)
             new_kv.append(kv)
