@@ -72,7 +72,7 @@ def main() -> None:
         weights = [jnp.asarray(rng.standard_normal((e, n), np.float32)) for _ in range(copies)]
         for m in rows_list:
             s = time_products(jnp.ones((m, e), jnp.float32), weights, args.repeats)
-            results.append(dict(weight=name, e=e, n=n, rows=m, us=s * 1e6, gb_s=e * n * 4 / s / 1e9))
+            results.append({"weight": name, "e": e, "n": n, "rows": m, "us": s * 1e6, "gb_s": e * n * 4 / s / 1e9})
         del weights
 
     print(f"\nfp32 x [M, E] @ W [E, N], weights read from memory; jax {jax.__version__} ({jax.default_backend()})")
@@ -82,8 +82,8 @@ def main() -> None:
         print(f"{name:>8} {f'{e}x{n}':>11} " + " ".join(f"{r['us']:6.0f}us {r['gb_s']:4.1f}GB/s" for r in cells))
     out = Path(args.out or Path(__file__).parent / "results" / "matmul_rows.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(jax=jax.__version__, backend=jax.default_backend(), machine=platform.machine(),
-                                   cpus=os.cpu_count(), results=results), indent=2))
+    out.write_text(json.dumps({"jax": jax.__version__, "backend": jax.default_backend(), "machine": platform.machine(),
+                               "cpus": os.cpu_count(), "results": results}, indent=2))
     print(f"wrote {out}")
 
 
