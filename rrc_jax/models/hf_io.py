@@ -76,19 +76,18 @@ def _tensor_map(cfg: DecoderConfig) -> dict[tuple[Any, ...], tuple[tuple[str, ..
         p, L = f"model.layers.{n}.", ("layers", n)
         m[L + ("attn_norm", "scale")] = ((p + "input_layernorm.weight",), *_IDENT)
         m[L + ("mlp_norm", "scale")] = ((p + "post_attention_layernorm.weight",), *_IDENT)
-        proj = lambda names, kind: tuple(p + f"{kind}.{x}_proj.weight" for x in names)
-        bias = lambda names, kind: tuple(p + f"{kind}.{x}_proj.bias" for x in names)
-        m[L + ("attn", "qkv")] = (proj("qkv", "self_attn"), *qkv(True))
+        fused = lambda module, projs, what: tuple(f"{p}{module}.{x}_proj.{what}" for x in projs)
+        m[L + ("attn", "qkv")] = (fused("self_attn", "qkv", "weight"), *qkv(True))
         if cfg.qkv_bias:
-            m[L + ("attn", "qkv_bias")] = (bias("qkv", "self_attn"), *qkv(False))
+            m[L + ("attn", "qkv_bias")] = (fused("self_attn", "qkv", "bias"), *qkv(False))
         m[L + ("attn", "o")] = ((p + "self_attn.o_proj.weight",), lambda ws: ws[0].T.reshape(h, d, e),
                                 lambda w: [w.reshape(h * d, e).T])
         if cfg.o_bias:
             m[L + ("attn", "o_bias")] = ((p + "self_attn.o_proj.bias",), *_IDENT)
-        m[L + ("mlp", "gate_up")] = (proj(("gate", "up"), "mlp"), *gate_up(True))
+        m[L + ("mlp", "gate_up")] = (fused("mlp", ("gate", "up"), "weight"), *gate_up(True))
         m[L + ("mlp", "down")] = ((p + "mlp.down_proj.weight",), *_T)
         if cfg.mlp_bias:
-            m[L + ("mlp", "gate_up_bias")] = (bias(("gate", "up"), "mlp"), *gate_up(False))
+            m[L + ("mlp", "gate_up_bias")] = (fused("mlp", ("gate", "up"), "bias"), *gate_up(False))
             m[L + ("mlp", "down_bias")] = ((p + "mlp.down_proj.bias",), *_IDENT)
     return m
 
