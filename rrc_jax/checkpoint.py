@@ -1,9 +1,10 @@
-"""Orbax checkpoints of a training run: policy parameters, optimizer state, step and the data iterator's state.
+"""Orbax checkpoints of a training run: the learner's parameters and optimizer state, the step and the data
+iterator's state.
 
-One composite item per saved step under `directory/<step>/`: `state` (a pytree of arrays: `params`, `opt`,
-`step`) and `data` (the grain iterator state, JSON). Saves are asynchronous; `keep` most recent steps are kept.
-RNG keys are not stored: every random draw of step s derives from `fold_in(key(seed), s)`, so a resumed run draws
-exactly what an uninterrupted one would.
+One composite item per saved step under `directory/<step>/`: `state` (a pytree of arrays: `params`, a pure dict
+of the policy's parameters; `opt`, the optimizer state's leaves; `step`) and `data` (the grain iterator state,
+JSON). Saves are asynchronous; the `keep` most recent steps are kept. RNG keys are not stored: every random draw
+of step s derives from `fold_in(key(seed), s)`, so a resumed run draws exactly what an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder
+from rrc_jax.rl.learner import Learner
 
 
-def _state_tree(model: Decoder, optimizer: nnx.Optimizer, step: int) -> dict:
-    return {"params": nnx.to_pure_dict(nnx.state(model, nnx.Param)),
-            "opt": nnx.to_pure_dict(nnx.state(optimizer)),
-            "step": jnp.asarray(step, jnp.int32)}
+def _state_tree(learner: Learner, step: int) -> dict:
+    return {**learner.state(), "step": jnp.asarray(step, jnp.int32)}
 
 
 class Checkpointer:
@@ -37,49 +38,39 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def maybe_save(self, step: int, model: Decoder, optimizer: nnx.Optimizer, data_iter, force: bool = False
-                   ) -> bool:
+    def maybe_save(self, step: int, learner: Learner, data_iter, force: bool = False) -> bool:
         if not force and not (self.save_every and step % self.save_every == 0):
             return False
         if step in self.manager.all_steps():
             return True
-        state = _state_tree(model, optimizer, step)
         data = json.loads(json.dumps(data_iter.get_state(), default=int))
-        return self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                               data=ocp.args.JsonSave(data)), force=True)
+        return self.manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(_state_tree(learner, step)), data=ocp.args.JsonSave(data)), force=True)
 
-    def restore(self, model: Decoder, optimizer: nnx.Optimizer, data_iter, step: int | None = None) -> int:
-        """Load the latest (or given) step into `model`, `optimizer` and `data_iter`; returns the step."""
+    def restore(self, learner: Learner, data_iter, step: int | None = None) -> int:
+        """Load the latest (or given) step into `learner` and `data_iter`; returns the step."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _state_tree(model, optimizer, step))
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _state_tree(learner, step))
         out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
                                                                  data=ocp.args.JsonRestore()))
-        self._assign(model, nnx.Param, out["state"]["params"])
-        opt_state = nnx.state(optimizer)
-        nnx.replace_by_pure_dict(opt_state, out["state"]["opt"])
-        nnx.update(optimizer, opt_state)
+        learner.load_state(out["state"])
         data_iter.set_state(out["data"])
         return int(out["state"]["step"])
 
     def restore_params(self, model: Decoder) -> int:
-        """Only the policy parameters of the latest step (`--config.init_from`)."""
+        """Only the policy parameters of the latest step, into `model` (`--config.init_from`)."""
         step = self.latest_step()
         if step is None:
-            raise FileNotFoundError(f"config.init_from: no checkpoint in {self.directory}")
-        abstract = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct,
-                                           nnx.to_pure_dict(nnx.state(model, nnx.Param)))}
+            raise ConfigError(f"config.init_from: no checkpoint in {self.directory}")
+        params = nnx.state(model, nnx.Param)
+        abstract = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.to_pure_dict(params))}
         out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
             abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract), partial_restore=True)))
-        self._assign(model, nnx.Param, out["state"]["params"])
+        nnx.replace_by_pure_dict(params, out["state"]["params"])
+        nnx.update(model, params)
         return step
-
-    @staticmethod
-    def _assign(model: Decoder, kind, pure: dict) -> None:
-        state = nnx.state(model, kind)
-        nnx.replace_by_pure_dict(state, pure)
-        nnx.update(model, state)
 
     def wait(self) -> None:
         self.manager.wait_until_finished()

@@ -1,29 +1,45 @@
-"""The trainer's configuration: defaults for every recipe and start-up validation.
+"""Every config schema, in one place: the GRPO trainer's (`base_config`), the reward-model trainer's
+(`rm_config`), the toy world's model sizes, and start-up validation.
 
-`configs/{agr,scr,prc,drm}.py` call `base_config(kind)`; the command line overrides fields
-(`--config.reward.votes=8 --config.rl.group_size=16`). Unknown keys are rejected by ml_collections (the configs
-are locked); `validate` rejects inconsistent values with one message naming the field and the fix.
+`rrc_jax/configs/*.py` call these; the command line overrides fields (`--config.reward.judge.votes=8
+--config.rl.group_size=16`). Unknown keys are rejected by ml_collections (the configs are locked); `validate`
+rejects inconsistent values with one `ConfigError` naming the field and the fix. `--config=agr.py` (a bare name)
+resolves to the packaged `rrc_jax/configs/` (`resolve_config_argv`).
+
+Where a default departs from the papers, the field's comment says so (README "Defaults and the papers").
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import ml_collections
 
-REWARD_KINDS = ("drm", "prc", "scr", "agr")
-TIES = ("half", "zero", "win")
-AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+from rrc_jax.errors import ConfigError
+from rrc_jax.rewards.kemeny import CARA_METHODS, MAX_EXACT_GROUP
+from rrc_jax.rewards.tournament import AGR_TIES, SCR_TIES
+from rrc_jax.rl.grpo import AGGREGATIONS
+
+BUILTIN_REWARDS = ("drm", "prc", "scr", "agr")
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+# The toy world's models (DESIGN.md section 4): width and depth of each tiny Llama-style decoder.
+TOY_MODELS = {"policy": dict(hidden=64, layers=2), "grm": dict(hidden=96, layers=3), "drm": dict(hidden=64, layers=2)}
 
 
 def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
-    """Defaults: the toy world on a laptop CPU (a few minutes); point `models.*` and `data.*` at real checkpoints
-    and datasets to scale up."""
+    """The GRPO trainer's defaults, rewards of `kind`: the toy world on a laptop CPU (a few minutes); point
+    `models.*` and `data.*` at real checkpoints and datasets to scale up."""
     c = ml_collections.ConfigDict()
     c.workdir = f"workdir/{kind}"
     c.steps = 40
     c.seed = 0
-    c.init_from = ""  # another run's checkpoint directory (workdir/checkpoints) to start the policy from
+    c.init_from = ""  # another run's checkpoint directory (workdir/checkpoints): the policy and the reference
 
-    # Hugging Face model directories, or "toy" for the embedded toy world's models.
+    # Hugging Face model directories, or "toy" for the embedded toy world's models. Only the roles a run needs
+    # are resolved and loaded (the GRM for judge rewards, the DRM for reward.kind='drm', the reference for the KL,
+    # PRC's 'initial' references, AGR's anchors and the judged eval win rate).
     c.models = ml_collections.ConfigDict(dict(policy="toy", reference="", grm="toy", drm="toy", dtype="float32"))
 
     # Prompts: "toy" or a local jsonl / json / parquet file with one prompt per row in `field`.
@@ -35,39 +51,47 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
         policy_steps=500, grm_steps=1200, drm_steps=400))
 
     c.rl = ml_collections.ConfigDict(dict(
-        group_size=8,            # m responses per prompt
-        prompts_per_step=16,     # B prompts per step
-        max_new_tokens=12,
-        temperature=1.0,
+        group_size=8,            # m responses per prompt (the paper's m = 8)
+        prompts_per_step=16,     # B prompts per step (the paper: 128)
+        max_new_tokens=12,       # also Dr.GRPO's constant (loss_aggregation='seq_mean_token_sum_norm')
+        temperature=1.0,         # rollouts, and every log-probability of the loss
         top_p=1.0,
         mu=1,                    # passes over each step's rollouts
         minibatch_size=64,       # sequences per optimizer update
-        learning_rate=2e-4,
+        micro_batch_size=0,      # > 0: gradient accumulation over micro-batches of this many sequences
+        learning_rate=2e-4,      # toy scale; the paper: 1e-6
         lr_schedule="constant",  # or "cosine"
         warmup_steps=0,
         grad_clip=1.0,
         eps_low=0.2,
         eps_high=0.2,
-        beta=0.0,                # KL coefficient to the frozen reference
+        beta=0.0,                # KL coefficient to the frozen reference (the paper gives none)
         loss_aggregation="seq_mean_token_mean",
     ))
 
     c.reward = ml_collections.ConfigDict(dict(
-        kind=kind,
-        alpha=1.0,
-        votes=2,                 # V judge votes per pair
-        swap=True,               # half the votes show the pair in reversed order
-        ties="half",
-        cara=False,              # SCR: Kemeny aggregation (Eq. 21)
-        cara_method="greedy",
-        judge_template="toy_pairwise_cot",
-        judge_max_new_tokens=24,
-        judge_temperature=0.0,
-        judge_max_batch=256,
-        prc_think=True,
-        anchors_path="",         # default workdir/anchors.jsonl
-        n_anchors=4,
-        anchor_refresh_every=0,  # > 0: regenerate anchors from the current policy every k steps
+        kind=kind,               # drm | prc | scr | agr, or MODULE:FUNCTION (a plug-in, README)
+        # How the GRM is asked (SCR, AGR, PRC and the eval win rate).
+        judge=dict(
+            template="toy_pairwise_cot",  # a built-in name or a .json / .yaml template file
+            max_new_tokens=24,
+            temperature=0.0,
+            max_batch=256,       # judge questions per model call
+            votes=2,             # V judgments per pair (voting@V)
+            swap=True,           # alternate the A/B order across votes (beyond the paper: position bias)
+        ),
+        scr=dict(alpha=0.1,      # Eq. 16 (the paper: 0.1)
+                 ties="zero",    # Eq. 16: a strict majority wins; 'half' gives a tie 0.5
+                 cara=False,     # Kemeny aggregation (Eq. 21)
+                 cara_method="greedy"),  # Algorithm 1's greedy, or 'exact' (m <= 16)
+        agr=dict(alpha=0.1,      # Eq. 22
+                 ties="win",     # Algorithm 2 line 10: c_ik >= c_ki counts as a win
+                 n_anchors=8,    # n (the paper's main table: 8)
+                 anchors_path="",  # default workdir/anchors.jsonl
+                 refresh_every=0),  # > 0: regenerate anchors from the current policy every k steps (beyond the paper)
+        prc=dict(think=True,     # the judge reasons before the verdict; False: its direct-verdict template
+                 reference="current"),  # o_ref: the current policy's greedy response (seed 000 2.3), or 'initial'
+        drm=dict(max_batch=256),  # sequences per value-head call
     ))
 
     c.checkpoint = ml_collections.ConfigDict(dict(save_every=10, keep=2))
@@ -77,54 +101,128 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     return c
 
 
-def validate(c: ml_collections.ConfigDict) -> None:
-    """Raise ValueError naming the first inconsistent field and how to fix it."""
-    def bad(field: str, msg: str):
-        raise ValueError(f"config.{field}: {msg}")
+def rm_config(kind: str) -> ml_collections.ConfigDict:
+    """The reward-model trainer's defaults: `kind` 'grm' (SFT on rationale + verdict, Eq. 2) or 'drm'
+    (Bradley-Terry, Eq. 1), on the toy world's preference pairs."""
+    c = ml_collections.ConfigDict()
+    c.kind = kind
+    c.workdir = f"workdir/{kind}"
+    c.seed = 0
+    c.data = ml_collections.ConfigDict(dict(path="toy"))  # toy preference pairs (the toy world's task)
+    c.toy = ml_collections.ConfigDict(dict(min_len=4, max_len=6, noise=0.3))
+    c.model = ml_collections.ConfigDict(dict(TOY_MODELS.get(kind, TOY_MODELS["grm"])))
+    c.train = ml_collections.ConfigDict(dict(steps=1200 if kind == "grm" else 400, batch_size=64,
+                                             learning_rate=3e-3))
+    c.lock()
+    return c
 
+
+def _bad(field: str, msg: str):
+    raise ConfigError(f"config.{field}: {msg}")
+
+
+def is_plugin(kind: str) -> bool:
+    """A `reward.kind` of the form MODULE:FUNCTION names a user's reward (`rrc_jax.rl.reward_fns`)."""
+    return ":" in kind
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+    """Raise `ConfigError` naming the first inconsistent field of a trainer config and how to fix it."""
     if c.steps < 0:
-        bad("steps", f"{c.steps} must be >= 0")
+        _bad("steps", f"{c.steps} must be >= 0")
     r, rl = c.reward, c.rl
-    if r.kind not in REWARD_KINDS:
-        bad("reward.kind", f"{r.kind!r} is not one of {', '.join(REWARD_KINDS)}")
-    if r.ties not in TIES or (r.ties == "win" and r.kind != "agr"):
-        bad("reward.ties", f"{r.ties!r}: use 'half' or 'zero' ('win' only with reward.kind='agr')")
-    if r.cara and r.kind != "scr":
-        bad("reward.cara", "CARA aggregates an SCR tournament; set reward.kind='scr' or reward.cara=False")
-    if r.cara_method not in ("greedy", "exact"):
-        bad("reward.cara_method", f"{r.cara_method!r}: use 'greedy' or 'exact'")
-    if r.cara and r.cara_method == "exact" and rl.group_size > 16:
-        bad("reward.cara_method", f"'exact' Kemeny needs rl.group_size <= 16, got {rl.group_size}")
-    if r.votes < 1:
-        bad("reward.votes", f"{r.votes} must be >= 1")
-    if r.votes > 1 and r.judge_temperature == 0 and not r.swap:
-        bad("reward.votes", "greedy judging (judge_temperature=0) without swap gives V identical votes; set "
-                            "reward.judge_temperature > 0 or reward.swap=True or reward.votes=1")
-    if r.kind == "agr" and r.n_anchors < 1:
-        bad("reward.n_anchors", f"{r.n_anchors} must be >= 1 for AGR")
-    if r.anchor_refresh_every < 0:
-        bad("reward.anchor_refresh_every", "must be >= 0 (0 = never)")
+    if r.kind not in BUILTIN_REWARDS and not is_plugin(r.kind):
+        _bad("reward.kind", f"{r.kind!r} is not one of {', '.join(BUILTIN_REWARDS)} or MODULE:FUNCTION")
+    if r.scr.ties not in SCR_TIES:
+        _bad("reward.scr.ties", f"{r.scr.ties!r}: use {' or '.join(map(repr, SCR_TIES))}")
+    if r.agr.ties not in AGR_TIES:
+        _bad("reward.agr.ties", f"{r.agr.ties!r}: use {', '.join(map(repr, AGR_TIES))}")
+    if r.scr.cara_method not in CARA_METHODS:
+        _bad("reward.scr.cara_method", f"{r.scr.cara_method!r}: use {' or '.join(map(repr, CARA_METHODS))}")
+    if r.scr.cara and r.scr.cara_method == "exact" and rl.group_size > MAX_EXACT_GROUP:
+        _bad("reward.scr.cara_method", f"'exact' Kemeny needs rl.group_size <= {MAX_EXACT_GROUP}, got {rl.group_size}")
+    j = r.judge
+    if j.votes < 1:
+        _bad("reward.judge.votes", f"{j.votes} must be >= 1")
+    if j.votes > 1 and j.temperature == 0 and not j.swap:
+        _bad("reward.judge.votes", "greedy judging (judge.temperature=0) without swap gives V identical votes; set "
+                                   "reward.judge.temperature > 0 or reward.judge.swap=True or reward.judge.votes=1")
+    if j.max_new_tokens < 1 or j.max_batch < 1 or j.temperature < 0:
+        _bad("reward.judge", "max_new_tokens and max_batch must be >= 1 and temperature >= 0")
+    if r.agr.n_anchors < 1:
+        _bad("reward.agr.n_anchors", f"{r.agr.n_anchors} must be >= 1")
+    if r.agr.refresh_every < 0:
+        _bad("reward.agr.refresh_every", "must be >= 0 (0 = never)")
+    if r.prc.reference not in ("current", "initial"):
+        _bad("reward.prc.reference", f"{r.prc.reference!r}: use 'current' (the policy being trained, each step) or "
+                                     "'initial' (the frozen reference)")
     if rl.group_size < 2:
-        bad("rl.group_size", f"{rl.group_size}: GRPO needs at least 2 responses per prompt")
+        _bad("rl.group_size", f"{rl.group_size}: GRPO needs at least 2 responses per prompt")
     if rl.prompts_per_step < 1 or rl.mu < 1 or rl.max_new_tokens < 1:
-        bad("rl", "prompts_per_step, mu and max_new_tokens must be >= 1")
+        _bad("rl", "prompts_per_step, mu and max_new_tokens must be >= 1")
     if rl.minibatch_size < 1 or (rl.prompts_per_step * rl.group_size) % rl.minibatch_size:
-        bad("rl.minibatch_size", f"{rl.minibatch_size} must divide prompts_per_step x group_size = "
-                                 f"{rl.prompts_per_step * rl.group_size}")
+        _bad("rl.minibatch_size", f"{rl.minibatch_size} must divide prompts_per_step x group_size = "
+                                  f"{rl.prompts_per_step * rl.group_size}")
+    if rl.micro_batch_size < 0 or (rl.micro_batch_size and rl.minibatch_size % rl.micro_batch_size):
+        _bad("rl.micro_batch_size", f"{rl.micro_batch_size} must divide rl.minibatch_size={rl.minibatch_size} "
+                                    "(0 = no gradient accumulation)")
     if rl.loss_aggregation not in AGGREGATIONS:
-        bad("rl.loss_aggregation", f"{rl.loss_aggregation!r} is not one of {', '.join(AGGREGATIONS)}")
+        _bad("rl.loss_aggregation", f"{rl.loss_aggregation!r} is not one of {', '.join(AGGREGATIONS)}")
     if rl.lr_schedule not in ("constant", "cosine"):
-        bad("rl.lr_schedule", f"{rl.lr_schedule!r}: use 'constant' or 'cosine'")
+        _bad("rl.lr_schedule", f"{rl.lr_schedule!r}: use 'constant' or 'cosine'")
     if not 0 <= rl.eps_low < 1 or rl.eps_high < 0:
-        bad("rl.eps_low", "need 0 <= eps_low < 1 and eps_high >= 0")
+        _bad("rl.eps_low", "need 0 <= eps_low < 1 and eps_high >= 0")
     if rl.temperature <= 0:
-        bad("rl.temperature", "rollouts need temperature > 0 for diverse groups")
+        _bad("rl.temperature", "rollouts need temperature > 0 for diverse groups")
+    if not 0 < rl.top_p <= 1:
+        _bad("rl.top_p", f"{rl.top_p} must be in (0, 1]")
+    if rl.beta < 0:
+        _bad("rl.beta", f"{rl.beta} must be >= 0")
     if c.checkpoint.save_every < 0 or c.checkpoint.keep < 1:
-        bad("checkpoint", "save_every must be >= 0 (0 = only at the end) and keep >= 1")
-    if c.eval.every < 0:
-        bad("eval.every", "must be >= 0 (0 = only at start and end)")
+        _bad("checkpoint", "save_every must be >= 0 (0 = only at the end) and keep >= 1")
+    if c.eval.every < 0 or c.eval.judge_votes < 0:
+        _bad("eval", "every and judge_votes must be >= 0 (every 0 = only at start and end; judge_votes 0 = no "
+                     "judged win rate)")
     for name in ("policy", "grm", "drm"):
         if not getattr(c.models, name):
-            bad(f"models.{name}", "empty; give a Hugging Face directory or 'toy'")
+            _bad(f"models.{name}", "empty; give a Hugging Face directory or 'toy'")
     if c.models.dtype not in ("float32", "bfloat16"):
-        bad("models.dtype", f"{c.models.dtype!r}: use 'float32' or 'bfloat16'")
+        _bad("models.dtype", f"{c.models.dtype!r}: use 'float32' or 'bfloat16'")
+
+
+def resolve_config_file(value: str) -> str:
+    """`--config` as given when it names a file, else the packaged config of that name: `agr.py`, `agr` and
+    `configs/agr.py` all find `rrc_jax/configs/agr.py` from any directory. A `:argument` suffix is kept."""
+    path, sep, arg = value.partition(":")
+    if Path(path).expanduser().is_file():
+        return value
+    name = Path(path).name if Path(path).suffix == ".py" else f"{Path(path).name}.py"
+    packaged = CONFIG_DIR / name
+    if not packaged.is_file():
+        known = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.py") if not p.stem.startswith("_")))
+        raise ConfigError(f"--config={value}: no such file, and no packaged config {name!r} (packaged: {known})")
+    return str(packaged) + sep + arg
+
+
+def resolve_config_argv(argv: list[str]) -> list[str]:
+    """`argv` with its `--config=NAME` (or `--config NAME`) resolved by `resolve_config_file`."""
+    out, i = list(argv), 0
+    while i < len(out):
+        if out[i].startswith("--config="):
+            out[i] = "--config=" + resolve_config_file(out[i][len("--config="):])
+        elif out[i] == "--config" and i + 1 < len(out):
+            out[i + 1] = resolve_config_file(out[i + 1])
+            i += 1
+        i += 1
+    return out
+
+
+def run_cli(main, argv: list[str] | None = None) -> None:
+    """Run an absl `main` with `--config` resolved; a `ConfigError` there is printed as one line."""
+    from absl import app
+
+    try:
+        argv = resolve_config_argv(sys.argv if argv is None else argv)
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    app.run(main, argv=argv)

@@ -27,8 +27,8 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Paramet
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from rrc_jax.inference import JaxSampler, SamplingParams
     from rrc_jax.models import load_hf, load_tokenizer, prompt_ids
-    from rrc_jax.sampling import generate
 
     try:
         model = load_hf(_MODEL.value, dtype=_DTYPE.value)
@@ -36,15 +36,11 @@ def main(argv: list[str]) -> None:
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     ids = prompt_ids(tokenizer, _PROMPT.value, _SYSTEM.value)
-    stop = set(model.cfg.eos_token_ids)
-    if tokenizer.eos_token_id is not None:
-        stop.add(int(tokenizer.eos_token_id))
     logging.info("prompt: %d tokens; generating up to %d", len(ids), _MAX_NEW.value)
     try:
-        out = generate(model, [ids], max_new_tokens=_MAX_NEW.value, rng=_SEED.value,
-                       temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
-                       stop_token_ids=sorted(stop))
-    except ValueError as e:
+        params = SamplingParams(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, max_new_tokens=_MAX_NEW.value)
+        out = JaxSampler(model, tokenizer).generate([ids], 1, params, rng=_SEED.value)
+    except ValueError as e:  # a sampling setting or a prompt too long for the model: the user's to change
         sys.exit(f"error: {e}")
     n = int(out.lengths[0])
     sys.stdout.write(tokenizer.decode(out.tokens[0, :n].tolist(), skip_special_tokens=True) + "\n")

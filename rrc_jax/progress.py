@@ -1,4 +1,4 @@
-"""A dependency-free progress bar with rate and ETA, written to stderr on process 0."""
+"""Progress on stderr, process 0 only: a dependency-free progress bar with rate and ETA, and status lines."""
 
 from __future__ import annotations
 
@@ -6,6 +6,12 @@ import sys
 import time
 
 import jax
+
+
+def say(message: str) -> None:
+    """A status line on stderr, from process 0 only."""
+    if jax.process_index() == 0:
+        print(message, file=sys.stderr, flush=True)
 
 
 class Progress:

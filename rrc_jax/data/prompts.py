@@ -5,6 +5,10 @@
 parquet read with `datasets`, the prompt text in `data.field`; a chat-style list of `{role, content}` messages
 uses the last user message). Rows with no usable prompt are dropped and counted in the log.
 
+Held-out prompts: `data.eval_path` when given; otherwise the last tenth of the training file (at most
+`data.eval_prompts` rows), which needs at least 10 usable rows. Ids never collide: a file's prompts are numbered
+by their row among the usable ones, and a separate eval file's continue after the training file's.
+
 `prompt_batches(config, n)` yields `[prompts_per_step]` arrays of prompt indices: shuffled (per epoch, from the
 seed), repeated, sharded across hosts, with `get_state()` / `set_state()` for checkpoints.
 """
@@ -19,6 +23,10 @@ import grain
 import jax
 import numpy as np
 from absl import logging
+
+from rrc_jax.errors import ConfigError
+
+MIN_SPLIT_ROWS = 10  # a training file split into train + held-out needs this many usable rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,18 +68,22 @@ def _prompt_of(row: dict, field: str):
     return value if isinstance(value, str) and value.strip() else None
 
 
-def file_prompts(path: str, field: str, limit: int | None = None) -> PromptSet:
+def file_prompts(path: str, field: str, limit: int | None = None, first_id: int = 0, setting: str = "data.path"
+                 ) -> PromptSet:
+    """The usable prompts of a local file, ids `first_id, first_id + 1, ...`; `setting` names the config field in
+    errors."""
     from datasets import load_dataset
 
     p = Path(path).expanduser()
     if not p.is_file():
-        raise FileNotFoundError(f"config.data.path: {p} does not exist (give a local jsonl / json / parquet file)")
+        raise ConfigError(f"config.{setting}: {p} does not exist (give a local jsonl / json / parquet file)")
     kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(p.suffix)
     if kind is None:
-        raise ValueError(f"config.data.path: {p} must end in .jsonl, .json or .parquet")
+        raise ConfigError(f"config.{setting}: {p} must end in .jsonl, .json or .parquet")
     ds = load_dataset(kind, data_files=str(p), split="train")
     if field not in ds.column_names:
-        raise ValueError(f"config.data.field: {p} has no field {field!r}; its fields are {', '.join(ds.column_names)}")
+        raise ConfigError(f"config.data.field: {p} has no field {field!r}; its fields are "
+                          f"{', '.join(ds.column_names)}")
     texts, dropped = [], 0
     for row in ds:
         text = _prompt_of(row, field)
@@ -84,22 +96,25 @@ def file_prompts(path: str, field: str, limit: int | None = None) -> PromptSet:
     if dropped:
         logging.warning("%s: dropped %d rows with an empty or malformed %r", p, dropped, field)
     if not texts:
-        raise ValueError(f"config.data.path: {p} has no usable prompt in field {field!r}")
-    return PromptSet(list(range(len(texts))), texts)
+        raise ConfigError(f"config.{setting}: {p} has no usable prompt in field {field!r}")
+    return PromptSet(list(range(first_id, first_id + len(texts))), texts)
 
 
 def load_prompts(config) -> tuple[PromptSet, PromptSet]:
+    """(training prompts, held-out prompts) of `config.data` (module docstring)."""
     d = config.data
     if d.path == "toy":
         return toy_prompts(config)
     train = file_prompts(d.path, d.field)
     if d.eval_path:
-        ev = file_prompts(d.eval_path, d.field, limit=d.eval_prompts)
-    else:  # hold out the tail of the training file
-        k = min(d.eval_prompts, len(train.texts) // 10)
-        ev = PromptSet(list(range(k)), train.texts[-k:])
-        train = PromptSet(train.ids[:-k], train.texts[:-k])
-    return train, ev
+        return train, file_prompts(d.eval_path, d.field, limit=d.eval_prompts, first_id=len(train.texts),
+                                   setting="data.eval_path")
+    n = len(train.texts)
+    if n < MIN_SPLIT_ROWS:
+        raise ConfigError(f"config.data.path: {d.path} has {n} usable prompts; holding out a tenth for evaluation "
+                          f"needs at least {MIN_SPLIT_ROWS}. Add prompts or give config.data.eval_path")
+    k = min(d.eval_prompts, n // 10)  # the tail of the training file, ids after the training ones
+    return PromptSet(train.ids[:n - k], train.texts[:n - k]), PromptSet(train.ids[n - k:], train.texts[n - k:])
 
 
 def prompt_batches(config, n: int):
@@ -107,7 +122,7 @@ def prompt_batches(config, n: int):
     b = config.rl.prompts_per_step
     hosts, host = jax.process_count(), jax.process_index()
     if b % hosts:
-        raise ValueError(f"config.rl.prompts_per_step={b} must be divisible by the number of hosts ({hosts})")
+        raise ConfigError(f"config.rl.prompts_per_step={b} must be divisible by the number of hosts ({hosts})")
     ds = grain.MapDataset.range(n).shuffle(seed=config.seed).repeat()
     ds = ds[host::hosts].batch(b // hosts, drop_remainder=True)
     return iter(ds.to_iter_dataset())

@@ -1,14 +1,19 @@
-"""Generative reward model judge: templates, verdict parsing and the batched judging engine.
+"""The generative reward model as a judge: templates, verdict parsing, the judge and tournaments.
 
-* ``prompts``: named judging templates (`rrc_pairwise_cot`, `rrc_pairwise_direct`, `rmr1_cor`, `irpo_pointwise`,
-  `toy_pairwise_cot`, `toy_pairwise_direct`) and their prefix / suffix rendering.
+* ``prompts``: judging templates as data (`rrc_pairwise_cot`, `rrc_pairwise_direct`, `rmr1_cor`, `irpo_pointwise`,
+  `toy_pairwise_cot`, `toy_pairwise_direct`, or a `.json` / `.yaml` file), rendered into a shared prefix and a
+  per-question suffix.
 * ``verdicts``: `parse_verdict` ('A' | 'B' | None) and `parse_score` (float | None); they never raise.
-* ``engine``: `Judge` turns (prompts, responses, anchors) into the vote tensors of `rrc_jax.rewards`.
+* ``judge``: `Judge` turns (prompts, responses, anchors) into questions for a Sampler and its answers into the
+  vote tensors of `rrc_jax.rewards`.
+* ``tournaments``: `merge_sort` and `knockout` with the judge as comparator.
 """
 
-from rrc_jax.judge.engine import Judge, JudgeConfig, JudgeMetrics, PairVotes, Tournament, Vote, order_rewards
-from rrc_jax.judge.prompts import TEMPLATES, JudgeTemplate, get_template, render_parts
+from rrc_jax.judge.judge import Judge, JudgeConfig, JudgeMetrics, PairVotes, Vote
+from rrc_jax.judge.prompts import TEMPLATES, JudgeTemplate, direct_template, get_template, load_template, render_parts
+from rrc_jax.judge.tournaments import Tournament, knockout, merge_sort
 from rrc_jax.judge.verdicts import parse_score, parse_verdict
 
 __all__ = ["Judge", "JudgeConfig", "JudgeMetrics", "JudgeTemplate", "PairVotes", "TEMPLATES", "Tournament", "Vote",
-           "get_template", "order_rewards", "parse_score", "parse_verdict", "render_parts"]
+           "direct_template", "get_template", "knockout", "load_template", "merge_sort", "parse_score",
+           "parse_verdict", "render_parts"]

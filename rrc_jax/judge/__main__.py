@@ -20,7 +20,8 @@ _A = flags.DEFINE_string("a", None, "Response a.")
 _B = flags.DEFINE_string("b", None, "Response b.")
 _VOTES = flags.DEFINE_integer("votes", 1, "Judgments of the pair (V).")
 _SWAP = flags.DEFINE_boolean("swap", True, "Show every second vote with A and B swapped (position-bias debiasing).")
-_TEMPLATE = flags.DEFINE_string("template", "rrc_pairwise_cot", "Judge template name (rrc_jax.judge.TEMPLATES).")
+_TEMPLATE = flags.DEFINE_string("template", "rrc_pairwise_cot", "Judge template: a name (rrc_jax.judge.TEMPLATES) or "
+                                "a .json / .yaml file.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 512, "Most tokens per judgment (reasoning + verdict).")
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature; 0 = greedy.")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1 = off.")
@@ -32,24 +33,26 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Paramet
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from rrc_jax.errors import ConfigError
+    from rrc_jax.inference import JaxSampler
     from rrc_jax.judge import Judge, JudgeConfig
     from rrc_jax.models import load_hf, load_tokenizer
 
     try:
         config = JudgeConfig(template=_TEMPLATE.value, max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value,
                              top_p=_TOP_P.value, top_k=_TOP_K.value, seed=_SEED.value)
-        model = load_hf(_MODEL.value, dtype=_DTYPE.value)
-        judge = Judge(model, load_tokenizer(_MODEL.value), config)
-        votes, log = judge.explain([_PROMPT.value], [_A.value], [_B.value], votes=_VOTES.value, swap=_SWAP.value)
-    except (FileNotFoundError, ValueError) as e:
+        model, tokenizer = load_hf(_MODEL.value, dtype=_DTYPE.value), load_tokenizer(_MODEL.value)
+        judge = Judge(JaxSampler(model, tokenizer), tokenizer, config)
+    except (ConfigError, FileNotFoundError, ValueError) as e:  # flags, template, checkpoint: the user's to fix
         sys.exit(f"error: {e}")
+    votes, log = judge.explain([_PROMPT.value], [_A.value], [_B.value], votes=_VOTES.value, swap=_SWAP.value)
     for v in log:
         shown = "A = b, B = a (swapped)" if v.swapped else "A = a, B = b"
         print(f"=== vote {v.vote + 1}/{_VOTES.value} ({shown}) ===")
         print(v.text)
         print(f"--- verdict: {v.verdict or 'none (abstain)'}" + (f" -> {v.winner} wins" if v.winner else ""))
     print(f"tally: a {int(votes.wins[0])}, b {int(votes.losses[0])}, abstain {int(votes.abstains[0])}")
-    logging.info("judge metrics: %s", judge.metrics.summary())
+    logging.info("judge metrics: %s", judge.summary())
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 A template has an instruction (`system`), a *context* part of the user message holding the user prompt x, and an
 *item* part holding the responses judged (`{a}`, `{b}` pairwise; `{response}` pointwise). Everything up to the
 end of the context is the same for every question about one prompt, so the engine prefills it once per prompt
-and reuses it for all pairs and anchors (`rrc_jax.sampling.extend` after `KVCache.take`).
+and reuses it for all pairs and anchors (the Sampler's `complete`).
 
 Rendering follows `rrc_jax.models.format_prompt`: with a chat template the conversation `[system, user]` is
 rendered with `add_generation_prompt=True`; without one the text is `system + "\\n\\n" + user`, and the tokenizer adds
@@ -17,7 +17,11 @@ text instead (counted in the judge metrics as `reuse_fallbacks`).
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import NamedTuple
+
+from rrc_jax.errors import ConfigError
 
 _MARK = "\u241eRRC_SPLIT\u241e"  # never in real text; removed before tokenizing
 
@@ -33,6 +37,8 @@ class JudgeTemplate:
     think: the judge writes reasoning before its verdict.
     verdict_prefix: text the judge writes right before the verdict letter; `preference_prob` appends it when it
       has to force a verdict and reads P(A) at the position after it.
+    direct: for a pairwise template that thinks, its direct-verdict variant (PRC "removing thinking"): a template
+      name or a `JudgeTemplate`; None when it has none.
     """
 
     name: str
@@ -42,16 +48,18 @@ class JudgeTemplate:
     item: str
     think: bool
     verdict_prefix: str = "[["
+    direct: str | JudgeTemplate | None = None
 
     def __post_init__(self):
         if self.kind not in ("pairwise", "pointwise"):
-            raise ValueError(f"template {self.name!r}: kind={self.kind!r}; use 'pairwise' or 'pointwise'")
+            raise ConfigError(f"template {self.name!r}: kind={self.kind!r}; use 'pairwise' or 'pointwise'")
         if "{prompt}" not in self.context:
-            raise ValueError(f"template {self.name!r}: context must contain '{{prompt}}'")
+            raise ConfigError(f"template {self.name!r}: context must contain '{{prompt}}'")
         fields = ("{a}", "{b}") if self.kind == "pairwise" else ("{response}",)
         missing = [f for f in fields if f not in self.item]
         if missing:
-            raise ValueError(f"template {self.name!r}: item must contain {', '.join(missing)} for kind={self.kind!r}")
+            raise ConfigError(f"template {self.name!r}: item must contain {', '.join(missing)} for "
+                              f"kind={self.kind!r}")
 
 
 _PAIRWISE_SYSTEM = (
@@ -158,7 +166,7 @@ TEMPLATES: dict[str, JudgeTemplate] = {t.name: t for t in (
         _PAIRWISE_ITEM + "First compare the two responses step by step. Then output your final verdict on the last "
                          "line, strictly in this format: [[A]] if Response A is better, [[B]] if Response B is "
                          "better.",
-        think=True),
+        think=True, direct="rrc_pairwise_direct"),
     # PRC "removing thinking": the verdict immediately, no reasoning.
     JudgeTemplate(
         "rrc_pairwise_direct", "pairwise", _PAIRWISE_SYSTEM, _PAIRWISE_CONTEXT,
@@ -178,21 +186,73 @@ TEMPLATES: dict[str, JudgeTemplate] = {t.name: t for t in (
     # it and a tiny judge writes its own sorted list, a count of matching positions per response, then the verdict.
     JudgeTemplate(
         "toy_pairwise_cot", "pairwise", None, "sort: {prompt}\n", "A: {a}\nB: {b}\nthink:",
-        think=True),
+        think=True, direct="toy_pairwise_direct"),
     JudgeTemplate(
         "toy_pairwise_direct", "pairwise", None, "sort: {prompt}\n", "A: {a}\nB: {b}\nverdict: ",
         think=False),
 )}
 
 
+TEMPLATE_FIELDS = ("name", "kind", "system", "context", "item", "think", "verdict_prefix", "direct")
+
+
+def load_template(path: str | Path) -> JudgeTemplate:
+    """A template from a JSON or YAML file whose keys are `JudgeTemplate`'s fields (`kind`, `system`, `context`,
+    `item`, `think`, optional `verdict_prefix`, `direct` (a template name or a nested mapping), `name`: the file's
+    stem by default)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"judge template file {path} does not exist")
+    text = path.read_text()
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            fields = yaml.safe_load(text)
+        else:
+            fields = json.loads(text)
+    except Exception as e:  # a syntax error in the user's file: name the file
+        raise ConfigError(f"judge template file {path}: cannot parse it ({type(e).__name__}: {e})") from None
+    return _from_fields(fields, str(path), path.stem)
+
+
+def _from_fields(fields, where: str, default_name: str) -> JudgeTemplate:
+    if not isinstance(fields, dict):
+        raise ConfigError(f"judge template {where}: expected a mapping of fields ({', '.join(TEMPLATE_FIELDS)})")
+    unknown = sorted(set(fields) - set(TEMPLATE_FIELDS))
+    missing = [f for f in ("kind", "context", "item", "think") if f not in fields]
+    if unknown or missing:
+        what = f"unknown field {unknown[0]!r}" if unknown else f"missing field {missing[0]!r}"
+        raise ConfigError(f"judge template {where}: {what}; fields are {', '.join(TEMPLATE_FIELDS)}")
+    fields = {"name": default_name, "system": None, **fields}
+    if isinstance(fields.get("direct"), dict):
+        fields["direct"] = _from_fields(fields["direct"], f"{where} (direct)", f"{fields['name']}_direct")
+    return JudgeTemplate(**fields)
+
+
 def get_template(template: str | JudgeTemplate) -> JudgeTemplate:
-    """A `JudgeTemplate` by name (or the template itself)."""
+    """A `JudgeTemplate` by name (`TEMPLATES`), from a `.json` / `.yaml` file (`load_template`), or the template
+    itself."""
     if isinstance(template, JudgeTemplate):
         return template
-    if template not in TEMPLATES:
-        raise ValueError(f"unknown judge template {template!r}; known: {', '.join(sorted(TEMPLATES))}, "
-                         "or pass a JudgeTemplate")
-    return TEMPLATES[template]
+    if template in TEMPLATES:
+        return TEMPLATES[template]
+    if Path(template).suffix in (".json", ".yaml", ".yml"):
+        return load_template(template)
+    raise ConfigError(f"unknown judge template {template!r}; known: {', '.join(sorted(TEMPLATES))}, a .json / "
+                      ".yaml template file, or a JudgeTemplate")
+
+
+def direct_template(template: str | JudgeTemplate) -> JudgeTemplate:
+    """The direct-verdict variant of a pairwise template (itself when it does not think), for PRC without
+    thinking."""
+    t = get_template(template)
+    if t.kind != "pairwise" or not t.think:
+        return t
+    if t.direct is None:
+        raise ConfigError(f"judge template {t.name!r} has no direct-verdict variant for PRC without thinking; give "
+                          "it a 'direct' template or set reward.prc.think=True")
+    return get_template(t.direct)
 
 
 def _has_chat_template(tokenizer) -> bool:

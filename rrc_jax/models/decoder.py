@@ -648,9 +648,10 @@ class Decoder(nnx.Module):
         return self.value_head(last)
 
     def token_logprobs(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
-                       chunk_size: int = 128, return_entropy: bool = False
+                       chunk_size: int = 128, return_entropy: bool = False, temperature: float = 1.0
                        ) -> jax.Array | tuple[jax.Array, jax.Array]:
-        """Log-probabilities `[B, T]` of each token given the ones before it; column 0 is 0.
+        """Log-probabilities `[B, T]` of each token given the ones before it, under `softmax(logits / temperature)`
+        (the distribution a sampler at that temperature draws from); column 0 is 0.
 
         The LM head and log-softmax run over `chunk_size` positions at a time under `jax.checkpoint`, so neither
         the forward nor the backward pass materializes `[B, T, V]` logits. With `return_entropy`, also the
@@ -670,7 +671,7 @@ class Decoder(nnx.Module):
         @jax.checkpoint
         def chunk(args):
             hc, tc = args
-            logp = jax.nn.log_softmax(self.logits_from_hidden(hc), axis=-1)
+            logp = jax.nn.log_softmax(self.logits_from_hidden(hc) / temperature, axis=-1)
             tok = jnp.take_along_axis(logp, tc[..., None], axis=-1)[..., 0]
             ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
             return tok, ent

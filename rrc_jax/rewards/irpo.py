@@ -6,6 +6,12 @@ judge completions for the chosen response and ``G`` for the rejected one, giving
 then GRPO advantages are computed within each group. Every function takes ``s_c: [batch, G_c]`` and
 ``s_r: [batch, G_r]`` and returns ``(r_c [batch, G_c], r_r [batch, G_r])``; the two groups may differ in size.
 
+A NaN score is an abstention (the judge wrote no parseable score; `Judge.score` counts them): it is left out of
+every group statistic and comparison. The abstaining completion itself gets its rule's lowest reward (0 for the
+preference-strength and AUC rewards, -1 for the rule rewards; IRPO's format reward adds -0.5 on top). A scored
+completion with no scored completion in the other group to compare with gets a neutral reward (0.5, or 0 for the
+rule rewards), so an abstention never turns a whole group's rewards to -1 or NaN.
+
 Paper discrepancy, resolved here: IRPO Eq. 6 prints ``p_i^r = 1/G sum_j sigma(s_i^r - s_j^c)``, which would reward
 the judge for scoring the *rejected* response higher. The surrounding text ("the reward increases ... as the score
 of the rejected response decreases") and the AUC form ``I(s_i^r < s_j^c)`` say the opposite, so we implement
@@ -36,11 +42,21 @@ def _as_groups(s_c, s_r) -> tuple[jax.Array, jax.Array]:
     return jnp.asarray(s_c, jnp.float32), jnp.asarray(s_r, jnp.float32)
 
 
+def _pair_means(p, s_c, s_r):
+    """Means of pairwise values `p [batch, G_c, G_r]` over the scored opponents of each completion: 0 for an
+    abstaining completion, 0.5 for one with no scored opponent."""
+    ok_c, ok_r = jnp.isfinite(s_c), jnp.isfinite(s_r)
+    both = ok_c[:, :, None] & ok_r[:, None, :]
+    p = jnp.where(both, p, 0.0)
+    n_c, n_r = both.sum(axis=2), both.sum(axis=1)
+    mean = lambda total, n, ok: jnp.where(ok, jnp.where(n > 0, total / jnp.maximum(n, 1), 0.5), 0.0)
+    return mean(p.sum(axis=2), n_c, ok_c), mean(p.sum(axis=1), n_r, ok_r)
+
+
 @jax.jit
 def _preference_strength(s_c, s_r):
     gap = s_c[:, :, None] - s_r[:, None, :]  # [batch, G_c, G_r]: s_i^c - s_j^r
-    p = jax.nn.sigmoid(gap)
-    return jnp.mean(p, axis=2), jnp.mean(p, axis=1)  # Eq. 5; Eq. 6 with sigma(s_j^c - s_i^r) (module docstring)
+    return _pair_means(jax.nn.sigmoid(gap), s_c, s_r)  # Eq. 5; Eq. 6 with sigma(s_j^c - s_i^r) (module docstring)
 
 
 def preference_strength(s_c, s_r) -> tuple[jax.Array, jax.Array]:
@@ -55,7 +71,7 @@ def preference_strength(s_c, s_r) -> tuple[jax.Array, jax.Array]:
 @jax.jit
 def _auc_rewards(s_c, s_r):
     above = (s_c[:, :, None] > s_r[:, None, :]).astype(jnp.float32)  # I(s_i^c > s_j^r)
-    return jnp.mean(above, axis=2), jnp.mean(above, axis=1)  # r_j^r = mean_i I(s_j^r < s_i^c)
+    return _pair_means(above, s_c, s_r)  # r_j^r = mean_i I(s_j^r < s_i^c)
 
 
 def auc_rewards(s_c, s_r) -> tuple[jax.Array, jax.Array]:
@@ -64,16 +80,23 @@ def auc_rewards(s_c, s_r) -> tuple[jax.Array, jax.Array]:
 
 
 def _estimate(s: jax.Array, estimator: str, bound: str, confidence: float) -> jax.Array:
-    """``theta-hat`` of one group, ``[batch, G] -> [batch, 1]``."""
+    """``theta-hat`` of one group over its scored completions, ``[batch, G] -> [batch, 1]`` (NaN when it has too
+    few: none, or one for ``'interval'``)."""
     g = s.shape[-1]
+    ok = jnp.isfinite(s)
+    n = ok.sum(axis=-1, keepdims=True)
+    mu = jnp.where(ok, s, 0.0).sum(axis=-1, keepdims=True) / jnp.maximum(n, 1)
     if estimator == "mean":
-        return jnp.mean(s, axis=-1, keepdims=True)
-    if estimator == "median":  # s_(ceil(0.5 G)) of the ascending order, 1-indexed: the lower median for even G
-        return jnp.sort(s, axis=-1)[:, math.ceil(0.5 * g) - 1 : math.ceil(0.5 * g)]
-    # Interval: mu +- t_{1 - a/2, G - 1} * sigma / sqrt(G) with the unbiased sample variance.
-    t = float(stdtrit(g - 1, 0.5 + confidence / 2.0))
-    mu = jnp.mean(s, axis=-1, keepdims=True)
-    half_width = t * jnp.std(s, axis=-1, ddof=1, keepdims=True) / math.sqrt(g)
+        return jnp.where(n > 0, mu, jnp.nan)
+    if estimator == "median":  # s_(ceil(0.5 n)) of the ascending scored values, 1-indexed: the lower median
+        ranked = jnp.sort(jnp.where(ok, s, jnp.inf), axis=-1)
+        k = jnp.maximum((n + 1) // 2 - 1, 0)  # ceil(0.5 n) - 1
+        return jnp.where(n > 0, jnp.take_along_axis(ranked, k, axis=-1), jnp.nan)
+    # Interval: mu +- t_{1 - a/2, n - 1} * sigma / sqrt(n) with the unbiased sample variance of the n scored values.
+    t = jnp.asarray([math.nan, math.nan] + [float(stdtrit(k - 1, 0.5 + confidence / 2.0)) for k in range(2, g + 1)],
+                    jnp.float32)
+    var = jnp.where(ok, (s - mu) ** 2, 0.0).sum(axis=-1, keepdims=True) / jnp.maximum(n - 1, 1)
+    half_width = t[n] * jnp.sqrt(var / jnp.maximum(n, 1))
     return mu + half_width if bound == "upper" else mu - half_width
 
 
@@ -81,9 +104,10 @@ def _estimate(s: jax.Array, estimator: str, bound: str, confidence: float) -> ja
 def _rule_rewards(s_c, s_r, estimator, confidence):
     theta_c = _estimate(s_c, estimator, "upper", confidence)  # chosen group: upper bound of its interval
     theta_r = _estimate(s_r, estimator, "lower", confidence)  # rejected group: lower bound of its interval
-    r_c = jnp.where(s_c > theta_r, 1.0, -1.0)
-    r_r = jnp.where(s_r < theta_c, 1.0, -1.0)
-    return r_c.astype(jnp.float32), r_r.astype(jnp.float32)
+    rule = lambda s, better, theta: jnp.where(jnp.isfinite(s), jnp.where(jnp.isnan(theta), 0.0,
+                                                                          jnp.where(better, 1.0, -1.0)), -1.0)
+    return (rule(s_c, s_c > theta_r, theta_r).astype(jnp.float32),
+            rule(s_r, s_r < theta_c, theta_c).astype(jnp.float32))
 
 
 def rule_rewards(s_c, s_r, estimator: str = "median", *, confidence: float = 0.95) -> tuple[jax.Array, jax.Array]:
@@ -103,7 +127,8 @@ def rule_rewards(s_c, s_r, estimator: str = "median", *, confidence: float = 0.9
       s_r: ``[batch, G_r]`` scores of the rejected response's completions.
 
     Returns:
-      ``(r_c [batch, G_c], r_r [batch, G_r])`` float32 in {-1, +1}.
+      ``(r_c [batch, G_c], r_r [batch, G_r])`` float32 in {-1, +1}; 0 for a scored completion whose other group
+      has too few scores for its estimate (NaN scores are abstentions, see the module docstring).
     """
     check_option(estimator, RULE_ESTIMATORS, "estimator")
     if not 0.0 < confidence < 1.0:

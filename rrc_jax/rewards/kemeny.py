@@ -190,7 +190,16 @@ def cara_rewards(c, alpha: float = 1.0, method: str = "greedy") -> np.ndarray:
     check_real(counts, "c (SCR vote counts)")
     check_nonnegative(counts, "c (SCR vote counts)")
     aggregate = cara_order if method == "greedy" else kemeny_exact
-    rewards = np.empty((b, m), dtype=np.float32)
-    for g in range(b):
-        rewards[g] = alpha * (m - 1 - positions(aggregate(counts[g])))  # Eq. 21
-    return rewards
+    order = np.stack([aggregate(counts[g]) for g in range(b)]) if b else np.zeros((0, m), np.int64)
+    return order_rewards(order, alpha)
+
+
+def order_rewards(order, alpha: float = 1.0) -> np.ndarray:
+    """Eq. 21 for total orders `order [batch, group]` (response indices, best first): ``r_i = alpha * |{j : i
+    ahead of j}| = alpha * (m - 1 - position of i)``, float32 `[batch, group]`. CARA and the judge's tournaments
+    reward their orders with it."""
+    order = np.asarray(order)
+    b, m = order.shape
+    r = np.zeros((b, m), np.float32)
+    np.put_along_axis(r, order, alpha * (m - 1 - np.arange(m, dtype=np.float32))[None].repeat(b, 0), axis=1)
+    return r

@@ -3,8 +3,10 @@
 `build_world(settings, cache_dir)` trains, on first use:
 
 - the **policy**: SFT on noisy demonstrations of the sorting task, so it starts mediocre and diverse;
-- the **GRM**: SFT (Eq. 2) on `toy_pairwise_cot` judge questions about pairs of demonstrations, imitating the
-  toy judgment (sorted answer, the score of each response, verdict), A/B order random;
+- the **GRM**: SFT (Eq. 2) on judge questions about pairs of demonstrations, A/B order random, half of them with
+  the `toy_pairwise_cot` template (imitating the toy judgment: sorted answer, the score of each response,
+  verdict), half with its direct-verdict variant `toy_pairwise_direct` (the verdict alone), so that PRC without
+  thinking has a judge trained for it;
 - the **DRM**: the same backbone size with a scalar value head, Bradley-Terry (Eq. 1) on the same kind of pairs;
 
 and saves each as a Hugging Face directory (safetensors + config.json + the character tokenizer) under
@@ -23,13 +25,17 @@ from pathlib import Path
 import numpy as np
 from flax import nnx
 
+from rrc_jax.config import TOY_MODELS
 from rrc_jax.data.toy.task import ALPHABET, DIGITS, SortTask, oracle_quality, toy_judgment
+from rrc_jax.judge.prompts import direct_template, get_template
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer, prompt_ids, save_hf
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
-from rrc_jax.train_rm import Preference, drm_batches, fit, grm_example, sft_batches
+from rrc_jax.rm.examples import Preference, drm_batches, grm_example, sft_batches
+from rrc_jax.rm.fit import fit
 
-VERSION = 4  # bump when the world's recipe changes, so stale caches are not reused
-JUDGE_TEMPLATE = "toy_pairwise_cot"
+VERSION = 5  # bump when the world's recipe changes, so stale caches are not reused
+JUDGE_TEMPLATE = get_template("toy_pairwise_cot")
+DIRECT_TEMPLATE = direct_template(JUDGE_TEMPLATE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +52,18 @@ class ModelSpec:
 @dataclasses.dataclass(frozen=True)
 class WorldSettings:
     task: SortTask = SortTask()
-    policy: ModelSpec = ModelSpec(hidden=64, layers=2, steps=500)
-    grm: ModelSpec = ModelSpec(hidden=96, layers=3, steps=1200)
-    drm: ModelSpec = ModelSpec(hidden=64, layers=2, steps=400)
+    policy: ModelSpec = ModelSpec(**TOY_MODELS["policy"], steps=500)
+    grm: ModelSpec = ModelSpec(**TOY_MODELS["grm"], steps=1200)
+    drm: ModelSpec = ModelSpec(**TOY_MODELS["drm"], steps=400)
     seed: int = 0
+
+    @classmethod
+    def from_config(cls, toy) -> WorldSettings:
+        """The settings of a trainer config's `toy` group (`rrc_jax.config.base_config`)."""
+        return cls(task=SortTask(toy.min_len, toy.max_len, toy.noise),
+                   policy=ModelSpec(**TOY_MODELS["policy"], steps=toy.policy_steps),
+                   grm=ModelSpec(**TOY_MODELS["grm"], steps=toy.grm_steps),
+                   drm=ModelSpec(**TOY_MODELS["drm"], steps=toy.drm_steps), seed=toy.seed)
 
     def key(self) -> str:
         blob = json.dumps({"version": VERSION, **dataclasses.asdict(self)}, sort_keys=True)
@@ -115,6 +129,9 @@ def train_grm(settings: WorldSettings, tokenizer, rng) -> Decoder:
         digits, a, b = _pair(task, rng)
         chosen, rejected = (a, b) if oracle_quality(digits, a) >= oracle_quality(digits, b) else (b, a)
         pref = Preference(task.prompt_text(digits), chosen, rejected)
+        if rng.random() < 0.5:  # the direct template: the verdict of the same judgment, without its reasoning
+            return grm_example(tokenizer, DIRECT_TEMPLATE, pref, rng,
+                               judgment=lambda x, y, _: toy_judgment(digits, x, y)[-5:])
         return grm_example(tokenizer, JUDGE_TEMPLATE, pref, rng,
                            judgment=lambda x, y, _: toy_judgment(digits, x, y))
 

@@ -1,7 +1,7 @@
 """GRPO with SCR rewards on the toy world (override models.* / data.* for real checkpoints and data).
 
 Self-Competitive Ranking (Algorithm 1): all pairs of a group are judged; reward = win count (Eq. 16), or the
-position in the Kemeny order with --config.reward.cara=True (Eq. 21).
+position in the Kemeny order with --config.reward.scr.cara=True (Eq. 21).
 
     python -m rrc_jax.train --config=configs/scr.py [--config.workdir=DIR --config.steps=N ...]
 """

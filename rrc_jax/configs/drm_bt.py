@@ -4,7 +4,7 @@ head, Bradley-Terry (Eq. 1).
     python -m rrc_jax.train_rm --config=configs/drm_bt.py [--config.workdir=DIR --config.train.steps=N ...]
 """
 
-from rrc_jax.train_rm import rm_config
+from rrc_jax.config import rm_config
 
 
 def get_config():

@@ -1,65 +1,32 @@
-"""Batched KV-cache sampler: jit-compiled prefill, optional extend, and a `lax.while_loop` decode.
-
-Three steps, each jit-compiled once per shape:
+"""The JAX engine's kernels: jit-compiled prefill, extend, and a `lax.while_loop` decode over a `KVCache`.
 
 - `prefill(model, ids, mask, cache_size=S)`: run left-padded prompts `[B, T]` into a fresh `KVCache` of S slots.
 - `extend(model, cache, ids, mask)`: append more tokens (e.g. a judge question after a shared
   `[instruction, prompt]` prefix: `cache.branch(rows, size)` lets many rows continue one prefix row, which
   attention then reads once per step for all of them; `cache.take(rows)` copies it into every row).
-- `decode(model, cache, max_new_tokens=N, ...)`: sample up to N tokens per row, stopping early once every row
-  has emitted a stop token.
+- `decode(model, cache, params)`: sample up to `params.max_new_tokens` tokens per row, stopping early once every
+  row has emitted a stop token.
+- `generate(model, prompts, params)`: left-pads token lists to a power-of-two length bucket (compilations are
+  shared across calls: one per batch size, bucket and `max_new_tokens`), prefills and decodes.
 
-`generate(model, prompts, ...)` does the usual thing in one call: it left-pads token lists to a power-of-two
-length bucket (so compilations are shared across calls: one per batch size, bucket and `max_new_tokens`),
-prefills, and decodes.
-
-Returned log-probs are those of the model's raw distribution, `log_softmax(logits)[token]`, whatever the sampling
-temperature / top-k / top-p (what GRPO needs as "old" log-probs). Shapes: B rows, T prompt tokens, S cache slots,
-N new tokens, V vocab.
+`rrc_jax.inference.engine.JaxSampler` builds the Sampler protocol on these; the trainer and the judge never call
+them directly. Returned log-probs are those of the model's raw distribution, `log_softmax(logits)[token]`, whatever
+the sampling temperature / top-k / top-p. Shapes: B rows, T prompt tokens, S cache slots, N new tokens, V vocab.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rrc_jax.data.batches import bucket_length, pad_sequences, round_up
+from rrc_jax.inference.sampler import SampleOutput, SamplingParams
 from rrc_jax.models.decoder import ATTENTION_BLOCK, Decoder, KVCache, init_cache
-
-MIN_BUCKET = 16
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """How the next token is chosen. `temperature=0` is greedy; `top_k=0` and `top_p=1` switch those filters off."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 = off)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1] (1 = off)")
-
-
-class SampleOutput(NamedTuple):
-    """tokens `[B, N]` (pad after each row's end), logprobs `[B, N]` (0 after the end), lengths `[B]` (generated
-    tokens including the stop token), truncated `[B]` (no stop token within N)."""
-
-    tokens: np.ndarray
-    logprobs: np.ndarray
-    lengths: np.ndarray
-    truncated: np.ndarray
 
 
 def greedy_token(logits: jax.Array) -> jax.Array:
@@ -107,10 +74,10 @@ def _extend(graphdef, state, cache, ids, mask):
     return nnx.merge(graphdef, state).extend(cache, ids, mask)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("max_new_tokens", "params", "stop_ids", "pad_id"))
-def _decode(graphdef, state, cache, rng, *, max_new_tokens, params, stop_ids, pad_id):
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("params", "stop_ids", "pad_id"))
+def _decode(graphdef, state, cache, rng, *, params, stop_ids, pad_id):
     model = nnx.merge(graphdef, state)
-    b, n = cache.batch_size, max_new_tokens
+    b, n = cache.batch_size, params.max_new_tokens
     stop = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
 
     def cond(carry):
@@ -138,40 +105,6 @@ def _decode(graphdef, state, cache, rng, *, max_new_tokens, params, stop_ids, pa
 # ----------------------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------------------
-
-def bucket_length(n: int, minimum: int = MIN_BUCKET) -> int:
-    """The padded length used for `n` tokens: the next power of two, at least `minimum`."""
-    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
-
-
-def length_bucket(n: int) -> int:
-    """A finer padded length for n tokens: quarter steps of `bucket_length(n)` (at least 16), so padding wastes
-    at most about a third while compilations stay at four per octave."""
-    b = bucket_length(n)
-    return min(b, round_up(n, max(16, b // 4)))
-
-
-def round_up(n: int, multiple: int) -> int:
-    """`n` rounded up to a multiple of `multiple` (cache sizes: multiples of the attention block are read only
-    as far as they are filled)."""
-    return -(-int(n) // multiple) * multiple
-
-
-def pad_sequences(seqs: Sequence[Sequence[int]], length: int, pad_id: int, side: str = "left"
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Token lists -> ids `[B, length]` int32 and mask `[B, length]` bool, padded on `side` ('left' | 'right')."""
-    if side not in ("left", "right"):
-        raise ValueError(f"side={side!r}: use 'left' or 'right'")
-    ids = np.full((len(seqs), length), pad_id, np.int32)
-    mask = np.zeros((len(seqs), length), bool)
-    for i, s in enumerate(seqs):
-        if len(s) > length:
-            raise ValueError(f"sequence {i} has {len(s)} tokens, more than the padded length {length}")
-        sl = slice(length - len(s), length) if side == "left" else slice(0, len(s))
-        ids[i, sl] = np.asarray(s, np.int32)
-        mask[i, sl] = True
-    return ids, mask
-
 
 def _pad_id(model: Decoder, pad_id: int | None) -> int:
     if pad_id is not None:
@@ -201,43 +134,36 @@ def extend(model: Decoder, cache: KVCache, ids, mask=None) -> KVCache:
     return _extend(graphdef, state, cache, ids, mask)
 
 
-def decode(model: Decoder, cache: KVCache, *, max_new_tokens: int, rng: jax.Array | int = 0,
-           sampling: SamplingParams = SamplingParams(), stop_token_ids: Sequence[int] | None = None,
+def decode(model: Decoder, cache: KVCache, params: SamplingParams, *, rng: jax.Array | int = 0,
            pad_id: int | None = None) -> SampleOutput:
-    """Sample up to `max_new_tokens` after the cache's contents; see `SampleOutput`.
+    """Sample up to `params.max_new_tokens` after the cache's contents; see `SampleOutput`.
 
-    `stop_token_ids` defaults to the model's EOS ids; `pad_id` to its pad id (else 0). `rng` is a PRNG key or an
-    int seed; results are deterministic for a given key.
+    `params.stop_token_ids=None` stops at the model's EOS ids; `pad_id` defaults to the model's pad id (else 0).
+    `rng` is a PRNG key or an int seed; results are deterministic for a given key.
     """
-    cfg = model.cfg
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    n = params.max_new_tokens
     end = int(cache.end)
-    if end + max_new_tokens > cache.size:
-        raise ValueError(f"prompt ({end} slots) plus max_new_tokens={max_new_tokens} does not fit the cache of "
-                         f"{cache.size} slots; prefill with cache_size >= {end + max_new_tokens}")
-    stop = tuple(int(t) for t in (cfg.eos_token_ids if stop_token_ids is None else stop_token_ids))
-    pad = _pad_id(model, pad_id)
+    if end + n > cache.size:
+        raise ValueError(f"prompt ({end} slots) plus max_new_tokens={n} does not fit the cache of "
+                         f"{cache.size} slots; prefill with cache_size >= {end + n}")
+    stop = model.cfg.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
     key = jax.random.key(rng) if isinstance(rng, int) else rng
     graphdef, state = nnx.split(model)
-    out = _decode(graphdef, state, cache, key, max_new_tokens=max_new_tokens, params=sampling, stop_ids=stop,
-                  pad_id=pad)
+    out = _decode(graphdef, state, cache, key, params=params, stop_ids=tuple(stop),
+                  pad_id=_pad_id(model, pad_id))
     return SampleOutput(*(np.asarray(x) for x in out))
 
 
-def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, rng: jax.Array | int = 0,
-             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None,
-             cache_size: int | None = None, group_size: int = 1) -> SampleOutput:
+def generate(model: Decoder, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
+             rng: jax.Array | int = 0, pad_id: int | None = None, cache_size: int | None = None,
+             group_size: int = 1) -> SampleOutput:
     """Sample continuations of a batch of token-id prompts of any lengths.
 
     Args:
       model: a `Decoder`.
       prompts: B lists of token ids (different lengths are left-padded to a power-of-two bucket).
-      max_new_tokens: N, the most tokens generated per row.
+      params: `SamplingParams` (N = `max_new_tokens`, temperature 0 = greedy, stop tokens).
       rng: PRNG key or int seed.
-      temperature, top_k, top_p: see `SamplingParams` (temperature 0 = greedy).
-      stop_token_ids: ids that end a row (default: the model's EOS ids).
       pad_id: id written after a row ends (default: the model's pad id, else 0).
       cache_size: KV-cache slots (default: bucket + N rounded up to a multiple of `ATTENTION_BLOCK`). The longest
         prompt plus N must fit it (or, by default, the model's `max_position_embeddings`); otherwise a clear error.
@@ -251,22 +177,22 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
         raise ValueError("generate() got no prompts")
     if group_size < 1:
         raise ValueError(f"group_size={group_size} must be >= 1")
+    n = params.max_new_tokens
     longest = max(len(p) for p in prompts)
     if min(len(p) for p in prompts) == 0:
         raise ValueError("generate() got an empty prompt; every prompt needs at least one token (e.g. BOS)")
     limit = cache_size if cache_size is not None else model.cfg.max_position_embeddings
-    if longest + max_new_tokens > limit:
+    if longest + n > limit:
         what = "the cache" if cache_size is not None else "the model's max_position_embeddings"
-        raise ValueError(f"prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds {what} "
+        raise ValueError(f"prompt of {longest} tokens plus max_new_tokens={n} exceeds {what} "
                          f"({limit}); shorten the prompt or lower max_new_tokens")
-    bucket = min(bucket_length(longest), limit - max_new_tokens)
+    bucket = min(bucket_length(longest), limit - n)
     pad = _pad_id(model, pad_id)
     ids, mask = pad_sequences(prompts, bucket, pad, "left")
     if group_size == 1:
-        cache = prefill(model, ids, mask, cache_size=cache_size or round_up(bucket + max_new_tokens, ATTENTION_BLOCK))
+        cache = prefill(model, ids, mask, cache_size=cache_size or round_up(bucket + n, ATTENTION_BLOCK))
     else:
-        own = cache_size - bucket if cache_size else round_up(max_new_tokens, ATTENTION_BLOCK)
+        own = cache_size - bucket if cache_size else round_up(n, ATTENTION_BLOCK)
         rows = np.repeat(np.arange(len(prompts), dtype=np.int32), group_size)
         cache = prefill(model, ids, mask, cache_size=bucket).branch(rows, size=own)
-    return decode(model, cache, max_new_tokens=max_new_tokens, rng=rng,
-                  sampling=SamplingParams(temperature, top_k, top_p), stop_token_ids=stop_token_ids, pad_id=pad)
+    return decode(model, cache, params, rng=rng, pad_id=pad)

@@ -44,6 +44,21 @@ def group_advantages(rewards, scale_std: bool = True, eps: float = 1e-6) -> jax.
     return _group_advantages(jnp.asarray(rewards, jnp.float32), jnp.asarray(eps, jnp.float32), bool(scale_std))
 
 
+def aggregation_weight(mask, aggregation: str) -> jax.Array:
+    """The denominator of `grpo_loss`'s mean under `aggregation` for `mask [batch, time]`: valid tokens
+    (`token_mean`), sequences with a valid token (`seq_mean_token_mean`) or sequences (`seq_mean_token_sum_norm`).
+
+    A minibatch's loss is the weight-weighted mean of its micro-batches' losses (`rrc_jax.rl.learner`): gradient
+    accumulation is then exact for every aggregation."""
+    check_option(aggregation, AGGREGATIONS, "aggregation")
+    mask = jnp.asarray(mask).astype(bool)
+    if aggregation == "token_mean":
+        return jnp.sum(mask).astype(jnp.float32)
+    if aggregation == "seq_mean_token_mean":
+        return jnp.sum(jnp.any(mask, axis=-1)).astype(jnp.float32)
+    return jnp.asarray(mask.shape[0], jnp.float32)
+
+
 def _masked_sum(x: jax.Array, mask: jax.Array, axis=None) -> jax.Array:
     return jnp.sum(jnp.where(mask, x, 0.0), axis=axis)
 
@@ -171,3 +186,28 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, eps_low
         jnp.asarray(mask), jnp.asarray(eps_low), jnp.asarray(eps_high), jnp.asarray(beta), jnp.asarray(norm),
         aggregation=aggregation, has_ref=ref_logprobs is not None,
     )
+
+
+def grpo_objective(*, temperature: float = 1.0, eps_low: float = 0.2, eps_high: float = 0.2, beta: float = 0.0,
+                   aggregation: str = "seq_mean_token_mean", max_len: int | None = None):
+    """The GRPO loss of a policy on a rollout batch, as a `rrc_jax.rl.learner` loss function.
+
+    The batch holds `ids`, `mask`, `loss_mask` `[B, T]`, `advantages [B]`, `old_logp [B, T]` and, when `beta > 0`,
+    `ref_logp [B, T]`; every log-probability is of `softmax(logits / temperature)`, the distribution the rollouts
+    were sampled from. `max_len` is Dr.GRPO's constant (the generation budget, `rl.max_new_tokens`). The metrics
+    add the policy's mean token `entropy` and the learner's `weight` (`aggregation_weight`).
+    """
+    check_option(aggregation, AGGREGATIONS, "aggregation")
+
+    def loss_fn(model, batch):
+        logp, entropy = model.token_logprobs(batch["ids"], batch["mask"], return_entropy=True,
+                                             temperature=temperature)
+        loss, metrics = grpo_loss(logp, batch["old_logp"], batch.get("ref_logp"), batch["advantages"],
+                                  batch["loss_mask"], eps_low=eps_low, eps_high=eps_high, beta=beta,
+                                  aggregation=aggregation, max_len=max_len)
+        w = batch["loss_mask"].astype(jnp.float32)
+        metrics["entropy"] = jax.lax.stop_gradient((entropy * w).sum() / jnp.maximum(w.sum(), 1.0))
+        metrics["weight"] = aggregation_weight(batch["loss_mask"], aggregation)
+        return loss, metrics
+
+    return loss_fn

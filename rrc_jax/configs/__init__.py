@@ -1,0 +1,1 @@
+"""Packaged recipes: `--config=NAME.py` (or a bare NAME) finds them from any directory."""

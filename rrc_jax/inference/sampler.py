@@ -1,0 +1,107 @@
+"""The Sampler protocol: everything the trainer and the judge ask of an inference engine, in token ids.
+
+Three calls (Q questions, B prompts, G continuations per prompt, N = `max_new_tokens`):
+
+- `generate(prompt_ids, group_size, params, rng)`: G sampled continuations of each of B prompts (a GRPO group),
+  rows `b*G ... b*G + G - 1` for prompt b.
+- `complete(prefixes, suffixes, params, rng)`: one continuation per question `(prefix index, suffix ids)`, i.e. of
+  `prefixes[i] + suffix`. Many questions share a prefix (the judge's `[instruction, prompt]`); whether and how the
+  engine reuses it is its own business.
+- `next_token_logprobs(prefixes, suffixes, token_ids)`: log-probabilities `[Q, len(token_ids)]` of the listed
+  tokens right after each question (PRC reads P(A) there).
+
+`rrc_jax.inference.engine.JaxSampler` implements it on a `Decoder`; tests implement it with a few lines of
+scripted Python. A sampler holds its model: the trainer's policy sampler sees every update as it is applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+import jax
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How a continuation is sampled. `temperature=0` is greedy; `top_k=0` and `top_p=1` switch those filters
+    off. `stop_token_ids=None` means the sampler's own stop tokens (`stop_tokens`). Hashable: static under jit."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 = off)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1] (1 = off)")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        if self.stop_token_ids is not None:
+            object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+
+class SampleOutput(NamedTuple):
+    """tokens `[R, N]` int32 (pad after each row's end), logprobs `[R, N]` (`log_softmax(logits)[token]` of the raw
+    distribution; 0 after the end), lengths `[R]` (generated tokens including the stop token), truncated `[R]` (no
+    stop token within N)."""
+
+    tokens: np.ndarray
+    logprobs: np.ndarray
+    lengths: np.ndarray
+    truncated: np.ndarray
+
+
+@dataclasses.dataclass
+class SamplerStats:
+    """What a sampler did since its last `reset()`: calls into the model (`calls`), prompt tokens run through it
+    (`prefill_tokens`), prefix tokens it did not run again thanks to prefix reuse (`prefill_tokens_saved`) and
+    tokens generated (`generated_tokens`)."""
+
+    calls: int = 0
+    prefill_tokens: int = 0
+    prefill_tokens_saved: int = 0
+    generated_tokens: int = 0
+
+    def reset(self) -> None:
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, 0)
+
+
+Suffix = tuple[int, Sequence[int]]  # (index into prefixes, token ids after that prefix)
+
+
+class Sampler(Protocol):
+    """See the module docstring. `rng` is a PRNG key or an int seed; a given key always gives the same result."""
+
+    stats: SamplerStats
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], group_size: int = 1,
+                 params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0) -> SampleOutput: ...
+
+    def complete(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix],
+                 params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0) -> SampleOutput: ...
+
+    def next_token_logprobs(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix],
+                            token_ids: Sequence[int]) -> np.ndarray: ...
+
+
+def stop_tokens(eos_token_ids: Sequence[int], tokenizer=None) -> tuple[int, ...]:
+    """The ids that end a continuation: the model's EOS ids and the tokenizer's EOS id (chat models often end a
+    turn with a token that only one of the two names)."""
+    ids = {int(t) for t in eos_token_ids}
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return tuple(sorted(ids))
+
+
+def response_texts(tokenizer, out: SampleOutput) -> list[str]:
+    """Texts of sampled continuations `[R]`, special tokens (EOS) removed."""
+    return [tokenizer.decode(t[:n].tolist(), skip_special_tokens=True) for t, n in zip(out.tokens, out.lengths)]

@@ -1,0 +1,109 @@
+"""Adaptive tournaments with the judge as comparator (beyond the paper): fewer questions than a round robin.
+
+`merge_sort` orders each group in ceil(log2 m) batched merge levels (at most m ceil(log2 m) comparisons per
+prompt); `knockout` plays a single-elimination bracket (m - 1 comparisons in ceil(log2 m) batched rounds). Both
+return the order and its Eq. 21 rewards (`rrc_jax.rewards.order_rewards`). Every comparison of a round, across
+all prompts, is one batched judge call.
+
+Shapes: B prompts, m responses per prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from rrc_jax.judge.judge import Judge, check_groups, check_votes
+from rrc_jax.rewards import order_rewards
+
+
+class Tournament(NamedTuple):
+    """`order [B, m]` response indices best first; `rewards [B, m]` float32, Eq. 21 with alpha = 1
+    (`m - 1 - position`); `queries [B]` pairs compared (each asked V times)."""
+
+    order: np.ndarray
+    rewards: np.ndarray
+    queries: np.ndarray
+
+
+def _duel(judge: Judge, prompts, responses, duels, votes, swap) -> list[bool]:
+    """One batched round: for each (b, i, j), True iff i is preferred (ties and abstentions keep i first)."""
+    if not duels:
+        return []
+    g = [d[0] for d in duels]
+    pv, _ = judge.pair_votes(prompts, g, [responses[b][i] for b, i, _ in duels],
+                             [responses[b][j] for b, _, j in duels], votes, swap,
+                             orders=[(b + i + j) % 2 for b, i, j in duels])
+    return list(pv.wins >= pv.losses)
+
+
+def merge_sort(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequence[str]], votes: int = 1,
+               swap: bool = True) -> Tournament:
+    """Order each group by bottom-up merge sort with the judge as comparator.
+
+    ceil(log2 m) merge levels; within a level every active merge of every prompt asks its next comparison in
+    one batched judge call, so a level takes at most 2^(level+1) - 1 calls and the whole sort at most
+    m ceil(log2 m) comparisons per prompt (each asked `votes` times). A tie keeps the left run's response
+    first (stable)."""
+    check_votes(votes)
+    m = check_groups(responses, "merge_sort responses")
+    bsz = len(prompts)
+    runs = [[[i] for i in range(m)] for _ in range(bsz)]
+    queries = np.zeros(bsz, np.int64)
+    while any(len(r) > 1 for r in runs):
+        merges = []  # [b, left, right, out]
+        next_runs: list[list] = [[] for _ in range(bsz)]
+        for b in range(bsz):
+            for t in range(0, len(runs[b]), 2):
+                if t + 1 < len(runs[b]):
+                    merge = [b, list(runs[b][t]), list(runs[b][t + 1]), []]
+                    merges.append(merge)
+                    next_runs[b].append(merge[3])
+                else:
+                    next_runs[b].append(runs[b][t])
+        while True:
+            active = [mg for mg in merges if mg[1] and mg[2]]
+            if not active:
+                break
+            results = _duel(judge, prompts, responses, [(mg[0], mg[1][0], mg[2][0]) for mg in active], votes,
+                                 swap)
+            for mg, left_first in zip(active, results):
+                queries[mg[0]] += 1
+                mg[3].append((mg[1] if left_first else mg[2]).pop(0))
+        for mg in merges:
+            mg[3].extend(mg[1] + mg[2])
+        runs = next_runs
+    order = np.array([r[0] for r in runs], np.int64).reshape(bsz, m)
+    return Tournament(order, order_rewards(order), queries)
+
+def knockout(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequence[str]], votes: int = 1,
+             swap: bool = True) -> Tournament:
+    """Single-elimination bracket: m - 1 comparisons per prompt in ceil(log2 m) batched rounds (an odd one out
+    gets a bye). The order ranks by rounds survived (the champion first), ties by index; Eq. 21 rewards of
+    that order."""
+    check_votes(votes)
+    m = check_groups(responses, "knockout responses")
+    bsz = len(prompts)
+    alive = [list(range(m)) for _ in range(bsz)]
+    survived = np.zeros((bsz, m), np.int64)
+    queries = np.zeros(bsz, np.int64)
+    while any(len(a) > 1 for a in alive):
+        duels = [(b, a[t], a[t + 1]) for b, a in enumerate(alive) for t in range(0, len(a) - 1, 2)]
+        results = _duel(judge, prompts, responses, duels, votes, swap)
+        winners: list[list[int]] = [[] for _ in range(bsz)]
+        for (b, i, j), left in zip(duels, results):
+            queries[b] += 1
+            winners[b].append(i if left else j)
+        for b, a in enumerate(alive):
+            if len(a) > 1 and len(a) % 2:
+                winners[b].append(a[-1])  # bye
+            if len(a) > 1:
+                for w in winners[b]:
+                    survived[b, w] += 1
+                alive[b] = winners[b]
+    order = np.stack([np.lexsort((np.arange(m), -survived[b])) for b in range(bsz)]) if bsz else \
+        np.zeros((0, m), np.int64)
+    return Tournament(order, order_rewards(order), queries)
+

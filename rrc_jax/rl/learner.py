@@ -1,0 +1,152 @@
+"""The learner: one jit-compiled, donated optimizer update per minibatch, for any loss over a `Decoder`.
+
+A loss function is `loss_fn(model, batch) -> (loss, metrics)`: a scalar loss to minimise and a dict of scalar
+metrics. `metrics` may hold `"weight"`, the denominator of the loss's mean over the batch (tokens, sequences,
+pairs); a minibatch split into micro-batches (`micro_batch_size`) then gets exactly the loss and gradient of the
+whole minibatch: the micro-batches' gradients, losses and metrics are accumulated weighted by it, in one
+`lax.scan` inside the step. Without `"weight"` micro-batches weigh by their rows.
+
+One `update(batch)` call is one jitted program: forward, backward, accumulation, the skip of a non-finite update
+(loss or gradient NaN / inf: parameters and optimizer state stay as they were, `skipped` = 1), the optax update.
+Parameter and optimizer buffers are donated (updated in place); the model object is pointed at the new
+parameters, so samplers holding it see them. Metrics stay on device until the caller reads them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from rrc_jax.models import Decoder
+
+LossFn = Callable[[Decoder, dict], tuple[jax.Array, dict]]
+
+
+def learning_rate_schedule(peak: float, *, kind: str = "constant", warmup_steps: int = 0, total_steps: int = 1,
+                           end_fraction: float = 0.0) -> optax.Schedule | float:
+    """`kind` 'constant' (after a linear warm-up of `warmup_steps`, if any) or 'cosine' (linear warm-up, then
+    cosine decay to `end_fraction * peak` at `total_steps`)."""
+    if kind == "cosine":
+        return optax.warmup_cosine_decay_schedule(0.0, peak, max(warmup_steps, 1), max(total_steps, 2),
+                                                  end_value=peak * end_fraction)
+    if kind != "constant":
+        raise ValueError(f"learning-rate schedule {kind!r}: use 'constant' or 'cosine'")
+    return optax.linear_schedule(0.0, peak, warmup_steps) if warmup_steps else peak
+
+
+def make_optimizer(learning_rate: float | optax.Schedule, *, grad_clip: float = 1.0, weight_decay: float = 0.0
+                   ) -> optax.GradientTransformation:
+    """AdamW after global-norm gradient clipping: the optimizer of every trainer (GRPO, SFT, Bradley-Terry)."""
+    return optax.chain(optax.clip_by_global_norm(grad_clip), optax.adamw(learning_rate, weight_decay=weight_decay))
+
+
+def _rows(batch: dict) -> int:
+    return jax.tree.leaves(batch)[0].shape[0]
+
+
+def _weighted_loss_and_grads(params, rest, batch, *, graphdef, loss_fn):
+    def f(p):
+        return loss_fn(nnx.merge(graphdef, p, rest), batch)
+
+    (loss, metrics), grads = jax.value_and_grad(f, has_aux=True)(params)
+    metrics = dict(metrics)
+    weight = jnp.asarray(metrics.pop("weight", _rows(batch)), jnp.float32)
+    return weight, loss, metrics, grads
+
+
+def _update(params, opt_state, rest, batch, *, graphdef, tx, loss_fn, n_micro):
+    step = functools.partial(_weighted_loss_and_grads, graphdef=graphdef, loss_fn=loss_fn)
+    if n_micro == 1:
+        _, loss, metrics, grads = step(params, rest, batch)
+    else:
+        micro = jax.tree.map(lambda x: x.reshape(n_micro, -1, *x.shape[1:]), batch)
+
+        def body(carry, mb):
+            total, acc = carry
+            w, *values = step(params, rest, mb)
+            return (total + w, jax.tree.map(lambda a, v: a + w * v, acc, tuple(values))), None
+
+        first = jax.tree.map(lambda x: x[0], micro)
+        shapes = jax.eval_shape(lambda mb: tuple(step(params, rest, mb)[1:]), first)
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        (total, acc), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), micro)
+        loss, metrics, grads = jax.tree.map(lambda a: jnp.where(total > 0, a / jnp.maximum(total, 1e-30), 0.0), acc)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+    def apply(_):
+        updates, new_opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), new_opt_state
+
+    params, opt_state = jax.lax.cond(finite, apply, lambda _: (params, opt_state), None)
+    return params, opt_state, {"loss": loss, **metrics, "grad_norm": grad_norm,
+                               "skipped": (~finite).astype(jnp.int32)}
+
+
+class Learner:
+    """Trains `model`'s `nnx.Param`s with `tx` on `loss_fn`.
+
+    Args:
+      model: the `Decoder` (updated in place: it always holds the current parameters).
+      tx: an optax transformation (`make_optimizer`).
+      loss_fn: `loss_fn(model, batch) -> (loss, metrics)` (module docstring).
+      micro_batch_size: rows per micro-batch (gradient accumulation); 0 = the whole minibatch at once. It must
+        divide every minibatch given to `update`.
+    """
+
+    def __init__(self, model: Decoder, tx: optax.GradientTransformation, loss_fn: LossFn, *,
+                 micro_batch_size: int = 0):
+        if micro_batch_size < 0:
+            raise ValueError(f"micro_batch_size={micro_batch_size} must be >= 0 (0 = no accumulation)")
+        self.model = model
+        self.micro_batch_size = micro_batch_size
+        graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
+        self.opt_state = tx.init(params)
+        self._update = jax.jit(functools.partial(_update, graphdef=graphdef, tx=tx, loss_fn=loss_fn),
+                               static_argnames=("n_micro",), donate_argnums=(0, 1))
+
+    @property
+    def params(self) -> nnx.State:
+        return nnx.state(self.model, nnx.Param)
+
+    def update(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """One optimizer step on `batch` (a dict of `[rows, ...]` arrays); returns its metrics on device: the
+        loss, the loss function's metrics, `grad_norm` and `skipped` (1 when the update was not finite)."""
+        rows, micro = _rows(batch), self.micro_batch_size or _rows(batch)
+        if rows % micro:
+            raise ValueError(f"micro_batch_size={micro} must divide the minibatch of {rows} rows")
+        params, self.opt_state, metrics = self._update(self.params, self.opt_state, self._rest, batch,
+                                                       n_micro=rows // micro)
+        nnx.update(self.model, params)
+        return metrics
+
+    def state(self) -> dict:
+        """What a checkpoint holds: `params` (a pure dict) and `opt` (the optimizer state's leaves, in order)."""
+        return {"params": nnx.to_pure_dict(self.params), "opt": jax.tree.leaves(self.opt_state)}
+
+    def load_state(self, state: dict) -> None:
+        """Set parameters and optimizer state from `state()`'s layout (e.g. restored by Orbax)."""
+        params = self.params
+        nnx.replace_by_pure_dict(params, state["params"])
+        nnx.update(self.model, params)
+        treedef = jax.tree.structure(self.opt_state)
+        if treedef.num_leaves != len(state["opt"]):
+            raise ValueError(f"the optimizer state holds {treedef.num_leaves} arrays, the checkpoint "
+                             f"{len(state['opt'])}: it was written with another optimizer")
+        self.opt_state = jax.tree.unflatten(treedef, list(state["opt"]))
+
+
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("temperature",))
+def _token_logprobs(graphdef, state, ids, mask, *, temperature):
+    return nnx.merge(graphdef, state).token_logprobs(ids, mask, temperature=temperature)
+
+
+def token_logprobs(model: Decoder, ids: jax.Array, mask: jax.Array, temperature: float = 1.0) -> jax.Array:
+    """`model.token_logprobs(ids, mask, temperature=...)` `[B, T]`, jit-compiled (no gradient)."""
+    graphdef, state = nnx.split(model)
+    return _token_logprobs(graphdef, state, jnp.asarray(ids), jnp.asarray(mask), temperature=float(temperature))

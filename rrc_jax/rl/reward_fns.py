@@ -1,0 +1,360 @@
+"""Reward functions: the seam between the trainer and every reward construction.
+
+A `RewardFn` is called once per step with the step's prompts and their sampled responses and returns the rewards
+`[B, m]` and its own metrics. The trainer knows nothing else about it. Each built-in kind is one class that owns
+its state (its judge, anchors, cached references, its own tokenizer) and reads its own config subgroup:
+
+| kind  | class        | reward                                                        | config            |
+| ----- | ------------ | ------------------------------------------------------------- | ----------------- |
+| `drm` | `DRMReward`  | the DRM's value head on prompt + response (Eq. 1)             | `reward.drm`      |
+| `prc` | `PRCReward`  | the judge's P(A) against a greedy reference response (Eq. 5)  | `reward.prc`      |
+| `scr` | `SCRReward`  | win counts of a round robin (Eq. 16), or CARA (Eq. 21)         | `reward.scr`      |
+| `agr` | `AGRReward`  | anchors beaten (Eq. 22, Algorithm 2)                          | `reward.agr`      |
+
+The judge kinds share `reward.judge` (template, votes, swap, sampling). A user's reward plugs in without editing
+the package: `reward.kind = "MODULE:NAME"` imports NAME from MODULE (on `PYTHONPATH`). NAME may be
+
+- a plain function `f(prompts: list[str], responses: list[list[str]])` returning rewards `[B, m]` (array-like) or
+  `(rewards, metrics)`;
+- a function with the full `RewardFn` signature `(prompts, responses, prompt_index, step)`;
+- a class: constructed as `NAME.from_config(config, context)` when it has that classmethod, else `NAME()`.
+
+Built-in kinds are found in `REWARD_FNS` (`register` adds one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rrc_jax.config import is_plugin
+from rrc_jax.data.batches import length_bucket, pad_sequences
+from rrc_jax.data.prompts import PromptSet
+from rrc_jax.errors import ConfigError
+from rrc_jax.inference.engine import JaxSampler
+from rrc_jax.inference.sampler import Sampler, SamplingParams, response_texts
+from rrc_jax.judge import Judge, JudgeConfig
+from rrc_jax.models import Decoder, prompt_ids
+from rrc_jax.rewards import agr_diagnostics, agr_rewards, cara_rewards, prc_rewards, scr_diagnostics, scr_rewards
+from rrc_jax.rl.anchors import AnchorStore
+from rrc_jax.rl.roles import Roles
+from rrc_jax.rm.examples import scored_ids
+
+
+class RewardFn(Protocol):
+    """`reward_fn(prompts [B], responses [B][m], prompt_index [B], step) -> (rewards [B, m], metrics)`.
+
+    `prompt_index` indexes the training `PromptSet` (for cached per-prompt state such as anchors); `step` is the
+    trainer's step (1-based), for anything drawn at random or refreshed on a schedule."""
+
+    def __call__(self, prompts: Sequence[str], responses: Sequence[Sequence[str]], prompt_index: np.ndarray,
+                 step: int) -> tuple[np.ndarray, dict[str, float]]: ...
+
+
+def step_seed(seed: int, step: int, stream: int = 0) -> int:
+    """A seed for random stream `stream` of step `step` (0: rewards, 1: evaluation): a resumed run draws what an
+    uninterrupted one does."""
+    return int(np.random.SeedSequence([seed, step, stream]).generate_state(1)[0])
+
+
+def rollout_params(rl) -> SamplingParams:
+    """How the policy samples rollouts (and AGR anchors): `rl.temperature`, `rl.top_p`, `rl.max_new_tokens`."""
+    return SamplingParams(rl.temperature, 0, rl.top_p, max_new_tokens=rl.max_new_tokens)
+
+
+class RewardContext:
+    """What a reward construction may use. The policy sampler holds the model being trained; the reference and the
+    judge are built on first use (a run that never asks for them never loads them)."""
+
+    def __init__(self, config, roles: Roles, policy: Sampler, tokenizer, train: PromptSet):
+        self.config, self.roles, self.policy, self.tokenizer, self.train = config, roles, policy, tokenizer, train
+        self.rollout_params = rollout_params(config.rl)
+        self.greedy_params = SamplingParams(0.0, max_new_tokens=config.rl.max_new_tokens)
+        self._reference: Sampler | None = None
+        self._judge: Judge | None = None
+
+    def reference(self) -> Sampler:
+        """A sampler of the frozen reference policy (`models.reference`, by default the initial policy)."""
+        if self._reference is None:
+            self._reference = JaxSampler(self.roles.model("reference"), self.roles.tokenizer("reference"),
+                                         max_batch=self.policy.max_batch)
+        return self._reference
+
+    @property
+    def has_judge(self) -> bool:
+        return self._judge is not None
+
+    def judge(self) -> Judge:
+        """The GRM as a judge (`reward.judge`), shared by the reward and the judged evaluation."""
+        if self._judge is None:
+            j = self.config.reward.judge
+            grm, tok = self.roles.model("grm"), self.roles.tokenizer("grm")
+            self._judge = Judge(JaxSampler(grm, tok, max_batch=j.max_batch), tok, JudgeConfig(
+                template=j.template, max_new_tokens=j.max_new_tokens, temperature=j.temperature,
+                seed=self.config.seed))
+        return self._judge
+
+    def greedy_texts(self, sampler: Sampler, prompts: Sequence[str]) -> list[str]:
+        """The greedy response of `sampler`'s model to each prompt."""
+        ids = [prompt_ids(self.tokenizer, p) for p in prompts]
+        return response_texts(self.tokenizer, sampler.generate(ids, 1, self.greedy_params))
+
+
+REWARD_FNS: dict[str, type] = {}
+
+
+def register(kind: str) -> Callable[[type], type]:
+    """Class decorator: make a RewardFn class (with `from_config(config, context)`) the reward of `kind`."""
+    def add(cls: type) -> type:
+        REWARD_FNS[kind] = cls
+        return cls
+    return add
+
+
+def _group_sizes(prompts, responses) -> tuple[int, int]:
+    if len(prompts) != len(responses) or len({len(g) for g in responses}) != 1:
+        raise ValueError(f"rewards need B prompts and B groups of m responses; got {len(prompts)} prompts and group "
+                         f"sizes {sorted({len(g) for g in responses})}")
+    return len(prompts), len(responses[0])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# DRM (Eq. 1)
+# ------------------------------------------------------------------------------------------------------------
+
+@jax.jit
+def _values(graphdef, state, ids, mask):
+    return nnx.merge(graphdef, state).values(ids, mask)
+
+
+@register("drm")
+class DRMReward:
+    """The discriminative reward model's score of `prompt + response`, rendered with the DRM's *own* tokenizer and
+    chat template (`rrc_jax.rm.examples.scored_ids`): a DRM need not share the policy's vocabulary."""
+
+    def __init__(self, model: Decoder, tokenizer, max_batch: int = 256):
+        if not model.cfg.value_head:
+            raise ConfigError("the DRM has no value head (score.weight); give a reward model trained with Eq. 1")
+        self.model, self.tokenizer, self.max_batch = model, tokenizer, max_batch
+
+    @classmethod
+    def from_config(cls, config, ctx: RewardContext) -> DRMReward:
+        return cls(ctx.roles.model("drm"), ctx.roles.tokenizer("drm"), config.reward.drm.max_batch)
+
+    def scores(self, prompts: Sequence[str], responses: Sequence[str]) -> np.ndarray:
+        """Value-head scores `[K]` float32 of K (prompt, response) pairs."""
+        rows = [scored_ids(self.tokenizer, p, o) for p, o in zip(prompts, responses)]
+        pad = self.model.cfg.pad_token_id or 0
+        graphdef, state = nnx.split(self.model)
+        out = []
+        for start in range(0, len(rows), self.max_batch):
+            chunk = rows[start:start + self.max_batch]
+            ids, mask = pad_sequences(chunk, length_bucket(max(map(len, chunk))), pad, "right")
+            out.append(np.asarray(_values(graphdef, state, jnp.asarray(ids), jnp.asarray(mask))))
+        return np.concatenate(out).astype(np.float32)
+
+    def __call__(self, prompts, responses, prompt_index, step):
+        b, m = _group_sizes(prompts, responses)
+        return self.scores([p for p in prompts for _ in range(m)], [o for g in responses for o in g]).reshape(b, m), {}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The judge kinds
+# ------------------------------------------------------------------------------------------------------------
+
+class JudgeReward:
+    """Common to the rewards that ask the GRM: the judge is reseeded from the step (exact resume) and its counters
+    are reported as `judge/*` metrics of every call."""
+
+    def __init__(self, judge: Judge, seed: int):
+        self.judge, self.seed = judge, seed
+
+    def start(self, step: int) -> None:
+        self.judge.reset_metrics()
+        self.judge.reseed(step_seed(self.seed, step))
+
+    def judge_metrics(self) -> dict[str, float]:
+        s = self.judge.summary()
+        return {"judge/questions": s["questions"], "judge/tokens": s["judge_tokens"],
+                "judge/abstain_rate": s["abstain_rate"], "judge/position_consistency": s["position_consistency"],
+                "judge/prefill_tokens_saved": s["prefill_tokens_saved"]}
+
+
+@register("prc")
+class PRCReward(JudgeReward):
+    """PRC (Eq. 5): `r(x, o) = P(A)` with o shown as A against the reference response o_ref as B.
+
+    `reference='current'` (default, as in seed 000 section 2.3): o_ref is the greedy response of the policy being
+    trained, regenerated each step. `reference='initial'`: the frozen reference policy's greedy response,
+    generated once per prompt and cached. `think=False` reads P(A) directly after the judge template's
+    direct-verdict variant (PRC "removing thinking")."""
+
+    def __init__(self, judge: Judge, seed: int, *, think: bool, reference: str, ctx: RewardContext):
+        super().__init__(judge, seed)
+        if reference not in ("current", "initial"):
+            raise ConfigError(f"config.reward.prc.reference: {reference!r}; use 'current' or 'initial'")
+        self.think, self.reference, self.ctx = think, reference, ctx
+        if not think:
+            judge.direct_template  # a ConfigError now, not at step 1, when the template has no direct variant
+        self._initial: dict[int, str] = {}
+
+    @classmethod
+    def from_config(cls, config, ctx: RewardContext) -> PRCReward:
+        p = config.reward.prc
+        return cls(ctx.judge(), config.seed, think=p.think, reference=p.reference, ctx=ctx)
+
+    def references(self, prompts: Sequence[str], prompt_index: np.ndarray) -> list[str]:
+        """o_ref `[B]` of the step's prompts."""
+        if self.reference == "current":
+            return self.ctx.greedy_texts(self.ctx.policy, prompts)
+        todo = sorted({int(i) for i in prompt_index} - self._initial.keys())
+        if todo:
+            texts = self.ctx.greedy_texts(self.ctx.reference(), [self.ctx.train.texts[i] for i in todo])
+            self._initial.update(zip(todo, texts))
+        return [self._initial[int(i)] for i in prompt_index]
+
+    def __call__(self, prompts, responses, prompt_index, step):
+        b, m = _group_sizes(prompts, responses)
+        refs = self.references(prompts, prompt_index)
+        self.start(step)
+        p_a = self.judge.preference_prob([p for p in prompts for _ in range(m)], [o for g in responses for o in g],
+                                         [r for r in refs for _ in range(m)], think=self.think)
+        metrics = {"reward/prc_saturation": float(np.mean((p_a <= 0.1) | (p_a >= 0.9))), **self.judge_metrics()}
+        return np.asarray(prc_rewards(p_a.reshape(b, m))), metrics
+
+
+@register("scr")
+class SCRReward(JudgeReward):
+    """SCR (Algorithm 1): every pair of a group judged V times; reward = majority win count x alpha (Eq. 16), or,
+    with `cara`, alpha x the position in the Kemeny-aggregated order (Eq. 21)."""
+
+    def __init__(self, judge: Judge, seed: int, *, votes: int, swap: bool, alpha: float, ties: str, cara: bool,
+                 cara_method: str):
+        super().__init__(judge, seed)
+        self.votes, self.swap, self.alpha, self.ties, self.cara, self.cara_method = (
+            votes, swap, alpha, ties, cara, cara_method)
+
+    @classmethod
+    def from_config(cls, config, ctx: RewardContext) -> SCRReward:
+        s, j = config.reward.scr, config.reward.judge
+        return cls(ctx.judge(), config.seed, votes=j.votes, swap=j.swap, alpha=s.alpha, ties=s.ties, cara=s.cara,
+                   cara_method=s.cara_method)
+
+    def __call__(self, prompts, responses, prompt_index, step):
+        _group_sizes(prompts, responses)
+        self.start(step)
+        counts = self.judge.round_robin(prompts, responses, votes=self.votes, swap=self.swap)
+        diag = scr_diagnostics(counts, votes=self.votes)
+        metrics = {f"judge/{k}": float(np.mean(v)) for k, v in diag.items()}
+        rewards = (cara_rewards(counts, alpha=self.alpha, method=self.cara_method) if self.cara
+                   else np.asarray(scr_rewards(counts, alpha=self.alpha, ties=self.ties)))
+        return rewards, {**metrics, **self.judge_metrics()}
+
+
+@register("agr")
+class AGRReward(JudgeReward):
+    """AGR (Algorithm 2): each response judged V times against each of its prompt's n anchors; reward = anchors
+    beaten by majority x alpha (Eq. 22). Anchors come from the reference policy, generated once into
+    `anchors_path` (`rrc_jax.rl.anchors`); with `refresh_every = k > 0` they are regenerated from the current policy
+    before steps k + 1, 2k + 1, ... (beyond the paper)."""
+
+    def __init__(self, judge: Judge, seed: int, *, store: AnchorStore, votes: int, swap: bool, alpha: float,
+                 ties: str, refresh_every: int, ctx: RewardContext):
+        super().__init__(judge, seed)
+        self.store, self.votes, self.swap, self.alpha, self.ties = store, votes, swap, alpha, ties
+        self.refresh_every, self.ctx = refresh_every, ctx
+        if not store.path.is_file():
+            store.generate(ctx.reference(), seed)  # the reference is loaded only when anchors must be made
+        store.load()
+
+    @classmethod
+    def from_config(cls, config, ctx: RewardContext) -> AGRReward:
+        a, j = config.reward.agr, config.reward.judge
+        return cls(ctx.judge(), config.seed, store=anchor_store(config, ctx.train, ctx.tokenizer), votes=j.votes,
+                   swap=j.swap,
+                   alpha=a.alpha, ties=a.ties, refresh_every=a.refresh_every, ctx=ctx)
+
+    def __call__(self, prompts, responses, prompt_index, step):
+        _group_sizes(prompts, responses)
+        k = self.refresh_every
+        if k and step > 1 and (step - 1) % k == 0:
+            self.store.generate(self.ctx.policy, seed=step)
+        self.start(step)
+        wins, losses = self.judge.vs_anchors(prompts, responses, self.store[prompt_index], votes=self.votes,
+                                             swap=self.swap)
+        diag = agr_diagnostics(wins, losses, votes=self.votes)
+        metrics = {f"judge/{k}": float(np.mean(v)) for k, v in diag.items()}
+        rewards = np.asarray(agr_rewards(wins, losses, alpha=self.alpha, ties=self.ties))
+        return rewards, {**metrics, **self.judge_metrics()}
+
+
+def anchor_store(config, train: PromptSet, tokenizer) -> AnchorStore:
+    """The AGR anchors of a trainer config for its training prompts: `reward.agr.anchors_path` (default
+    `workdir/anchors.jsonl`), sampled like the rollouts."""
+    a = config.reward.agr
+    path = a.anchors_path or Path(config.workdir).expanduser() / "anchors.jsonl"
+    return AnchorStore(path, train, a.n_anchors, tokenizer, rollout_params(config.rl))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# A user's reward: MODULE:NAME
+# ------------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class FunctionReward:
+    """A plain function `f(prompts, responses) -> rewards [B, m]` (or `(rewards, metrics)`) as a RewardFn."""
+
+    function: Callable
+    name: str
+
+    def __call__(self, prompts, responses, prompt_index, step):
+        b, m = _group_sizes(prompts, responses)
+        out = self.function(list(prompts), [list(g) for g in responses])
+        rewards, metrics = out if isinstance(out, tuple) else (out, {})
+        rewards = np.asarray(rewards, np.float32)
+        if rewards.shape != (b, m):
+            raise ValueError(f"reward {self.name} returned shape {rewards.shape}; it must return [B, m] = {(b, m)} "
+                             "rewards, one per response")
+        return rewards, dict(metrics)
+
+
+def load_plugin(kind: str):
+    """The object named by `MODULE:NAME` (a one-line `ConfigError` when it cannot be imported)."""
+    module, _, name = kind.partition(":")
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"config.reward.kind={kind!r}: cannot import {module!r} ({e}); put it on PYTHONPATH") from None
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"config.reward.kind={kind!r}: module {module!r} has no {name!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def make_reward_fn(config, ctx: RewardContext) -> RewardFn:
+    """The RewardFn of `config.reward.kind`: a registered kind, or a user's `MODULE:NAME` (module docstring)."""
+    kind = config.reward.kind
+    if not is_plugin(kind):
+        if kind not in REWARD_FNS:
+            raise ConfigError(f"config.reward.kind: {kind!r} is not one of {', '.join(REWARD_FNS)} or MODULE:NAME")
+        return REWARD_FNS[kind].from_config(config, ctx)
+    obj = load_plugin(kind)
+    if isinstance(obj, type):
+        return obj.from_config(config, ctx) if hasattr(obj, "from_config") else obj()
+    if not callable(obj):
+        raise ConfigError(f"config.reward.kind={kind!r} names a {type(obj).__name__}, not a function or class")
+    try:
+        n_args = len(inspect.signature(obj).parameters)
+    except (TypeError, ValueError):
+        n_args = 4
+    return obj if n_args >= 4 else FunctionReward(obj, kind)

@@ -1,0 +1,77 @@
+"""The models of a run, by role (`policy`, `reference`, `grm`, `drm`), resolved and loaded on first use only.
+
+A role names a Hugging Face directory or `toy` (`config.models.*`); the toy world is built (or read from its
+cache) the first time a toy role is asked for. A run asks only for the roles it needs: an AGR run on real
+checkpoints never resolves the DRM, so it never builds the toy world for it. `init_from` (another run's
+checkpoints) sets the policy's parameters and, unless `models.reference` names its own directory, the reference's
+too, so that the KL target, PRC's 'initial' references, AGR's anchors and the eval baseline are the policy a run
+starts from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rrc_jax.errors import ConfigError
+from rrc_jax.models import Decoder, load_hf, load_tokenizer
+from rrc_jax.progress import say
+
+ROLES = ("policy", "reference", "grm", "drm")
+
+
+class Roles:
+    """Lazily resolved and loaded models of a trainer config; `loaded` lists the roles loaded so far."""
+
+    def __init__(self, config):
+        self.config = config
+        self.loaded: list[str] = []
+        self._models: dict[str, Decoder] = {}
+        self._tokenizers: dict[str, object] = {}
+        self._world = None
+
+    def _name(self, role: str) -> str:
+        m = self.config.models
+        return {"policy": m.policy, "reference": m.reference or m.policy, "grm": m.grm, "drm": m.drm}[role]
+
+    def path(self, role: str) -> Path:
+        """The Hugging Face directory of `role` (the toy world's, built on first use, for `toy`)."""
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+        name = self._name(role)
+        if name == "toy":
+            if self._world is None:
+                from rrc_jax.data.toy.world import WorldSettings, build_world
+
+                self._world = build_world(WorldSettings.from_config(self.config.toy), self.config.toy.cache_dir)
+            path = getattr(self._world, "policy" if role == "reference" else role)
+        else:
+            path = Path(name).expanduser()
+        if not (path / "config.json").is_file():
+            field = "reference" if role == "reference" and self.config.models.reference else (
+                "policy" if role == "reference" else role)
+            raise ConfigError(f"config.models.{field}: {path} is not a Hugging Face model directory (no config.json); "
+                              "give a local checkpoint directory or 'toy'")
+        return path
+
+    def tokenizer(self, role: str):
+        if role not in self._tokenizers:
+            self._tokenizers[role] = load_tokenizer(self.path(role))
+        return self._tokenizers[role]
+
+    def model(self, role: str) -> Decoder:
+        """The model of `role`, loaded once (the DRM with its value head; the policy and, by default, the
+        reference from `init_from` when it is set)."""
+        if role not in self._models:
+            model = load_hf(self.path(role), dtype=self.config.models.dtype, value_head=role == "drm" or None)
+            if self._from_init(role):
+                from rrc_jax.checkpoint import Checkpointer
+
+                step = Checkpointer(Path(self.config.init_from).expanduser()).restore_params(model)
+                say(f"initialized the {role} from {self.config.init_from} (step {step})")
+            self._models[role] = model
+            self.loaded.append(role)
+        return self._models[role]
+
+    def _from_init(self, role: str) -> bool:
+        c = self.config
+        return bool(c.init_from) and (role == "policy" or (role == "reference" and not c.models.reference))

@@ -1,0 +1,208 @@
+"""The GRPO training loop. It sees a Sampler (the policy), a RewardFn and a Learner, nothing below them.
+
+One step (`Trainer.step`):
+
+1. B prompt indices from the grain pipeline (shuffled, repeated, sharded per host, checkpointable);
+2. m rollouts per prompt from the policy sampler (`rl.temperature`, `rl.top_p`, `rl.max_new_tokens`);
+3. rewards `[B, m]` from the RewardFn (`reward.kind`), with its metrics;
+4. group advantages (Eq. 4);
+5. log-probabilities of the rollouts under the policy before the update (pi_theta_old) and, with `rl.beta > 0`,
+   under the frozen reference, all at the sampling temperature; then `rl.mu` passes of minibatch updates of the
+   GRPO loss by the learner (one jitted, donated step each; non-finite updates skipped and counted);
+6. metrics, read back from the device once.
+
+`Trainer.run` adds evaluation (step 0, every `eval.every` steps and the last), metrics files, Orbax checkpoints
+(resumed automatically; Ctrl-C saves one), and the Hugging Face export of the final policy.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rrc_jax.checkpoint import Checkpointer
+from rrc_jax.config import validate
+from rrc_jax.data.batches import completion_batch
+from rrc_jax.data.prompts import load_prompts, prompt_batches
+from rrc_jax.inference.engine import JaxSampler
+from rrc_jax.inference.sampler import response_texts
+from rrc_jax.metrics import MetricsLogger
+from rrc_jax.models import prompt_ids, save_hf
+from rrc_jax.progress import Progress, say
+from rrc_jax.rl.grpo import group_advantages, grpo_objective
+from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer, token_logprobs
+from rrc_jax.rl.reward_fns import RewardContext, make_reward_fn, step_seed
+from rrc_jax.rl.roles import Roles
+
+
+class Trainer:
+    """GRPO on `config` (`rrc_jax.config.base_config`): builds the roles it needs, the policy sampler, the reward
+    function and the learner."""
+
+    def __init__(self, config):
+        validate(config)
+        self.config = config
+        rl = config.rl
+        self.workdir = Path(config.workdir).expanduser()
+        self.roles = Roles(config)
+        self.policy = self.roles.model("policy")
+        self.tokenizer = self.roles.tokenizer("policy")
+        self.sampler = JaxSampler(self.policy, self.tokenizer, max_batch=max(256, rl.prompts_per_step * rl.group_size))
+        self.train_prompts, self.eval_prompts = load_prompts(config)
+        self.context = RewardContext(config, self.roles, self.sampler, self.tokenizer, self.train_prompts)
+        self.reward_fn = make_reward_fn(config, self.context)
+        updates = config.steps * rl.mu * (rl.prompts_per_step * rl.group_size // rl.minibatch_size)
+        schedule = learning_rate_schedule(rl.learning_rate, kind=rl.lr_schedule, warmup_steps=rl.warmup_steps,
+                                          total_steps=updates)
+        self.learner = Learner(self.policy, make_optimizer(schedule, grad_clip=rl.grad_clip), grpo_objective(
+            temperature=rl.temperature, eps_low=rl.eps_low, eps_high=rl.eps_high, beta=rl.beta,
+            aggregation=rl.loss_aggregation, max_len=rl.max_new_tokens), micro_batch_size=rl.micro_batch_size)
+        self.batches = prompt_batches(config, len(self.train_prompts.texts))
+        self._eval_references: list[str] | None = None
+
+    # -- one step ----------------------------------------------------------------------------------------
+
+    def rollouts(self, prompts: list[str], key: jax.Array) -> tuple[list[list[str]], dict[str, np.ndarray]]:
+        """m sampled responses per prompt: texts `[B][m]` and the training batch (`completion_batch` rows of
+        prompt + response, loss on the response including its stop token; `truncated [B*m]`)."""
+        m = self.config.rl.group_size
+        ids = [prompt_ids(self.tokenizer, p) for p in prompts]
+        out = self.sampler.generate(ids, m, self.context.rollout_params, rng=key)
+        texts = response_texts(self.tokenizer, out)
+        batch = completion_batch([ids[i // m] for i in range(len(texts))],
+                                 [out.tokens[r, :out.lengths[r]] for r in range(len(texts))], self.sampler.pad_id)
+        batch["truncated"] = out.truncated
+        return [texts[i * m:(i + 1) * m] for i in range(len(prompts))], batch
+
+    def update(self, batch: dict[str, np.ndarray], advantages: np.ndarray, key: jax.Array) -> dict[str, float]:
+        """`rl.mu` passes of minibatch updates over one step's rollouts; metrics are means over the updates (NaN
+        shows a skipped one), `skipped_updates` their count."""
+        rl = self.config.rl
+        data = {k: jnp.asarray(batch[k]) for k in ("ids", "mask", "loss_mask")}
+        data["old_logp"] = token_logprobs(self.policy, data["ids"], data["mask"], rl.temperature)
+        if rl.beta > 0:
+            data["ref_logp"] = token_logprobs(self.roles.model("reference"), data["ids"], data["mask"],
+                                              rl.temperature)
+        data["advantages"] = jnp.asarray(advantages, jnp.float32)
+        n = data["ids"].shape[0]
+        logs = []
+        for epoch in range(rl.mu):
+            order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), n))
+            for start in range(0, n, rl.minibatch_size):
+                idx = jnp.asarray(order[start:start + rl.minibatch_size])
+                logs.append(self.learner.update({k: v[idx] for k, v in data.items()}))
+        logs = jax.device_get(logs)  # the step's one read-back
+        out = {k: float(np.mean([log[k] for log in logs])) for k in logs[0] if k != "skipped"}
+        out["skipped_updates"] = int(sum(log["skipped"] for log in logs))
+        return out
+
+    def step(self, step: int) -> dict[str, float]:
+        """One GRPO step (module docstring); returns its metrics."""
+        key = jax.random.fold_in(jax.random.key(self.config.seed), step)
+        t0 = time.perf_counter()
+        prompt_index = next(self.batches)
+        prompts = [self.train_prompts.texts[i] for i in prompt_index]
+        texts, batch = self.rollouts(prompts, jax.random.fold_in(key, 0))
+        t1 = time.perf_counter()
+        rewards, metrics = self.reward_fn(prompts, texts, prompt_index, step)
+        rewards = np.asarray(rewards, np.float32)
+        t2 = time.perf_counter()
+        metrics = dict(metrics)
+        metrics.update(self.update(batch, np.asarray(group_advantages(rewards)).reshape(-1),
+                                   jax.random.fold_in(key, 1)))
+        t3 = time.perf_counter()
+        metrics.update({
+            "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(axis=1).mean()),
+            "response_length": float(batch["loss_mask"].sum(1).mean()),
+            "truncated_fraction": float(np.mean(batch["truncated"])),
+            "time/rollout": t1 - t0, "time/reward": t2 - t1, "time/update": t3 - t2,
+            "tokens_per_second": int(batch["loss_mask"].sum()) / max(t1 - t0, 1e-9),
+        })
+        if self.train_prompts.oracle is not None:
+            oracle = self.train_prompts.oracle
+            metrics["oracle_quality"] = float(np.mean([[oracle(int(i), t) for t in group]
+                                                       for i, group in zip(prompt_index, texts)]))
+        return metrics
+
+    # -- evaluation --------------------------------------------------------------------------------------
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Greedy responses on the held-out prompts: toy oracle quality (mean and standard error); when the reward
+        uses the judge, the judged win rate against the reference policy's greedy responses (`eval.judge_votes`
+        votes per prompt, ties half)."""
+        ev = self.eval_prompts
+        if not ev.texts:
+            return {}
+        out = self.sampler.generate([prompt_ids(self.tokenizer, p) for p in ev.texts], 1, self.context.greedy_params)
+        texts = response_texts(self.tokenizer, out)
+        metrics: dict[str, float] = {"eval/response_length": float(out.lengths.mean())}
+        if ev.oracle is not None:
+            q = np.array([ev.oracle(i, t) for i, t in enumerate(texts)])
+            metrics["eval/oracle_quality"] = float(q.mean())
+            metrics["eval/oracle_quality_se"] = float(q.std(ddof=1) / math.sqrt(len(q))) if len(q) > 1 else 0.0
+        v = self.config.eval.judge_votes
+        if self.context.has_judge and v:
+            if self._eval_references is None:
+                self._eval_references = self.context.greedy_texts(self.context.reference(), ev.texts)
+            judge = self.context.judge()
+            judge.reseed(step_seed(self.config.seed, step, stream=1))
+            pv = judge.compare(ev.texts, texts, self._eval_references, votes=v, swap=True)
+            metrics["eval/win_rate_vs_reference"] = float(np.mean((pv.wins + 0.5 * (v - pv.wins - pv.losses)) / v))
+            metrics["eval/decided_win_rate_vs_reference"] = float(np.mean(pv.wins / np.maximum(pv.wins + pv.losses,
+                                                                                                1)))
+        return metrics
+
+    # -- the loop ----------------------------------------------------------------------------------------
+
+    def run(self) -> Path:
+        """Train for `config.steps` steps (resuming from the latest checkpoint in the workdir); returns it."""
+        config, workdir = self.config, self.workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        ckpt = Checkpointer(workdir / "checkpoints", save_every=config.checkpoint.save_every,
+                            keep=config.checkpoint.keep)
+        start = 0
+        if ckpt.latest_step() is not None:
+            start = ckpt.restore(self.learner, self.batches)
+            say(f"resumed from the checkpoint of step {start} in {ckpt.directory}")
+        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
+        logger = MetricsLogger(workdir)
+        interrupted = []
+        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+        try:
+            if start == 0:
+                logger.log(0, self.evaluate(0))
+            with Progress(config.steps, "train", start=start) as bar:
+                for step in range(start + 1, config.steps + 1):
+                    metrics = self.step(step)
+                    if config.eval.every and step % config.eval.every == 0 or step == config.steps:
+                        metrics.update(self.evaluate(step))
+                    logger.log(step, metrics)
+                    bar.update(1, reward=metrics["reward/mean"], **({"oracle": metrics["oracle_quality"]}
+                                                                     if "oracle_quality" in metrics else {}))
+                    saved = ckpt.maybe_save(step, self.learner, self.batches, force=step == config.steps)
+                    if interrupted:
+                        if not saved:
+                            ckpt.maybe_save(step, self.learner, self.batches, force=True)
+                        ckpt.wait()
+                        say(f"interrupted: checkpoint of step {step} saved in {ckpt.directory}")
+                        sys.exit(130)
+            ckpt.wait()
+            save_hf(self.policy, workdir / "hf_export", tokenizer=self.tokenizer)
+            say(f"exported the policy to {workdir / 'hf_export'}")
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            logger.close()
+            ckpt.close()
+        return workdir
+
+
+def run(config) -> Path:
+    """Train per `config`; returns the workdir."""
+    return Trainer(config).run()
