@@ -9,13 +9,11 @@ remakes it (e.g. with more anchors, or after changing the reference policy).
 
 from __future__ import annotations
 
-import sys
-
 from absl import app
 from ml_collections import config_flags
 
 from rrc_jax.config import run_cli, validate
-from rrc_jax.errors import ConfigError
+from rrc_jax.errors import exit_on_user_error
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "Trainer config (e.g. agr.py).", lock_config=True)
 
@@ -28,15 +26,14 @@ def main(argv) -> None:
     from rrc_jax.rl.reward_fns import anchor_store
     from rrc_jax.rl.roles import Roles
 
-    config = CONFIG.value
-    try:
+    def remake(config):
         validate(config)
         roles = Roles(config)
         train, _ = load_prompts(config)
         reference = JaxSampler(roles.model("reference"), roles.tokenizer("reference"))
         anchor_store(config, train, roles.tokenizer("policy")).generate(reference, config.seed)
-    except (ConfigError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+
+    exit_on_user_error(remake, CONFIG.value)
 
 
 if __name__ == "__main__":

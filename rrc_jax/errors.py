@@ -8,3 +8,14 @@ callers catching `ValueError` keep working.
 
 class ConfigError(ValueError):
     """A user mistake; the message names the setting or file and how to fix it."""
+
+
+def exit_on_user_error(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`, for a command line: a `ConfigError` or a missing file exits with the one line
+    `error: <message>`; any other exception propagates with its traceback."""
+    import sys
+
+    try:
+        return fn(*args, **kwargs)
+    except (ConfigError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")

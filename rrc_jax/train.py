@@ -9,13 +9,11 @@ one line; anything else keeps its traceback.
 
 from __future__ import annotations
 
-import sys
-
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from rrc_jax.config import run_cli
-from rrc_jax.errors import ConfigError
+from rrc_jax.errors import exit_on_user_error
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "Trainer config: a file or a packaged name (agr.py, "
                                          "scr.py, prc.py, drm.py).", lock_config=True)
@@ -30,10 +28,7 @@ def main(argv) -> None:
         logging.set_verbosity(logging.WARNING)
     from rrc_jax.rl.trainer import run
 
-    try:
-        run(CONFIG.value)
-    except (ConfigError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+    exit_on_user_error(run, CONFIG.value)
 
 
 if __name__ == "__main__":

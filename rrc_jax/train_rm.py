@@ -18,7 +18,7 @@ from absl import app
 from ml_collections import config_flags
 
 from rrc_jax.config import run_cli
-from rrc_jax.errors import ConfigError
+from rrc_jax.errors import ConfigError, exit_on_user_error
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "grm_sft.py or drm_bt.py (or a path)", lock_config=True)
 
@@ -53,10 +53,7 @@ def run_rm(config) -> Path:
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    try:
-        out = run_rm(CONFIG.value)
-    except (ConfigError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+    out = exit_on_user_error(run_rm, CONFIG.value)
     print(f"saved the {CONFIG.value.kind.upper()} to {out}", file=sys.stderr)
 
 

@@ -60,3 +60,60 @@ def padded_batch(lengths, pad_side="left", seed=0, vocab=VOCAB, pad_id=0):
         sl = slice(t - n, t) if pad_side == "left" else slice(0, n)
         ids[i, sl], mask[i, sl] = row, 1
     return ids, mask
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The toy world, shared: one tiny cached build for every test that trains on it.
+# ------------------------------------------------------------------------------------------------------------
+
+TINY_RUN = {
+    "steps": 2, "toy.train_prompts": 64, "toy.policy_steps": 20, "toy.grm_steps": 20, "toy.drm_steps": 20,
+    "data.eval_prompts": 16, "rl.prompts_per_step": 4, "rl.group_size": 4, "rl.minibatch_size": 8,
+    "rl.max_new_tokens": 8, "reward.agr.n_anchors": 2, "reward.judge.max_new_tokens": 20, "eval.every": 2,
+    "checkpoint.save_every": 2, "eval.judge_votes": 2,
+}
+
+
+@pytest.fixture(scope="session")
+def toy_cache(tmp_path_factory):
+    """The cache directory of the tests' tiny toy world (built by the first test that needs it)."""
+    return tmp_path_factory.mktemp("toy_cache")
+
+
+def set_fields(config, overrides: dict):
+    """`config` with dotted fields (`"rl.group_size"`) set."""
+    for key, value in overrides.items():
+        node = config
+        *path, leaf = key.split(".")
+        for p in path:
+            node = node[p]
+        node[leaf] = value
+    return config
+
+
+def tiny_config(kind, workdir, cache, **overrides):
+    """A trainer config of `kind` on the tests' tiny toy world: 2 steps of 4 prompts x 4 responses."""
+    from rrc_jax.config import base_config
+
+    return set_fields(base_config(kind), {**TINY_RUN, "workdir": str(workdir), "toy.cache_dir": str(cache),
+                                          **overrides})
+
+
+def read_metrics(workdir):
+    """`metrics.jsonl` by step (a re-run step's later line overwrites the earlier one)."""
+    import json
+    from pathlib import Path
+
+    rows = {}
+    for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows.setdefault(row["step"], {}).update(row)
+    return rows
+
+
+def cli_args(workdir, cache, kind="agr", module="rrc_jax.train", **overrides):
+    """The command line running `module` on the tiny toy world (`--config=KIND.py`, the packaged config)."""
+    import sys
+
+    items = {**TINY_RUN, "workdir": str(workdir), "toy.cache_dir": str(cache), **overrides}
+    return [sys.executable, "-m", module, f"--config={kind}.py"] + [f"--config.{k}={v}" for k, v in items.items()]

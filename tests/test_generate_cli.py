@@ -9,7 +9,7 @@ import pytest
 from conftest import make_hf_model
 from rrc_jax.models import load_hf, load_tokenizer, prompt_ids
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
-from rrc_jax.sampling import generate
+from rrc_jax.inference.sampling import SamplingParams, generate
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def test_cli_prints_only_the_continuation(model_dir):
     model = load_hf(model_dir)
     ids = prompt_ids(tok, "Sort: 3 1 2")
     assert ids[0] == 1  # BOS from the fallback (no chat template)
-    ref = generate(model, [ids], max_new_tokens=12, temperature=0.0, stop_token_ids=[2])
+    ref = generate(model, [ids], SamplingParams(0.0, max_new_tokens=12, stop_token_ids=(2,)))
     expected = tok.decode(ref.tokens[0, :ref.lengths[0]].tolist(), skip_special_tokens=True)
     assert out.stdout == expected + "\n"
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from rrc_jax.grpo import grpo_loss, group_advantages
+from rrc_jax.rl.grpo import grpo_loss, group_advantages
 
 # ---------------------------------------------------------------------------------------------------- advantages
 

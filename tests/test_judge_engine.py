@@ -1,37 +1,32 @@
-"""Judge engine against a scripted model: vote tensors exact (swap flipping, abstentions, odd V, no mixing of prompts
-in a batch), query counts, tournaments, PRC probabilities, metrics.
+"""The judge against a scripted Sampler: vote tensors exact (swap order, abstentions, odd V, no mixing of prompts
+in a batch), query counts, tournaments, PRC probabilities, pointwise scores, metrics.
 
-The scripted judge is an NNX module with the `Decoder` sampling interface (`cfg`, `extend(cache, ids, mask)`). It
-keeps the visible token ids in its KV cache and writes a fixed judgment for what it sees: the prompt character
-(from `PROMPTS`), the first and the last response character (from `RESPONSES`) in the question and a table of
-scripts indexed by (prompt, first, second). It counts its own output tokens from the end marker `§` that closes
-every question, so any prefix / suffix split of the question gives the same output.
+`ScriptedSampler` implements the Sampler protocol in a few lines of Python: it reads each question's text and
+answers with a fixed judgment for what it sees: the prompt character (from `PROMPTS`), the first and the last
+response character (from `RESPONSES`), looked up in a table of scripts indexed by (prompt, first, second). For
+`next_token_logprobs` it continues the script from the text written after the end marker `§` that closes every
+question (logits 4 for the script's next token, 0 elsewhere).
 """
 
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from rrc_jax.judge import Judge, JudgeTemplate, order_rewards
+from rrc_jax.inference import SampleOutput, SamplerStats, SamplingParams
+from rrc_jax.judge import Judge, JudgeTemplate, knockout, merge_sort
 from rrc_jax.models.char_tokenizer import PRINTABLE, make_char_tokenizer
-from rrc_jax.models.decoder import DecoderConfig, KVCache
+from rrc_jax.rewards import order_rewards
 
 RESPONSES = "αβγδεζηθικλμνξοπ"  # 16 single-character responses / anchors
 PROMPTS = "①②③④⑤"
 END, END_DIRECT, END_POINT = "§", "¶", "¤"  # last character of every question (reasoning / direct / pointwise)
 TOKENIZER = make_char_tokenizer(PRINTABLE + RESPONSES + PROMPTS + END + END_DIRECT + END_POINT)
-ID = TOKENIZER.convert_tokens_to_ids
-R0, P0, END_ID, END_DIRECT_ID, END_POINT_ID = (ID(RESPONSES[0]), ID(PROMPTS[0]), ID(END), ID(END_DIRECT),
-                                                ID(END_POINT))
 
 TEMPLATE = JudgeTemplate("scripted_cot", "pairwise", "JUDGE THE PAIR.", "Q {prompt}\n", "A {a}\nB {b}\n" + END,
-                         think=True)
-DIRECT = JudgeTemplate("scripted_direct", "pairwise", "JUDGE THE PAIR.", "Q {prompt}\n", "A {a}\nB {b}\n" + END_DIRECT,
-                       think=False)
+                         think=True, direct="scripted_direct")
+DIRECT = JudgeTemplate("scripted_direct", "pairwise", "JUDGE THE PAIR.", "Q {prompt}\n",
+                       "A {a}\nB {b}\n" + END_DIRECT, think=False)
 POINTWISE = JudgeTemplate("scripted_point", "pointwise", "SCORE IT.", "Q {prompt}\n", "R {response}\n" + END_POINT,
                           think=True)
 # script 0: prefers A (short reasoning), 1: A (long reasoning), 2: B (short), 3: B (long), 4: abstains (both
@@ -39,61 +34,52 @@ POINTWISE = JudgeTemplate("scripted_point", "pointwise", "SCORE IT.", "Q {prompt
 # marker it writes script 6 ([[A]]) or 7 ([[B]]) instead, by DIRECT_OF.
 SCRIPTS = ["OK [[A]]", "A IS RIGHT, B IS NOT. [[A]]", "OK [[B]]", "B IS RIGHT, A IS NOT. [[B]]",
            "HARD TO SAY: [[A]] OR [[B]]", "X" * 60, "[[A]]", "[[B]]"] + [f"FINE. <score>{k}</score>" for k in range(10)]
-DIRECT_OF = np.array([6, 6, 7, 7, 6, 6, 6, 7] + [6] * 10)
-# pointwise questions show one response r, so the model reads table[p, r, r]: script 8 + score
+DIRECT_OF = [6, 6, 7, 7, 6, 6, 6, 7] + [6] * 10
+# pointwise questions show one response r, so the sampler reads table[p, r, r]: script 8 + score
 MAX_NEW = 40  # < len of script 5: it never stops
 
 
-def _script_ids():
-    rows = [TOKENIZER(s, add_special_tokens=False)["input_ids"] + [2] for s in SCRIPTS]
-    width = max(map(len, rows))
-    return np.array([r + [2] * (width - len(r)) for r in rows], np.int32)
-
-
-class ScriptedJudge(nnx.Module):
-    """Next-token logits = 4 x one_hot(script[table[p, first, second]][j]), j = tokens written after `§`."""
+class ScriptedSampler:
+    """The Sampler protocol over the scripted world; `stats.calls` counts `complete` calls."""
 
     def __init__(self, table: np.ndarray):
-        self.cfg = DecoderConfig(model_type="llama", vocab_size=len(TOKENIZER), hidden_size=2, intermediate_size=2,
-                                 num_layers=1, num_heads=1, num_kv_heads=1, head_dim=2, eos_token_ids=(2,),
-                                 pad_token_id=0, max_position_embeddings=4096)
-        self.table = nnx.Variable(jnp.asarray(table, jnp.int32))  # [P, R, R] script index
-        self.scripts = nnx.Variable(jnp.asarray(_script_ids()))
+        self.table = table
+        self.stats = SamplerStats()
 
-    def _logits(self, toks, valid):
-        s = toks.shape[1]
-        col = jnp.arange(s)[None]
-        in_range = lambda lo, n: valid & (toks >= lo) & (toks < lo + n)
-        is_r, is_p = in_range(R0, len(RESPONSES)), in_range(P0, len(PROMPTS))
-        at = lambda pos: jnp.take_along_axis(toks, pos[:, None], axis=1)[:, 0]
-        first = at(jnp.argmax(is_r, axis=1)) - R0
-        second = at(s - 1 - jnp.argmax(is_r[:, ::-1], axis=1)) - R0
-        p = at(jnp.argmax(is_p, axis=1)) - P0
-        is_e = valid & ((toks == END_ID) | (toks == END_DIRECT_ID) | (toks == END_POINT_ID))
-        e_pos = s - 1 - jnp.argmax(is_e[:, ::-1], axis=1)
-        direct = at(e_pos) == END_DIRECT_ID
-        j = jnp.sum(valid & (col > e_pos[:, None]), axis=1)
-        script = self.table[...][jnp.clip(p, 0), jnp.clip(first, 0), jnp.clip(second, 0)]
-        script = jnp.where(direct, jnp.asarray(DIRECT_OF)[script], script)
-        scripts = self.scripts[...]
-        tok = scripts[script, jnp.minimum(j, scripts.shape[1] - 1)]
-        logits = 4.0 * jax.nn.one_hot(tok, self.cfg.vocab_size)
-        return jnp.where(is_e.any(axis=1)[:, None], logits, 0.0)
+    def _script(self, ids) -> tuple[list[int], int]:
+        """(the script's token ids + EOS, tokens already written after the question's end marker)."""
+        text = TOKENIZER.decode(list(ids), skip_special_tokens=True)
+        end = max(text.rfind(END), text.rfind(END_DIRECT), text.rfind(END_POINT))
+        shown = [c for c in text[:end] if c in RESPONSES]
+        p = next(PROMPTS.index(c) for c in text if c in PROMPTS)
+        script = int(self.table[p, RESPONSES.index(shown[0]), RESPONSES.index(shown[-1])])
+        if text[end] == END_DIRECT:
+            script = DIRECT_OF[script]
+        return TOKENIZER(SCRIPTS[script], add_special_tokens=False)["input_ids"] + [2], len(text) - end - 1
 
-    def extend(self, cache: KVCache, input_ids, attention_mask=None) -> KVCache:
-        b, t = input_ids.shape
-        new = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
-        valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, new, cache.end, axis=1)
-        upd = jnp.broadcast_to(input_ids.astype(jnp.float32)[:, None, :], (b, 2, t))
-        (block,), = cache.k  # one layer; a tiny cache is one block [B*K, D, S], K = 1
-        k = jax.lax.dynamic_update_slice(block, upd.astype(block.dtype), (0, 0, cache.end))
-        toks, seen = k[:, 0, :].astype(jnp.int32), valid
-        if cache.shared:  # a branched cache: the shared prefix [K, D, N] comes before the row's own slots
-            shared = jnp.broadcast_to(cache.shared_k[0][0, 0, :].astype(jnp.int32), cache.shared_mask.shape)
-            toks, seen = jnp.concatenate([shared, toks], axis=1), jnp.concatenate([cache.shared_mask, valid], axis=1)
-        logits = jnp.where(new.any(axis=1)[:, None], self._logits(toks, seen), cache.logits)
-        return cache.replace(k=((k,),), valid=valid, positions=cache.positions + new.sum(axis=1, dtype=jnp.int32),
-                             end=cache.end + t, logits=logits)
+    def generate(self, prompt_ids, group_size=1, params=SamplingParams(), rng=0):
+        raise NotImplementedError("the judge never calls generate")
+
+    def complete(self, prefixes, suffixes, params=SamplingParams(), rng=0):
+        n = params.max_new_tokens
+        tokens = np.zeros((len(suffixes), n), np.int32)
+        lengths = np.zeros(len(suffixes), np.int32)
+        for q, (owner, suffix) in enumerate(suffixes):
+            script, _ = self._script(list(prefixes[owner]) + list(suffix))
+            lengths[q] = min(len(script), n)
+            tokens[q, :lengths[q]] = script[:lengths[q]]
+        self.stats.calls += 1
+        self.stats.generated_tokens += int(lengths.sum())
+        return SampleOutput(tokens, np.zeros_like(tokens, np.float32), lengths, lengths == n)
+
+    def next_token_logprobs(self, prefixes, suffixes, token_ids):
+        out = np.zeros((len(suffixes), len(token_ids)), np.float32)
+        log_z = math.log(math.exp(4.0) + len(TOKENIZER) - 1)
+        for q, (owner, suffix) in enumerate(suffixes):
+            script, written = self._script(list(prefixes[owner]) + list(suffix))
+            nxt = script[min(written, len(script) - 1)]
+            out[q] = [(4.0 if t == nxt else 0.0) - log_z for t in token_ids]
+        return out
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -125,15 +111,14 @@ TABLE = np.array([[[script_for(p, i, j) if i != j else (5 if point_score(p, i) i
                     for j in range(len(RESPONSES))] for i in range(len(RESPONSES))] for p in range(len(PROMPTS))])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def model():
-    return ScriptedJudge(TABLE)
+    return ScriptedSampler(TABLE)
 
 
-def make_judge(model, **kw):
-    kw = {"template": TEMPLATE, "direct_template": DIRECT, "temperature": 0.0, "max_new_tokens": MAX_NEW,
-          "max_batch": 16, **kw}
-    return Judge(model, TOKENIZER, **kw)
+def make_judge(sampler, **kw):
+    kw = {"template": TEMPLATE, "direct_template": DIRECT, "temperature": 0.0, "max_new_tokens": MAX_NEW, **kw}
+    return Judge(sampler, TOKENIZER, **kw)
 
 
 def group(p, m, offset=0):
@@ -141,15 +126,24 @@ def group(p, m, offset=0):
     return PROMPTS[p], [RESPONSES[(offset + 3 * p + i) % len(RESPONSES)] for i in range(m)]
 
 
-def expected_scr(p, resp, votes, swap):
-    """c[i, j] written from the scripted world's rules, independently of the engine."""
+def shown_first(votes, swap, order):
+    """(votes showing a pair in the given order, votes showing it reversed) when vote 0 uses `order` (0: as
+    given, 1: reversed) and the votes alternate."""
+    if not swap:
+        return votes, 0
+    given = math.ceil(votes / 2) if order == 0 else votes // 2
+    return given, votes - given
+
+
+def expected_scr(b, p, resp, votes, swap):
+    """c[i, j] of prompt p at batch index b, written from the scripted world's rules, independently of the judge."""
     m = len(resp)
     c = np.zeros((m, m), np.int32)
     idx = [RESPONSES.index(r) for r in resp]
     for i in range(m):
         for j in range(i + 1, m):
-            if p == BIASED:  # always the first shown: original order votes go to i, swapped ones to j
-                c[i, j], c[j, i] = (math.ceil(votes / 2), votes // 2) if swap else (votes, 0)
+            if p == BIASED:  # always the first shown: votes in the given order go to i, reversed ones to j
+                c[i, j], c[j, i] = shown_first(votes, swap, (b + i + j) % 2)
             elif p == TRUNCATING or QUALITY[p, idx[i]] == QUALITY[p, idx[j]]:
                 pass  # abstains
             elif QUALITY[p, idx[i]] > QUALITY[p, idx[j]]:
@@ -176,7 +170,7 @@ def test_round_robin_counts_are_exact(model, votes, swap):
     c = judge.round_robin(list(prompts), [list(g) for g in groups], votes=votes, swap=swap)
     assert c.shape == (len(PROMPTS), m, m) and c.dtype == np.int32
     for p in range(len(PROMPTS)):
-        np.testing.assert_array_equal(c[p], expected_scr(p, groups[p], votes, swap), err_msg=f"prompt {p}")
+        np.testing.assert_array_equal(c[p], expected_scr(p, p, groups[p], votes, swap), err_msg=f"prompt {p}")
     assert judge.metrics.questions == len(PROMPTS) * m * (m - 1) // 2 * votes  # m(m-1)/2 x V per prompt
     n_abstain = (m * (m - 1) // 2 + 1) * votes  # truncating prompt: all pairs; prompt ③: the tied pair
     assert judge.metrics.abstains == n_abstain
@@ -217,7 +211,7 @@ def test_vs_anchors_counts_are_exact(model, votes, swap):
         for i in range(m):
             for k in range(n):
                 if p == BIASED:
-                    want = (math.ceil(votes / 2), votes // 2) if swap else (votes, 0)
+                    want = shown_first(votes, swap, (g + i + k) % 2)
                 else:
                     better = QUALITY[p, RESPONSES.index(responses[g][i])] > QUALITY[p, RESPONSES.index(anchors[g][k])]
                     want = (votes, 0) if better else (0, votes)
@@ -232,7 +226,7 @@ def test_compare_swap_and_position_consistency(model):
     want0 = (4, 0) if QUALITY[0, 0] > QUALITY[0, 1] else (0, 4)
     assert (honest.wins[0], honest.losses[0]) == want0
     assert (honest.wins[1], honest.losses[1], honest.abstains[1]) == (2, 2, 0)
-    summary = judge.metrics.summary()
+    summary = judge.summary()
     # honest prompt: 2 consistent couples; biased prompt: 2 inconsistent couples
     assert (summary["swap_couples"], summary["swap_consistent"]) == (4, 2)
     assert summary["position_consistency"] == 0.5
@@ -246,38 +240,14 @@ def test_compare_abstains(model):
     assert (tie.wins[0], tie.losses[0], tie.abstains[0]) == (0, 0, 3)
     cut = judge.compare([PROMPTS[TRUNCATING]], [RESPONSES[0]], [RESPONSES[1]], votes=2)
     assert (cut.wins[0], cut.losses[0], cut.abstains[0]) == (0, 0, 2)
-    assert judge.metrics.summary()["abstain_rate"] == 1.0
-
-
-def test_prefix_reuse_equals_full_prefill_and_saves_the_expected_tokens(model):
-    prompts, groups = zip(*(group(p, 4) for p in range(3)))
-    reuse, full = make_judge(model), make_judge(model, prefix_reuse=False)
-    c1 = reuse.round_robin(list(prompts), [list(g) for g in groups], votes=2)
-    c2 = full.round_robin(list(prompts), [list(g) for g in groups], votes=2)
-    np.testing.assert_array_equal(c1, c2)
-    # each prompt's prefix ("<s>JUDGE THE PAIR.\n\nQ ①\n": 22 tokens) is prefilled once instead of 12 times
-    prefix = len(TOKENIZER("JUDGE THE PAIR.\n\nQ ①\n")["input_ids"])
-    assert prefix == 22
-    assert reuse.metrics.prefill_tokens_saved == 3 * (12 - 1) * prefix
-    assert full.metrics.prefill_tokens - reuse.metrics.prefill_tokens == 3 * (12 - 1) * prefix
-    assert reuse.metrics.judge_tokens == full.metrics.judge_tokens
-    assert reuse.metrics.reuse_fallbacks == 0
-
-
-def test_chunking_does_not_change_votes(model):
-    prompts, groups = zip(*(group(p, 5) for p in range(3)))
-    big = make_judge(model, max_batch=64).round_robin(list(prompts), [list(g) for g in groups], votes=3)
-    small_judge = make_judge(model, max_batch=4)
-    small = small_judge.round_robin(list(prompts), [list(g) for g in groups], votes=3)
-    np.testing.assert_array_equal(big, small)
-    assert small_judge.metrics.sampler_calls == math.ceil(3 * 10 * 3 / 4)
+    assert judge.summary()["abstain_rate"] == 1.0
 
 
 @pytest.mark.parametrize("m", [2, 5, 8])
 def test_merge_sort_orders_by_quality(model, m):
     prompts, groups = zip(*(group(p, m) for p in (0, 1)))
     judge = make_judge(model)
-    result = judge.merge_sort(list(prompts), [list(g) for g in groups])
+    result = merge_sort(judge, list(prompts), [list(g) for g in groups])
     for b, p in enumerate((0, 1)):
         q = [QUALITY[p, RESPONSES.index(r)] for r in groups[b]]
         np.testing.assert_array_equal(result.order[b], np.argsort(q)[::-1])
@@ -290,9 +260,9 @@ def test_merge_sort_orders_by_quality(model, m):
 def test_knockout_uses_m_minus_1_queries_and_crowns_the_best(model, m):
     prompts, groups = zip(*(group(p, m) for p in (0, 1)))
     judge = make_judge(model)
-    result = judge.knockout(list(prompts), [list(g) for g in groups], votes=1)
+    result = knockout(judge, list(prompts), [list(g) for g in groups], votes=1)
     np.testing.assert_array_equal(result.queries, [m - 1, m - 1])
-    assert judge.metrics.sampler_calls == math.ceil(math.log2(m))  # one batched round per bracket level
+    assert judge.summary()["sampler_calls"] == math.ceil(math.log2(m))  # one batched round per bracket level
     for b, p in enumerate((0, 1)):
         q = np.array([QUALITY[p, RESPONSES.index(r)] for r in groups[b]])
         assert result.order[b, 0] == np.argmax(q)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rrc_jax.inference import JaxSampler
 from rrc_jax.judge import Judge, JudgeTemplate, get_template, render_parts
 from rrc_jax.judge.prompts import encode_question
 from rrc_jax.models import Decoder, DecoderConfig, format_prompt, prompt_ids
@@ -93,8 +94,9 @@ def test_greedy_judgments_with_reuse_equal_without(tokenizer_kind, template):
     tok = {"char": lambda: char_tokenizer(False), "char_chat": lambda: char_tokenizer(True), "bpe_chat": bpe_tokenizer}[
         tokenizer_kind]()
     model = tiny_decoder(len(tok), seed=0)  # a seed whose random judge writes different texts for different pairs
-    kw = dict(template=template, temperature=0.0, max_new_tokens=16, max_batch=16)
-    reuse, full = Judge(model, tok, **kw), Judge(model, tok, prefix_reuse=False, **kw)
+    kw = dict(template=template, temperature=0.0, max_new_tokens=16)
+    reuse = Judge(JaxSampler(model, tok, max_batch=16), tok, **kw)
+    full = Judge(JaxSampler(model, tok, max_batch=16, prefix_reuse=False), tok, **kw)
     a = [g[i] for g in GROUPS for i in (0, 0, 1)]
     b = [g[j] for g in GROUPS for j in (1, 2, 2)]
     prompts = [p for p in PROMPTS for _ in range(3)]
@@ -107,9 +109,10 @@ def test_greedy_judgments_with_reuse_equal_without(tokenizer_kind, template):
     # expected saving: each prompt has 3 pairs x 2 votes = 6 questions sharing one prefix -> (6 - 1) x prefix length
     prefix_len = [len(encode_question(tok, *render_parts(tok, get_template(template), p, a="", b="")).prefix)
                   for p in PROMPTS]
-    assert reuse.metrics.prefill_tokens_saved == sum(5 * n for n in prefix_len)
-    assert full.metrics.prefill_tokens - reuse.metrics.prefill_tokens == sum(5 * n for n in prefix_len)
-    assert reuse.metrics.reuse_fallbacks == 0 and reuse.metrics.questions == full.metrics.questions == 12
+    r, f = reuse.summary(), full.summary()
+    assert r["prefill_tokens_saved"] == sum(5 * n for n in prefix_len)
+    assert f["prefill_tokens"] - r["prefill_tokens"] == sum(5 * n for n in prefix_len)
+    assert r["reuse_fallbacks"] == 0 and r["questions"] == f["questions"] == 12
 
 
 def test_fallback_questions_are_prefilled_in_full_and_counted():
@@ -117,8 +120,9 @@ def test_fallback_questions_are_prefilled_in_full_and_counted():
     model = tiny_decoder(len(tok), seed=4)
     bad = JudgeTemplate("bad_split", "pairwise", None, "{prompt} resp", "onses: A {a} B {b}\n", think=True)
     kw = dict(template=bad, temperature=0.0, max_new_tokens=16)
-    reuse, full = Judge(model, tok, **kw), Judge(model, tok, prefix_reuse=False, **kw)
+    reuse = Judge(JaxSampler(model, tok), tok, **kw)
+    full = Judge(JaxSampler(model, tok, prefix_reuse=False), tok, **kw)
     _, log1 = reuse.explain(PROMPTS, ["4", "11"], ["5", "12"], votes=2)
     _, log2 = full.explain(PROMPTS, ["4", "11"], ["5", "12"], votes=2)
     assert [v.text for v in log1] == [v.text for v in log2]
-    assert reuse.metrics.reuse_fallbacks == 4 and reuse.metrics.prefill_tokens_saved == 0
+    assert reuse.metrics.reuse_fallbacks == 4 and reuse.summary()["prefill_tokens_saved"] == 0

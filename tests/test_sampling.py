@@ -7,11 +7,22 @@ import pytest
 import torch
 
 from conftest import make_hf_model, padded_batch
-from rrc_jax import sampling
+from rrc_jax.data.batches import pad_sequences
+from rrc_jax.inference import sampling
+from rrc_jax.inference.sampling import SamplingParams, decode, extend, generate, prefill, sample_token
 from rrc_jax.models import load_hf
-from rrc_jax.sampling import SamplingParams, decode, extend, generate, pad_sequences, prefill, sample_token
 
 LENGTHS = [5, 17, 9, 12]
+
+
+def params(max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_token_ids=None):
+    stop = None if stop_token_ids is None else tuple(stop_token_ids)
+    return SamplingParams(temperature, top_k, top_p, max_new_tokens=max_new_tokens, stop_token_ids=stop)
+
+
+def gen(model, prompts, *, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, stop_token_ids=None, **kw):
+    """`generate` with the sampling settings as keywords."""
+    return generate(model, prompts, params(max_new_tokens, temperature, top_k, top_p, stop_token_ids), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +48,7 @@ def test_greedy_matches_transformers_generate(hf_checkpoint):
     _, path, ref = hf_checkpoint
     model = load_hf(path)
     ids, mask = padded_batch(LENGTHS, "left", seed=5)
-    out = generate(model, prompts_of(ids, mask), max_new_tokens=32, temperature=0.0)
+    out = gen(model, prompts_of(ids, mask), max_new_tokens=32, temperature=0.0)
     expected = hf_greedy(ref, ids, mask, 32, eos=2)
     assert out.tokens.shape == (4, 32)
     for b in range(4):
@@ -50,9 +61,9 @@ def test_greedy_stops_like_transformers(llama):
     """A stop id that some rows emit: those rows end there (stop token included), the others run to N."""
     model, ref = llama
     ids, mask = padded_batch(LENGTHS, "left", seed=5)
-    free = generate(model, prompts_of(ids, mask), max_new_tokens=32, temperature=0.0)
+    free = gen(model, prompts_of(ids, mask), max_new_tokens=32, temperature=0.0)
     stop = int(free.tokens[0, 6])  # a token row 0 emits at step 6 (or earlier)
-    out = generate(model, prompts_of(ids, mask), max_new_tokens=32, temperature=0.0, stop_token_ids=[stop])
+    out = gen(model, prompts_of(ids, mask), max_new_tokens=32, temperature=0.0, stop_token_ids=[stop])
     expected = hf_greedy(ref, ids, mask, 32, eos=stop)
     assert out.lengths[0] <= 7 and not out.truncated[0]
     for b in range(4):
@@ -68,9 +79,9 @@ def test_batch_equals_one_prompt_at_a_time(llama):
     model, _ = llama
     ids, mask = padded_batch(LENGTHS, "left", seed=7)
     prompts = prompts_of(ids, mask)
-    batch = generate(model, prompts, max_new_tokens=20, temperature=0.0, stop_token_ids=[])
+    batch = gen(model, prompts, max_new_tokens=20, temperature=0.0, stop_token_ids=[])
     for b, p in enumerate(prompts):
-        one = generate(model, [p], max_new_tokens=20, temperature=0.0, stop_token_ids=[])
+        one = gen(model, [p], max_new_tokens=20, temperature=0.0, stop_token_ids=[])
         np.testing.assert_array_equal(one.tokens[0], batch.tokens[b])
         np.testing.assert_allclose(one.logprobs[0], batch.logprobs[b], atol=1e-5)
 
@@ -89,9 +100,9 @@ def test_prefill_extend_decode_equals_whole_prompt(llama):
     s_ids, s_mask = pad_sequences(suffixes, 8, 0, "right")
     cache = extend(model, prefix_cache.take(jnp.asarray(owner)), s_ids, s_mask)
     assert int(prefix_cache.end) == 16 and int(cache.end) == 24  # the prefix cache itself is untouched
-    out = decode(model, cache, max_new_tokens=n_new, sampling=SamplingParams(temperature=0.0), stop_token_ids=[])
+    out = decode(model, cache, params(n_new, 0.0, stop_token_ids=[]))
     whole = [prefixes[o] + s for o, s in zip(owner, suffixes)]
-    ref = generate(model, whole, max_new_tokens=n_new, temperature=0.0, stop_token_ids=[])
+    ref = gen(model, whole, max_new_tokens=n_new, temperature=0.0, stop_token_ids=[])
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
     # next-token logits after the suffix equal a plain forward pass over the whole text
@@ -105,7 +116,7 @@ def test_logprobs_equal_log_softmax_of_model_logits(llama):
     model, _ = llama
     ids, mask = padded_batch(LENGTHS, "left", seed=11)
     prompts = prompts_of(ids, mask)
-    out = generate(model, prompts, max_new_tokens=16, temperature=0.8, top_p=0.9, rng=3, stop_token_ids=[])
+    out = gen(model, prompts, max_new_tokens=16, temperature=0.8, top_p=0.9, rng=3, stop_token_ids=[])
     whole = [p + list(out.tokens[b]) for b, p in enumerate(prompts)]
     w_ids, w_mask = pad_sequences(whole, max(map(len, whole)), 0, "right")
     logp = np.asarray(jax.nn.log_softmax(model(jnp.asarray(w_ids), jnp.asarray(w_mask)), axis=-1))
@@ -117,9 +128,9 @@ def test_logprobs_equal_log_softmax_of_model_logits(llama):
 def test_sampling_is_deterministic_for_a_key(llama):
     model, _ = llama
     ids, mask = padded_batch(LENGTHS, "left", seed=2)
-    a = generate(model, prompts_of(ids, mask), max_new_tokens=16, temperature=1.0, rng=jax.random.key(42))
-    b = generate(model, prompts_of(ids, mask), max_new_tokens=16, temperature=1.0, rng=jax.random.key(42))
-    c = generate(model, prompts_of(ids, mask), max_new_tokens=16, temperature=1.0, rng=jax.random.key(43))
+    a = gen(model, prompts_of(ids, mask), max_new_tokens=16, temperature=1.0, rng=jax.random.key(42))
+    b = gen(model, prompts_of(ids, mask), max_new_tokens=16, temperature=1.0, rng=jax.random.key(42))
+    c = gen(model, prompts_of(ids, mask), max_new_tokens=16, temperature=1.0, rng=jax.random.key(43))
     np.testing.assert_array_equal(a.tokens, b.tokens)
     assert (a.tokens != c.tokens).any()
 
@@ -153,24 +164,24 @@ def test_top_k_top_p_stay_in_the_allowed_set(top_k, top_p):
 def test_prompt_longer_than_cache_is_an_error(llama):
     model, _ = llama
     with pytest.raises(ValueError, match="prompt of 40 tokens plus max_new_tokens=10 exceeds the cache") as e:
-        generate(model, [[5] * 40], max_new_tokens=10, cache_size=32)
+        gen(model, [[5] * 40], max_new_tokens=10, cache_size=32)
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings"):
-        generate(model, [[5] * 250], max_new_tokens=10)
+        gen(model, [[5] * 250], max_new_tokens=10)
     ids, mask = pad_sequences([[5] * 10], 16, 0)
     cache = prefill(model, ids, mask, cache_size=20)
     with pytest.raises(ValueError, match="exceeds its 20 slots"):
         extend(model, cache, np.ones((1, 8), np.int32))
     with pytest.raises(ValueError, match="does not fit the cache of 20 slots"):
-        decode(model, cache, max_new_tokens=5)
+        decode(model, cache, params(5))
 
 
 def test_compiles_once_per_batch_bucket_and_length(llama):
     model, _ = llama
-    generate(model, [[5, 6, 7], [8] * 9], max_new_tokens=6, temperature=0.0)
+    gen(model, [[5, 6, 7], [8] * 9], max_new_tokens=6, temperature=0.0)
     before = (sampling._prefill._cache_size(), sampling._decode._cache_size())
-    generate(model, [[9] * 12, [4, 4]], max_new_tokens=6, temperature=0.0)  # same batch, bucket 16, N
-    generate(model, [[3] * 15, [4] * 16], max_new_tokens=6, temperature=0.0, rng=5)
+    gen(model, [[9] * 12, [4, 4]], max_new_tokens=6, temperature=0.0)  # same batch, bucket 16, N
+    gen(model, [[3] * 15, [4] * 16], max_new_tokens=6, temperature=0.0, rng=5)
     assert (sampling._prefill._cache_size(), sampling._decode._cache_size()) == before
 
 
@@ -202,17 +213,17 @@ def test_long_cache_uses_blocks_and_matches(llama, monkeypatch):
 
     model, _ = llama
     ids, mask = padded_batch(LENGTHS, "left", seed=9)
-    small = generate(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=96)
+    small = gen(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=96)
     monkeypatch.setattr(decoder, "BLOCKED_ATTENTION_MIN_BYTES", 0)  # a tiny model's cache is blocked too
     assert [len(b) for b in decoder.init_cache(model.cfg, 4, 576).k] == [9] * model.cfg.num_layers
-    large = generate(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=576)
+    large = gen(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=576)
     np.testing.assert_array_equal(small.tokens, large.tokens)
     np.testing.assert_allclose(small.logprobs, large.logprobs, atol=1e-5)
     # writing several tokens across block boundaries: 60 slots of padding first, then the prompts from slot 60 on
     cache = extend(model, prefill(model, np.zeros((len(ids), 60), np.int32), np.zeros((len(ids), 60), bool),
                                   cache_size=576), ids, mask)
     assert len(cache.k[0]) == 9 and int(cache.end) == 60 + ids.shape[1]
-    later = decode(model, cache, max_new_tokens=40, sampling=SamplingParams(temperature=0.0), stop_token_ids=None)
+    later = decode(model, cache, params(40, 0.0))
     np.testing.assert_array_equal(small.tokens, later.tokens)
     np.testing.assert_allclose(small.logprobs, later.logprobs, atol=1e-5)
 
@@ -237,8 +248,8 @@ def test_branch_equals_take(llama, monkeypatch, blocked):
     shared = extend(model, prefill(model, ids, mask, cache_size=16).branch(owner, own), s_ids, s_mask)
     assert shared.shared and shared.size == own and int(shared.end) == 8
     np.testing.assert_allclose(np.asarray(shared.logits), np.asarray(copied.logits), atol=1e-5)
-    greedy = dict(max_new_tokens=n_new, sampling=SamplingParams(temperature=0.0), stop_token_ids=[])
-    a, b = decode(model, copied, **greedy), decode(model, shared, **greedy)
+    greedy = params(n_new, 0.0, stop_token_ids=[])
+    a, b = decode(model, copied, greedy), decode(model, shared, greedy)
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
     # branch of a branch: rows 1 and 4 continue (prefix + suffix), then one more shared token each
@@ -254,17 +265,17 @@ def test_group_size_shares_each_prompt(llama):
     ids, mask = padded_batch(LENGTHS, "left", seed=4)
     prompts = prompts_of(ids, mask)
     repeated = [p for p in prompts for _ in range(3)]
-    ref = generate(model, repeated, max_new_tokens=16, temperature=0.0, stop_token_ids=[])
-    out = generate(model, prompts, max_new_tokens=16, temperature=0.0, stop_token_ids=[], group_size=3)
+    ref = gen(model, repeated, max_new_tokens=16, temperature=0.0, stop_token_ids=[])
+    out = gen(model, prompts, max_new_tokens=16, temperature=0.0, stop_token_ids=[], group_size=3)
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
-    a = generate(model, prompts, max_new_tokens=16, temperature=1.0, rng=3, group_size=3)
-    b = generate(model, prompts, max_new_tokens=16, temperature=1.0, rng=3, group_size=3)
+    a = gen(model, prompts, max_new_tokens=16, temperature=1.0, rng=3, group_size=3)
+    b = gen(model, prompts, max_new_tokens=16, temperature=1.0, rng=3, group_size=3)
     np.testing.assert_array_equal(a.tokens, b.tokens)
     assert a.tokens.shape == (3 * len(prompts), 16)
     assert all(len({tuple(t) for t in a.tokens[3 * i:3 * i + 3]}) > 1 for i in range(len(prompts)))
     with pytest.raises(ValueError, match="group_size"):
-        generate(model, prompts, max_new_tokens=4, group_size=0)
+        gen(model, prompts, max_new_tokens=4, group_size=0)
 
 
 def test_shared_then_blocked_attention_equals_dense():
@@ -286,7 +297,7 @@ def test_shared_then_blocked_attention_equals_dense():
 
 
 def test_greedy_token_is_argmax_including_ties():
-    from rrc_jax.sampling import greedy_token
+    from rrc_jax.inference.sampling import greedy_token
 
     rng = np.random.default_rng(0)
     logits = rng.integers(-3, 3, (64, 50)).astype(np.float32)  # many ties: the first maximum must win

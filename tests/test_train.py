@@ -1,4 +1,5 @@
-"""The main job on a tiny toy world: each reward kind, validation, NaN skipping, anchors, HF export, resume."""
+"""The main job on the tests' tiny toy world: each reward kind, validation, NaN skipping, anchors, HF export, resume,
+the command line (packaged configs from any directory, plug-in rewards, one-line user errors)."""
 
 import json
 import os
@@ -13,63 +14,29 @@ import numpy as np
 import pytest
 import torch
 
-from rrc_jax import train
-from rrc_jax.anchors import load_anchors
+from conftest import cli_args, read_metrics, tiny_config
 from rrc_jax.config import base_config, validate
+from rrc_jax.errors import ConfigError
 from rrc_jax.models import load_hf
+from rrc_jax.rl import trainer as trainer_lib
+from rrc_jax.rl.anchors import load_anchors
+from rrc_jax.rl.trainer import Trainer, run
 
 REPO = Path(__file__).resolve().parents[1]
 
-TINY = {
-    "steps": 2, "toy.train_prompts": 64, "toy.policy_steps": 20, "toy.grm_steps": 20, "toy.drm_steps": 20,
-    "data.eval_prompts": 16, "rl.prompts_per_step": 4, "rl.group_size": 4, "rl.minibatch_size": 8,
-    "rl.max_new_tokens": 8, "reward.n_anchors": 2, "reward.judge_max_new_tokens": 20, "eval.every": 2,
-    "checkpoint.save_every": 2, "eval.judge_votes": 2,
-}
 
-
-@pytest.fixture(scope="session")
-def toy_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("toy_cache")
-
-
-def tiny_config(kind, workdir, cache, **overrides):
-    c = base_config(kind)
-    for key, value in {**TINY, "workdir": str(workdir), "toy.cache_dir": str(cache), **overrides}.items():
-        node = c
-        *path, leaf = key.split(".")
-        for p in path:
-            node = node[p]
-        node[leaf] = value
-    return c
-
-
-def read_metrics(workdir):
-    rows = {}
-    for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        rows.setdefault(row["step"], {}).update(row)  # a re-run step overwrites the earlier line
-    return rows
-
-
-def cli_args(workdir, cache, kind="agr", module="rrc_jax.train", **overrides):
-    items = {**TINY, "workdir": str(workdir), "toy.cache_dir": str(cache), **overrides}
-    return [sys.executable, "-m", module, f"--config={REPO / 'configs' / f'{kind}.py'}"] + [
-        f"--config.{k}={v}" for k, v in items.items()]
-
-
-@pytest.mark.parametrize("kind,extra", [("drm", {}), ("prc", {}), ("scr", {"reward.cara": True}), ("agr", {})])
+@pytest.mark.parametrize("kind,extra", [("drm", {}), ("prc", {}), ("scr", {"reward.scr.cara": True}), ("agr", {})])
 def test_two_step_run_for_each_reward_kind(kind, extra, tmp_path, toy_cache):
-    workdir = train.run(tiny_config(kind, tmp_path / kind, toy_cache, **extra))
+    workdir = run(tiny_config(kind, tmp_path / kind, toy_cache, **extra))
     rows = read_metrics(workdir)
     assert sorted(rows) == [0, 1, 2]
     assert 0 <= rows[0]["eval/oracle_quality"] <= 1 and rows[0]["eval/oracle_quality_se"] > 0
     for step in (1, 2):
         for key in ("reward/mean", "reward/std", "loss", "kl", "clip_fraction", "entropy", "response_length",
-                    "oracle_quality", "time/rollout", "time/judge", "time/update", "tokens_per_second"):
+                    "oracle_quality", "time/rollout", "time/reward", "time/update", "tokens_per_second"):
             assert key in rows[step] and np.isfinite(rows[step][key]), (kind, step, key)
     if kind in ("scr", "agr", "prc"):
-        assert rows[1]["judge/questions"] > 0
+        assert rows[1]["judge/questions"] > 0 and "eval/win_rate_vs_reference" in rows[2]
     if kind == "scr":
         assert "judge/intransitive_triads" in rows[1]
     assert (workdir / "hf_export" / "model.safetensors").is_file()
@@ -78,17 +45,27 @@ def test_two_step_run_for_each_reward_kind(kind, extra, tmp_path, toy_cache):
 
 def test_config_validation_errors():
     for field, value, match in [("reward.kind", "ppo", "reward.kind"), ("rl.group_size", 1, "rl.group_size"),
-                                ("rl.minibatch_size", 7, "rl.minibatch_size"), ("reward.ties", "win", "reward.ties"),
-                                ("rl.loss_aggregation", "sum", "rl.loss_aggregation")]:
+                                ("rl.minibatch_size", 7, "rl.minibatch_size"), ("reward.scr.ties", "win",
+                                                                                 "reward.scr.ties"),
+                                ("rl.loss_aggregation", "sum", "rl.loss_aggregation"),
+                                ("rl.micro_batch_size", 5, "rl.micro_batch_size"), ("rl.top_p", 0.0, "rl.top_p"),
+                                ("reward.prc.reference", "frozen", "reward.prc.reference")]:
         c = base_config("scr")
-        node, leaf = c[field.split(".")[0]], field.split(".")[1]
+        *path, leaf = field.split(".")
+        node = c
+        for p in path:
+            node = node[p]
         node[leaf] = value
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(ConfigError, match=match):
             validate(c)
+
+
+def test_defaults_follow_the_papers_as_printed():
+    """AGR: a tie counts as a win (Algorithm 2 line 10); SCR: a strict majority (Eq. 16); alpha = 0.1, n = 8."""
     c = base_config("agr")
-    c.reward.cara = True
-    with pytest.raises(ValueError, match="reward.cara"):
-        validate(c)
+    assert c.reward.agr.ties == "win" and c.reward.scr.ties == "zero"
+    assert c.reward.scr.alpha == c.reward.agr.alpha == 0.1 and c.reward.agr.n_anchors == 8
+    assert c.reward.prc.reference == "current"
 
 
 def test_unknown_key_and_missing_model_stop_startup(tmp_path):
@@ -101,8 +78,62 @@ def test_unknown_key_and_missing_model_stop_startup(tmp_path):
     assert out.stderr.strip().splitlines()[-1].startswith("error: config.models.grm")
 
 
+def test_user_errors_are_one_line_and_internal_errors_keep_their_traceback():
+    from rrc_jax.errors import exit_on_user_error
+
+    def fail(error):
+        raise error
+
+    with pytest.raises(SystemExit, match="^error: config.rl.beta: -1 must be >= 0$"):
+        exit_on_user_error(fail, ConfigError("config.rl.beta: -1 must be >= 0"))
+    with pytest.raises(ValueError, match="do not broadcast"):  # a bug, not a setting: the traceback stays
+        exit_on_user_error(fail, ValueError("shapes (3,) and (4,) do not broadcast"))
+
+
+def test_packaged_config_by_bare_name_from_any_directory(tmp_path, toy_cache):
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    cmd = cli_args(tmp_path / "w", toy_cache, kind="drm", steps=1, **{"eval.every": 0})
+    assert cmd[3] == "--config=drm.py"
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=cwd)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert sorted(read_metrics(tmp_path / "w")) == [0, 1]
+    out = subprocess.run(cmd[:3] + ["--config=nope.py"], capture_output=True, text=True, timeout=300, cwd=cwd)
+    assert out.returncode != 0 and out.stderr.strip().splitlines()[-1].startswith("error: --config=nope.py")
+
+
+def test_plug_in_reward_trains(tmp_path, toy_cache):
+    """`reward.kind=MODULE:FUNCTION` with a module outside the package: `reward/mean` of each step is the mean of
+    what the function returned for that step's responses."""
+    plugin = tmp_path / "plugins"
+    plugin.mkdir()
+    log = tmp_path / "returned.jsonl"
+    (plugin / "my_rewards.py").write_text(f'''
+import json
+
+def digit_sum(prompts, responses):
+    out = [[float(sum(int(c) for c in r if c.isdigit()) % 7) for r in group] for group in responses]
+    with open({str(log)!r}, "a") as f:
+        f.write(json.dumps(out) + "\\n")
+    return out
+''')
+    cmd = cli_args(tmp_path / "w", toy_cache, kind="agr", **{"reward.kind": "my_rewards:digit_sum"})
+    env = {**os.environ, "PYTHONPATH": str(plugin)}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = read_metrics(tmp_path / "w")
+    returned = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(returned) == 2 and not (tmp_path / "w" / "anchors.jsonl").exists()  # no AGR machinery built
+    for step, r in zip((1, 2), returned):
+        assert rows[step]["reward/mean"] == pytest.approx(float(np.mean(r)), rel=1e-6)
+    assert "judge/questions" not in rows[1] and "eval/win_rate_vs_reference" not in rows[2]
+    bad = subprocess.run(cmd[:-1] + ["--config.reward.kind=my_rewards:nope"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path, env=env)
+    assert bad.returncode != 0 and "has no 'nope'" in bad.stderr.strip().splitlines()[-1]
+
+
 def test_nan_update_is_skipped_and_counted(tmp_path, toy_cache, monkeypatch):
-    real = train.group_advantages
+    real = trainer_lib.group_advantages
     calls = []
 
     def poisoned(r):
@@ -110,30 +141,78 @@ def test_nan_update_is_skipped_and_counted(tmp_path, toy_cache, monkeypatch):
         adv = np.asarray(real(r))
         return np.full_like(adv, np.nan) if len(calls) == 2 else adv
 
-    monkeypatch.setattr(train, "group_advantages", poisoned)
-    rows = read_metrics(train.run(tiny_config("drm", tmp_path, toy_cache)))
+    monkeypatch.setattr(trainer_lib, "group_advantages", poisoned)
+    rows = read_metrics(run(tiny_config("drm", tmp_path, toy_cache)))
     updates = 4 * 4 // 8
     assert rows[1]["skipped_updates"] == 0
     assert rows[2]["skipped_updates"] == updates and np.isnan(rows[2]["loss"])
 
 
+def test_rollout_logprobs_are_at_the_sampling_temperature(tmp_path, toy_cache, monkeypatch):
+    """pi_theta_old (and the reference, with beta > 0) are log-probabilities of softmax(logits / rl.temperature),
+    the distribution the rollouts were sampled from; the loss uses the same temperature and Dr.GRPO's constant is
+    rl.max_new_tokens."""
+    import jax
+
+    seen, objectives = [], []
+    real_objective = trainer_lib.grpo_objective
+    monkeypatch.setattr(trainer_lib, "grpo_objective", lambda **kw: objectives.append(kw) or real_objective(**kw))
+    trainer = Trainer(tiny_config("drm", tmp_path, toy_cache, **{"rl.temperature": 0.6, "rl.beta": 0.1,
+                                                               "rl.loss_aggregation": "seq_mean_token_sum_norm"}))
+    assert objectives == [dict(temperature=0.6, eps_low=0.2, eps_high=0.2, beta=0.1,
+                               aggregation="seq_mean_token_sum_norm", max_len=8)]
+    monkeypatch.setattr(trainer.learner, "update", lambda batch: seen.append(batch) or {"loss": 0.0, "skipped": 0})
+    _, batch = trainer.rollouts(["1234>", "9876>"], jax.random.key(0))
+    trainer.update(batch, np.zeros(8), jax.random.key(1))
+    logits = trainer.policy(jnp.asarray(batch["ids"]), jnp.asarray(batch["mask"]))
+    want = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits / 0.6, axis=-1))[:, :-1],
+                              batch["ids"][:, 1:, None], -1)[..., 0]
+    mb = seen[0]
+    order = np.asarray([np.flatnonzero((batch["ids"] == row).all(1))[0] for row in np.asarray(mb["ids"])])
+    np.testing.assert_allclose(np.asarray(mb["old_logp"])[:, 1:], want[order], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(mb["ref_logp"]), np.asarray(mb["old_logp"]), atol=1e-5)  # ref = initial
+
+
+def test_init_from_sets_the_policy_and_the_reference(tmp_path, toy_cache):
+    from flax import nnx
+
+    first = run(tiny_config("drm", tmp_path / "first", toy_cache))
+    config = tiny_config("drm", tmp_path / "second", toy_cache, init_from=str(first / "checkpoints"),
+                         **{"rl.beta": 0.1})
+    trainer = Trainer(config)
+    pure = lambda m: nnx.to_pure_dict(nnx.state(m, nnx.Param))
+    trained = load_hf(first / "hf_export")  # the first run's final policy = its last checkpoint
+    for model in (trainer.policy, trainer.roles.model("reference")):
+        for a, b in zip(jax_leaves(pure(model)), jax_leaves(pure(trained))):
+            np.testing.assert_array_equal(a, b)
+    fresh = Trainer(tiny_config("drm", tmp_path / "third", toy_cache, **{"rl.beta": 0.1}))
+    assert any(not np.array_equal(a, b) for a, b in zip(jax_leaves(pure(fresh.roles.model("reference"))),
+                                                         jax_leaves(pure(trained))))
+
+
+def jax_leaves(tree):
+    import jax
+
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
 def test_anchors_are_stored_and_reused(tmp_path, toy_cache):
     config = tiny_config("agr", tmp_path, toy_cache)
-    train.run(config)
+    run(config)
     path = tmp_path / "anchors.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 64 and all(len(r["anchors"]) == 2 for r in rows)
     stamp = path.stat().st_mtime_ns
-    setup = train.build(config, need_judge=False)
-    train.ensure_anchors(setup)
-    assert path.stat().st_mtime_ns == stamp
-    assert setup.anchors == load_anchors(path, [r["id"] for r in rows], [r["prompt"] for r in rows], 2)
-    with pytest.raises(ValueError, match="different prompt"):
+    trainer = Trainer(config)
+    assert path.stat().st_mtime_ns == stamp and "reference" not in trainer.roles.loaded  # read, not regenerated
+    assert trainer.reward_fn.store.anchors == load_anchors(path, [r["id"] for r in rows],
+                                                           [r["prompt"] for r in rows], 2)
+    with pytest.raises(ConfigError, match="different prompt"):
         load_anchors(path, [rows[0]["id"]], ["not the prompt"], 2)
 
 
 def test_anchors_cli_writes_the_file(tmp_path, toy_cache):
-    out = subprocess.run(cli_args(tmp_path, toy_cache, module="rrc_jax.anchors", **{"reward.n_anchors": 3}),
+    out = subprocess.run(cli_args(tmp_path, toy_cache, module="rrc_jax.anchors", **{"reward.agr.n_anchors": 3}),
                          capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [json.loads(line) for line in (tmp_path / "anchors.jsonl").read_text().splitlines()]
@@ -147,12 +226,11 @@ def test_hf_export_matches_the_trained_policy(tmp_path, toy_cache):
     from rrc_jax.checkpoint import Checkpointer
 
     config = tiny_config("drm", tmp_path, toy_cache)
-    workdir = train.run(config)
-    setup = train.build(config, need_judge=False)
-    trained = Checkpointer(workdir / "checkpoints").restore_params(setup.policy)
-    assert trained == 2
-    ids = jnp.asarray(np.random.default_rng(0).integers(3, setup.policy.cfg.vocab_size, (3, 12)))
-    ours = np.asarray(setup.policy(ids))
+    workdir = run(config)
+    policy = Trainer(config).policy
+    assert Checkpointer(workdir / "checkpoints").restore_params(policy) == 2
+    ids = jnp.asarray(np.random.default_rng(0).integers(3, policy.cfg.vocab_size, (3, 12)))
+    ours = np.asarray(policy(ids))
     exported = AutoModelForCausalLM.from_pretrained(workdir / "hf_export", dtype=torch.float32).eval()
     with torch.no_grad():
         ref = exported(torch.tensor(np.asarray(ids), dtype=torch.long)).logits.numpy()
@@ -164,7 +242,7 @@ def test_resume_after_sigkill_gives_identical_metrics(tmp_path, toy_cache):
     """A 6-step run, and a run SIGKILLed after its step-3 checkpoint then restarted with the same command, log the
     same losses and rewards for steps 4-6."""
     overrides = {"steps": 6, "checkpoint.save_every": 3, "eval.every": 3}
-    train.build(tiny_config("agr", tmp_path / "warm", toy_cache))  # the toy world exists before timing matters
+    Trainer(tiny_config("agr", tmp_path / "warm", toy_cache))  # the toy world exists before timing matters
     straight = tmp_path / "straight"
     subprocess.run(cli_args(straight, toy_cache, **overrides), check=True, capture_output=True, timeout=600,
                    cwd=REPO)
@@ -185,7 +263,7 @@ def test_resume_after_sigkill_gives_identical_metrics(tmp_path, toy_cache):
 
 
 def test_ctrl_c_saves_a_checkpoint_before_exiting(tmp_path, toy_cache):
-    train.build(tiny_config("drm", tmp_path / "warm", toy_cache), need_judge=False)  # toy world ready
+    Trainer(tiny_config("drm", tmp_path / "warm", toy_cache))  # toy world ready
     workdir = tmp_path / "run"
     cmd = cli_args(workdir, toy_cache, kind="drm", **{"steps": 50, "checkpoint.save_every": 0, "eval.every": 0})
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
@@ -214,22 +292,24 @@ def test_prompts_from_a_jsonl_file(tmp_path, toy_cache):
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = tiny_config("drm", tmp_path / "w", toy_cache, **{"data.path": str(data)})
-    metrics = read_metrics(train.run(config))
+    metrics = read_metrics(run(config))
     assert "reward/mean" in metrics[2] and "oracle_quality" not in metrics[2]  # no oracle for file prompts
-    setup = train.build(config, need_judge=False)
-    assert len(setup.train.texts) + len(setup.eval.texts) == 41 and "1234>" in setup.train.texts + setup.eval.texts
+    trainer = Trainer(config)
+    train, ev = trainer.train_prompts, trainer.eval_prompts
+    assert len(train.texts) + len(ev.texts) == 41 and "1234>" in train.texts + ev.texts
+    assert len(ev.texts) == 4 and not set(train.ids) & set(ev.ids)
     config.data.field = "question"
-    with pytest.raises(ValueError, match="config.data.field: .* has no field 'question'"):
-        train.build(config, need_judge=False)
+    with pytest.raises(ConfigError, match="config.data.field: .* has no field 'question'"):
+        Trainer(config)
 
 
 def test_anchor_refresh_regenerates_from_the_policy(tmp_path, toy_cache):
-    """Without refresh the anchors stay those of the reference; with `anchor_refresh_every=1` step 2 replaces them
-    with samples of the current policy."""
+    """Without refresh the anchors stay those of the reference; with `refresh_every=1` step 2 replaces them with
+    samples of the current policy."""
     fixed = tmp_path / "fixed"
-    train.run(tiny_config("agr", fixed, toy_cache))
+    run(tiny_config("agr", fixed, toy_cache))
     refreshed = tmp_path / "refreshed"
-    rows = read_metrics(train.run(tiny_config("agr", refreshed, toy_cache, **{"reward.anchor_refresh_every": 1})))
+    rows = read_metrics(run(tiny_config("agr", refreshed, toy_cache, **{"reward.agr.refresh_every": 1})))
     assert np.isfinite(rows[2]["reward/mean"])
     a = (fixed / "anchors.jsonl").read_text().splitlines()
     b = (refreshed / "anchors.jsonl").read_text().splitlines()
@@ -238,13 +318,13 @@ def test_anchor_refresh_regenerates_from_the_policy(tmp_path, toy_cache):
 
 @pytest.mark.parametrize("config_file,kind", [("grm_sft", "grm"), ("drm_bt", "drm")])
 def test_train_rm_cli_exports_a_reward_model(tmp_path, config_file, kind):
-    cmd = [sys.executable, "-m", "rrc_jax.train_rm", f"--config={REPO / 'configs' / f'{config_file}.py'}",
+    cmd = [sys.executable, "-m", "rrc_jax.train_rm", f"--config={config_file}.py",
            f"--config.workdir={tmp_path}", "--config.train.steps=3", "--config.train.batch_size=8",
            "--config.model.hidden=32", "--config.model.layers=1"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     model = load_hf(tmp_path / "hf_export")
     assert model.cfg.value_head == (kind == "drm")
     bad = subprocess.run(cmd + ["--config.data.path=/data/helpsteer3.jsonl"], capture_output=True, text=True,
-                         timeout=600, cwd=REPO)
+                         timeout=600, cwd=tmp_path)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: config.data.path")
