@@ -97,6 +97,7 @@ def main() -> None:
     import jax
     import torch
 
+    from rrc_jax.inference import JaxSampler
     from rrc_jax.judge import Judge, get_template, render_parts
     from rrc_jax.judge.prompts import encode_question
     from rrc_jax.models import load_hf
@@ -111,8 +112,8 @@ def main() -> None:
     anchors = [[random_text(rng, 40) for _ in range(args.n)] for _ in prompts]
 
     def judge(reuse: bool) -> Judge:
-        return Judge(model, tok, template="rrc_pairwise_cot", temperature=0.0, max_new_tokens=args.new_tokens,
-                     max_batch=args.max_batch, prefix_reuse=reuse, stop_token_ids=())
+        sampler = JaxSampler(model, tok, max_batch=args.max_batch, prefix_reuse=reuse, stop_token_ids=())
+        return Judge(sampler, tok, template="rrc_pairwise_cot", temperature=0.0, max_new_tokens=args.new_tokens)
 
     workloads = {
         "scr_v1": lambda j: j.round_robin(prompts, responses, votes=1),
@@ -126,11 +127,12 @@ def main() -> None:
             work(j)  # compile
             j.reset_metrics()
             seconds, _ = best_of(lambda: work(j), args.repeats)
-            q = j.metrics.questions // args.repeats
+            s = j.summary()
+            q = s["questions"] // args.repeats
             rows.append(dict(workload=name, prefix_reuse=reuse, judgments=q, seconds=seconds,
-                             judgments_per_s=q / seconds, sampler_calls=j.metrics.sampler_calls // args.repeats,
-                             prefill_tokens=j.metrics.prefill_tokens // args.repeats,
-                             prefill_tokens_saved=j.metrics.prefill_tokens_saved // args.repeats))
+                             judgments_per_s=q / seconds, sampler_calls=s["sampler_calls"] // args.repeats,
+                             prefill_tokens=s["prefill_tokens"] // args.repeats,
+                             prefill_tokens_saved=s["prefill_tokens_saved"] // args.repeats))
 
     # baseline: one transformers generate call per judgment, on the same full judge prompts
     template = get_template("rrc_pairwise_cot")

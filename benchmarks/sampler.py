@@ -64,7 +64,7 @@ def main() -> None:
     import torch
 
     from rrc_jax.models import load_hf
-    from rrc_jax.sampling import generate
+    from rrc_jax.inference.sampling import SamplingParams, generate
 
     tmp = Path(tempfile.mkdtemp())
     ref, n_params = build_checkpoint(tmp)
@@ -77,7 +77,7 @@ def main() -> None:
         prompts = ids.tolist()
 
         def ours():
-            generate(model, prompts, max_new_tokens=args.new_tokens, temperature=0.0, stop_token_ids=[])
+            generate(model, prompts, SamplingParams(0.0, max_new_tokens=args.new_tokens, stop_token_ids=()))
 
         def theirs():
             with torch.no_grad():

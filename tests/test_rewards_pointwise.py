@@ -158,3 +158,34 @@ def test_format_reward():
 def test_irpo_input_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("estimator", ["mean", "median", "interval"])
+def test_unparseable_scores_are_abstentions(estimator):
+    """A NaN score (the judge wrote none) leaves the group statistics: the other completions get the rewards they
+    get without it, the abstaining one gets -1, and nothing is NaN; with no scored completion left in a group, the
+    other group's completions get 0 (no comparison to make)."""
+    rng = np.random.default_rng(0)
+    s_c, s_r = rng.normal(6.0, 1.0, (3, 5)), rng.normal(4.0, 1.0, (3, 5))
+    s_c_nan, s_r_nan = s_c.copy(), s_r.copy()
+    s_c_nan[0, 1] = s_r_nan[1, 4] = s_r_nan[2, 0] = np.nan
+    r_c, r_r = map(np.asarray, rule_rewards(s_c_nan, s_r_nan, estimator))
+    assert np.isfinite(r_c).all() and np.isfinite(r_r).all()
+    assert r_c[0, 1] == -1 and r_r[1, 4] == -1 and r_r[2, 0] == -1
+    for b in range(3):
+        keep_c, keep_r = ~np.isnan(s_c_nan[b]), ~np.isnan(s_r_nan[b])
+        want_c, want_r = map(np.asarray, rule_rewards(s_c[b][keep_c][None], s_r[b][keep_r][None], estimator))
+        np.testing.assert_array_equal(r_c[b][keep_c], want_c[0])
+        np.testing.assert_array_equal(r_r[b][keep_r], want_r[0])
+    r_c, r_r = map(np.asarray, rule_rewards(s_c, np.full_like(s_r, np.nan), estimator))
+    assert (r_c == 0).all() and (r_r == -1).all()
+
+
+def test_pairwise_rewards_skip_abstentions():
+    s_c, s_r = np.array([[3.0, np.nan, 5.0]]), np.array([[4.0, np.nan]])
+    for fn in (auc_rewards, preference_strength):
+        r_c, r_r = map(np.asarray, fn(s_c, s_r))
+        want_c, want_r = map(np.asarray, fn(np.array([[3.0, 5.0]]), np.array([[4.0]])))
+        np.testing.assert_allclose(r_c[0, [0, 2]], want_c[0], rtol=1e-6)
+        np.testing.assert_allclose(r_r[0, 0], want_r[0, 0], rtol=1e-6)
+        assert r_c[0, 1] == 0 and r_r[0, 1] == 0

@@ -47,3 +47,27 @@ def test_world_is_built_once_and_reused(tmp_path):
     assert drm.cfg.value_head and not policy.cfg.value_head and len(tok) == policy.cfg.vocab_size
     other = build_world(WorldSettings(policy=tiny, grm=tiny, drm=tiny, seed=1), tmp_path)
     assert other.root != world.root
+
+
+def test_grm_learns_the_reasoning_and_the_direct_template():
+    """Half of the toy GRM's examples use `toy_pairwise_direct` (PRC without thinking) with the bare verdict as the
+    target; the verdict of both kinds follows the oracle."""
+    from rrc_jax.data.toy.task import ALPHABET
+    from rrc_jax.data.toy.world import grm_examples
+    from rrc_jax.models.char_tokenizer import make_char_tokenizer
+
+    tok = make_char_tokenizer(ALPHABET)
+    example = grm_examples(SortTask(), tok, np.random.default_rng(0))
+    kinds = {"think:": 0, "verdict: ": 0}
+    for _ in range(200):
+        question, target = example()
+        q, t = tok.decode(question, skip_special_tokens=True), tok.decode(target, skip_special_tokens=True)
+        if q.endswith("verdict: "):
+            kinds["verdict: "] += 1
+            assert t in ("[[A]]", "[[B]]")
+        else:
+            assert q.endswith("think:") and parse_verdict(t) in ("A", "B") and len(t) > 5
+            kinds["think:"] += 1
+        digits, a, b = (line.split(": ")[1] for line in q.splitlines()[:3])
+        assert parse_verdict(t) == ("A" if oracle_quality(digits[:-1], a) >= oracle_quality(digits[:-1], b) else "B")
+    assert min(kinds.values()) > 60

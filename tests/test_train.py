@@ -68,11 +68,11 @@ def test_defaults_follow_the_papers_as_printed():
     assert c.reward.prc.reference == "current"
 
 
-def test_unknown_key_and_missing_model_stop_startup(tmp_path):
-    out = subprocess.run(cli_args(tmp_path, tmp_path, **{"reward.bogus": 1}), capture_output=True, text=True,
+def test_unknown_key_and_missing_model_stop_startup(tmp_path, toy_cache):
+    out = subprocess.run(cli_args(tmp_path, toy_cache, **{"reward.bogus": 1}), capture_output=True, text=True,
                          timeout=300, cwd=REPO)
     assert out.returncode != 0 and "bogus" in out.stderr
-    out = subprocess.run(cli_args(tmp_path / "w", tmp_path, **{"models.grm": str(tmp_path / "nope")}),
+    out = subprocess.run(cli_args(tmp_path / "w", toy_cache, **{"models.grm": str(tmp_path / "nope")}),
                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode != 0
     assert out.stderr.strip().splitlines()[-1].startswith("error: config.models.grm")
@@ -90,21 +90,10 @@ def test_user_errors_are_one_line_and_internal_errors_keep_their_traceback():
         exit_on_user_error(fail, ValueError("shapes (3,) and (4,) do not broadcast"))
 
 
-def test_packaged_config_by_bare_name_from_any_directory(tmp_path, toy_cache):
-    cwd = tmp_path / "elsewhere"
-    cwd.mkdir()
-    cmd = cli_args(tmp_path / "w", toy_cache, kind="drm", steps=1, **{"eval.every": 0})
-    assert cmd[3] == "--config=drm.py"
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=cwd)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert sorted(read_metrics(tmp_path / "w")) == [0, 1]
-    out = subprocess.run(cmd[:3] + ["--config=nope.py"], capture_output=True, text=True, timeout=300, cwd=cwd)
-    assert out.returncode != 0 and out.stderr.strip().splitlines()[-1].startswith("error: --config=nope.py")
-
-
-def test_plug_in_reward_trains(tmp_path, toy_cache):
-    """`reward.kind=MODULE:FUNCTION` with a module outside the package: `reward/mean` of each step is the mean of
-    what the function returned for that step's responses."""
+def test_packaged_config_from_any_directory_and_a_plug_in_reward(tmp_path, toy_cache):
+    """`--config=agr.py` run from another directory finds the packaged config; `reward.kind=MODULE:FUNCTION` with
+    a module outside the package (on PYTHONPATH) trains: `reward/mean` of each step is the mean of what the
+    function returned for that step's responses, and none of AGR's machinery is built."""
     plugin = tmp_path / "plugins"
     plugin.mkdir()
     log = tmp_path / "returned.jsonl"
@@ -118,18 +107,22 @@ def digit_sum(prompts, responses):
     return out
 ''')
     cmd = cli_args(tmp_path / "w", toy_cache, kind="agr", **{"reward.kind": "my_rewards:digit_sum"})
+    assert cmd[3] == "--config=agr.py"
     env = {**os.environ, "PYTHONPATH": str(plugin)}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = read_metrics(tmp_path / "w")
     returned = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(returned) == 2 and not (tmp_path / "w" / "anchors.jsonl").exists()  # no AGR machinery built
+    assert sorted(rows) == [0, 1, 2] and len(returned) == 2
     for step, r in zip((1, 2), returned):
         assert rows[step]["reward/mean"] == pytest.approx(float(np.mean(r)), rel=1e-6)
-    assert "judge/questions" not in rows[1] and "eval/win_rate_vs_reference" not in rows[2]
-    bad = subprocess.run(cmd[:-1] + ["--config.reward.kind=my_rewards:nope"], capture_output=True, text=True,
-                         timeout=300, cwd=tmp_path, env=env)
-    assert bad.returncode != 0 and "has no 'nope'" in bad.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "w" / "anchors.jsonl").exists() and "judge/questions" not in rows[1]
+    assert "eval/win_rate_vs_reference" not in rows[2]
+    for old, new, message in [("my_rewards:digit_sum", "my_rewards:nope", "has no 'nope'"),
+                              ("--config=agr.py", "--config=nope.py", "error: --config=nope.py")]:
+        bad = subprocess.run([a.replace(old, new) for a in cmd], capture_output=True, text=True, timeout=300,
+                             cwd=tmp_path, env=env)
+        assert bad.returncode != 0 and message in bad.stderr.strip().splitlines()[-1], bad.stderr[-500:]
 
 
 def test_nan_update_is_skipped_and_counted(tmp_path, toy_cache, monkeypatch):
@@ -196,6 +189,29 @@ def jax_leaves(tree):
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
+def test_only_the_roles_a_run_needs_are_built(tmp_path):
+    """AGR on real (tiny) checkpoints with `models.drm` left at 'toy': the toy world is never built, the DRM never
+    loaded."""
+    from conftest import make_hf_model
+    from rrc_jax.models.char_tokenizer import make_char_tokenizer
+
+    ckpt = tmp_path / "ckpt"
+    make_hf_model("llama3_tied", seed=2, vocab_size=112).save_pretrained(ckpt)
+    make_char_tokenizer().save_pretrained(ckpt)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"sort {i} {i + 3}"}) + "\n" for i in range(20)))
+    cache = tmp_path / "toy_cache"
+    cache.mkdir()
+    config = tiny_config("agr", tmp_path / "w", cache, steps=1, **{
+        "models.policy": str(ckpt), "models.grm": str(ckpt), "data.path": str(data), "eval.every": 0,
+        "toy.train_prompts": 0})
+    trainer = Trainer(config)
+    trainer.run()
+    assert sorted(trainer.roles.loaded) == ["grm", "policy", "reference"]  # reference: AGR's anchors
+    assert list(cache.iterdir()) == []
+    assert read_metrics(tmp_path / "w")[1]["judge/questions"] == 4 * 4 * 2 * 2
+
+
 def test_anchors_are_stored_and_reused(tmp_path, toy_cache):
     config = tiny_config("agr", tmp_path, toy_cache)
     run(config)
@@ -239,13 +255,10 @@ def test_hf_export_matches_the_trained_policy(tmp_path, toy_cache):
 
 
 def test_resume_after_sigkill_gives_identical_metrics(tmp_path, toy_cache):
-    """A 6-step run, and a run SIGKILLed after its step-3 checkpoint then restarted with the same command, log the
-    same losses and rewards for steps 4-6."""
+    """A 6-step run, and a command-line run SIGKILLed after its step-3 checkpoint then restarted with the same
+    command, log the same losses and rewards for steps 4-6."""
     overrides = {"steps": 6, "checkpoint.save_every": 3, "eval.every": 3}
-    Trainer(tiny_config("agr", tmp_path / "warm", toy_cache))  # the toy world exists before timing matters
-    straight = tmp_path / "straight"
-    subprocess.run(cli_args(straight, toy_cache, **overrides), check=True, capture_output=True, timeout=600,
-                   cwd=REPO)
+    straight = run(tiny_config("agr", tmp_path / "straight", toy_cache, **overrides))  # also builds the toy world
     killed = tmp_path / "killed"
     cmd = cli_args(killed, toy_cache, **overrides)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)

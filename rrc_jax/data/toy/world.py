@@ -121,22 +121,27 @@ def train_policy(settings: WorldSettings, tokenizer, rng) -> Decoder:
     return model
 
 
-def train_grm(settings: WorldSettings, tokenizer, rng) -> Decoder:
-    task, spec = settings.task, settings.grm
-    model = Decoder(model_config(spec, len(tokenizer)), rngs=nnx.Rngs(settings.seed + 1))
+def grm_examples(task: SortTask, tokenizer, rng: np.random.Generator):
+    """The GRM's SFT example factory: `() -> (question ids, judgment ids + EOS)` for a random pair, half with the
+    reasoning template (the toy judgment), half with its direct-verdict variant (the judgment's verdict alone)."""
 
     def example():
         digits, a, b = _pair(task, rng)
         chosen, rejected = (a, b) if oracle_quality(digits, a) >= oracle_quality(digits, b) else (b, a)
         pref = Preference(task.prompt_text(digits), chosen, rejected)
-        if rng.random() < 0.5:  # the direct template: the verdict of the same judgment, without its reasoning
-            return grm_example(tokenizer, DIRECT_TEMPLATE, pref, rng,
-                               judgment=lambda x, y, _: toy_judgment(digits, x, y)[-5:])
-        return grm_example(tokenizer, JUDGE_TEMPLATE, pref, rng,
-                           judgment=lambda x, y, _: toy_judgment(digits, x, y))
+        direct = rng.random() < 0.5
+        return grm_example(tokenizer, DIRECT_TEMPLATE if direct else JUDGE_TEMPLATE, pref, rng,
+                           judgment=lambda x, y, _: toy_judgment(digits, x, y)[-5:] if direct
+                           else toy_judgment(digits, x, y))
 
-    fit(model, sft_batches(example, spec.batch_size, 0), kind="sft", steps=spec.steps,
-        learning_rate=spec.learning_rate, desc="toy GRM (Eq. 2)")
+    return example
+
+
+def train_grm(settings: WorldSettings, tokenizer, rng) -> Decoder:
+    spec = settings.grm
+    model = Decoder(model_config(spec, len(tokenizer)), rngs=nnx.Rngs(settings.seed + 1))
+    fit(model, sft_batches(grm_examples(settings.task, tokenizer, rng), spec.batch_size, 0), kind="sft",
+        steps=spec.steps, learning_rate=spec.learning_rate, desc="toy GRM (Eq. 2)")
     return model
 
 

@@ -1,0 +1,254 @@
+"""Reward functions against scripted samplers, without the toy world: position-balanced swapping, PRC's references,
+the DRM's own tokenizer, PRC without thinking, templates from files, needed roles only, prompt files."""
+
+import json
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from rrc_jax.config import base_config
+from rrc_jax.data.batches import pad_sequences
+from rrc_jax.data.prompts import PromptSet, load_prompts
+from rrc_jax.errors import ConfigError
+from rrc_jax.inference import SampleOutput, SamplerStats, SamplingParams
+from rrc_jax.judge import Judge, get_template, load_template
+from rrc_jax.models import Decoder, DecoderConfig, prompt_ids
+from rrc_jax.models.char_tokenizer import PRINTABLE, make_char_tokenizer
+from rrc_jax.rl.anchors import AnchorStore, save_anchors
+from rrc_jax.rl.reward_fns import AGRReward, DRMReward, PRCReward, RewardContext, SCRReward, make_reward_fn
+from rrc_jax.sharding import model_context
+
+TOK = make_char_tokenizer()
+
+
+class TextSampler:
+    """A Sampler that answers every question with `answer(question text)` and records the questions."""
+
+    def __init__(self, answer=lambda text: "[[A]]"):
+        self.answer, self.questions, self.stats = answer, [], SamplerStats()
+
+    def _text(self, prefixes, owner, suffix):
+        return TOK.decode(list(prefixes[owner]) + list(suffix), skip_special_tokens=True)
+
+    def _out(self, texts, params):
+        rows = [TOK(t, add_special_tokens=False)["input_ids"][:params.max_new_tokens - 1] + [2] for t in texts]
+        tokens = np.zeros((len(rows), params.max_new_tokens), np.int32)
+        for i, r in enumerate(rows):
+            tokens[i, :len(r)] = r
+        lengths = np.array([len(r) for r in rows], np.int32)
+        return SampleOutput(tokens, np.zeros(tokens.shape, np.float32), lengths, np.zeros(len(rows), bool))
+
+    def generate(self, prompt_ids, group_size=1, params=SamplingParams(), rng=0):
+        texts = [self.answer(TOK.decode(p, skip_special_tokens=True)) for p in prompt_ids for _ in range(group_size)]
+        return self._out(texts, params)
+
+    def complete(self, prefixes, suffixes, params=SamplingParams(), rng=0):
+        texts = [self._text(prefixes, o, s) for o, s in suffixes]
+        self.questions += texts
+        return self._out([self.answer(t) for t in texts], params)
+
+    def next_token_logprobs(self, prefixes, suffixes, token_ids):
+        self.questions += [self._text(prefixes, o, s) for o, s in suffixes]
+        return np.tile(np.log([0.75, 0.25])[:len(token_ids)], (len(suffixes), 1)).astype(np.float32)
+
+
+def judge_of(sampler, template="toy_pairwise_cot"):
+    return Judge(sampler, TOK, template=template, temperature=0.0, max_new_tokens=16)
+
+
+def groups(b, m):
+    return [f"{i}{i}>" for i in range(b)], [[f"{i}{j}" for j in range(m)] for i in range(b)]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Position bias: a judge that always answers "A"
+# ------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("votes", [1, 2, 3])
+@pytest.mark.parametrize("ties", ["zero", "half"])
+def test_always_a_judge_gives_scr_rewards_independent_of_response_index(votes, ties):
+    """Odd group: every response gets the same win count. Even group: every response index gets the same mean
+    reward over two prompts. (Showing the first response of every pair as A would reward index 0 most.)"""
+    scr = lambda judge: SCRReward(judge, 0, votes=votes, swap=True, alpha=1.0, ties=ties, cara=False,
+                                  cara_method="greedy")
+    prompts, responses = groups(1, 5)
+    r, _ = scr(judge_of(TextSampler()))(prompts, responses, np.arange(1), step=1)
+    assert np.ptp(r) == 0, r
+    prompts, responses = groups(2, 4)
+    r, _ = scr(judge_of(TextSampler()))(prompts, responses, np.arange(2), step=1)
+    assert np.ptp(r.mean(axis=0)) == 0, r
+
+
+@pytest.mark.parametrize("votes", [1, 2, 3])
+def test_always_a_judge_gives_agr_rewards_independent_of_response_index(votes, tmp_path):
+    prompts, responses = groups(2, 4)
+    for n in (4, 3):
+        train = PromptSet([0, 1], prompts)
+        path = tmp_path / f"anchors{n}.jsonl"
+        save_anchors(path, train.ids, prompts, [[f"a{k}" for k in range(n)]] * 2)
+        store = AnchorStore(path, train, n, TOK, SamplingParams())
+        agr = AGRReward(judge_of(TextSampler()), 0, store=store, votes=votes, swap=True, alpha=1.0, ties="win",
+                        refresh_every=0, ctx=None)
+        r, _ = agr(prompts, responses, np.arange(2), step=1)
+        if n % 2 == 0:
+            assert np.ptp(r) == 0, (n, r)  # every response beats the same number of anchors
+        assert np.ptp(r.mean(axis=0)) == 0, (n, r)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# PRC: the reference response
+# ------------------------------------------------------------------------------------------------------------
+
+def prc_context(policy, reference=None):
+    ctx = RewardContext(base_config("prc"), roles=None, policy=policy, tokenizer=TOK,
+                        train=PromptSet([0, 1, 2], ["12>", "34>", "56>"]))
+    ctx._reference = reference
+    return ctx
+
+
+def shown_b(question: str) -> str:
+    return question.split("\nB: ")[1].split("\n")[0]
+
+
+def test_prc_reference_is_the_current_policys_greedy_response():
+    version = {"v": "1"}
+    policy = TextSampler(lambda prompt: prompt[:2] + version["v"])
+    grm = TextSampler()
+    prc = PRCReward(judge_of(grm), 0, think=True, reference="current", ctx=prc_context(policy))
+    prompts = ["12>", "34>"]
+    r, metrics = prc(prompts, [["9", "8"], ["7", "6"]], np.array([0, 1]), step=1)
+    assert {shown_b(q) for q in grm.questions} == {"121", "341"}
+    np.testing.assert_allclose(r, 0.75)
+    assert metrics["reward/prc_saturation"] == 0.0
+    version["v"] = "2"  # the policy was updated: the next step's references are its new greedy responses
+    grm.questions.clear()
+    prc(prompts, [["9", "8"], ["7", "6"]], np.array([0, 1]), step=2)
+    assert {shown_b(q) for q in grm.questions} == {"122", "342"}
+
+
+def test_prc_initial_reference_is_the_frozen_reference_cached_per_prompt():
+    policy, reference, grm = TextSampler(lambda p: "0"), TextSampler(lambda p: p[:2] + "r"), TextSampler()
+    calls = []
+    generate = reference.generate
+    reference.generate = lambda ids, *a, **k: calls.append(len(ids)) or generate(ids, *a, **k)
+    prc = PRCReward(judge_of(grm), 0, think=True, reference="initial", ctx=prc_context(policy, reference))
+    prc(["12>", "34>"], [["9"], ["7"]], np.array([0, 1]), step=1)
+    prc(["34>", "56>"], [["9"], ["7"]], np.array([1, 2]), step=2)
+    assert calls == [2, 1] and {shown_b(q) for q in grm.questions} == {"12r", "34r", "56r"}
+
+
+def test_prc_without_thinking_reads_the_configured_judges_direct_template():
+    grm = TextSampler()
+    prc = PRCReward(judge_of(grm), 0, think=False, reference="current", ctx=prc_context(TextSampler()))
+    assert prc.judge.direct_template.name == "toy_pairwise_direct"
+    r, _ = prc(["12>"], [["9", "8"]], np.array([0]), step=1)
+    assert all(q.endswith("verdict: [[") for q in grm.questions) and len(grm.questions) == 2
+    np.testing.assert_allclose(r, 0.75)
+    with pytest.raises(ConfigError, match="no direct-verdict variant"):
+        PRCReward(judge_of(TextSampler(), "rmr1_cor"), 0, think=False, reference="current", ctx=None)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# DRM: its own tokenizer
+# ------------------------------------------------------------------------------------------------------------
+
+def test_drm_scores_with_its_own_tokenizer():
+    """A DRM whose vocabulary differs from the policy's (the characters in another order, other ids): rewards are
+    its value head on the text encoded by *its* tokenizer."""
+    drm_tok = make_char_tokenizer(PRINTABLE[::-1])
+    cfg = DecoderConfig(model_type="llama", vocab_size=len(drm_tok), hidden_size=16, intermediate_size=32,
+                        num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, value_head=True, eos_token_ids=(2,),
+                        pad_token_id=0)
+    with model_context(None):
+        drm = Decoder(cfg, rngs=nnx.Rngs(0))
+    drm.value_head.kernel.value = np.random.default_rng(0).normal(size=16).astype(np.float32)
+    prompts, responses = ["31415>", "9>"], [["11345", "4"], ["9", "99"]]
+    r, _ = DRMReward(drm, drm_tok)(prompts, responses, np.arange(2), step=1)
+    rows = [prompt_ids(tok, p) + tok(o, add_special_tokens=False)["input_ids"] + [2]
+            for tok in (drm_tok, TOK) for p, group in zip(prompts, responses) for o in group]
+    ids, mask = pad_sequences(rows, max(map(len, rows)), 0, "right")
+    own, policys = np.asarray(drm.values(ids, mask)).reshape(2, 2, 2)
+    np.testing.assert_allclose(r, own, rtol=1e-5, atol=1e-6)
+    assert np.abs(policys - r).min() > 1e-4  # the policy's ids would score otherwise
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Templates from files, plug-ins, prompt files
+# ------------------------------------------------------------------------------------------------------------
+
+def test_a_judge_template_from_a_json_or_yaml_file(tmp_path):
+    fields = {"kind": "pairwise", "context": "Q: {prompt}\n", "item": "A: {a}\nB: {b}\nwhich?", "think": True,
+              "direct": {"kind": "pairwise", "context": "Q: {prompt}\n", "item": "A: {a}\nB: {b}\nverdict: ",
+                         "think": False}}
+    (tmp_path / "mine.json").write_text(json.dumps(fields))
+    (tmp_path / "mine.yaml").write_text("kind: pairwise\ncontext: \"Q: {prompt}\\n\"\nitem: \"A: {a} B: {b}\"\n"
+                                        "think: false\nsystem: Be fair.\n")
+    t = get_template(str(tmp_path / "mine.json"))
+    assert (t.name, t.context, t.think, t.direct.name, t.direct.think) == ("mine", "Q: {prompt}\n", True,
+                                                                           "mine_direct", False)
+    y = load_template(tmp_path / "mine.yaml")
+    assert (y.system, y.item, y.think) == ("Be fair.", "A: {a} B: {b}", False)
+    grm = TextSampler()
+    votes = Judge(grm, TOK, template=str(tmp_path / "mine.json"), max_new_tokens=8).compare(["1>"], ["x"], ["y"])
+    assert votes.wins[0] + votes.losses[0] == 1 and grm.questions[0].endswith("which?")
+    (tmp_path / "bad.json").write_text(json.dumps({**fields, "answer": "[[A]]"}))
+    with pytest.raises(ConfigError, match="unknown field 'answer'"):
+        get_template(str(tmp_path / "bad.json"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        get_template(str(tmp_path / "missing.yaml"))
+
+
+def test_plug_in_reward_forms(tmp_path, monkeypatch):
+    module = tmp_path / "plug.py"
+    module.write_text('''
+import numpy as np
+
+def plain(prompts, responses):
+    return np.full((len(prompts), len(responses[0])), 2.0)
+
+def full(prompts, responses, prompt_index, step):
+    return np.full((len(prompts), len(responses[0])), float(step)), {"mine/step": step}
+
+class Shaped:
+    @classmethod
+    def from_config(cls, config, context):
+        return cls()
+
+    def __call__(self, prompts, responses, prompt_index, step):
+        return np.zeros((len(prompts), len(responses[0]))), {}
+
+def wrong(prompts, responses):
+    return [1.0, 2.0]
+''')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = base_config("agr")
+    prompts, responses = groups(2, 3)
+    for name, want in [("plain", 2.0), ("full", 5.0), ("Shaped", 0.0)]:
+        config.reward.kind = f"plug:{name}"
+        r, _ = make_reward_fn(config, None)(prompts, responses, np.arange(2), 5)
+        np.testing.assert_array_equal(np.asarray(r), np.full((2, 3), want))
+    config.reward.kind = "plug:wrong"
+    with pytest.raises(ValueError, match=r"plug:wrong returned shape \(2,\)"):
+        make_reward_fn(config, None)(prompts, responses, np.arange(2), 1)
+    config.reward.kind = "no_such_module:f"
+    with pytest.raises(ConfigError, match="cannot import 'no_such_module'"):
+        make_reward_fn(config, None)
+
+
+def write_prompts(path, n):
+    path.write_text("".join(json.dumps({"prompt": f"{i}{i}>"}) + "\n" for i in range(n)))
+    return str(path)
+
+
+def test_prompt_files_split_rules_and_disjoint_ids(tmp_path):
+    config = base_config("drm")
+    config.data.path = write_prompts(tmp_path / "small.jsonl", 5)
+    with pytest.raises(ConfigError, match="has 5 usable prompts.*data.eval_path"):
+        load_prompts(config)
+    config.data.eval_path = write_prompts(tmp_path / "eval.jsonl", 3)
+    train, ev = load_prompts(config)
+    assert (train.ids, ev.ids) == ([0, 1, 2, 3, 4], [5, 6, 7])
+    config.data.path, config.data.eval_path = write_prompts(tmp_path / "big.jsonl", 30), ""
+    train, ev = load_prompts(config)
+    assert len(train.ids) == 27 and ev.ids == [27, 28, 29] and ev.texts == ["2727>", "2828>", "2929>"]
