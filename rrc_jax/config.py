@@ -24,8 +24,9 @@ from rrc_jax.rl.grpo import AGGREGATIONS
 BUILTIN_REWARDS = ("drm", "prc", "scr", "agr")
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
-# The toy world's models (DESIGN.md section 4): width and depth of each tiny Llama-style decoder.
-TOY_MODELS = {"policy": dict(hidden=64, layers=2), "grm": dict(hidden=96, layers=3), "drm": dict(hidden=64, layers=2)}
+# The toy world's models (DESIGN.md section 4): width, depth and training steps of each tiny Llama-style decoder.
+TOY_MODELS = {"policy": dict(hidden=64, layers=2, steps=500), "grm": dict(hidden=96, layers=3, steps=1500),
+              "drm": dict(hidden=64, layers=2, steps=400)}
 
 
 def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
@@ -48,7 +49,7 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
 
     c.toy = ml_collections.ConfigDict(dict(
         cache_dir="~/.cache/rrc_jax", seed=0, min_len=4, max_len=6, noise=0.3, train_prompts=2048,
-        policy_steps=500, grm_steps=1200, drm_steps=400))
+        **{f"{role}_steps": spec["steps"] for role, spec in TOY_MODELS.items()}))
 
     c.rl = ml_collections.ConfigDict(dict(
         group_size=8,            # m responses per prompt (the paper's m = 8)
@@ -110,9 +111,9 @@ def rm_config(kind: str) -> ml_collections.ConfigDict:
     c.seed = 0
     c.data = ml_collections.ConfigDict(dict(path="toy"))  # toy preference pairs (the toy world's task)
     c.toy = ml_collections.ConfigDict(dict(min_len=4, max_len=6, noise=0.3))
-    c.model = ml_collections.ConfigDict(dict(TOY_MODELS.get(kind, TOY_MODELS["grm"])))
-    c.train = ml_collections.ConfigDict(dict(steps=1200 if kind == "grm" else 400, batch_size=64,
-                                             learning_rate=3e-3))
+    spec = TOY_MODELS.get(kind, TOY_MODELS["grm"])
+    c.model = ml_collections.ConfigDict(dict(hidden=spec["hidden"], layers=spec["layers"]))
+    c.train = ml_collections.ConfigDict(dict(steps=spec["steps"], batch_size=64, learning_rate=3e-3))
     c.lock()
     return c
 

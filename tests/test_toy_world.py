@@ -20,7 +20,7 @@ def test_oracle_quality_is_graded():
 def test_toy_judgment_prefers_the_better_response():
     rng = np.random.default_rng(0)
     task = SortTask()
-    for _ in range(200):
+    for _ in range(300):
         d = task.prompt(rng)
         a, b = task.demonstration(d, rng), task.demonstration(d, rng)
         text = toy_judgment(d, a, b)
@@ -50,8 +50,8 @@ def test_world_is_built_once_and_reused(tmp_path):
 
 
 def test_grm_learns_the_reasoning_and_the_direct_template():
-    """Half of the toy GRM's examples use `toy_pairwise_direct` (PRC without thinking) with the bare verdict as the
-    target; the verdict of both kinds follows the oracle."""
+    """A fifth of the toy GRM's examples use `toy_pairwise_direct` (PRC without thinking) with the bare verdict as
+    the target; the verdict of both kinds follows the oracle."""
     from rrc_jax.data.toy.task import ALPHABET
     from rrc_jax.data.toy.world import grm_examples
     from rrc_jax.models.char_tokenizer import make_char_tokenizer
@@ -59,7 +59,7 @@ def test_grm_learns_the_reasoning_and_the_direct_template():
     tok = make_char_tokenizer(ALPHABET)
     example = grm_examples(SortTask(), tok, np.random.default_rng(0))
     kinds = {"think:": 0, "verdict: ": 0}
-    for _ in range(200):
+    for _ in range(300):
         question, target = example()
         q, t = tok.decode(question, skip_special_tokens=True), tok.decode(target, skip_special_tokens=True)
         if q.endswith("verdict: "):
@@ -70,4 +70,4 @@ def test_grm_learns_the_reasoning_and_the_direct_template():
             kinds["think:"] += 1
         digits, a, b = (line.split(": ")[1] for line in q.splitlines()[:3])
         assert parse_verdict(t) == ("A" if oracle_quality(digits[:-1], a) >= oracle_quality(digits[:-1], b) else "B")
-    assert min(kinds.values()) > 60
+    assert 30 < kinds["verdict: "] < 90 and kinds["think:"] > 200

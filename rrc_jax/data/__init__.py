@@ -1,1 +1,2 @@
-"""Data: prompt datasets, grain pipelines and the embedded toy world."""
+"""Data: prompt sets and their grain pipeline (`prompts`), padding into batches (`batches`), the embedded toy world
+(`toy`)."""

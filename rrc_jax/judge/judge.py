@@ -32,6 +32,7 @@ import numpy as np
 from rrc_jax.inference.sampler import Sampler, SamplingParams
 from rrc_jax.judge.prompts import JudgeTemplate, direct_template, encode_question, encode_text, get_template, render_parts
 from rrc_jax.judge.verdicts import parse_score, parse_verdict
+from rrc_jax.rewards._checks import check_votes
 
 _VERDICT = re.compile(r"\[\[\s*[AaBb]\s*\]\]")
 
@@ -100,12 +101,6 @@ def check_groups(responses, name: str) -> int:
         raise ValueError(f"{name}: every prompt needs the same number of texts, got sizes {sorted(sizes)}; "
                          "pad the groups or judge them in separate calls")
     return sizes.pop()
-
-
-def check_votes(votes) -> None:
-    """The voting budget V must be a positive int."""
-    if isinstance(votes, bool) or not isinstance(votes, int) or votes < 1:
-        raise ValueError(f"votes={votes!r} must be a positive int (the voting budget V)")
 
 
 class Judge:

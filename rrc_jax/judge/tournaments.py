@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from rrc_jax.judge.judge import Judge, check_groups, check_votes
+from rrc_jax.judge.judge import Judge, check_groups
+from rrc_jax.rewards._checks import check_votes
 from rrc_jax.rewards import order_rewards
 
 

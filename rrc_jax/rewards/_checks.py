@@ -70,3 +70,9 @@ def check_option(value: str, allowed: Sequence[str], name: str) -> None:
     """Raise ValueError unless ``value`` is one of ``allowed``."""
     if value not in allowed:
         raise ValueError(f"unknown {name}={value!r}; use one of {', '.join(repr(a) for a in allowed)}.")
+
+
+def check_votes(votes) -> None:
+    """Raise ValueError unless ``votes`` (the voting budget V) is a positive Python int."""
+    if isinstance(votes, bool) or not isinstance(votes, int) or votes < 1:
+        raise ValueError(f"votes={votes!r} must be a positive int (the voting budget V).")

@@ -33,7 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rrc_jax.rewards._checks import check_nonnegative, check_option, check_rank, check_real, is_concrete
+from rrc_jax.rewards._checks import (check_nonnegative, check_option, check_rank, check_real, check_votes,
+                                     is_concrete)
 
 SCR_TIES = ("half", "zero")
 AGR_TIES = ("half", "zero", "win")
@@ -59,11 +60,6 @@ def _check_agr_counts(wins, losses) -> None:
     check_real(losses, "losses")
     check_nonnegative(wins, "wins")
     check_nonnegative(losses, "losses")
-
-
-def _check_votes(votes) -> None:
-    if isinstance(votes, bool) or not isinstance(votes, int) or votes < 1:
-        raise ValueError(f"votes must be the voting budget V, a positive Python int; got {votes!r}.")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -181,7 +177,7 @@ def scr_diagnostics(c, votes: int) -> dict[str, jax.Array]:
 
     Raises ValueError (on concrete input) when a pair holds more than ``votes`` votes.
     """
-    _check_votes(votes)
+    check_votes(votes)
     m = _check_scr_counts(c)
     if is_concrete(c) and m > 1:
         a = np.asarray(c)
@@ -218,7 +214,7 @@ def agr_diagnostics(wins, losses, votes: int) -> dict[str, jax.Array]:
       ``abstain_fraction`` (share of the ``V * group * anchors`` votes that abstained). A bipartite comparison has
       no cycles among responses, so there is no triad count.
     """
-    _check_votes(votes)
+    check_votes(votes)
     _check_agr_counts(wins, losses)
     if is_concrete(wins) and is_concrete(losses):
         total = np.asarray(wins) + np.asarray(losses)

@@ -3,10 +3,10 @@
 `build_world(settings, cache_dir)` trains, on first use:
 
 - the **policy**: SFT on noisy demonstrations of the sorting task, so it starts mediocre and diverse;
-- the **GRM**: SFT (Eq. 2) on judge questions about pairs of demonstrations, A/B order random, half of them with
+- the **GRM**: SFT (Eq. 2) on judge questions about pairs of demonstrations, A/B order random, four in five with
   the `toy_pairwise_cot` template (imitating the toy judgment: sorted answer, the score of each response,
-  verdict), half with its direct-verdict variant `toy_pairwise_direct` (the verdict alone), so that PRC without
-  thinking has a judge trained for it;
+  verdict), one in five with its direct-verdict variant `toy_pairwise_direct` (the verdict alone), so that PRC
+  without thinking has a judge trained for it;
 - the **DRM**: the same backbone size with a scalar value head, Bradley-Terry (Eq. 1) on the same kind of pairs;
 
 and saves each as a Hugging Face directory (safetensors + config.json + the character tokenizer) under
@@ -36,6 +36,7 @@ from rrc_jax.rm.fit import fit
 VERSION = 5  # bump when the world's recipe changes, so stale caches are not reused
 JUDGE_TEMPLATE = get_template("toy_pairwise_cot")
 DIRECT_TEMPLATE = direct_template(JUDGE_TEMPLATE)
+DIRECT_SHARE = 0.2  # of the GRM's examples; 1500 steps keep 1200 steps' worth of reasoning examples
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,18 +53,17 @@ class ModelSpec:
 @dataclasses.dataclass(frozen=True)
 class WorldSettings:
     task: SortTask = SortTask()
-    policy: ModelSpec = ModelSpec(**TOY_MODELS["policy"], steps=500)
-    grm: ModelSpec = ModelSpec(**TOY_MODELS["grm"], steps=1200)
-    drm: ModelSpec = ModelSpec(**TOY_MODELS["drm"], steps=400)
+    policy: ModelSpec = ModelSpec(**TOY_MODELS["policy"])
+    grm: ModelSpec = ModelSpec(**TOY_MODELS["grm"])
+    drm: ModelSpec = ModelSpec(**TOY_MODELS["drm"])
     seed: int = 0
 
     @classmethod
     def from_config(cls, toy) -> WorldSettings:
         """The settings of a trainer config's `toy` group (`rrc_jax.config.base_config`)."""
-        return cls(task=SortTask(toy.min_len, toy.max_len, toy.noise),
-                   policy=ModelSpec(**TOY_MODELS["policy"], steps=toy.policy_steps),
-                   grm=ModelSpec(**TOY_MODELS["grm"], steps=toy.grm_steps),
-                   drm=ModelSpec(**TOY_MODELS["drm"], steps=toy.drm_steps), seed=toy.seed)
+        spec = lambda role: ModelSpec(**{**TOY_MODELS[role], "steps": toy[f"{role}_steps"]})
+        return cls(task=SortTask(toy.min_len, toy.max_len, toy.noise), policy=spec("policy"), grm=spec("grm"),
+                   drm=spec("drm"), seed=toy.seed)
 
     def key(self) -> str:
         blob = json.dumps({"version": VERSION, **dataclasses.asdict(self)}, sort_keys=True)
@@ -122,14 +122,15 @@ def train_policy(settings: WorldSettings, tokenizer, rng) -> Decoder:
 
 
 def grm_examples(task: SortTask, tokenizer, rng: np.random.Generator):
-    """The GRM's SFT example factory: `() -> (question ids, judgment ids + EOS)` for a random pair, half with the
-    reasoning template (the toy judgment), half with its direct-verdict variant (the judgment's verdict alone)."""
+    """The GRM's SFT example factory: `() -> (question ids, judgment ids + EOS)` for a random pair, with the
+    reasoning template (the toy judgment) or, one time in `DIRECT_SHARE`, its direct-verdict variant (the
+    judgment's verdict alone)."""
 
     def example():
         digits, a, b = _pair(task, rng)
         chosen, rejected = (a, b) if oracle_quality(digits, a) >= oracle_quality(digits, b) else (b, a)
         pref = Preference(task.prompt_text(digits), chosen, rejected)
-        direct = rng.random() < 0.5
+        direct = rng.random() < DIRECT_SHARE
         return grm_example(tokenizer, DIRECT_TEMPLATE if direct else JUDGE_TEMPLATE, pref, rng,
                            judgment=lambda x, y, _: toy_judgment(digits, x, y)[-5:] if direct
                            else toy_judgment(digits, x, y))
