@@ -23,11 +23,26 @@ from rrc_jax.rl.anchors import load_anchors
 from rrc_jax.rl.trainer import Trainer, run
 
 REPO = Path(__file__).resolve().parents[1]
+EXTRA = {"drm": {}, "prc": {}, "scr": {"reward.scr.cara": True}, "agr": {}}
 
 
-@pytest.mark.parametrize("kind,extra", [("drm", {}), ("prc", {}), ("scr", {"reward.scr.cara": True}), ("agr", {})])
-def test_two_step_run_for_each_reward_kind(kind, extra, tmp_path, toy_cache):
-    workdir = run(tiny_config(kind, tmp_path / kind, toy_cache, **extra))
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, toy_cache):
+    """`finished(kind)`: the workdir of a finished default tiny run of `kind`, run once per module and shared by the
+    tests that only read what a run left (they must not write into it)."""
+    done = {}
+
+    def get(kind):
+        if kind not in done:
+            done[kind] = run(tiny_config(kind, tmp_path_factory.mktemp(kind), toy_cache, **EXTRA[kind]))
+        return done[kind]
+
+    return get
+
+
+@pytest.mark.parametrize("kind", sorted(EXTRA))
+def test_two_step_run_for_each_reward_kind(kind, finished):
+    workdir = finished(kind)
     rows = read_metrics(workdir)
     assert sorted(rows) == [0, 1, 2]
     assert 0 <= rows[0]["eval/oracle_quality"] <= 1 and rows[0]["eval/oracle_quality_se"] > 0
@@ -166,10 +181,10 @@ def test_rollout_logprobs_are_at_the_sampling_temperature(tmp_path, toy_cache, m
     np.testing.assert_allclose(np.asarray(mb["ref_logp"]), np.asarray(mb["old_logp"]), atol=1e-5)  # ref = initial
 
 
-def test_init_from_sets_the_policy_and_the_reference(tmp_path, toy_cache):
+def test_init_from_sets_the_policy_and_the_reference(tmp_path, toy_cache, finished):
     from flax import nnx
 
-    first = run(tiny_config("drm", tmp_path / "first", toy_cache))
+    first = finished("drm")
     config = tiny_config("drm", tmp_path / "second", toy_cache, init_from=str(first / "checkpoints"),
                          **{"rl.beta": 0.1})
     trainer = Trainer(config)
@@ -212,10 +227,10 @@ def test_only_the_roles_a_run_needs_are_built(tmp_path):
     assert read_metrics(tmp_path / "w")[1]["judge/questions"] == 4 * 4 * 2 * 2
 
 
-def test_anchors_are_stored_and_reused(tmp_path, toy_cache):
-    config = tiny_config("agr", tmp_path, toy_cache)
-    run(config)
-    path = tmp_path / "anchors.jsonl"
+def test_anchors_are_stored_and_reused(toy_cache, finished):
+    workdir = finished("agr")
+    config = tiny_config("agr", workdir, toy_cache)
+    path = workdir / "anchors.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 64 and all(len(r["anchors"]) == 2 for r in rows)
     stamp = path.stat().st_mtime_ns
@@ -236,14 +251,13 @@ def test_anchors_cli_writes_the_file(tmp_path, toy_cache):
     assert len({r["id"] for r in rows}) == 64
 
 
-def test_hf_export_matches_the_trained_policy(tmp_path, toy_cache):
+def test_hf_export_matches_the_trained_policy(tmp_path, toy_cache, finished):
     from transformers import AutoModelForCausalLM
 
     from rrc_jax.checkpoint import Checkpointer
 
-    config = tiny_config("drm", tmp_path, toy_cache)
-    workdir = run(config)
-    policy = Trainer(config).policy
+    workdir = finished("drm")
+    policy = Trainer(tiny_config("drm", tmp_path, toy_cache)).policy
     assert Checkpointer(workdir / "checkpoints").restore_params(policy) == 2
     ids = jnp.asarray(np.random.default_rng(0).integers(3, policy.cfg.vocab_size, (3, 12)))
     ours = np.asarray(policy(ids))
@@ -316,11 +330,10 @@ def test_prompts_from_a_jsonl_file(tmp_path, toy_cache):
         Trainer(config)
 
 
-def test_anchor_refresh_regenerates_from_the_policy(tmp_path, toy_cache):
+def test_anchor_refresh_regenerates_from_the_policy(tmp_path, toy_cache, finished):
     """Without refresh the anchors stay those of the reference; with `refresh_every=1` step 2 replaces them with
     samples of the current policy."""
-    fixed = tmp_path / "fixed"
-    run(tiny_config("agr", fixed, toy_cache))
+    fixed = finished("agr")
     refreshed = tmp_path / "refreshed"
     rows = read_metrics(run(tiny_config("agr", refreshed, toy_cache, **{"reward.agr.refresh_every": 1})))
     assert np.isfinite(rows[2]["reward/mean"])
