@@ -1,4 +1,4 @@
-"""Decode throughput of `rrc_jax.sampling.generate` vs transformers' `generate` on the same weights.
+"""Decode throughput of `rrc_jax.inference.sampling.generate` vs transformers' `generate` on the same weights.
 
     python benchmarks/sampler.py [--batch_sizes=1,8,64 --new_tokens=128 --prompt_len=32 --repeats=3 --rounds=2
                                   --dtype=float32]

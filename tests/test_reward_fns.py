@@ -141,7 +141,7 @@ def test_prc_initial_reference_is_the_frozen_reference_cached_per_prompt():
 def test_prc_without_thinking_reads_the_configured_judges_direct_template():
     grm = TextSampler()
     prc = PRCReward(judge_of(grm), 0, think=False, reference="current", ctx=prc_context(TextSampler()))
-    assert prc.judge.direct_template.name == "toy_pairwise_direct"
+    assert prc.template.name == "toy_pairwise_direct"
     r, _ = prc(["12>"], [["9", "8"]], np.array([0]), step=1)
     assert all(q.endswith("verdict: [[") for q in grm.questions) and len(grm.questions) == 2
     np.testing.assert_allclose(r, 0.75)

@@ -2,16 +2,16 @@
 
 A template has an instruction (`system`), a *context* part of the user message holding the user prompt x, and an
 *item* part holding the responses judged (`{a}`, `{b}` pairwise; `{response}` pointwise). Everything up to the
-end of the context is the same for every question about one prompt, so the engine prefills it once per prompt
-and reuses it for all pairs and anchors (the Sampler's `complete`).
+end of the context is the same for every question about one prompt: the judge hands it to the Sampler's
+`complete` as the shared prefix of all pairs and anchors of that prompt, which an engine may prefill once.
 
 Rendering follows `rrc_jax.models.format_prompt`: with a chat template the conversation `[system, user]` is
 rendered with `add_generation_prompt=True`; without one the text is `system + "\\n\\n" + user`, and the tokenizer adds
 its own special tokens (e.g. BOS). The split point is found by rendering the whole conversation once with a marker
 between context and item, so the prefix and suffix texts concatenate to exactly the rendered text.
 `encode_question` then checks the token-level equality `prefix_ids + suffix_ids == ids(full text)`; when a
-tokenizer merges tokens across the boundary the question is marked not reusable and the engine prefills its full
-text instead (counted in the judge metrics as `reuse_fallbacks`).
+tokenizer merges tokens across the boundary the question is marked not reusable and the judge sends its full text
+as a prefix of its own (counted in the judge metrics as `reuse_fallbacks`).
 """
 
 from __future__ import annotations

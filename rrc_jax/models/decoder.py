@@ -11,7 +11,7 @@ biases on all four attention projections (`attention_bias`) and on the MLP (`mlp
 Padding can sit anywhere. Positions derive from the attention mask (`cumsum(mask) - 1`), so left- and
 right-padded batches give the same logits at their real tokens. For generation the model reads and writes a
 `KVCache` whose per-slot validity mask lets a prefix prefilled once be extended by many suffixes
-(see `rrc_jax.sampling`).
+(see `rrc_jax.inference.sampling`).
 
 Shapes: B batch, T new tokens, S cache slots, E embed, H query heads, K kv heads, G = H / K, D head dim,
 I mlp width, V vocab.
@@ -685,7 +685,7 @@ class Decoder(nnx.Module):
 
         Returns the updated cache whose `logits` are the next-token logits after each row's last real token
         (unchanged for a row with no real token in this chunk). The caller keeps `end + T <= cache.size`
-        (`rrc_jax.sampling` checks it with a clear error).
+        (`rrc_jax.inference.sampling` checks it with a clear error).
         """
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, bool)

@@ -71,6 +71,11 @@ def rollout_params(rl) -> SamplingParams:
     return SamplingParams(rl.temperature, 0, rl.top_p, max_new_tokens=rl.max_new_tokens)
 
 
+def rollout_batch(rl) -> int:
+    """Rows per model call of the policy's and the reference's samplers: a step's rollouts, at least 256."""
+    return max(256, rl.prompts_per_step * rl.group_size)
+
+
 class RewardContext:
     """What a reward construction may use. The policy sampler holds the model being trained; the reference and the
     judge are built on first use (a run that never asks for them never loads them)."""
@@ -86,7 +91,7 @@ class RewardContext:
         """A sampler of the frozen reference policy (`models.reference`, by default the initial policy)."""
         if self._reference is None:
             self._reference = JaxSampler(self.roles.model("reference"), self.roles.tokenizer("reference"),
-                                         max_batch=self.policy.max_batch)
+                                         max_batch=rollout_batch(self.config.rl))
         return self._reference
 
     @property
@@ -203,8 +208,8 @@ class PRCReward(JudgeReward):
         if reference not in ("current", "initial"):
             raise ConfigError(f"config.reward.prc.reference: {reference!r}; use 'current' or 'initial'")
         self.think, self.reference, self.ctx = think, reference, ctx
-        if not think:
-            judge.direct_template  # a ConfigError now, not at step 1, when the template has no direct variant
+        # the template P(A) is read after: a ConfigError now, not at step 1, when there is no direct variant
+        self.template = judge.template if think else judge.direct_template
         self._initial: dict[int, str] = {}
 
     @classmethod

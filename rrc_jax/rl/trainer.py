@@ -38,7 +38,7 @@ from rrc_jax.models import prompt_ids, save_hf
 from rrc_jax.progress import Progress, say
 from rrc_jax.rl.grpo import group_advantages, grpo_objective
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer, token_logprobs
-from rrc_jax.rl.reward_fns import RewardContext, make_reward_fn, step_seed
+from rrc_jax.rl.reward_fns import RewardContext, make_reward_fn, rollout_batch, step_seed
 from rrc_jax.rl.roles import Roles
 
 
@@ -54,7 +54,7 @@ class Trainer:
         self.roles = Roles(config)
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
-        self.sampler = JaxSampler(self.policy, self.tokenizer, max_batch=max(256, rl.prompts_per_step * rl.group_size))
+        self.sampler = JaxSampler(self.policy, self.tokenizer, max_batch=rollout_batch(rl))
         self.train_prompts, self.eval_prompts = load_prompts(config)
         self.context = RewardContext(config, self.roles, self.sampler, self.tokenizer, self.train_prompts)
         self.reward_fn = make_reward_fn(config, self.context)
