@@ -97,7 +97,8 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
 
     c.checkpoint = ml_collections.ConfigDict(dict(save_every=10, keep=2))
     c.eval = ml_collections.ConfigDict(dict(every=10, judge_votes=2))
-    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
+    # Device mesh (-1: the remaining devices); parameters over fsdp / tensor, batches over data x fsdp.
+    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
     c.lock()
     return c
 
@@ -189,6 +190,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
             _bad(f"models.{name}", "empty; give a Hugging Face directory or 'toy'")
     if c.models.dtype not in ("float32", "bfloat16"):
         _bad("models.dtype", f"{c.models.dtype!r}: use 'float32' or 'bfloat16'")
+    sizes = [c.mesh.data, c.mesh.fsdp, c.mesh.tensor]
+    if sizes.count(-1) > 1 or any(n == 0 or n < -1 for n in sizes):
+        _bad("mesh", f"data={sizes[0]} fsdp={sizes[1]} tensor={sizes[2]}: sizes are >= 1, and at most one is -1 (the "
+                     "remaining devices)")
 
 
 def resolve_config_file(value: str) -> str:

@@ -7,15 +7,26 @@ logical axis rules. Models are built inside `model_context(mesh)`:
 - `mesh=None` (single device, tests, laptops): flax's eager sharding is switched off, so the logical names stay as
   metadata and arrays live on the default device.
 - a mesh: the rules below translate logical names to mesh axes and flax shards every variable as it is created.
+
+Axis types: meshes are built with **Auto** axes (`jax.sharding.AxisType.Auto`), deliberately. The parameters,
+batches and caches are placed by the logical rules and every jitted step keeps its inputs' shardings; inside a
+step XLA's sharding propagation (GSPMD) places the intermediates, steered by `constrain` on logical names. With
+Explicit axes (`jax.make_mesh`'s default) every gather, scatter and dynamic update whose operands are sharded on
+different axes must be resharded by hand: the embedding lookup (`vocab` over `tensor`, ids over `batch`) and the
+KV-cache update raise `ShardingTypeError`, and each fix would be a special case in model code that must also run
+on one device.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Iterator, Sequence
 
 import jax
 from flax import nnx
+
+from rrc_jax.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -23,6 +34,7 @@ MESH_AXES = ("data", "fsdp", "tensor")
 # and over `tensor` along heads / mlp / vocab (Megatron-style); activations' batch axis over data and fsdp.
 LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", ("data", "fsdp")),
+    ("length", None),
     ("vocab", "tensor"),
     ("embed", "fsdp"),
     ("mlp", "tensor"),
@@ -35,24 +47,38 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[jax.Device] | None = None
               ) -> jax.sharding.Mesh:
-    """A `(data, fsdp, tensor)` mesh over `data * fsdp * tensor` devices (all local+remote devices by default).
+    """A `(data, fsdp, tensor)` mesh with Auto axes over `data * fsdp * tensor` devices (all local and remote
+    devices by default).
 
-    Use -1 for at most one axis to take the remaining devices.
+    Use -1 for at most one axis to take the remaining devices. A mesh of fewer devices than there are uses the first
+    ones (with a warning).
     """
     devices = list(devices) if devices is not None else jax.devices()
     shape = [data, fsdp, tensor]
     if shape.count(-1) > 1:
-        raise ValueError(f"mesh shape {tuple(shape)}: at most one axis may be -1")
+        raise ConfigError(f"mesh shape {tuple(shape)}: at most one axis may be -1")
     if -1 in shape:
         known = 1
         for s in shape:
             known *= s if s != -1 else 1
         shape[shape.index(-1)] = len(devices) // known
     total = shape[0] * shape[1] * shape[2]
-    if total != len(devices):
-        raise ValueError(f"mesh shape data={shape[0]} fsdp={shape[1]} tensor={shape[2]} needs {total} devices, "
-                         f"but {len(devices)} are available; change the mesh sizes so their product is {len(devices)}")
-    return jax.make_mesh(tuple(shape), MESH_AXES, devices=devices)
+    if total > len(devices) or (total < len(devices) and -1 in (data, fsdp, tensor)):
+        raise ConfigError(f"mesh shape data={shape[0]} fsdp={shape[1]} tensor={shape[2]} needs {total} devices, "
+                          f"but {len(devices)} are available; change the mesh sizes so their product is "
+                          f"{len(devices)} (or set one of them to -1)")
+    if total < len(devices):
+        from absl import logging
+
+        logging.warning("mesh data=%d fsdp=%d tensor=%d uses %d of the %d devices", *shape, total, len(devices))
+        devices = devices[:total]
+    return jax.make_mesh(tuple(shape), MESH_AXES, devices=devices,
+                         axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+
+
+def mesh_from_config(mesh_config) -> jax.sharding.Mesh:
+    """The mesh of a config's `mesh` group (`data`, `fsdp`, `tensor`; -1 fills the rest)."""
+    return make_mesh(mesh_config.data, mesh_config.fsdp, mesh_config.tensor)
 
 
 @contextlib.contextmanager
@@ -73,9 +99,70 @@ def param(value: jax.Array, names: Sequence[str | None]) -> nnx.Param:
     return nnx.Param(value, sharding_names=tuple(names), eager_sharding=eager)
 
 
+def logical_spec(names: Sequence[str | None] | None) -> jax.sharding.PartitionSpec:
+    """The PartitionSpec of an array whose axes carry the logical `names` (None or empty: replicated)."""
+    rules = dict(LOGICAL_RULES)
+    return jax.sharding.PartitionSpec(*[rules.get(n) if n is not None else None for n in (names or ())])
+
+
 def logical_to_sharding(names: Sequence[str | None] | None, mesh: jax.sharding.Mesh
                         ) -> jax.sharding.NamedSharding:
     """NamedSharding for an array whose axes carry the logical `names` (None or empty: replicated)."""
-    rules = dict(LOGICAL_RULES)
-    spec = [rules.get(n) if n is not None else None for n in (names or ())]
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec))
+    return jax.sharding.NamedSharding(mesh, logical_spec(names))
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+    """`x` with its axes constrained to the logical `names` inside a jitted step under a mesh (`jax.set_mesh`); the
+    identity without one (single device).
+
+    Activations use the parameters' names: a mesh axis already taken by an earlier axis of `x` is not used again
+    (activations `("batch", "length", "embed")` are rows over `(data, fsdp)`, embed replicated, while the `embed` of
+    a parameter is over `fsdp`), and an axis whose size the mesh axes do not divide is left to XLA."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    spec, used = [], set()
+    for size, axes in zip(x.shape, logical_spec(names)):
+        parts = tuple(a for a in ((axes,) if isinstance(axes, str) else tuple(axes or ())) if a not in used)
+        n = 1
+        for a in parts:
+            n *= mesh.shape[a]
+        keep = bool(parts) and size % n == 0 and n > 1
+        spec.append((parts if len(parts) > 1 else parts[0]) if keep else None)
+        used.update(parts if keep else ())
+    return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(*spec))
+
+
+def batch_sharding(mesh: jax.sharding.Mesh, ndim: int = 1) -> jax.sharding.NamedSharding:
+    """Rows over `(data, fsdp)`, the other axes replicated: the sharding of every batch array."""
+    return logical_to_sharding(("batch",) + (None,) * (ndim - 1), mesh)
+
+
+def put_batch(tree, mesh: jax.sharding.Mesh | None):
+    """Host arrays (numpy) as global arrays with their rows over `(data, fsdp)`, each host giving its own rows
+    (`jax.make_array_from_process_local_data`); on one device, plain device arrays."""
+    if mesh is None:
+        return jax.tree.map(jax.numpy.asarray, tree)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim), x), tree)
+
+
+def to_host(x: jax.Array):
+    """A global array as a numpy array on this host: its own data when fully addressable, else gathered from every
+    process (`multihost_utils.process_allgather`). Every host-side read of a possibly global array goes through
+    here."""
+    import numpy as np
+
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(jax.device_get(x))
+
+
+def bytes_per_device(tree) -> int:
+    """The most bytes the arrays of `tree` hold on any one of this process's devices (their addressable shards)."""
+    per_device: collections.Counter = collections.Counter()
+    for x in jax.tree.leaves(tree):
+        for shard in getattr(x, "addressable_shards", ()):
+            per_device[shard.device] += shard.data.nbytes
+    return max(per_device.values(), default=0)

@@ -33,6 +33,7 @@ from rrc_jax import sharding
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a query with no visible key gives no NaN
+ACTIVATION = ("batch", "length", "embed")  # logical axes of the residual stream [B, T, E] (`sharding.constrain`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,7 +415,8 @@ class Attention(nnx.Module):
         """
         cfg = self.cfg
         g = cfg.num_heads // cfg.num_kv_heads
-        qkv = dense(x, self.qkv[...], self.qkv_bias[...] if cfg.qkv_bias else None)  # [B, T, K, G + 2, D]
+        qkv = sharding.constrain(dense(x, self.qkv[...], self.qkv_bias[...] if cfg.qkv_bias else None),
+                                 ("batch", "length", "kv_heads", None, None))  # [B, T, K, G + 2, D]
         qk = apply_rope(qkv[..., :g + 1, :], cos, sin)
         q, k, v = qk[..., :g, :], qk[..., g, :], qkv[..., g + 1, :]
         k, v = k.transpose(0, 2, 3, 1), v.swapaxes(1, 2)  # [B, K, D, T], [B, K, T, D]
@@ -537,7 +539,8 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         bias = lambda name: getattr(self, f"{name}_bias")[...] if self.mlp_bias else None
-        gate_up = dense(x, self.gate_up[...], bias("gate_up"))  # [..., I, 2]
+        gate_up = sharding.constrain(dense(x, self.gate_up[...], bias("gate_up")),  # [B, T, I, 2]
+                                     ("batch", "length", "mlp", None))
         return dense(jax.nn.silu(gate_up[..., 0]) * gate_up[..., 1], self.down[...], bias("down"))
 
 
@@ -603,6 +606,7 @@ class Decoder(nnx.Module):
         reads them).
         """
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(self.cfg.compute_dtype)
+        x = sharding.constrain(x, ACTIVATION)
         cos, sin = rope_cos_sin(positions, self.inv_freq)
         new_kv = []
         for i, layer in enumerate(self.layers):
@@ -612,6 +616,7 @@ class Decoder(nnx.Module):
             final = last_index is not None and i == len(self.layers) - 1
             x, kv = layer(x, cos, sin, mask, kv, cache.end if cache is not None else None, shared,
                           last_index if final else None)
+            x = sharding.constrain(x, ACTIVATION)
             new_kv.append(kv)
         return self.final_norm(x), (tuple(new_kv) if cache is not None else None)
 
@@ -629,7 +634,8 @@ class Decoder(nnx.Module):
     def logits_from_hidden(self, h: jax.Array) -> jax.Array:
         """LM-head logits `[..., V]` (float32) of hidden states `[..., E]`."""
         w = self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
-        return jnp.dot(h, w.astype(h.dtype), preferred_element_type=jnp.float32).astype(jnp.float32)
+        logits = jnp.dot(h, w.astype(h.dtype), preferred_element_type=jnp.float32).astype(jnp.float32)
+        return sharding.constrain(logits, ("batch",) + (None,) * (logits.ndim - 2) + ("vocab",))
 
     # -- public API ----------------------------------------------------------------------------------------
 

@@ -184,13 +184,6 @@ def _convert(names: tuple[str, ...], sources: list[np.ndarray], combine: Combine
     return w
 
 
-def _host_array(x: jax.Array) -> np.ndarray:
-    if not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-        x = multihost_utils.process_allgather(x, tiled=True)
-    return np.asarray(jax.device_get(x))
-
-
 def save_hf(model: Decoder, path: str | os.PathLike, *, dtype: str | None = None, tokenizer: Any = None,
             max_shard_bytes: int = 5 * 2**30) -> None:
     """Write `config.json` and safetensors (sharded with an index above `max_shard_bytes`) to `path`.
@@ -230,7 +223,7 @@ def _shards(model: Decoder, out_dtype, max_bytes: int) -> Iterator[dict[str, np.
     shard: dict[str, np.ndarray] = {}
     size = 0
     for target, (names, _, split) in _tensor_map(model.cfg).items():
-        for name, w in zip(names, split(_host_array(_variable(model, target).value))):
+        for name, w in zip(names, split(sharding.to_host(_variable(model, target).value))):
             w = np.ascontiguousarray(w.astype(out_dtype))
             if shard and size + w.nbytes > max_bytes:
                 yield shard

@@ -8,8 +8,10 @@ whole minibatch: the micro-batches' gradients, losses and metrics are accumulate
 
 One `update(batch)` call is one jitted program: forward, backward, accumulation, the skip of a non-finite update
 (loss or gradient NaN / inf: parameters and optimizer state stay as they were, `skipped` = 1), the optax update.
-Parameter and optimizer buffers are donated (updated in place); the model object is pointed at the new
-parameters, so samplers holding it see them. Metrics stay on device until the caller reads them.
+Parameter and optimizer buffers are donated (updated in place) and keep their shardings (the optimizer state is
+sharded like the parameters, gradients follow); the model object is pointed at the new parameters, so samplers
+holding it see them. Batches come as arrays with their rows over `(data, fsdp)` (`rrc_jax.sharding.put_batch`).
+Metrics stay on device until the caller reads them.
 """
 
 from __future__ import annotations
@@ -106,9 +108,11 @@ class Learner:
         self.model = model
         self.micro_batch_size = micro_batch_size
         graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
-        self.opt_state = tx.init(params)
+        self.opt_state = tx.init(params)  # each moment sharded like its parameter
+        shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
         self._update = jax.jit(functools.partial(_update, graphdef=graphdef, tx=tx, loss_fn=loss_fn),
-                               static_argnames=("n_micro",), donate_argnums=(0, 1))
+                               static_argnames=("n_micro",), donate_argnums=(0, 1),
+                               out_shardings=(shardings(params), shardings(self.opt_state), None))
 
     @property
     def params(self) -> nnx.State:

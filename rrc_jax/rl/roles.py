@@ -20,10 +20,11 @@ ROLES = ("policy", "reference", "grm", "drm")
 
 
 class Roles:
-    """Lazily resolved and loaded models of a trainer config; `loaded` lists the roles loaded so far."""
+    """Lazily resolved and loaded models of a trainer config, each sharded over `mesh` by its logical axes (None:
+    the default device); `loaded` lists the roles loaded so far."""
 
-    def __init__(self, config):
-        self.config = config
+    def __init__(self, config, mesh=None):
+        self.config, self.mesh = config, mesh
         self.loaded: list[str] = []
         self._models: dict[str, Decoder] = {}
         self._tokenizers: dict[str, object] = {}
@@ -62,7 +63,8 @@ class Roles:
         """The model of `role`, loaded once (the DRM with its value head; the policy and, by default, the
         reference from `init_from` when it is set)."""
         if role not in self._models:
-            model = load_hf(self.path(role), dtype=self.config.models.dtype, value_head=role == "drm" or None)
+            model = load_hf(self.path(role), dtype=self.config.models.dtype, value_head=role == "drm" or None,
+                            mesh=self.mesh)
             if self._from_init(role):
                 from rrc_jax.checkpoint import Checkpointer
 

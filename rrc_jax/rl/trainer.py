@@ -26,6 +26,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from rrc_jax.checkpoint import Checkpointer
 from rrc_jax.config import validate
@@ -40,6 +41,13 @@ from rrc_jax.rl.grpo import group_advantages, grpo_objective
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer, token_logprobs
 from rrc_jax.rl.reward_fns import RewardContext, make_reward_fn, rollout_batch, step_seed
 from rrc_jax.rl.roles import Roles
+from rrc_jax.sharding import bytes_per_device, constrain, mesh_from_config, put_batch
+
+
+@jax.jit
+def take_rows(batch: dict, rows: jax.Array) -> dict:
+    """The minibatch `rows [R]` of a batch of `[N, ...]` arrays, its rows over `(data, fsdp)` again."""
+    return {k: constrain(v[rows], ("batch",) + (None,) * (v.ndim - 1)) for k, v in batch.items()}
 
 
 class Trainer:
@@ -49,9 +57,14 @@ class Trainer:
     def __init__(self, config):
         validate(config)
         self.config = config
-        rl = config.rl
+        self.mesh = mesh_from_config(config.mesh)
+        with jax.set_mesh(self.mesh):
+            self._build()
+
+    def _build(self) -> None:
+        config, rl = self.config, self.config.rl
         self.workdir = Path(config.workdir).expanduser()
-        self.roles = Roles(config)
+        self.roles = Roles(config, self.mesh)
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
         self.sampler = JaxSampler(self.policy, self.tokenizer, max_batch=rollout_batch(rl))
@@ -66,6 +79,15 @@ class Trainer:
             aggregation=rl.loss_aggregation, max_len=rl.max_new_tokens), micro_batch_size=rl.micro_batch_size)
         self.batches = prompt_batches(config, len(self.train_prompts.texts))
         self._eval_references: list[str] | None = None
+
+    def memory(self) -> dict[str, int]:
+        """Bytes per device (the most on any device) of the loaded models' parameters and of the optimizer state,
+        from the live arrays' shards."""
+        params = {role: nnx.state(self.roles.model(role), nnx.Param) for role in self.roles.loaded}
+        out = {f"memory/{role}_params_bytes_per_device": bytes_per_device(p) for role, p in params.items()}
+        out["memory/params_bytes_per_device"] = bytes_per_device(params)
+        out["memory/optimizer_bytes_per_device"] = bytes_per_device(self.learner.opt_state)
+        return out
 
     # -- one step ----------------------------------------------------------------------------------------
 
@@ -85,19 +107,18 @@ class Trainer:
         """`rl.mu` passes of minibatch updates over one step's rollouts; metrics are means over the updates (NaN
         shows a skipped one), `skipped_updates` their count."""
         rl = self.config.rl
-        data = {k: jnp.asarray(batch[k]) for k in ("ids", "mask", "loss_mask")}
+        data = put_batch({**{k: batch[k] for k in ("ids", "mask", "loss_mask")},
+                          "advantages": np.asarray(advantages, np.float32)}, self.mesh)
         data["old_logp"] = token_logprobs(self.policy, data["ids"], data["mask"], rl.temperature)
         if rl.beta > 0:
             data["ref_logp"] = token_logprobs(self.roles.model("reference"), data["ids"], data["mask"],
                                               rl.temperature)
-        data["advantages"] = jnp.asarray(advantages, jnp.float32)
         n = data["ids"].shape[0]
         logs = []
         for epoch in range(rl.mu):
             order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), n))
             for start in range(0, n, rl.minibatch_size):
-                idx = jnp.asarray(order[start:start + rl.minibatch_size])
-                logs.append(self.learner.update({k: v[idx] for k, v in data.items()}))
+                logs.append(self.learner.update(take_rows(data, jnp.asarray(order[start:start + rl.minibatch_size]))))
         logs = jax.device_get(logs)  # the step's one read-back
         out = {k: float(np.mean([log[k] for log in logs])) for k in logs[0] if k != "skipped"}
         out["skipped_updates"] = int(sum(log["skipped"] for log in logs))
@@ -163,6 +184,10 @@ class Trainer:
 
     def run(self) -> Path:
         """Train for `config.steps` steps (resuming from the latest checkpoint in the workdir); returns it."""
+        with jax.set_mesh(self.mesh):
+            return self._run()
+
+    def _run(self) -> Path:
         config, workdir = self.config, self.workdir
         workdir.mkdir(parents=True, exist_ok=True)
         ckpt = Checkpointer(workdir / "checkpoints", save_every=config.checkpoint.save_every,
@@ -177,7 +202,7 @@ class Trainer:
         previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
         try:
             if start == 0:
-                logger.log(0, self.evaluate(0))
+                logger.log(0, {**self.evaluate(0), **self.memory()})
             with Progress(config.steps, "train", start=start) as bar:
                 for step in range(start + 1, config.steps + 1):
                     metrics = self.step(step)

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -32,6 +33,7 @@ from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer, prom
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
 from rrc_jax.rm.examples import Preference, drm_batches, grm_example, sft_batches
 from rrc_jax.rm.fit import fit
+from rrc_jax.sharding import model_context
 
 VERSION = 5  # bump when the world's recipe changes, so stale caches are not reused
 JUDGE_TEMPLATE = get_template("toy_pairwise_cot")
@@ -174,8 +176,9 @@ def build_world(settings: WorldSettings, cache_dir: str | Path) -> World:
     tokenizer = make_char_tokenizer(ALPHABET)
     rng = np.random.default_rng(settings.seed)
     t0 = time.time()
-    for name, train in (("policy", train_policy), ("grm", train_grm), ("drm", train_drm)):
-        save_hf(train(settings, tokenizer, rng), root / name, tokenizer=tokenizer)
+    with jax.set_mesh(None), model_context(None):  # tiny models: trained on one device, whatever mesh is set
+        for name, train in (("policy", train_policy), ("grm", train_grm), ("drm", train_drm)):
+            save_hf(train(settings, tokenizer, rng), root / name, tokenizer=tokenizer)
     marker.write_text(json.dumps({"version": VERSION, "settings": dataclasses.asdict(settings),
                                   "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
     return world

@@ -1,0 +1,53 @@
+"""Sharding on an 8-device CPU mesh (subprocesses with `--xla_force_host_platform_device_count=8`): model, sampler
+and learner parity on every mesh shape (`mesh_parity.py`), and the trainer on a mesh: a 3-step AGR run with
+`mesh.fsdp=8` completes and holds at most a sixth of the parameter bytes per device of mesh (1, 1, 1)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+
+
+def test_models_samplers_and_the_learner_agree_with_one_device_on_every_mesh():
+    out = subprocess.run([sys.executable, str(HERE / "mesh_parity.py")], env=ENV, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr[-3000:]
+    assert out.stdout.count("match one device") == 5
+
+
+def test_trainer_on_a_mesh_shards_its_parameters(tmp_path, toy_cache):
+    code = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(HERE)!r})
+        from conftest import tiny_config
+        from rrc_jax.rl.trainer import Trainer
+        shared = {{"reward.agr.anchors_path": {str(tmp_path)!r} + "/anchors.jsonl"}}  # made once, read after
+        sharded = {{}}
+        for name, (data, fsdp, tensor) in {{"fsdp8": (1, 8, 1), "fsdp4_tensor2": (1, 4, 2)}}.items():
+            config = tiny_config("agr", {str(tmp_path)!r} + "/" + name, {str(toy_cache)!r}, steps=3,
+                                 **{{"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor, "eval.every": 0,
+                                    **shared}})
+            if name == "fsdp8":
+                Trainer(config).run()
+            else:
+                sharded[name] = Trainer(config).memory()
+        one = tiny_config("agr", {str(tmp_path)!r} + "/one", {str(toy_cache)!r},
+                          **{{"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1, **shared}})
+        print(json.dumps({{"one": Trainer(one).memory(), **sharded}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=900,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    memory = json.loads(out.stdout.strip().splitlines()[-1])
+    rows = [json.loads(line) for line in (tmp_path / "fsdp8" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and all("reward/mean" in r for r in rows[1:])
+    key = "memory/params_bytes_per_device"
+    one = memory["one"][key]
+    assert rows[0][key] * 6 <= one, (rows[0][key], one)
+    assert memory["fsdp4_tensor2"][key] * 6 <= one, (memory["fsdp4_tensor2"][key], one)
+    assert rows[0]["memory/optimizer_bytes_per_device"] * 6 <= memory["one"]["memory/optimizer_bytes_per_device"]
