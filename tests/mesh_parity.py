@@ -23,7 +23,7 @@ from rrc_jax.rl.learner import Learner, make_optimizer, token_logprobs
 from rrc_jax.sharding import make_mesh, model_context, put_batch
 
 MESHES = [(1, 1, 1), (8, 1, 1), (1, 8, 1), (1, 4, 2), (2, 2, 2)]
-GREEDY = SamplingParams(0.0, max_new_tokens=8, stop_token_ids=())
+GREEDY = SamplingParams(0.0, max_new_tokens=6, stop_token_ids=())
 
 
 def tiny_checkpoint(path):
@@ -36,10 +36,10 @@ def tiny_checkpoint(path):
 
 def fixed_batch(model):
     rng = np.random.default_rng(0)
-    prompts = [[1] + list(rng.integers(3, 64, int(rng.integers(2, 6)))) for _ in range(16)]
-    responses = [list(rng.integers(3, 64, int(rng.integers(1, 7)))) for _ in range(16)]
+    prompts = [[1] + list(rng.integers(3, 64, int(rng.integers(2, 6)))) for _ in range(8)]
+    responses = [list(rng.integers(3, 64, int(rng.integers(1, 7)))) for _ in range(8)]
     batch = completion_batch(prompts, responses, 0)
-    batch["advantages"] = rng.normal(size=16).astype(np.float32)
+    batch["advantages"] = rng.normal(size=8).astype(np.float32)
     batch["old_logp"] = np.asarray(token_logprobs(model, jnp.asarray(batch["ids"]), jnp.asarray(batch["mask"]))) - 0.01
     return batch
 
@@ -50,7 +50,8 @@ def run(path, mesh, complete=False):
     ids = np.random.default_rng(1).integers(3, 64, (8, 12)).astype(np.int32)
     batch = fixed_batch(load_hf(path))
     with jax.set_mesh(mesh) if mesh is not None else nnx.use_eager_sharding(False):
-        logits = np.asarray(jax.device_get(model(*put_batch((ids, np.ones_like(ids)), mesh))))
+        forward = nnx.jit(lambda m, x, mask: m(x, mask))
+        logits = np.asarray(jax.device_get(forward(model, *put_batch((ids, np.ones_like(ids)), mesh))))
         sampler = JaxSampler(model, max_batch=16)
         generated = sampler.generate([[1, 5, 6], [1, 7], [1, 9, 9, 9]], 4, GREEDY).tokens
         completed = sampler.complete([[1, 5, 6, 7], [1, 8]], [(0, [3, 4]), (1, []), (0, [9]), (1, [10, 11, 12])],

@@ -1,5 +1,5 @@
 """Sharding on an 8-device CPU mesh (subprocesses with `--xla_force_host_platform_device_count=8`): model, sampler
-and learner parity on every mesh shape (`mesh_parity.py`), and the trainer on a mesh: a 3-step AGR run with
+and learner parity on every mesh shape (`mesh_parity.py`), and the trainer on a mesh: a 2-step AGR run with
 `mesh.fsdp=8` completes and holds at most a sixth of the parameter bytes per device of mesh (1, 1, 1)."""
 
 import json
@@ -29,9 +29,9 @@ def test_trainer_on_a_mesh_shards_its_parameters(tmp_path, toy_cache):
         shared = {{"reward.agr.anchors_path": {str(tmp_path)!r} + "/anchors.jsonl"}}  # made once, read after
         sharded = {{}}
         for name, (data, fsdp, tensor) in {{"fsdp8": (1, 8, 1), "fsdp4_tensor2": (1, 4, 2)}}.items():
-            config = tiny_config("agr", {str(tmp_path)!r} + "/" + name, {str(toy_cache)!r}, steps=3,
+            config = tiny_config("agr", {str(tmp_path)!r} + "/" + name, {str(toy_cache)!r}, steps=2,
                                  **{{"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor, "eval.every": 0,
-                                    **shared}})
+                                    "eval.judge_votes": 0, **shared}})
             if name == "fsdp8":
                 Trainer(config).run()
             else:
@@ -45,7 +45,7 @@ def test_trainer_on_a_mesh_shards_its_parameters(tmp_path, toy_cache):
     assert out.returncode == 0, out.stderr[-3000:]
     memory = json.loads(out.stdout.strip().splitlines()[-1])
     rows = [json.loads(line) for line in (tmp_path / "fsdp8" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3] and all("reward/mean" in r for r in rows[1:])
+    assert [r["step"] for r in rows] == [0, 1, 2] and all(r["judge/questions"] > 0 for r in rows[1:])
     key = "memory/params_bytes_per_device"
     one = memory["one"][key]
     assert rows[0][key] * 6 <= one, (rows[0][key], one)

@@ -3,7 +3,7 @@
 import numpy as np
 
 from rrc_jax.data.toy import SortTask, oracle_quality, parse_digits, toy_judgment
-from rrc_jax.data.toy.world import ModelSpec, WorldSettings, build_world, load_world
+from rrc_jax.data.toy.world import WorldSettings, build_world, load_world
 from rrc_jax.judge.verdicts import parse_verdict
 
 
@@ -36,16 +36,19 @@ def test_demonstrations_are_noisy_but_informative():
     assert 0.4 < np.mean(qs) < 0.85 and np.std(qs) > 0.15
 
 
-def test_world_is_built_once_and_reused(tmp_path):
-    tiny = ModelSpec(hidden=32, layers=1, steps=3, batch_size=8)
-    settings = WorldSettings(policy=tiny, grm=tiny, drm=tiny)
-    world = build_world(settings, tmp_path)
+def test_world_is_built_once_and_reused(toy_cache):
+    """The tests' tiny world (built by whichever test needs it first) is read from its cache, not trained again."""
+    from conftest import tiny_config
+
+    settings = WorldSettings.from_config(tiny_config("agr", "unused", toy_cache).toy)
+    world = build_world(settings, toy_cache)
     stamp = (world.grm / "model.safetensors").stat().st_mtime_ns
-    again = build_world(settings, tmp_path)
+    again = build_world(settings, toy_cache)
     assert again == world and (world.grm / "model.safetensors").stat().st_mtime_ns == stamp
     policy, grm, drm, tok = load_world(world)
     assert drm.cfg.value_head and not policy.cfg.value_head and len(tok) == policy.cfg.vocab_size
-    assert WorldSettings(policy=tiny, grm=tiny, drm=tiny, seed=1).key() != settings.key()  # another world's cache
+    assert grm.cfg.hidden_size == 96 and settings.grm.steps == 20
+    assert WorldSettings(seed=1).key() != WorldSettings().key() != settings.key()  # other settings, other caches
 
 
 def test_grm_learns_the_reasoning_and_the_direct_template():
