@@ -9,6 +9,7 @@ remakes it (e.g. with more anchors, or after changing the reference policy).
 
 from __future__ import annotations
 
+import jax
 from absl import app
 from ml_collections import config_flags
 
@@ -25,13 +26,16 @@ def main(argv) -> None:
     from rrc_jax.inference import JaxSampler
     from rrc_jax.rl.reward_fns import anchor_store
     from rrc_jax.rl.roles import Roles
+    from rrc_jax.sharding import mesh_from_config
 
     def remake(config):
         validate(config)
-        roles = Roles(config)
-        train, _ = load_prompts(config)
-        reference = JaxSampler(roles.model("reference"), roles.tokenizer("reference"))
-        anchor_store(config, train, roles.tokenizer("policy")).generate(reference, config.seed)
+        mesh = mesh_from_config(config.mesh)
+        with jax.set_mesh(mesh):
+            roles = Roles(config, mesh)
+            train, _ = load_prompts(config)
+            reference = JaxSampler(roles.model("reference"), roles.tokenizer("reference"))
+            anchor_store(config, train, roles.tokenizer("policy")).generate(reference, config.seed)
 
     exit_on_user_error(remake, CONFIG.value)
 
