@@ -52,7 +52,7 @@ class JudgeConfig:
     seed: int = 0
 
     def __post_init__(self):
-        self.sampling  # validates
+        _ = self.sampling  # SamplingParams validates the sampling fields now, not at the first question
 
     @property
     def sampling(self) -> SamplingParams:

@@ -43,6 +43,7 @@ from rrc_jax.errors import ConfigError
 from rrc_jax.inference.engine import JaxSampler
 from rrc_jax.inference.sampler import Sampler, SamplingParams, response_texts
 from rrc_jax.judge import Judge, JudgeConfig
+from rrc_jax.judge.judge import check_groups
 from rrc_jax.models import Decoder, prompt_ids
 from rrc_jax.rewards import agr_diagnostics, agr_rewards, cara_rewards, prc_rewards, scr_diagnostics, scr_rewards
 from rrc_jax.rl.anchors import AnchorStore
@@ -126,10 +127,11 @@ def register(kind: str) -> Callable[[type], type]:
 
 
 def _group_sizes(prompts, responses) -> tuple[int, int]:
-    if len(prompts) != len(responses) or len({len(g) for g in responses}) != 1:
-        raise ValueError(f"rewards need B prompts and B groups of m responses; got {len(prompts)} prompts and group "
-                         f"sizes {sorted({len(g) for g in responses})}")
-    return len(prompts), len(responses[0])
+    """(B, m) of B prompts and their B groups of m responses."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"rewards need one group of responses per prompt; got {len(prompts)} prompts and "
+                         f"{len(responses)} groups")
+    return len(prompts), check_groups(responses, "rewards")
 
 
 # ------------------------------------------------------------------------------------------------------------
