@@ -41,6 +41,9 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     # Hugging Face model directories, or "toy" for the embedded toy world's models. Only the roles a run needs
     # are resolved and loaded (the GRM for judge rewards, the DRM for reward.kind='drm', the reference for the KL,
     # PRC's 'initial' references, AGR's anchors and the judged eval win rate).
+    # `dtype` is the compute dtype of every model and the storage dtype of the frozen ones (reference, GRM, DRM);
+    # the policy's parameters and optimizer state stay float32 (master weights): at lr 1e-6, AdamW updates on
+    # bfloat16 weights are mostly rounded away.
     c.models = ml_collections.ConfigDict(dict(policy="toy", reference="", grm="toy", drm="toy", dtype="float32"))
 
     # Prompts: "toy" or a local jsonl / json / parquet file with one prompt per row in `field`.
@@ -59,7 +62,9 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
         top_p=1.0,
         mu=1,                    # passes over each step's rollouts
         minibatch_size=64,       # sequences per optimizer update
-        micro_batch_size=0,      # > 0: gradient accumulation over micro-batches of this many sequences
+        micro_batch_size=0,      # > 0: gradient accumulation and log-prob passes in micro-batches of this many rows
+        remat=False,             # recompute each decoder block in the backward pass (activation memory ~ 1 layer)
+        logprob_chunk=128,       # positions per chunk of the LM head + log-softmax ([rows, chunk, vocab] at a time)
         learning_rate=2e-4,      # toy scale; the paper: 1e-6
         lr_schedule="constant",  # or "cosine"
         warmup_steps=0,
@@ -99,6 +104,9 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict(dict(every=10, judge_votes=2))
     # Device mesh (-1: the remaining devices); parameters over fsdp / tensor, batches over data x fsdp.
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+    # Multi-host start-up (`rrc_jax.distributed`): automatic on Cloud TPU VMs; elsewhere give all three, or set
+    # JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID. num_processes 0 = a single process.
+    c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0, process_id=-1))
     c.lock()
     return c
 
@@ -115,6 +123,8 @@ def rm_config(kind: str) -> ml_collections.ConfigDict:
     spec = TOY_MODELS.get(kind, TOY_MODELS["grm"])
     c.model = ml_collections.ConfigDict(dict(hidden=spec["hidden"], layers=spec["layers"]))
     c.train = ml_collections.ConfigDict(dict(steps=spec["steps"], batch_size=64, learning_rate=3e-3))
+    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+    c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0, process_id=-1))
     c.lock()
     return c
 
@@ -168,6 +178,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if rl.micro_batch_size < 0 or (rl.micro_batch_size and rl.minibatch_size % rl.micro_batch_size):
         _bad("rl.micro_batch_size", f"{rl.micro_batch_size} must divide rl.minibatch_size={rl.minibatch_size} "
                                     "(0 = no gradient accumulation)")
+    if rl.logprob_chunk < 1:
+        _bad("rl.logprob_chunk", f"{rl.logprob_chunk} must be >= 1")
     if rl.loss_aggregation not in AGGREGATIONS:
         _bad("rl.loss_aggregation", f"{rl.loss_aggregation!r} is not one of {', '.join(AGGREGATIONS)}")
     if rl.lr_schedule not in ("constant", "cosine"):
