@@ -1,0 +1,749 @@
+#!/usr/bin/env bash
+# Run the rrc_jax trainer on a Cloud TPU slice with gcloud: create the slice, install the package on every worker,
+# start / follow / stop training, and keep a spot or queued run alive through preemptions. `launch/README.md` is
+# the guide; `launch/tpu.sh --help` and `launch/tpu.sh COMMAND --help` list the flags.
+#
+# Every gcloud call goes through `run` (shown on stderr as `+ gcloud ...`) or `query` (output captured, shown
+# only in dry-run). With --dry-run both print the command on stdout, one per line with a `+ ` prefix, and run
+# nothing; commands whose output steers the script (a resource's state, training status) are printed once and
+# their result is a placeholder.
+set -euo pipefail
+
+PROG=${0##*/}
+readonly PROG
+
+# Paths on the workers, relative to the ssh user's home (written as `$HOME/...` inside remote commands).
+# REMOTE_DIR is the trainer's working directory: relative paths in its flags (assets/...) resolve there.
+readonly REMOTE_DIR="\$HOME/rrc_jax"        # src/ (the source tree), venv/, dist/ (a wheel), assets/
+readonly REMOTE_LOG="$REMOTE_DIR/train.log"   # the trainer's stdout + stderr on each worker
+readonly REMOTE_STATUS="$REMOTE_DIR/train.status"  # the trainer's exit code, once it has exited
+# Matches every `python -m rrc_jax.<module>` process (the trainer and its wrapper shell); the [r] keeps the
+# pattern from matching the shell that runs pkill / pgrep, whose command line contains the pattern itself.
+readonly TRAINER_PATTERN='python[0-9.]* -m [r]rc_jax\.'
+
+# Flags (environment defaults where noted in usage).
+NAME=${TPU_NAME:-}
+ZONE=${ZONE:-}
+PROJECT=${PROJECT:-}
+ACCELERATOR_TYPE=${ACCELERATOR_TYPE:-}
+RUNTIME_VERSION=""
+QUEUED=1
+PROVISIONING=""  # "", spot, best-effort or preemptible
+ASYNC=0
+REPO=""
+REF=""
+WHEEL=""
+COPY=0
+ASSETS=""
+PYTHON_VERSION=3.12
+CONFIG=""
+WORKDIR=""
+DETACH=0
+INTERVAL=60
+GRACE=30
+WORKER=""
+FOLLOW=0
+LINES=100
+MAX_RESTARTS=10
+DRY_RUN=0
+TRAIN_OVERRIDES=()
+
+COMMAND=""
+FOLLOWER_PID=""  # the background `tail` of worker 0's log (train)
+RESTARTS=0       # watch's re-creations and restarts so far
+
+usage() {
+  case ${1:-} in
+    create) cat <<'EOF'
+usage: tpu.sh create --name NAME --zone ZONE --accelerator-type TYPE [flags]
+
+Request a slice and wait until it is ACTIVE (Ctrl-C is safe: the request stays queued).
+  --accelerator-type TYPE  e.g. v5p-64, v5litepod-64, v6e-64, v4-64 (env ACCELERATOR_TYPE)
+  --runtime-version V      default by generation: v5p v2-alpha-tpuv5, v5litepod v2-alpha-tpuv5-lite,
+                           v6e v2-alpha-tpuv6e, v4 tpu-ubuntu2204-base
+  --spot                   spot capacity (preemptible at any time, far cheaper)
+  --best-effort            queued resources only: the best-effort tier (gcloud alpha)
+  --preemptible            --no-queue only: a preemptible TPU VM
+  --no-queue               a plain TPU VM (gcloud compute tpus tpu-vm create) instead of a queued resource
+  --async                  return once the request is accepted
+  --interval SECONDS       between state checks while waiting (default 60)
+EOF
+    ;;
+    setup) cat <<'EOF'
+usage: tpu.sh setup --name NAME --zone ZONE [--repo URL [--ref REF] | --wheel gs://... | --copy] [flags]
+
+Install jax[tpu] and rrc_jax on every worker, in a fresh virtual environment (~/rrc_jax/venv, made by uv with
+its own Python, so the image's Python version does not matter).
+  --repo URL         git clone URL on each worker (default: this checkout's `origin` remote, if any)
+  --ref REF          the branch or tag to clone (default: the remote's default branch)
+  --wheel gs://...   install this wheel, copied from Cloud Storage on each worker
+  --copy             ship this checkout's HEAD (git archive; uncommitted changes are not included)
+  --assets gs://...  mirror this prefix (models, prompt files) into ~/rrc_jax/assets on each worker; the trainer
+                     runs in ~/rrc_jax, so its flags name them assets/...
+  --python VERSION   the virtual environment's Python (default 3.12)
+EOF
+    ;;
+    train) cat <<'EOF'
+usage: tpu.sh train --name NAME --zone ZONE --config CONFIG --workdir gs://... [flags] [-- --config.KEY=VALUE ...]
+
+Stop stale trainers and free the TPU on every worker, then start
+`python -m rrc_jax.train --config=CONFIG --config.workdir=WORKDIR [overrides]` on every worker under nohup, in
+~/rrc_jax (log: ~/rrc_jax/train.log). Then follow worker 0's log and check every worker's status every
+--interval seconds; when a worker's trainer exits with an error, stop the trainers on all workers and exit 1.
+Ctrl-C detaches (training goes on; `tpu.sh stop` stops it). The trainer resumes from the latest checkpoint in
+WORKDIR.
+  --config CONFIG     a packaged config (agr.py, scr.py, prc.py, drm.py) or a path relative to ~/rrc_jax
+                      (src/... for a file in the shipped source tree)
+  --workdir gs://...  checkpoints and metrics; a gs:// path, so that every worker and a re-created slice share it
+  --detach            start training and return
+  --interval SECONDS  between status checks (default 60)
+  --grace SECONDS     how long stale trainers get to exit after SIGTERM before SIGKILL (default 30)
+EOF
+    ;;
+    logs) cat <<'EOF'
+usage: tpu.sh logs --name NAME --zone ZONE [--worker N|all] [--follow] [--lines N]
+
+Print the end of the trainer's log on each worker, each line prefixed with the worker's hostname.
+  --worker N|all  (default all)
+  --follow        keep printing new lines (Ctrl-C to end)
+  --lines N       lines from the end (default 100)
+EOF
+    ;;
+    ssh) cat <<'EOF'
+usage: tpu.sh ssh --name NAME --zone ZONE [--worker N]
+
+Open a shell on a worker (default 0).
+EOF
+    ;;
+    stop) cat <<'EOF'
+usage: tpu.sh stop --name NAME --zone ZONE [--grace SECONDS]
+
+Stop every rrc_jax process on every worker: SIGTERM (the trainer saves a checkpoint and exits), SIGKILL after
+--grace seconds (default 30), then kill whatever still holds the TPU and remove the libtpu lock file.
+EOF
+    ;;
+    delete) cat <<'EOF'
+usage: tpu.sh delete --name NAME --zone ZONE [--no-queue]
+
+Delete the queued resource (and its TPU VM) or, with --no-queue, the TPU VM. Returns once the deletion is started.
+EOF
+    ;;
+    watch) cat <<'EOF'
+usage: tpu.sh watch [the flags of create, setup and train] [--max-restarts N] [-- --config.KEY=VALUE ...]
+
+Keep a run alive. Every --interval seconds (default 60), read the slice's state:
+  SUSPENDING, SUSPENDED, FAILED (queued resource) or PREEMPTED, TERMINATED (TPU VM):
+      delete the slice, create it again, and once it is ACTIVE run setup and train --detach;
+  ACTIVE / READY: check training on every worker; a failed or missing trainer is stopped on all workers and
+      started again; when every worker's trainer has exited 0, exit 0.
+Each re-creation or restart counts against --max-restarts (default 10); past it, exit 1. The trainer resumes
+from its latest checkpoint in the gs:// workdir. With --dry-run: print one round of recovery and exit.
+EOF
+    ;;
+    *) cat <<EOF
+usage: $PROG COMMAND [flags] [-- --config.KEY=VALUE ...]
+
+Run rrc_jax on a Cloud TPU slice with gcloud.
+
+commands:
+  create   request a slice (a queued resource; --no-queue: a TPU VM) and wait until it is ACTIVE
+  setup    install jax[tpu] and rrc_jax on every worker
+  train    start the trainer on every worker; follow worker 0; when one worker fails, stop them all
+  logs     print or follow the trainer's log on the workers
+  ssh      open a shell on a worker
+  stop     stop the trainer on every worker and free the TPU
+  delete   delete the slice
+  watch    keep a run alive: re-create a preempted slice, set it up and restart training
+
+flags of every command:
+  --name NAME        the slice (queued resource and node) name (env TPU_NAME)
+  --zone ZONE        (env ZONE)
+  --project PROJECT  (env PROJECT; default: gcloud config get-value project)
+  --no-queue         the slice is a plain TPU VM, not a queued resource
+  --dry-run          print the commands, one per line prefixed with "+ ", and run nothing
+  -h, --help         this help; "$PROG COMMAND --help" for a command's flags
+EOF
+    ;;
+  esac
+}
+
+# --- messages and command execution -------------------------------------------------------------------------------
+
+log() { printf '%s: %s\n' "$PROG" "$*" >&2; }
+
+die() {
+  log "error: $*"
+  exit 1
+}
+
+# A usage error: the message names the flag; exit status 2.
+die_usage() {
+  log "error: $*"
+  log "see: $PROG ${COMMAND:+$COMMAND }--help"
+  exit 2
+}
+
+# Print the arguments as one shell-quoted line: words of safe characters as they are, others in single quotes.
+shell_quote() {
+  local word out="" escaped="'\\''"
+  for word in "$@"; do
+    if [[ $word =~ ^[-A-Za-z0-9_./=:@,+%^]+$ ]]; then
+      out+=" $word"
+    else
+      out+=" '${word//\'/$escaped}'"
+    fi
+  done
+  printf '%s\n' "${out# }"
+}
+
+# Join shell commands into one line: "CMD1; CMD2; ...".
+join_commands() {
+  local joined
+  printf -v joined '%s; ' "$@"
+  printf '%s\n' "${joined%; }"
+}
+
+# Show a command: on stdout in dry-run, on stderr otherwise (fd 3, opened in main).
+show() { printf '+ %s\n' "$(shell_quote "$@")" >&3; }
+
+# Run a command (after showing it); in dry-run, only show it.
+run() {
+  show "$@"
+  if ((DRY_RUN)); then return 0; fi
+  "$@"
+}
+
+# Run a command for its output, shown only in dry-run, where the output is PLACEHOLDER: query PLACEHOLDER CMD...
+query() {
+  local placeholder=$1
+  shift
+  if ((DRY_RUN)); then
+    show "$@"
+    printf '%s\n' "$placeholder"
+    return 0
+  fi
+  "$@"
+}
+
+# --- gcloud commands ----------------------------------------------------------------------------------------------
+
+# Run COMMAND on WORKER (a number or `all`; all workers run in parallel and gcloud exits non-zero if any fails).
+ssh_workers() {
+  local worker=$1 command=$2
+  run gcloud compute tpus tpu-vm ssh "$NAME" "--zone=$ZONE" "--project=$PROJECT" "--worker=$worker" \
+    "--command=$command"
+}
+
+# Like ssh_workers, for the output (not shown outside dry-run: status polls would flood the log).
+query_workers() {
+  local worker=$1 command=$2
+  query "" gcloud compute tpus tpu-vm ssh "$NAME" "--zone=$ZONE" "--project=$PROJECT" "--worker=$worker" \
+    "--command=$command"
+}
+
+# Request the slice. A queued resource waits for capacity and then creates the node NAME; --best-effort exists in
+# the alpha surface only. --no-queue creates the TPU VM directly (and fails at once if there is no capacity).
+create_resource() {
+  local cmd
+  if ((QUEUED)); then
+    cmd=(gcloud compute tpus queued-resources create "$NAME" "--node-id=$NAME")
+    [[ $PROVISIONING == best-effort ]] && cmd=(gcloud alpha "${cmd[@]:1}")
+    cmd+=("--accelerator-type=$ACCELERATOR_TYPE" "--runtime-version=$RUNTIME_VERSION")
+  else
+    cmd=(gcloud compute tpus tpu-vm create "$NAME" "--accelerator-type=$ACCELERATOR_TYPE"
+      "--version=$RUNTIME_VERSION")
+  fi
+  cmd+=("--zone=$ZONE" "--project=$PROJECT")
+  [[ -n $PROVISIONING ]] && cmd+=("--$PROVISIONING")
+  run "${cmd[@]}"
+}
+
+# Delete the slice: the queued resource with its node (--force), or the TPU VM. --quiet skips the confirmation
+# prompt. Pass --async to return at once; re-creating under the same name needs the deletion finished.
+delete_resource() {
+  if ((QUEUED)); then
+    run gcloud compute tpus queued-resources delete "$NAME" "--zone=$ZONE" "--project=$PROJECT" --force --quiet "$@"
+  else
+    run gcloud compute tpus tpu-vm delete "$NAME" "--zone=$ZONE" "--project=$PROJECT" --quiet "$@"
+  fi
+}
+
+# The slice's state: a queued resource's (WAITING_FOR_RESOURCES, PROVISIONING, ACTIVE, SUSPENDED, FAILED, ...) or
+# a TPU VM's (CREATING, READY, PREEMPTED, TERMINATED, ...); UNKNOWN when describe fails.
+resource_state() {
+  local state
+  if ((QUEUED)); then
+    state=$(query ACTIVE gcloud compute tpus queued-resources describe "$NAME" "--zone=$ZONE" \
+      "--project=$PROJECT" '--format=value(state.state)') || state=UNKNOWN
+  else
+    state=$(query READY gcloud compute tpus tpu-vm describe "$NAME" "--zone=$ZONE" "--project=$PROJECT" \
+      '--format=value(state)') || state=UNKNOWN
+  fi
+  printf '%s\n' "${state:-UNKNOWN}"
+}
+
+is_up() { [[ $1 == ACTIVE || $1 == READY ]]; }
+
+is_lost() { [[ $1 =~ ^(SUSPENDING|SUSPENDED|FAILED|PREEMPTED|TERMINATED)$ ]]; }
+
+# Poll the state until the slice is up (in dry-run: one poll).
+wait_until_up() {
+  local state
+  while :; do
+    state=$(resource_state)
+    if is_up "$state" || ((DRY_RUN)); then return 0; fi
+    is_lost "$state" && die "$NAME is $state"
+    log "$NAME is $state; next check in ${INTERVAL}s"
+    sleep "$INTERVAL"
+  done
+}
+
+# --- setup --------------------------------------------------------------------------------------------------------
+
+# The remote commands that fetch the package (a clone or the shipped archive in src/, or the wheel in dist/) and
+# set $pkg to what to pip-install.
+source_step() {
+  if [[ -n $WHEEL ]]; then
+    join_commands "rm -rf dist" "mkdir dist" "gcloud storage cp $(shell_quote "$WHEEL") dist/" \
+      "pkg=\$(ls dist/*.whl)"
+  elif ((COPY)); then
+    join_commands "rm -rf src" "mkdir src" "tar -xzf \$HOME/rrc_jax_src.tar.gz -C src" "pkg=./src"
+  else
+    join_commands "rm -rf src" \
+      "git clone --quiet --depth=1 ${REF:+--branch=$(shell_quote "$REF") }$(shell_quote "$REPO") src" "pkg=./src"
+  fi
+}
+
+# The default source: this checkout's `origin` remote, unless --wheel or --copy is given.
+resolve_source() {
+  local sources=$((${#REPO} > 0 ? 1 : 0))
+  sources=$((sources + (${#WHEEL} > 0 ? 1 : 0) + COPY))
+  ((sources <= 1)) || die_usage "give one of --repo, --wheel and --copy"
+  [[ -z $WHEEL || $WHEEL == gs://* ]] || die_usage "--wheel must be a gs:// path, not $WHEEL"
+  [[ -z $ASSETS || $ASSETS == gs://* ]] || die_usage "--assets must be a gs:// path, not $ASSETS"
+  [[ -z $REF || -n $REPO || $sources -eq 0 ]] || die_usage "--ref goes with --repo"
+  if ((sources == 0)); then
+    REPO=$(git -C "$(repo_root)" remote get-url origin 2>/dev/null) ||
+      die_usage "missing --repo URL (this checkout has no 'origin' remote), --wheel gs://... or --copy"
+  fi
+}
+
+repo_root() { cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd; }
+
+# Ship this checkout's HEAD to every worker as ~/rrc_jax_src.tar.gz (tpu-vm scp copies to all workers).
+ship_checkout() {
+  local root archive
+  root=$(repo_root)
+  archive="${TMPDIR:-/tmp}/rrc_jax_src.$$.tar.gz"
+  if ! ((DRY_RUN)) && [[ -n $(git -C "$root" status --porcelain --untracked-files=no) ]]; then
+    log "warning: uncommitted changes are not shipped (--copy ships HEAD)"
+  fi
+  run git -C "$root" archive --format=tar.gz "--output=$archive" HEAD
+  run gcloud compute tpus tpu-vm scp "$archive" "$NAME:rrc_jax_src.tar.gz" "--zone=$ZONE" "--project=$PROJECT" \
+    --worker=all
+  ((DRY_RUN)) || rm -f "$archive"
+}
+
+# Install the package on every worker: uv (from PyPI, into ~/.local) makes a virtual environment with its own
+# Python, then installs jax[tpu] (jax with libtpu) and the package into it, resolved together. --assets: mirror a
+# Cloud Storage prefix (models, prompt files) into assets/ (rsync: unchanged files are not fetched again).
+setup_workers() {
+  local uv="\$HOME/.local/bin/uv" steps
+  ((COPY)) && ship_checkout
+  steps=("set -e" "mkdir -p $REMOTE_DIR" "cd $REMOTE_DIR" "$(source_step)")
+  [[ -n $ASSETS ]] && steps+=("gcloud storage rsync --recursive $(shell_quote "$ASSETS") assets")
+  steps+=("PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --user --quiet --upgrade uv"
+    "rm -rf venv" "$uv venv --quiet --python $(shell_quote "$PYTHON_VERSION") venv"
+    "$uv pip install --quiet --python venv/bin/python 'jax[tpu]' \"\$pkg\""
+    "venv/bin/python -c 'import jax, rrc_jax; print(\"jax\", jax.__version__, \"and rrc_jax installed\")'")
+  ssh_workers all "$(join_commands "${steps[@]}")"
+}
+
+# --- training -----------------------------------------------------------------------------------------------------
+
+# Stop every rrc_jax process on every worker: SIGTERM, up to GRACE seconds to exit (the trainer saves a
+# checkpoint), SIGKILL; then kill whatever still holds the TPU devices (/dev/accel* on v4, /dev/vfio/* from v5)
+# and remove the lock file libtpu leaves behind, which would stop the next start-up.
+stop_training() {
+  local pattern
+  pattern=$(shell_quote "$TRAINER_PATTERN")
+  ssh_workers all "$(join_commands "sudo pkill -TERM -f $pattern" \
+    "for _ in \$(seq $GRACE); do pgrep -f $pattern >/dev/null || break; sleep 1; done" \
+    "sudo pkill -KILL -f $pattern" \
+    "sudo lsof -t /dev/accel* /dev/vfio/* 2>/dev/null | xargs -r sudo kill -9" \
+    "sudo rm -f /tmp/libtpu_lockfile")"
+}
+
+# The trainer's command line on a worker, run in REMOTE_DIR. JAX's multi-host start-up needs no flags on Cloud TPU
+# VMs: the trainer calls jax.distributed.initialize(), which finds the other workers itself.
+trainer_command() {
+  shell_quote venv/bin/python -m rrc_jax.train "--config=$CONFIG" "--config.workdir=$WORKDIR" \
+    ${TRAIN_OVERRIDES[@]+"${TRAIN_OVERRIDES[@]}"}
+}
+
+# Start the trainer on every worker in its own session (setsid, nohup: it outlives the ssh connection), logging to
+# REMOTE_LOG (the previous log kept as .1); a wrapper shell writes its exit code to REMOTE_STATUS.
+launch_training() {
+  local wrapped
+  wrapped=$(shell_quote "$(trainer_command); echo \$? > $REMOTE_STATUS")
+  ssh_workers all "$(join_commands "set -e" "cd $REMOTE_DIR" "rm -f $REMOTE_STATUS" \
+    "if [ -f $REMOTE_LOG ]; then mv -f $REMOTE_LOG $REMOTE_LOG.1; fi" \
+    "setsid nohup bash -c $wrapped > $REMOTE_LOG 2>&1 < /dev/null &")"
+}
+
+# Stop whatever runs on the TPU, then start training; if the start fails on any worker, stop them all.
+start_training() {
+  stop_training
+  if ! launch_training; then
+    stop_training || true
+    return 1
+  fi
+}
+
+# One line per worker: "rrc_jax_status HOSTNAME running|EXIT_CODE|missing" (missing: no trainer, no exit code).
+status_command() {
+  join_commands "if [ -f $REMOTE_STATUS ]; then s=\$(cat $REMOTE_STATUS)" \
+    "elif pgrep -f $(shell_quote "$TRAINER_PATTERN") >/dev/null; then s=running" "else s=missing" "fi" \
+    "echo \"rrc_jax_status \$(hostname) \$s\""
+}
+
+# Training across the workers: done (every trainer exited 0), failed (one exited non-zero or is missing; the
+# workers' lines go to stderr), running, or unknown (a worker did not answer).
+training_status() {
+  local out rc=0 tag value failed=0 running=0 workers=0
+  out=$(query_workers all "$(status_command)") || rc=$?
+  while read -r tag _ value; do
+    [[ $tag == rrc_jax_status ]] || continue
+    workers=$((workers + 1))
+    case $value in
+      0) ;;
+      running) running=$((running + 1)) ;;
+      *) failed=1 ;;
+    esac
+  done <<<"$out"
+  if ((failed)); then
+    grep '^rrc_jax_status' <<<"$out" | sed "s/^rrc_jax_status/$PROG: worker/" >&2
+    echo failed
+  elif ((rc != 0 || workers == 0)); then
+    echo unknown
+  elif ((running)); then
+    echo running
+  else
+    echo "done"
+  fi
+}
+
+stop_follower() {
+  if [[ -n $FOLLOWER_PID ]]; then kill "$FOLLOWER_PID" 2>/dev/null || true; fi
+}
+
+# Follow worker 0's log in the background (in dry-run: show the command).
+follow_worker0() {
+  local command="tail -n +1 -F $REMOTE_LOG"
+  if ((DRY_RUN)); then
+    ssh_workers 0 "$command"
+    return 0
+  fi
+  ssh_workers 0 "$command" &
+  FOLLOWER_PID=$!
+  trap stop_follower EXIT
+  trap 'log "detached: training goes on ($PROG stop ... stops it)"; exit 130' INT
+}
+
+# Follow worker 0 and poll every worker until training ends; when one fails, stop all (exit 1).
+monitor_training() {
+  local status state
+  follow_worker0
+  if ((DRY_RUN)); then
+    training_status >/dev/null
+    return 0
+  fi
+  while :; do
+    sleep "$INTERVAL"
+    status=$(training_status)
+    case $status in
+      done)
+        log "training exited 0 on every worker"
+        return 0
+        ;;
+      failed)
+        log "a worker's trainer failed: stopping every worker (their logs: $PROG logs --name $NAME ...)"
+        stop_training || true
+        return 1
+        ;;
+      unknown)
+        state=$(resource_state)
+        is_up "$state" || die "$NAME is $state (preempted?): '$PROG watch' re-creates it and resumes training"
+        ;;
+    esac
+  done
+}
+
+# --- commands -----------------------------------------------------------------------------------------------------
+
+cmd_create() {
+  create_resource
+  ((ASYNC)) || wait_until_up
+}
+
+cmd_setup() { setup_workers; }
+
+cmd_train() {
+  start_training || die "training did not start on every worker; stopped them all"
+  if ((DETACH)); then
+    log "training started; follow it with: $PROG logs --follow --worker 0"
+    return 0
+  fi
+  monitor_training
+}
+
+cmd_logs() {
+  local follow=""
+  ((FOLLOW)) && follow=" -F"
+  ssh_workers "$WORKER" "tail -n $LINES$follow $REMOTE_LOG | sed -u \"s/^/[\$(hostname)] /\""
+}
+
+cmd_ssh() { run gcloud compute tpus tpu-vm ssh "$NAME" "--zone=$ZONE" "--project=$PROJECT" "--worker=$WORKER"; }
+
+cmd_stop() { stop_training; }
+
+cmd_delete() { delete_resource --async; }
+
+count_restart() {
+  RESTARTS=$((RESTARTS + 1))
+  ((RESTARTS <= MAX_RESTARTS)) || die "gave up after $MAX_RESTARTS restarts (--max-restarts)"
+  log "restart $RESTARTS of at most $MAX_RESTARTS: $*"
+}
+
+# Delete the lost slice (waiting for the deletion, the name is reused) and request it again.
+recreate_resource() {
+  delete_resource
+  create_resource
+}
+
+cmd_watch() {
+  local state fresh=0
+  RESTARTS=0
+  if ((DRY_RUN)); then  # one round of recovery, as if the slice had been preempted
+    resource_state >/dev/null
+    recreate_resource
+    setup_workers
+    start_training
+    training_status >/dev/null
+    return 0
+  fi
+  while :; do
+    state=$(resource_state)
+    if is_lost "$state"; then
+      count_restart "$NAME is $state: re-creating it"
+      recreate_resource || log "re-creating $NAME failed; trying again next round"
+      fresh=1
+    elif is_up "$state" && ((fresh)); then
+      if setup_workers && start_training; then
+        fresh=0
+      else
+        count_restart "setup or start-up failed on $NAME"
+      fi
+    elif is_up "$state"; then
+      case $(training_status) in
+        done)
+          log "training exited 0 on every worker"
+          return 0
+          ;;
+        failed)
+          count_restart "training failed or is not running: restarting it"
+          start_training || log "training did not start on every worker; trying again next round"
+          ;;
+      esac
+    else
+      log "$NAME is $state"
+    fi
+    sleep "$INTERVAL"
+  done
+}
+
+# --- flags --------------------------------------------------------------------------------------------------------
+
+# The flags COMMAND accepts (besides -h / --help).
+command_flags() {
+  local common="--name --zone --project --no-queue --dry-run"
+  local create="--accelerator-type --runtime-version --spot --best-effort --preemptible --interval"
+  local setup="--repo --ref --wheel --copy --assets --python"
+  local train="--config --workdir --interval --grace"
+  case $1 in
+    create) echo "$common $create --async" ;;
+    setup) echo "$common $setup" ;;
+    train) echo "$common $train --detach" ;;
+    logs) echo "$common --worker --follow --lines" ;;
+    ssh) echo "$common --worker" ;;
+    stop) echo "$common --grace" ;;
+    delete) echo "$common" ;;
+    watch) echo "$common $create $setup $train --max-restarts" ;;
+  esac
+}
+
+is_switch() { [[ $1 =~ ^--(no-queue|dry-run|spot|best-effort|preemptible|async|copy|detach|follow)$ ]]; }
+
+set_switch() {
+  case $1 in
+    --no-queue) QUEUED=0 ;;
+    --dry-run) DRY_RUN=1 ;;
+    --spot | --best-effort | --preemptible)
+      [[ -z $PROVISIONING || $PROVISIONING == "${1#--}" ]] ||
+        die_usage "give one of --spot, --best-effort and --preemptible"
+      PROVISIONING=${1#--}
+      ;;
+    --async) ASYNC=1 ;;
+    --copy) COPY=1 ;;
+    --detach) DETACH=1 ;;
+    --follow) FOLLOW=1 ;;
+  esac
+}
+
+set_flag() {
+  local flag=$1 value=$2
+  case $flag in
+    --name) NAME=$value ;;
+    --zone) ZONE=$value ;;
+    --project) PROJECT=$value ;;
+    --accelerator-type) ACCELERATOR_TYPE=$value ;;
+    --runtime-version) RUNTIME_VERSION=$value ;;
+    --repo) REPO=$value ;;
+    --ref) REF=$value ;;
+    --wheel) WHEEL=$value ;;
+    --assets) ASSETS=$value ;;
+    --python) PYTHON_VERSION=$value ;;
+    --config) CONFIG=$value ;;
+    --workdir) WORKDIR=$value ;;
+    --worker) WORKER=$value ;;
+    --interval) INTERVAL=$(whole_number "$flag" "$value") ;;
+    --grace) GRACE=$(whole_number "$flag" "$value") ;;
+    --lines) LINES=$(whole_number "$flag" "$value") ;;
+    --max-restarts) MAX_RESTARTS=$(whole_number "$flag" "$value") ;;
+  esac
+}
+
+# Print VALUE if it is a whole number (>= 0), else fail: whole_number FLAG VALUE.
+whole_number() {
+  [[ $2 =~ ^[0-9]+$ ]] || die_usage "$1 takes a whole number, not '$2'"
+  echo "$2"
+}
+
+parse_flags() {
+  local arg flag value allowed
+  allowed=" $(command_flags "$COMMAND") "
+  while (($#)); do
+    arg=$1
+    shift
+    case $arg in
+      -h | --help)
+        usage "$COMMAND"
+        exit 0
+        ;;
+      --)
+        [[ $COMMAND == train || $COMMAND == watch ]] || die_usage "$COMMAND takes no trainer flags after --"
+        TRAIN_OVERRIDES=("$@")
+        return 0
+        ;;
+      --*) flag=${arg%%=*} ;;
+      *) die_usage "unexpected argument '$arg'" ;;
+    esac
+    [[ $allowed == *" $flag "* ]] || die_usage "$COMMAND does not take $flag"
+    if is_switch "$flag"; then
+      [[ $arg == "$flag" ]] || die_usage "$flag takes no value"
+      set_switch "$flag"
+      continue
+    fi
+    if [[ $arg == *=* ]]; then
+      value=${arg#*=}
+    else
+      (($#)) || die_usage "$flag needs a value"
+      value=$1
+      shift
+    fi
+    set_flag "$flag" "$value"
+  done
+}
+
+# Fail with exit status 2 unless VARIABLE is set: require VARIABLE FLAG [ENV].
+require() {
+  [[ -n ${!1} ]] || die_usage "missing $2${3:+ (or set $3)}"
+}
+
+default_runtime_version() {
+  case $ACCELERATOR_TYPE in
+    v5p-*) echo v2-alpha-tpuv5 ;;
+    v5litepod-*) echo v2-alpha-tpuv5-lite ;;
+    v6e-*) echo v2-alpha-tpuv6e ;;
+    v4-*) echo tpu-ubuntu2204-base ;;
+    *) die_usage "missing --runtime-version (no default for --accelerator-type=$ACCELERATOR_TYPE)" ;;
+  esac
+}
+
+# Check the flags COMMAND needs and fill in defaults.
+check_flags() {
+  require NAME --name TPU_NAME
+  require ZONE --zone ZONE
+  if [[ $COMMAND == create || $COMMAND == watch ]]; then
+    require ACCELERATOR_TYPE --accelerator-type ACCELERATOR_TYPE
+    [[ -n $RUNTIME_VERSION ]] || RUNTIME_VERSION=$(default_runtime_version)
+    if ((QUEUED)) && [[ $PROVISIONING == preemptible ]]; then
+      die_usage "--preemptible needs --no-queue (queued resources take --spot or --best-effort)"
+    fi
+    if ! ((QUEUED)) && [[ $PROVISIONING == best-effort ]]; then
+      die_usage "--best-effort is for queued resources (drop --no-queue)"
+    fi
+  fi
+  if [[ $COMMAND == setup || $COMMAND == watch ]]; then resolve_source; fi
+  if [[ $COMMAND == train || $COMMAND == watch ]]; then
+    require CONFIG --config
+    require WORKDIR --workdir
+    [[ $WORKDIR == gs://* ]] || log "warning: --workdir $WORKDIR is not a gs:// path: each worker writes its own" \
+      "local copy, and a re-created slice starts from scratch"
+  fi
+  case $COMMAND in
+    logs) WORKER=${WORKER:-all} ;;
+    ssh) WORKER=${WORKER:-0} ;;
+  esac
+  if [[ $WORKER == all && $COMMAND == ssh ]] || ! [[ $WORKER =~ ^([0-9]+|all)?$ ]]; then
+    die_usage "--worker takes a worker number$([[ $COMMAND == logs ]] && echo ' or all'), not '$WORKER'"
+  fi
+  resolve_project
+}
+
+# --project, else gcloud's configured project (in dry-run: the placeholder $PROJECT).
+resolve_project() {
+  [[ -n $PROJECT ]] && return 0
+  if ((DRY_RUN)); then
+    PROJECT="\$PROJECT"
+    return 0
+  fi
+  PROJECT=$(gcloud config get-value project 2>/dev/null) || true
+  require PROJECT --project PROJECT
+}
+
+main() {
+  COMMAND=${1:-}
+  case $COMMAND in
+    create | setup | train | logs | ssh | stop | delete | watch) shift ;;
+    -h | --help)
+      usage
+      exit 0
+      ;;
+    help)
+      usage "${2:-}"
+      exit 0
+      ;;
+    "") die_usage "missing COMMAND" ;;
+    *)
+      COMMAND=""
+      die_usage "unknown command '$1'"
+      ;;
+  esac
+  parse_flags "$@"
+  check_flags
+  if ((DRY_RUN)); then exec 3>&1; else exec 3>&2; fi
+  "cmd_$COMMAND"
+}
+
+main "$@"
