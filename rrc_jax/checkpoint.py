@@ -5,16 +5,22 @@ One composite item per saved step under `directory/<step>/`: `state` (a pytree o
 of the policy's parameters; `opt`, the optimizer state's leaves; `step`) and `data` (the grain iterator state,
 JSON). Saves are asynchronous; the `keep` most recent steps are kept. RNG keys are not stored: every random draw
 of step s derives from `fold_in(key(seed), s)`, so a resumed run draws exactly what an uninterrupted one would.
+
+Restores place every array as the live one it replaces is placed (abstract targets with the current shardings),
+so a checkpoint written on one mesh, or one number of hosts, resumes on another, a single device included. The
+directory may be a `gs://` URI (etils `epath`). On several hosts every process calls `save` and `restore` (Orbax
+coordinates them; process 0 writes the JSON item).
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 
 from rrc_jax.errors import ConfigError
@@ -29,8 +35,9 @@ def _state_tree(learner: Learner, step: int) -> dict:
 class Checkpointer:
     """Save every `save_every` steps (0: only when forced), keep the last `keep`, resume from the latest."""
 
-    def __init__(self, directory: str | Path, save_every: int = 0, keep: int = 2):
-        self.directory = Path(directory).expanduser().absolute()
+    def __init__(self, directory: str | os.PathLike, save_every: int = 0, keep: int = 2):
+        directory = epath.Path(directory).expanduser()
+        self.directory = directory if "://" in str(directory) else directory.absolute()
         self.save_every = save_every
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "data"))

@@ -12,12 +12,14 @@ import math
 import os
 import socket
 import struct
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 import jax
 import numpy as np
+from etils import epath
 
 
 def _crc32c_table() -> list[int]:
@@ -112,15 +114,30 @@ def to_python(value):
 
 
 class MetricsLogger:
-    """`log(step, {name: value})` -> a line of `workdir/metrics.jsonl` (with `step`) and TensorBoard scalars."""
+    """`log(step, {name: value})` -> a line of `workdir/metrics.jsonl` (with `step`) and TensorBoard scalars.
 
-    def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True):
+    Only process 0 writes. `resume_step`: a run resumed from the checkpoint of that step first drops the lines of
+    later steps (logged after the checkpoint, before the run was killed), so that every step has one line. A
+    `workdir` URI (`gs://...`, which cannot append) is written through a local mirror copied to it after each
+    `log`.
+    """
+
+    def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True, resume_step: int | None = None):
         self.enabled = jax.process_index() == 0
-        self.path = Path(workdir) / "metrics.jsonl"
-        if self.enabled:
-            Path(workdir).mkdir(parents=True, exist_ok=True)
-            self._jsonl = open(self.path, "a")
-            self._tb = TensorBoardWriter(Path(workdir) / "tensorboard") if tensorboard else None
+        self.remote = epath.Path(workdir) if "://" in str(workdir) else None
+        local = Path(tempfile.mkdtemp(prefix="rrc_jax_metrics_")) if self.remote else Path(workdir)
+        self.path = local / "metrics.jsonl"
+        if not self.enabled:
+            return
+        local.mkdir(parents=True, exist_ok=True)
+        if self.remote is not None and (self.remote / "metrics.jsonl").exists():
+            self.path.write_text((self.remote / "metrics.jsonl").read_text())
+        if resume_step is not None and self.path.exists():
+            rows = [line for line in self.path.read_text().splitlines(keepends=True)
+                    if line.strip() and json.loads(line)["step"] <= resume_step]
+            self.path.write_text("".join(rows))
+        self._jsonl = open(self.path, "a")
+        self._tb = TensorBoardWriter(local / "tensorboard") if tensorboard else None
 
     def log(self, step: int, metrics: Mapping[str, object]) -> None:
         if not self.enabled:
@@ -130,9 +147,21 @@ class MetricsLogger:
         self._jsonl.flush()
         if self._tb is not None:
             self._tb.scalars(int(step), {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))})
+        self._sync()
+
+    def _sync(self) -> None:
+        """Copy the local mirror to a remote workdir (nothing for a local one)."""
+        if self.remote is None:
+            return
+        local = self.path.parent
+        for f in [self.path, *sorted((local / "tensorboard").glob("*"))]:
+            target = self.remote / f.relative_to(local)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(f.read_bytes())
 
     def close(self) -> None:
         if self.enabled:
             self._jsonl.close()
             if self._tb is not None:
                 self._tb.close()
+            self._sync()

@@ -139,11 +139,16 @@ def batch_sharding(mesh: jax.sharding.Mesh, ndim: int = 1) -> jax.sharding.Named
 
 
 def put_batch(tree, mesh: jax.sharding.Mesh | None):
-    """Host arrays (numpy) as global arrays with their rows over `(data, fsdp)`, each host giving its own rows
-    (`jax.make_array_from_process_local_data`); on one device, plain device arrays."""
+    """Host arrays (numpy) holding the whole batch, the same on every host, as global arrays with their rows over
+    `(data, fsdp)`: each device takes its rows from its own host's copy (`jax.make_array_from_callback`), so
+    nothing is sent between hosts. On one device (no mesh), plain device arrays."""
     if mesh is None:
         return jax.tree.map(jax.numpy.asarray, tree)
-    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(batch_sharding(mesh, x.ndim), x), tree)
+
+    def put(x):
+        return jax.make_array_from_callback(x.shape, batch_sharding(mesh, x.ndim), lambda index: x[index])
+
+    return jax.tree.map(put, tree)
 
 
 def to_host(x: jax.Array):
@@ -152,6 +157,8 @@ def to_host(x: jax.Array):
     here."""
     import numpy as np
 
+    if isinstance(x, jax.Array) and x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
 

@@ -26,8 +26,10 @@ def main(argv) -> None:
         raise app.UsageError("--config is required, e.g. --config=agr.py")
     if not flags.FLAGS["verbosity"].present:  # Orbax logs every save at INFO; keep the terminal for progress
         logging.set_verbosity(logging.WARNING)
+    from rrc_jax import distributed
     from rrc_jax.rl.trainer import run
 
+    exit_on_user_error(distributed.initialize, CONFIG.value.distributed)  # before anything touches a device
     exit_on_user_error(run, CONFIG.value)
 
 

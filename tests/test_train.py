@@ -34,7 +34,7 @@ def finished(tmp_path_factory, toy_cache):
 
     def get(kind):
         if kind not in done:
-            done[kind] = run(tiny_config(kind, tmp_path_factory.mktemp(kind), toy_cache, **EXTRA[kind]))
+            done[kind] = Path(run(tiny_config(kind, tmp_path_factory.mktemp(kind), toy_cache, **EXTRA[kind])))
         return done[kind]
 
     return get
@@ -289,7 +289,9 @@ def test_resume_after_sigkill_gives_identical_metrics(tmp_path, toy_cache):
             assert a[step][key] == b[step][key], (step, key)
 
 
-def test_ctrl_c_saves_a_checkpoint_before_exiting(tmp_path, toy_cache):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_interrupt_saves_a_checkpoint_and_exits_cleanly(tmp_path, toy_cache, signum):
+    """Ctrl-C, or SIGTERM (a preempted Cloud TPU VM), during a step: that step's checkpoint, exit 128 + signal."""
     Trainer(tiny_config("drm", tmp_path / "warm", toy_cache))  # toy world ready
     workdir = tmp_path / "run"
     cmd = cli_args(workdir, toy_cache, kind="drm", **{"steps": 50, "checkpoint.save_every": 0, "eval.every": 0})
@@ -300,13 +302,14 @@ def test_ctrl_c_saves_a_checkpoint_before_exiting(tmp_path, toy_cache):
         if metrics.is_file() and any(json.loads(line)["step"] >= 1 for line in metrics.read_text().splitlines()):
             break
         time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=600)
-    assert proc.returncode == 130, err[-2000:]
+    assert proc.returncode == 128 + signum, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
     saved = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     last = max(json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines())
     assert saved == [last] and 1 <= last < 50
-    assert "interrupted: checkpoint of step" in err
+    assert f"interrupted ({signal.Signals(signum).name}): checkpoint of step" in err
 
 
 def test_prompts_from_a_jsonl_file(tmp_path, toy_cache):

@@ -27,6 +27,7 @@ from rrc_jax.data.batches import bucket_length, length_bucket, pad_sequences, ro
 from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix, stop_tokens
 from rrc_jax.inference.sampling import decode, extend, generate, prefill
 from rrc_jax.models.decoder import ATTENTION_BLOCK, Decoder, KVCache
+from rrc_jax.sharding import to_host
 
 
 def _key(rng: jax.Array | int, i: int) -> jax.Array:
@@ -116,7 +117,7 @@ class JaxSampler:
         ids = jnp.asarray(token_ids, jnp.int32)
         out = np.zeros((len(suffixes), len(token_ids)), np.float32)
         for chunk, cache in self._caches(prefixes, suffixes, 0):
-            out[chunk] = np.asarray(jax.nn.log_softmax(cache.logits, axis=-1)[:, ids])[:len(chunk)]
+            out[chunk] = to_host(jax.nn.log_softmax(cache.logits, axis=-1)[:, ids])[:len(chunk)]
         return out
 
     def _caches(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix], extra: int

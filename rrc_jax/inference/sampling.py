@@ -27,6 +27,7 @@ from flax import nnx
 from rrc_jax.data.batches import bucket_length, pad_sequences, round_up
 from rrc_jax.inference.sampler import SampleOutput, SamplingParams
 from rrc_jax.models.decoder import ATTENTION_BLOCK, Decoder, KVCache, init_cache
+from rrc_jax.sharding import to_host
 
 
 def greedy_token(logits: jax.Array) -> jax.Array:
@@ -151,7 +152,7 @@ def decode(model: Decoder, cache: KVCache, params: SamplingParams, *, rng: jax.A
     graphdef, state = nnx.split(model)
     out = _decode(graphdef, state, cache, key, params=params, stop_ids=tuple(stop),
                   pad_id=_pad_id(model, pad_id))
-    return SampleOutput(*(np.asarray(x) for x in out))
+    return SampleOutput(*(to_host(x) for x in out))
 
 
 def generate(model: Decoder, prompts: Sequence[Sequence[int]], params: SamplingParams, *,

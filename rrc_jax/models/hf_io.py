@@ -21,9 +21,10 @@ from typing import Any
 
 import jax
 import numpy as np
+from etils import epath
 from flax import nnx
 from safetensors import safe_open
-from safetensors.numpy import save_file
+from safetensors.numpy import save as safetensors_bytes
 
 from rrc_jax import sharding
 from rrc_jax.models.decoder import Decoder, DecoderConfig
@@ -188,10 +189,11 @@ def save_hf(model: Decoder, path: str | os.PathLike, *, dtype: str | None = None
             max_shard_bytes: int = 5 * 2**30) -> None:
     """Write `config.json` and safetensors (sharded with an index above `max_shard_bytes`) to `path`.
 
-    Every process must call it (parameters sharded across hosts are gathered); process 0 writes.
-    `dtype` casts the saved tensors (default: the parameter dtype). A `tokenizer` is saved alongside.
+    Every process must call it (parameters sharded across hosts are gathered); process 0 writes. `path` may be a
+    `gs://` URI (etils `epath`). `dtype` casts the saved tensors (default: the parameter dtype). A `tokenizer` is
+    saved alongside.
     """
-    path = Path(path)
+    path = epath.Path(path)
     cfg = model.cfg
     out_dtype = np.dtype(jax.numpy.dtype(dtype)) if dtype else cfg.params_dtype
     writer = jax.process_index() == 0
@@ -201,22 +203,35 @@ def save_hf(model: Decoder, path: str | os.PathLike, *, dtype: str | None = None
         hf["dtype"] = str(np.dtype(out_dtype))
         (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
         if tokenizer is not None:
-            tokenizer.save_pretrained(str(path))
+            _save_tokenizer(tokenizer, path)
     shards = list(_shards(model, out_dtype, max_shard_bytes))
     if not writer:
         return
     if len(shards) == 1:
-        save_file(shards[0], str(path / "model.safetensors"), metadata={"format": "pt"})
+        (path / "model.safetensors").write_bytes(safetensors_bytes(shards[0], metadata={"format": "pt"}))
         return
     weight_map, total = {}, 0
     for i, shard in enumerate(shards):
         name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(path / name), metadata={"format": "pt"})
+        (path / name).write_bytes(safetensors_bytes(shard, metadata={"format": "pt"}))
         for k, v in shard.items():
             weight_map[k] = name
             total += v.nbytes
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _save_tokenizer(tokenizer, path: epath.Path) -> None:
+    """`tokenizer.save_pretrained` into `path`, through a local directory when `path` is a URI."""
+    if "://" not in str(path):
+        tokenizer.save_pretrained(str(path))
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save_pretrained(tmp)
+        for f in Path(tmp).iterdir():
+            (path / f.name).write_bytes(f.read_bytes())
 
 
 def _shards(model: Decoder, out_dtype, max_bytes: int) -> Iterator[dict[str, np.ndarray]]:

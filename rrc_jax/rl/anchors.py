@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from pathlib import Path
-
 import jax
 import numpy as np
+from etils import epath
 
+from rrc_jax import distributed
 from rrc_jax.data.prompts import PromptSet
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.sampler import Sampler, SamplingParams, response_texts
@@ -44,12 +44,12 @@ def generate_anchors(sampler: Sampler, tokenizer, prompts: Sequence[str], n: int
 def save_anchors(path: str | os.PathLike, ids: Sequence[int], prompts: Sequence[str],
                  anchors: Sequence[Sequence[str]]) -> None:
     """Write the anchors file atomically (process 0 writes; others return)."""
-    if jax.process_index() != 0:
+    if not distributed.is_main():
         return
-    path = Path(path)
+    path = epath.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
+    with tmp.open("w") as f:
         for i, p, a in zip(ids, prompts, anchors):
             f.write(json.dumps({"id": int(i), "prompt": p, "anchors": list(a)}) + "\n")
     tmp.replace(path)
@@ -59,7 +59,7 @@ def load_anchors(path: str | os.PathLike, ids: Sequence[int], prompts: Sequence[
     """Anchors `[len(ids)][n]` for the given prompt ids; a one-line `ConfigError` for a missing prompt, a changed
     prompt text or too few anchors."""
     table = {}
-    with open(path) as f:
+    with epath.Path(path).open() as f:
         for line in f:
             row = json.loads(line)
             table[int(row["id"])] = row
@@ -90,7 +90,7 @@ class AnchorStore:
     """
 
     def __init__(self, path: str | os.PathLike, prompts: PromptSet, n: int, tokenizer, params: SamplingParams):
-        self.path = Path(path).expanduser()
+        self.path = epath.Path(path).expanduser()
         self.prompts, self.n, self.tokenizer, self.params = prompts, n, tokenizer, params
         self.anchors: list[list[str]] | None = None
 
@@ -102,6 +102,7 @@ class AnchorStore:
         """(Re)generate every prompt's anchors with `sampler` and write the file."""
         texts = generate_anchors(sampler, self.tokenizer, self.prompts.texts, self.n, self.params, seed)
         save_anchors(self.path, self.prompts.ids, self.prompts.texts, texts)
+        distributed.barrier("anchors written")  # other hosts may read the file next
         self.anchors = texts
         say(f"wrote {len(texts)} x {self.n} anchors to {self.path}")
 

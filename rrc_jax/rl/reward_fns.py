@@ -28,14 +28,15 @@ import dataclasses
 import importlib
 import inspect
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 from flax import nnx
 
+from rrc_jax import distributed
 from rrc_jax.config import is_plugin
 from rrc_jax.data.batches import length_bucket, pad_sequences
 from rrc_jax.data.prompts import PromptSet
@@ -47,6 +48,7 @@ from rrc_jax.judge.judge import check_groups
 from rrc_jax.models import Decoder, prompt_ids
 from rrc_jax.rewards import agr_diagnostics, agr_rewards, cara_rewards, prc_rewards, scr_diagnostics, scr_rewards
 from rrc_jax.rl.anchors import AnchorStore
+from rrc_jax.sharding import to_host
 from rrc_jax.rl.roles import Roles
 from rrc_jax.rm.examples import scored_ids
 
@@ -166,7 +168,7 @@ class DRMReward:
         for start in range(0, len(rows), self.max_batch):
             chunk = rows[start:start + self.max_batch]
             ids, mask = pad_sequences(chunk, length_bucket(max(map(len, chunk))), pad, "right")
-            out.append(np.asarray(_values(graphdef, state, jnp.asarray(ids), jnp.asarray(mask))))
+            out.append(to_host(_values(graphdef, state, jnp.asarray(ids), jnp.asarray(mask))))
         return np.concatenate(out).astype(np.float32)
 
     def __call__(self, prompts, responses, prompt_index, step):
@@ -279,7 +281,7 @@ class AGRReward(JudgeReward):
         super().__init__(judge, seed)
         self.store, self.votes, self.swap, self.alpha, self.ties = store, votes, swap, alpha, ties
         self.refresh_every, self.ctx = refresh_every, ctx
-        if not store.path.is_file():
+        if not distributed.main_value(store.path.is_file()):  # every host decides as process 0 sees the file
             store.generate(ctx.reference(), seed)  # the reference is loaded only when anchors must be made
         store.load()
 
@@ -308,7 +310,7 @@ def anchor_store(config, train: PromptSet, tokenizer) -> AnchorStore:
     """The AGR anchors of a trainer config for its training prompts: `reward.agr.anchors_path` (default
     `workdir/anchors.jsonl`), sampled like the rollouts."""
     a = config.reward.agr
-    path = a.anchors_path or Path(config.workdir).expanduser() / "anchors.jsonl"
+    path = a.anchors_path or epath.Path(config.workdir).expanduser() / "anchors.jsonl"
     return AnchorStore(path, train, a.n_anchors, tokenizer, rollout_params(config.rl))
 
 

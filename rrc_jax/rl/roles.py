@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rrc_jax import distributed
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder, load_hf, load_tokenizer
 from rrc_jax.progress import say
@@ -43,7 +44,12 @@ class Roles:
             if self._world is None:
                 from rrc_jax.data.toy.world import WorldSettings, build_world
 
-                self._world = build_world(WorldSettings.from_config(self.config.toy), self.config.toy.cache_dir)
+                settings, cache = WorldSettings.from_config(self.config.toy), self.config.toy.cache_dir
+                if not distributed.is_main():  # process 0 builds (or reads) the cached world; the others read it
+                    distributed.barrier("toy world")
+                self._world = build_world(settings, cache)
+                if distributed.is_main():
+                    distributed.barrier("toy world")
             path = getattr(self._world, "policy" if role == "reference" else role)
         else:
             path = Path(name).expanduser()
@@ -61,14 +67,16 @@ class Roles:
 
     def model(self, role: str) -> Decoder:
         """The model of `role`, loaded once (the DRM with its value head; the policy and, by default, the
-        reference from `init_from` when it is set)."""
+        reference from `init_from` when it is set). Every model computes in `models.dtype`; the frozen ones are
+        stored in it too, the policy's parameters stay float32 (master weights)."""
         if role not in self._models:
-            model = load_hf(self.path(role), dtype=self.config.models.dtype, value_head=role == "drm" or None,
-                            mesh=self.mesh)
+            dtype = self.config.models.dtype
+            model = load_hf(self.path(role), dtype=dtype, param_dtype="float32" if role == "policy" else dtype,
+                            value_head=role == "drm" or None, mesh=self.mesh)
             if self._from_init(role):
                 from rrc_jax.checkpoint import Checkpointer
 
-                step = Checkpointer(Path(self.config.init_from).expanduser()).restore_params(model)
+                step = Checkpointer(self.config.init_from).restore_params(model)
                 say(f"initialized the {role} from {self.config.init_from} (step {step})")
             self._models[role] = model
             self.loaded.append(role)

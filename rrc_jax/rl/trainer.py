@@ -12,7 +12,13 @@ One step (`Trainer.step`):
 6. metrics, read back from the device once.
 
 `Trainer.run` adds evaluation (step 0, every `eval.every` steps and the last), metrics files, Orbax checkpoints
-(resumed automatically; Ctrl-C saves one), and the Hugging Face export of the final policy.
+(resumed automatically; Ctrl-C or SIGTERM, how Cloud TPU preempts a VM, saves one after the current step and
+exits), and the Hugging Face export of the final policy.
+
+On several hosts (`rrc_jax.distributed`) every host runs this loop on the whole step: each reads its own shard of
+the prompt indices (grain), the shards are gathered, and the host side (tokenizing, judge questions, rewards) is
+replicated while every jitted computation runs as one program over the global mesh; results come back through
+`sharding.to_host`. Only process 0 writes files.
 """
 
 from __future__ import annotations
@@ -21,13 +27,14 @@ import math
 import signal
 import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 from flax import nnx
 
+from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer
 from rrc_jax.config import validate
 from rrc_jax.data.batches import completion_batch
@@ -63,7 +70,7 @@ class Trainer:
 
     def _build(self) -> None:
         config, rl = self.config, self.config.rl
-        self.workdir = Path(config.workdir).expanduser()
+        self.workdir = epath.Path(config.workdir).expanduser()
         self.roles = Roles(config, self.mesh)
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
@@ -88,6 +95,10 @@ class Trainer:
         out["memory/params_bytes_per_device"] = bytes_per_device(params)
         out["memory/optimizer_bytes_per_device"] = bytes_per_device(self.learner.opt_state)
         return out
+
+    def system(self) -> dict[str, int]:
+        """The processes (hosts) and devices the run's mesh spans."""
+        return {"system/processes": jax.process_count(), "system/devices": self.mesh.size}
 
     # -- one step ----------------------------------------------------------------------------------------
 
@@ -128,7 +139,7 @@ class Trainer:
         """One GRPO step (module docstring); returns its metrics."""
         key = jax.random.fold_in(jax.random.key(self.config.seed), step)
         t0 = time.perf_counter()
-        prompt_index = next(self.batches)
+        prompt_index = distributed.host_concat(next(self.batches))  # [B]: every host's shard
         prompts = [self.train_prompts.texts[i] for i in prompt_index]
         texts, batch = self.rollouts(prompts, jax.random.fold_in(key, 0))
         t1 = time.perf_counter()
@@ -182,12 +193,12 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------------------------
 
-    def run(self) -> Path:
+    def run(self) -> epath.Path:
         """Train for `config.steps` steps (resuming from the latest checkpoint in the workdir); returns it."""
         with jax.set_mesh(self.mesh):
             return self._run()
 
-    def _run(self) -> Path:
+    def _run(self) -> epath.Path:
         config, workdir = self.config, self.workdir
         workdir.mkdir(parents=True, exist_ok=True)
         ckpt = Checkpointer(workdir / "checkpoints", save_every=config.checkpoint.save_every,
@@ -196,13 +207,13 @@ class Trainer:
         if ckpt.latest_step() is not None:
             start = ckpt.restore(self.learner, self.batches)
             say(f"resumed from the checkpoint of step {start} in {ckpt.directory}")
-        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
-        logger = MetricsLogger(workdir)
-        interrupted = []
-        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+        if distributed.is_main():
+            (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
+        logger = MetricsLogger(workdir, resume_step=start)
+        stop = StopSignals()
         try:
             if start == 0:
-                logger.log(0, {**self.evaluate(0), **self.memory()})
+                logger.log(0, {**self.evaluate(0), **self.memory(), **self.system()})
             with Progress(config.steps, "train", start=start) as bar:
                 for step in range(start + 1, config.steps + 1):
                     metrics = self.step(step)
@@ -211,23 +222,44 @@ class Trainer:
                     logger.log(step, metrics)
                     bar.update(1, reward=metrics["reward/mean"], **({"oracle": metrics["oracle_quality"]}
                                                                      if "oracle_quality" in metrics else {}))
-                    saved = ckpt.maybe_save(step, self.learner, self.batches, force=step == config.steps)
-                    if interrupted:
-                        if not saved:
-                            ckpt.maybe_save(step, self.learner, self.batches, force=True)
+                    signum = stop.agreed()
+                    ckpt.maybe_save(step, self.learner, self.batches, force=step == config.steps or bool(signum))
+                    if signum:
                         ckpt.wait()
-                        say(f"interrupted: checkpoint of step {step} saved in {ckpt.directory}")
-                        sys.exit(130)
+                        say(f"interrupted ({signal.Signals(signum).name}): checkpoint of step {step} saved in {ckpt.directory}")
+                        sys.exit(128 + signum)
             ckpt.wait()
             save_hf(self.policy, workdir / "hf_export", tokenizer=self.tokenizer)
             say(f"exported the policy to {workdir / 'hf_export'}")
         finally:
-            signal.signal(signal.SIGINT, previous)
+            stop.restore()
             logger.close()
             ckpt.close()
         return workdir
 
 
-def run(config) -> Path:
+class StopSignals:
+    """SIGINT (Ctrl-C) and SIGTERM (a preempted Cloud TPU VM) noted instead of raised, so the loop finishes its step,
+    saves a checkpoint and exits with 128 + the signal's number. `agreed()` is the signal any host got (0 if none):
+    every host stops after the same step."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.received = 0
+        self._previous = {s: signal.signal(s, self._note) for s in self.SIGNALS}
+
+    def _note(self, signum, _frame) -> None:
+        self.received = self.received or signum
+
+    def agreed(self) -> int:
+        return int(distributed.host_concat(np.asarray([self.received])).max())
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def run(config) -> epath.Path:
     """Train per `config`; returns the workdir."""
     return Trainer(config).run()
