@@ -1,0 +1,722 @@
+"""Memory planner: will a GRPO run of a trainer config fit a TPU slice or GPU host, and on which mesh?
+
+    python -m rrc_jax.plan --config=agr.py --topology=v5e-64 [--config.models.policy=llama3-8b
+        --config.models.grm=llama3-8b --config.mesh.fsdp=... --config.rl.micro_batch_size=...]
+
+prints, per device, what the run holds in high-bandwidth memory, whether it fits, and, when it does not, a mesh and
+micro-batch size that do. Nothing is loaded or compiled: the figures are arithmetic on the model shapes
+(`DecoderConfig`: a size preset such as `llama3-8b`, a Hugging Face directory's `config.json`, or `toy`) and the
+config. `tests/test_plan.py` checks them against XLA's own accounting of the compiled learner update and decode
+step on an 8-device CPU mesh.
+
+The model of memory
+-------------------
+A run holds a resident part for its whole life and, one at a time, the buffers of five phases (a step samples,
+judges, computes log-probabilities, runs the backward pass, applies the update); the peak is the resident part
+plus the largest phase. Each row of the table is one component, per device.
+
+Resident:
+
+- the parameters of every role the run loads. The policy always; the reference when the KL needs it
+  (`rl.beta > 0`), for AGR (its anchors are the reference's samples), for PRC with `reward.prc.reference =
+  'initial'`, and for the judged evaluation (`eval.judge_votes > 0` with a judge reward: the reference's greedy
+  responses are the baseline); the GRM for the judge rewards (scr, agr, prc); the DRM, with its value head, for
+  drm. The policy's parameters are float32 (master weights); the frozen roles are stored in `models.dtype`.
+- AdamW's two float32 moments per policy parameter.
+
+Parameters are sharded as `rrc_jax.sharding.LOGICAL_RULES` says: the embed axis over fsdp; heads, kv heads, mlp
+and vocab axes over tensor; replicated over data. JAX shards evenly, so a mesh axis that does not divide the axis
+it shards (or a step's rollouts that data x fsdp does not divide) makes the mesh unusable: the plan lists it as a
+problem.
+
+Phases:
+
+- rollout, the policy's sampler (the reference's is as large and runs at other times). A step's m rollouts of a
+  prompt continue the prompt's keys and values (`KVCache.branch`): a prefix shared by the call's prompts, which
+  has no batch axis and so is replicated over data x fsdp, plus each row's own slots for the new tokens. The
+  held-out greedy generation (group size 1) gives each row prompt + new slots; the larger of the two counts.
+  Prompts pad to a power of two (`bucket_length`), slots to multiples of `ATTENTION_BLOCK`. `_decode`'s while
+  loop carries a copy of the cache it is given (the input is not donated) except the shared prefix, which it
+  only reads. Transients: one layer of the prompts' prefill, or a decode step's float32 scores over the shared
+  prefix, whichever is larger.
+- reward, the GRM judging (or the DRM scoring `reward.drm.max_batch` rows). A judge call prefills every prompt's
+  `[instruction, prompt]` prefix once and keeps it for the call; each chunk of `reward.judge.max_batch` questions
+  branches the prefixes its questions use (a power of two of them) into a shared prefix and gives its rows
+  `[response A, response B]` plus `reward.judge.max_new_tokens` slots. The transient is the chunk's suffix
+  prefill, whose tokens attend to the whole shared prefix at once. A step's questions and the judged
+  evaluation's are both planned; the larger counts. Template text is estimated at `CHARS_PER_TOKEN` characters a
+  token plus `CHAT_FORMAT_TOKENS` (one token a character for the toy world's character tokenizer).
+- log-prob: pi_theta_old's (and, with `rl.beta > 0`, the reference's) log-probabilities of a step's rollouts,
+  without gradients, `rl.micro_batch_size` rows at a time (the step's whole batch when 0): the residual stream,
+  one layer's internals and the log-prob chunk.
+- backward: for one micro-batch (`rl.micro_batch_size` rows, or `rl.minibatch_size`), the activations the
+  backward pass keeps, the log-prob chunk, with bfloat16 compute the bfloat16 copy of the policy's weights it
+  multiplies by, and with micro-batches the float32 gradient accumulator. Gradients are not added: they build up
+  as the backward pass frees each layer's activations.
+- update: the float32 gradients (and the accumulator), sharded like the parameters.
+
+Activations are the residuals JAX saves for the backward pass of `Decoder.token_logprobs` (as listed by
+`jax.ad_checkpoint.print_saved_residuals`): per layer and token, each RMSNorm's float32 input and two
+compute-dtype outputs, the rotary cos and sin, q, k and v after the rotary embedding, the masked attention scores
+and their exponentials (float32), the mask (a byte) and the probabilities (compute dtype), each `[heads, T]` per
+token (dense attention: quadratic in the length), the attention output, and six `[mlp]` arrays of the SwiGLU
+(gate, up, three inside `silu`, their product). With `rl.remat` each layer keeps only its input residual, plus one
+layer's internals while it is recomputed: what a memory-aware scheduler achieves. (XLA:CPU does not: with every
+block under `nnx.remat` the cross-check's update still took 93% of its memory without remat, 682 against 732 MB,
+because it schedules the recomputations early. Not in the tests until the decoder has `rl.remat`.) After the
+layers: the final norm and the hidden states the log-prob chunks read. A log-prob chunk holds
+`LOGPROB_CHUNK_ARRAYS` float32 `[rows, rl.logprob_chunk, vocab]` arrays. A forward pass without gradients is
+counted as the residual stream in and out of a layer plus that layer's internals. Rows are over data x fsdp
+(rounded up when they do not divide: XLA pads), heads and mlp over tensor when it divides them (otherwise whole,
+and the plan says so for kv heads), the embedding axis of activations replicated.
+
+Gathered weights: with fsdp > 1, XLA all-gathers a weight over fsdp before using it and hoists a loop-invariant
+all-gather out of a loop, so the weights a loop reads stay gathered (unsharded over fsdp, still split over tensor)
+for the whole loop: every weight of the model in decode loops and in the micro-batch loop, the LM head in the
+log-prob chunks' loop. This is what XLA:CPU does in the cross-check; a compiler that gathers per layer inside the
+loop needs less.
+
+Checked against XLA (`tests/test_plan.py`, `tests/plan_xla.py`): compiled learner updates and decode loops of a
+small Llama on 8-device CPU meshes agree with these figures within 12%. Not modeled: XLA's scratch and
+fragmentation, collective buffers, the host-side pipeline, the checkpointer's copies; plans use at most `HEADROOM`
+of the HBM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+
+from rrc_jax.errors import ConfigError
+
+GiB = 1 << 30
+HEADROOM = 0.9  # the share of HBM a plan may use: XLA's scratch, fragmentation and collectives take the rest
+
+# HBM per device (GiB) of each accelerator family; `per_chip` devices of the name's count per chip.
+ACCELERATORS = {
+    "v4": dict(hbm=32, unit="TensorCores", per_chip=2),
+    "v5p": dict(hbm=95, unit="TensorCores", per_chip=2),
+    "v5e": dict(hbm=16, unit="chips", per_chip=1),
+    "v5litepod": dict(hbm=16, unit="chips", per_chip=1),
+    "v6e": dict(hbm=32, unit="chips", per_chip=1),
+    "h100": dict(hbm=80, unit="GPUs", per_chip=1),
+    "h200": dict(hbm=141, unit="GPUs", per_chip=1),
+    "cpu": dict(hbm=1024, unit="devices", per_chip=1),  # nominal, for tests (host memory is not HBM)
+}
+
+# Size presets: DecoderConfig fields from the public Hugging Face config.json of each model.
+_LLAMA3 = dict(model_type="llama", vocab_size=128256, rms_norm_eps=1e-5, rope_theta=500000.0, rope_type="llama3",
+               rope_scaling=(("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+                             ("original_max_position_embeddings", 8192.0)),
+               max_position_embeddings=131072, bos_token_id=128000, eos_token_ids=(128001, 128008, 128009))
+_QWEN25 = dict(model_type="qwen2", rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768,
+               qkv_bias=True, eos_token_ids=(151643,))
+PRESETS = {
+    "llama3-8b": dict(_LLAMA3, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                      num_kv_heads=8, head_dim=128),  # Llama-3.1-8B
+    "llama3-70b": dict(_LLAMA3, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
+                       num_kv_heads=8, head_dim=128),  # Llama-3.1-70B
+    "llama3.2-1b": dict(_LLAMA3, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
+                        num_kv_heads=8, head_dim=64, tie_word_embeddings=True,
+                        rope_scaling=(("factor", 32.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+                                      ("original_max_position_embeddings", 8192.0))),
+    "llama3.2-3b": dict(_LLAMA3, hidden_size=3072, intermediate_size=8192, num_layers=28, num_heads=24,
+                        num_kv_heads=8, head_dim=128, tie_word_embeddings=True,
+                        rope_scaling=(("factor", 32.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+                                      ("original_max_position_embeddings", 8192.0))),
+    "qwen2.5-7b": dict(_QWEN25, vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
+                       num_heads=28, num_kv_heads=4, head_dim=128, tie_word_embeddings=False),
+    "qwen2.5-1.5b": dict(_QWEN25, vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
+                         num_heads=12, num_kv_heads=2, head_dim=128, tie_word_embeddings=True),
+}
+
+LOGPROB_CHUNK_ARRAYS = 4  # float32 [rows, chunk, vocab] arrays live at once in a log-prob chunk (see above)
+CHARS_PER_TOKEN = 4       # judge template text -> tokens (BPE on English); 1 for the toy character tokenizer
+CHAT_FORMAT_TOKENS = 32   # special tokens and role headers of a chat template, per judge question
+PHASES = ("resident", "rollout", "reward", "log-prob", "backward", "update")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Topologies and meshes
+# ------------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """A slice or host: `devices` JAX devices (TPU chips, GPUs) of `hbm_bytes` each."""
+
+    name: str
+    devices: int
+    hbm_bytes: int
+
+
+def topology(name: str) -> Topology:
+    """The `Topology` of a Cloud TPU name (`v4-32`, `v5p-64`: TensorCores, 2 per chip; `v5e-64`, `v5litepod-16`,
+    `v6e-8`: chips), a GPU host (`h100-8`, `h200-8`) or `cpu-N` (tests). A multi-host pod is one topology: its
+    devices are its chips. Anything else is a `ConfigError` naming the known forms."""
+    match = re.fullmatch(r"([a-z0-9]+)-(\d+)", name.strip().lower())
+    family = ACCELERATORS.get(match.group(1)) if match else None
+    count = int(match.group(2)) if match else 0
+    if family is None or count < family["per_chip"] or count % family["per_chip"]:
+        known = ", ".join(f"{k}-N ({v['unit']}{', 2 per chip' if v['per_chip'] == 2 else ''})"
+                          for k, v in ACCELERATORS.items())
+        raise ConfigError(f"--topology={name}: unknown topology; known: {known}")
+    return Topology(name, count // family["per_chip"], family["hbm"] * GiB)
+
+
+def resolve_mesh(data: int, fsdp: int, tensor: int, devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) with a -1 taking the remaining devices, as `rrc_jax.sharding.make_mesh` resolves it."""
+    shape = [data, fsdp, tensor]
+    if shape.count(-1) > 1 or any(n == 0 or n < -1 for n in shape):
+        raise ConfigError(f"mesh data={data} fsdp={fsdp} tensor={tensor}: sizes are >= 1, at most one is -1")
+    if -1 in shape:
+        known = math.prod(n for n in shape if n != -1)
+        shape[shape.index(-1)] = devices // known
+    if math.prod(shape) > devices or math.prod(shape) < 1 or (-1 in (data, fsdp, tensor)
+                                                             and math.prod(shape) != devices):
+        raise ConfigError(f"mesh data={data} fsdp={fsdp} tensor={tensor} needs {math.prod(shape)} devices; the "
+                          f"topology has {devices}: make their product {devices} (or set one of them to -1)")
+    return tuple(shape)
+
+
+def _split(n: int, k: int) -> int:
+    """The per-device share of an axis of n split k ways: n / k when k divides n, else n (left whole)."""
+    return n // k if n % k == 0 else n
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Models
+# ------------------------------------------------------------------------------------------------------------
+
+def model_config(name: str, *, field: str = "models.policy", value_head: bool = False):
+    """The `DecoderConfig` of a role: a size preset (`PRESETS`), `toy` (the toy world's sizes, `TOY_MODELS`; the
+    world is not built) or a Hugging Face directory (its `config.json`). `field` names the config field in errors."""
+    from rrc_jax.models.decoder import DecoderConfig
+
+    if name in PRESETS:
+        return DecoderConfig(**PRESETS[name], value_head=value_head)
+    if name == "toy":
+        from rrc_jax.config import TOY_MODELS
+        from rrc_jax.data.toy.task import ALPHABET
+        from rrc_jax.data.toy.world import ModelSpec, model_config as toy_config
+        from rrc_jax.models.char_tokenizer import SPECIAL_TOKENS
+
+        role = field.rsplit(".", 1)[-1]
+        spec = ModelSpec(**TOY_MODELS["policy" if role == "reference" else role])
+        return toy_config(spec, len(SPECIAL_TOKENS) + len(ALPHABET), value_head=value_head)
+    path = Path(name).expanduser()
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"config.{field}={name!r}: not a size preset (known: {', '.join(PRESETS)}), 'toy', or a "
+                          "Hugging Face directory with a config.json")
+    from rrc_jax.models.hf_io import read_hf_config
+
+    return DecoderConfig.from_hf(read_hf_config(path), value_head=value_head)
+
+
+def param_shapes(cfg) -> dict[tuple, tuple[tuple[int, ...], tuple[str | None, ...]]]:
+    """Every parameter of `Decoder(cfg)`: its state path -> (shape, logical axis names), as the decoder builds them.
+
+    Embedding `[V, E]`; per layer qkv `[E, K, G + 2, D]` (+ bias `[K, G + 2, D]`), o `[H, D, E]` (+ bias `[E]`),
+    gate_up `[E, I, 2]`, down `[I, E]` (+ biases), two RMSNorm scales `[E]`; the final norm `[E]`; the LM head
+    `[E, V]` unless tied; the value head `[E]` (DRM).
+    """
+    e, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    h, k, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    out = {("embed",): ((v, e), ("vocab", "embed"))}
+    for n in range(cfg.num_layers):
+        layer = {
+            ("attn", "qkv"): ((e, k, h // k + 2, d), ("embed", "kv_heads", None, "head_dim")),
+            ("attn", "o"): ((h, d, e), ("heads", "head_dim", "embed")),
+            ("mlp", "gate_up"): ((e, i, 2), ("embed", "mlp", None)),
+            ("mlp", "down"): ((i, e), ("mlp", "embed")),
+            ("attn_norm", "scale"): ((e,), ("norm",)),
+            ("mlp_norm", "scale"): ((e,), ("norm",)),
+        }
+        if cfg.qkv_bias:
+            layer["attn", "qkv_bias"] = ((k, h // k + 2, d), ("kv_heads", None, "head_dim"))
+        if cfg.o_bias:
+            layer["attn", "o_bias"] = ((e,), ("embed",))
+        if cfg.mlp_bias:
+            layer["mlp", "gate_up_bias"] = ((i, 2), ("mlp", None))
+            layer["mlp", "down_bias"] = ((e,), ("embed",))
+        out.update({("layers", n, *path): value for path, value in layer.items()})
+    out["final_norm", "scale"] = ((e,), ("norm",))
+    if not cfg.tie_word_embeddings:
+        out["lm_head",] = ((e, v), ("embed", "vocab"))
+    if cfg.value_head:
+        out["value_head", "kernel"] = ((e,), ("embed",))
+    return out
+
+
+def param_count(cfg) -> int:
+    """The number of parameters of `Decoder(cfg)`."""
+    return sum(math.prod(shape) for shape, _ in param_shapes(cfg).values())
+
+
+def _mesh_axes(names, mesh_shape) -> list[int]:
+    """Ways each axis of an array with logical `names` is split on a `(data, fsdp, tensor)` mesh."""
+    from rrc_jax.sharding import LOGICAL_RULES, MESH_AXES
+
+    rules, size = dict(LOGICAL_RULES), dict(zip(MESH_AXES, mesh_shape))
+    ways = []
+    for name in names:
+        axes = rules.get(name) if name else None
+        axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        ways.append(math.prod(size[a] for a in axes))
+    return ways
+
+
+def param_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int]) -> int:
+    """Bytes per device of `Decoder(cfg)`'s parameters stored in `dtype` on a `(data, fsdp, tensor)` mesh: each
+    parameter's shard (its axes split by `LOGICAL_RULES`; replicated over data). Raises `ConfigError` when a mesh
+    axis does not divide a parameter axis it shards (JAX cannot load it)."""
+    total = 0
+    for path, (shape, names) in param_shapes(cfg).items():
+        ways = _mesh_axes(names, mesh_shape)
+        for n, w, name in zip(shape, ways, names):
+            if n % w:
+                raise ConfigError(f"{name} axis of {'.'.join(map(str, path))} ({n}) is not divisible by its mesh "
+                                  f"axes ({w} ways): the model cannot be sharded on mesh {mesh_shape}")
+        total += math.prod(n // w for n, w in zip(shape, ways))
+    return total * _itemsize(dtype)
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float32": 4, "bfloat16": 2}[dtype]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Caches and activations
+# ------------------------------------------------------------------------------------------------------------
+
+def _rows_per_device(rows: int, mesh_shape: tuple[int, int, int]) -> int:
+    """Rows of a batch on one device: over data x fsdp, rounded up (XLA pads a split that does not divide)."""
+    return -(-rows // (mesh_shape[0] * mesh_shape[1]))
+
+
+def kv_cache_bytes(cfg, rows: int, slots: int, mesh_shape: tuple[int, int, int], dtype: str, *,
+                   shared: bool = False) -> int:
+    """Bytes per device of a KV cache of `rows` rows and `slots` slots in `dtype`: per layer, keys and values
+    `[rows, kv_heads, slots, head_dim]` (rows over data x fsdp, kv heads over tensor when it divides them), plus
+    the per-row slot mask `[rows, slots]` (bool), next-token logits `[rows, vocab]` (float32) and positions.
+    `shared`: a prefix shared by all rows (`KVCache.branch`), `[kv_heads, slots, head_dim]` per layer with no batch
+    axis, so replicated over data x fsdp (`rows` is ignored)."""
+    kv = _split(cfg.num_kv_heads, mesh_shape[2])
+    per_row = 2 * cfg.num_layers * kv * slots * cfg.head_dim * _itemsize(dtype)
+    if shared:
+        return per_row
+    r = _rows_per_device(rows, mesh_shape)
+    return r * (per_row + slots + 4 * cfg.vocab_size + 4)
+
+
+def layer_activation_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, int], dtype: str, *,
+                           keys: int | None = None) -> int:
+    """Bytes per device of one decoder layer's internals for `rows` sequences of `length` tokens attending to
+    `keys` positions (default `length`) in compute `dtype`: what its backward pass keeps (module docstring:
+    norms, rotary, q / k / v, dense attention `[heads, T, keys]`, SwiGLU), also taken as what a forward pass holds
+    while it runs the layer."""
+    tensor = mesh_shape[2]
+    c, e, d = _itemsize(dtype), cfg.hidden_size, cfg.head_dim
+    kv = _split(cfg.num_kv_heads, tensor)
+    hq = kv * (cfg.num_heads // cfg.num_kv_heads)
+    i = _split(cfg.intermediate_size, tensor)
+    per_token = (2 * (4 + 2 * c) * e                        # two RMSNorms: float32 input, normed and scaled outputs
+                 + 2 * c * d                                # rotary cos, sin
+                 + c * (hq + 2 * kv) * d                    # q, k, v after the rotary embedding
+                 + (4 + 4 + 1 + c) * hq * (keys or length)  # masked scores, exp (float32), mask, probabilities
+                 + c * hq * d                               # attention output (input of o)
+                 + 6 * c * i)                               # SwiGLU: gate, up, silu's three, their product
+    return _rows_per_device(rows, mesh_shape) * length * per_token
+
+
+def activation_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, int], dtype: str, *,
+                     remat: bool = False) -> int:
+    """Bytes per device of the activations the learner's backward pass keeps for `rows` sequences of `length`
+    tokens: every layer's (`layer_activation_bytes`), or with `remat` each layer's input residual plus one layer's
+    internals; then the final norm, the hidden states the log-prob chunks read and the loss's per-token terms."""
+    c, e = _itemsize(dtype), cfg.hidden_size
+    tokens = _rows_per_device(rows, mesh_shape) * length
+    layer = layer_activation_bytes(cfg, rows, length, mesh_shape, dtype)
+    layers = (cfg.num_layers * c * e * tokens + layer) if remat else cfg.num_layers * layer
+    return layers + tokens * ((4 + 2 * c) * e + c * e + 8 * 4)
+
+
+def logprob_chunk_bytes(cfg, rows: int, chunk: int, mesh_shape: tuple[int, int, int]) -> int:
+    """Bytes per device of one log-prob chunk: `LOGPROB_CHUNK_ARRAYS` float32 `[rows, chunk, vocab]` (rows over
+    data x fsdp, vocab over tensor when it divides it)."""
+    return LOGPROB_CHUNK_ARRAYS * _rows_per_device(rows, mesh_shape) * chunk * _split(cfg.vocab_size,
+                                                                                       mesh_shape[2]) * 4
+
+
+def forward_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, int], dtype: str, *,
+                  keys: int | None = None) -> int:
+    """Bytes per device of a forward pass without gradients (prefill, log-probs, DRM scores) over `rows` x
+    `length` new tokens attending to `keys` positions: the residual stream in and out of a layer plus one
+    layer's internals."""
+    stream = 2 * _rows_per_device(rows, mesh_shape) * length * cfg.hidden_size * _itemsize(dtype)
+    return stream + layer_activation_bytes(cfg, rows, length, mesh_shape, dtype, keys=keys)
+
+
+def decode_step_bytes(cfg, rows: int, shared_slots: int, mesh_shape: tuple[int, int, int]) -> int:
+    """Bytes per device of a decode step's attention over a shared prefix of `shared_slots` slots: masked scores
+    and their exponentials, float32 `[rows, heads, slots]` (the own slots are read a block at a time)."""
+    kv = _split(cfg.num_kv_heads, mesh_shape[2])
+    hq = kv * (cfg.num_heads // cfg.num_kv_heads)
+    return 2 * 4 * _rows_per_device(rows, mesh_shape) * hq * shared_slots
+
+
+def gathered_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int], *, lm_head_only: bool = False) -> int:
+    """Bytes per device of weights all-gathered over fsdp (still split over tensor) in `dtype`: the whole model,
+    or its LM head (the embedding when tied). XLA hoists a loop-invariant all-gather out of a loop (decode's while
+    loop, the micro-batch scan, the log-prob chunks' map), so what a loop reads stays gathered through it.
+    0 without fsdp."""
+    data, fsdp, tensor = mesh_shape
+    if fsdp == 1:
+        return 0
+    if lm_head_only:
+        return cfg.hidden_size * _split(cfg.vocab_size, tensor) * _itemsize(dtype)
+    return param_bytes(cfg, dtype, (1, 1, tensor))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The plan
+# ------------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One component: bytes per device, the phase it lives in (`PHASES`), and how it was counted."""
+
+    name: str
+    phase: str
+    bytes: int
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Per-device memory of a run on a topology, mesh, micro-batch size and remat setting (module docstring).
+    `problems` make the mesh unusable (the run would not start); `notes` qualify the figures."""
+
+    topology: Topology
+    mesh: tuple[int, int, int]
+    micro_batch: int
+    remat: bool
+    rows: tuple[Row, ...]
+    notes: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    def phase_bytes(self, phase: str) -> int:
+        return sum(r.bytes for r in self.rows if r.phase == phase)
+
+    @property
+    def largest_phase(self) -> str:
+        return max(PHASES[1:], key=self.phase_bytes)
+
+    @property
+    def peak_bytes(self) -> int:
+        """The resident part plus the largest phase."""
+        return self.phase_bytes("resident") + self.phase_bytes(self.largest_phase)
+
+    @property
+    def budget_bytes(self) -> int:
+        return int(self.topology.hbm_bytes * HEADROOM)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems and self.peak_bytes <= self.budget_bytes
+
+
+def roles(config) -> dict[str, str]:
+    """The roles a run loads -> their model names (module docstring's rule)."""
+    m, r = config.models, config.reward
+    judge = r.kind in ("scr", "agr", "prc")
+    out = {"policy": m.policy}
+    if config.rl.beta > 0 or r.kind == "agr" or (r.kind == "prc" and r.prc.reference == "initial") or (
+            judge and config.eval.judge_votes > 0):
+        out["reference"] = m.reference or m.policy
+    if judge:
+        out["grm"] = m.grm
+    if r.kind == "drm":
+        out["drm"] = m.drm
+    return out
+
+
+def _template_tokens(config) -> tuple[int, int]:
+    """Estimated tokens of the judge template's fixed text: (instruction + context, item), chat format included."""
+    from rrc_jax.judge.prompts import get_template
+
+    t = get_template(config.reward.judge.template)
+    toy = config.models.grm == "toy"
+    rate = 1 if toy else CHARS_PER_TOKEN
+    fixed = lambda text: len(re.sub(r"\{(prompt|a|b|response)\}", "", text or ""))
+    prefix = -(-(fixed(t.system) + fixed(t.context)) // rate) + (0 if toy else CHAT_FORMAT_TOKENS)
+    return prefix, -(-fixed(t.item) // rate)
+
+
+def _questions_per_prompt(config, kind: str) -> int:
+    """Judge questions about one prompt: a step's (`kind` scr, agr, prc) or the judged evaluation's ('eval')."""
+    r, m = config.reward, config.rl.group_size
+    return {"agr": m * r.agr.n_anchors * r.judge.votes, "scr": m * (m - 1) // 2 * r.judge.votes, "prc": m,
+            "eval": config.eval.judge_votes}[kind]
+
+
+def _policy_rollouts(config, cfg, shape, dtype) -> list[Row]:
+    """The rollout phase: the policy sampler's caches (a step's groups or the held-out greedy generation, the
+    larger), its transients and the gathered weights of its decode loop."""
+    from rrc_jax.data.batches import bucket_length, round_up
+    from rrc_jax.models.decoder import ATTENTION_BLOCK
+    from rrc_jax.rl.reward_fns import rollout_batch
+
+    rl = config.rl
+    n_new = rl.max_new_tokens
+    prompt = min(bucket_length(config.data.max_prompt_tokens), cfg.max_position_embeddings - n_new)
+    prompts = min(rl.prompts_per_step, max(1, rollout_batch(rl) // rl.group_size))  # per sampler call
+    rows, own = prompts * rl.group_size, round_up(n_new, ATTENTION_BLOCK)
+    group = (2 * kv_cache_bytes(cfg, rows, own, shape, dtype)
+             + kv_cache_bytes(cfg, 0, prompts * prompt, shape, dtype, shared=True))
+    eval_rows, eval_slots = min(config.data.eval_prompts, rollout_batch(rl)), round_up(prompt + n_new,
+                                                                                       ATTENTION_BLOCK)
+    greedy = 2 * kv_cache_bytes(cfg, eval_rows, eval_slots, shape, dtype)
+    if group >= greedy:
+        out = [Row("rollout KV cache", "rollout", group, f"{rows} rows x {own} slots x2 (decode copy) + shared "
+                                                          f"prefix {prompts} x {prompt}")]
+    else:
+        out = [Row("rollout KV cache", "rollout", greedy, f"eval: {eval_rows} rows x {eval_slots} slots x2 "
+                                                           "(decode copy)")]
+    transient = max(forward_bytes(cfg, prompts, prompt, shape, dtype, keys=ATTENTION_BLOCK),
+                    forward_bytes(cfg, eval_rows, prompt, shape, dtype, keys=ATTENTION_BLOCK),
+                    decode_step_bytes(cfg, rows, prompts * prompt, shape))
+    out.append(Row("prefill / decode transients", "rollout", transient, "one layer"))
+    out.append(Row("gathered policy weights", "rollout", gathered_bytes(cfg, "float32", shape),
+                   "hoisted out of the decode loop"))
+    return out
+
+
+def _judging(config, cfg, shape, dtype) -> tuple[list[Row], str]:
+    """The reward phase of a judge reward: the call (a step's questions or the judged evaluation's) whose caches
+    and transients are the larger; and a note on the estimated question lengths."""
+    from rrc_jax.data.batches import bucket_length, length_bucket, round_up
+    from rrc_jax.models.decoder import ATTENTION_BLOCK
+
+    r, n_new = config.reward, config.rl.max_new_tokens
+    pre_tokens, item_tokens = _template_tokens(config)
+    prefix = length_bucket(config.data.max_prompt_tokens + pre_tokens)
+    suffix = length_bucket(2 * n_new + item_tokens)
+    own = round_up(suffix + r.judge.max_new_tokens, ATTENTION_BLOCK)
+    best: list[Row] = []
+    for kind, prompts in ((r.kind, config.rl.prompts_per_step), ("eval", config.data.eval_prompts)):
+        q = _questions_per_prompt(config, kind)
+        if not q or not prompts:
+            continue
+        rows = min(round_up(r.judge.max_batch, 8), round_up(q * prompts, 8))
+        chunk_prefixes = bucket_length(min(prompts, -(-rows // q) + 1), 1)
+        shared = chunk_prefixes * prefix
+        out = [Row("judge prefix cache", "reward", kv_cache_bytes(cfg, prompts, prefix, shape, dtype),
+                   f"{kind}: {prompts} prompts x {prefix} slots"),
+               Row("judge KV cache", "reward", 2 * kv_cache_bytes(cfg, rows, own, shape, dtype)
+                   + kv_cache_bytes(cfg, 0, shared, shape, dtype, shared=True),
+                   f"{rows} rows x {own} slots x2 (decode copy) + shared prefix {chunk_prefixes} x {prefix}"),
+               Row("judge prefill transients", "reward",
+                   max(forward_bytes(cfg, prompts, prefix, shape, dtype, keys=ATTENTION_BLOCK),
+                       forward_bytes(cfg, rows, suffix, shape, dtype, keys=shared + ATTENTION_BLOCK)),
+                   f"one layer; {suffix} suffix tokens attend to {shared} shared slots"),
+               Row("gathered GRM weights", "reward", gathered_bytes(cfg, dtype, shape), "hoisted out of the decode "
+                                                                                       "loop")]
+        if sum(x.bytes for x in out) > sum(x.bytes for x in best):
+            best = out
+    note = (f"judge questions estimated at {config.data.max_prompt_tokens} + {pre_tokens} prefix tokens (prompt + "
+            f"template), 2 x {n_new} + {item_tokens} suffix tokens, {r.judge.max_new_tokens} new tokens")
+    return best, note
+
+
+def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = None,
+         micro_batch_size: int | None = None, remat: bool | None = None) -> Plan:
+    """The memory `Plan` of trainer `config` on `topo` (a `Topology` or its name), on the config's mesh,
+    `rl.micro_batch_size` and `rl.remat` unless `mesh`, `micro_batch_size` or `remat` are given."""
+    from rrc_jax.data.batches import bucket_length, length_bucket
+
+    topo = topology(topo) if isinstance(topo, str) else topo
+    rl, dtype = config.rl, config.models.dtype
+    shape = mesh or resolve_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, topo.devices)
+    data, fsdp, tensor = shape
+    micro = rl.micro_batch_size if micro_batch_size is None else micro_batch_size
+    remat = rl.remat if remat is None else remat
+    rows, notes, problems = [], [], []
+
+    field = lambda role: "models.policy" if role == "reference" and not config.models.reference else f"models.{role}"
+    cfgs = {role: model_config(name, field=field(role), value_head=role == "drm")
+            for role, name in roles(config).items()}
+    policy = cfgs["policy"]
+    for role, cfg in cfgs.items():
+        stored = "float32" if role == "policy" else dtype
+        try:
+            b = param_bytes(cfg, stored, shape)
+        except ConfigError as e:
+            problems.append(f"{role}: {e}")
+            b = 0
+        n = param_count(cfg)
+        rows.append(Row(f"{role} parameters", "resident", b,
+                        f"{n / 1e9:.2f}B {stored}" if n >= 1e8 else f"{n / 1e6:.2f}M {stored}"))
+        if cfg.num_kv_heads % tensor:
+            notes.append(f"{role}: tensor={tensor} does not divide its {cfg.num_kv_heads} kv heads: its KV caches and "
+                         "attention are replicated over tensor")
+    p32 = rows[0].bytes
+    rows.append(Row("optimizer state (AdamW)", "resident", 2 * p32, "2 float32 moments"))
+    batch = rl.prompts_per_step * rl.group_size
+    if batch % (data * fsdp):
+        problems.append(f"a step's {batch} rollouts are not divisible by data x fsdp = {data * fsdp} (batches are "
+                        "sharded evenly)")
+    if problems:  # the run would not start: no phases
+        return Plan(topo, shape, micro, remat, tuple(rows), tuple(notes), tuple(problems))
+
+    rows += _policy_rollouts(config, policy, shape, dtype)
+    if "grm" in cfgs:
+        judged, note = _judging(config, cfgs["grm"], shape, dtype)
+        rows += judged
+        notes.append(note)
+    if "drm" in cfgs:
+        length = length_bucket(config.data.max_prompt_tokens + rl.max_new_tokens + CHAT_FORMAT_TOKENS)
+        rows.append(Row("DRM forward", "reward", forward_bytes(cfgs["drm"], config.reward.drm.max_batch, length,
+                                                               shape, dtype),
+                        f"{config.reward.drm.max_batch} rows x {length} tokens, one layer"))
+
+    length = bucket_length(config.data.max_prompt_tokens + rl.max_new_tokens)
+    lp_rows = micro or batch
+    scored = [policy] + ([cfgs["reference"]] if rl.beta > 0 else [])
+    rows.append(Row("log-prob pass", "log-prob", max(forward_bytes(c, lp_rows, length, shape, dtype)
+                                                      + logprob_chunk_bytes(c, lp_rows, rl.logprob_chunk, shape)
+                                                      for c in scored),
+                    f"{lp_rows} rows x {length} tokens, one layer + chunk, no gradients"))
+    rows.append(Row("gathered LM head", "log-prob", gathered_bytes(policy, "float32", shape, lm_head_only=True),
+                    "hoisted out of the chunk loop"))
+
+    learn_rows = micro or rl.minibatch_size
+    accumulating = learn_rows < rl.minibatch_size
+    rows.append(Row("activations", "backward", activation_bytes(policy, learn_rows, length, shape, dtype,
+                                                                remat=remat),
+                    f"{learn_rows} rows x {length} tokens{', remat' if remat else ''}"))
+    rows.append(Row("log-prob chunk", "backward", logprob_chunk_bytes(policy, learn_rows, rl.logprob_chunk, shape),
+                    f"{LOGPROB_CHUNK_ARRAYS} x [{learn_rows}, {rl.logprob_chunk}, {policy.vocab_size}] float32"))
+    hoisted = shape if not accumulating else (data, 1, tensor)  # the micro-batch scan keeps weights gathered
+    if accumulating:
+        rows.append(Row("gradient accumulator", "backward", p32, "float32"))
+        rows.append(Row("gathered policy weights", "backward", gathered_bytes(policy, "float32", shape),
+                        "hoisted out of the micro-batch loop"))
+    else:
+        rows.append(Row("gathered LM head", "backward", gathered_bytes(policy, "float32", shape, lm_head_only=True),
+                        "hoisted out of the chunk loop"))
+    if dtype != "float32":
+        rows.append(Row(f"{dtype} weight copy", "backward", param_bytes(policy, dtype, hoisted),
+                        "the policy's weights as the backward pass multiplies by them"))
+    rows.append(Row("gradients", "update", p32 * (2 if accumulating else 1),
+                    "float32 + accumulator" if accumulating else "float32"))
+    if learn_rows % (data * fsdp):
+        notes.append(f"micro-batch of {learn_rows} rows over data x fsdp = {data * fsdp}: "
+                     f"{_rows_per_device(learn_rows, shape)} per device, padded")
+    rows = [r for r in rows if r.bytes or r.phase == "resident"]  # e.g. no gathered weights without fsdp
+    return Plan(topo, shape, micro, remat, tuple(rows), tuple(notes), tuple(problems))
+
+
+def _factorizations(n: int) -> list[tuple[int, int, int]]:
+    """Every (data, fsdp, tensor) with product n."""
+    return [(d, n // t // d, t) for t in range(1, n + 1) if n % t == 0 for d in range(1, n // t + 1)
+            if (n // t) % d == 0]
+
+
+def _candidates(config, topo: Topology) -> list[Plan]:
+    """Plans of every `(data, fsdp, tensor)` factorization of the device count, every micro-batch size dividing
+    `rl.minibatch_size`, with the config's remat setting and with remat."""
+    mb = config.rl.minibatch_size
+    return [plan(config, topo, mesh=shape, micro_batch_size=micro, remat=remat)
+            for remat in sorted({bool(config.rl.remat), True})
+            for shape in _factorizations(topo.devices)
+            for micro in range(mb, 0, -1) if mb % micro == 0]
+
+
+def suggest(config, topo: Topology | str) -> Plan | None:
+    """The plan of a mesh, micro-batch size and remat setting that fit, or None: the first of the fitting
+    candidates (`_candidates`) by `_preference`."""
+    topo = topology(topo) if isinstance(topo, str) else topo
+    return min((p for p in _candidates(config, topo) if p.fits), key=_preference, default=None)
+
+
+def _preference(p: Plan) -> tuple:
+    """Sort key of fitting plans, best first: no remat, the least tensor parallelism, the largest micro-batch, the
+    smallest peak."""
+    return p.remat, p.mesh[2], -p.micro_batch, p.peak_bytes
+
+
+def format_table(p: Plan) -> str:
+    """The plan as a fixed-width table in GiB (2 decimals), phase totals, the fit line, problems and notes."""
+    t = p.topology
+    lines = [f"{t.name}: {t.devices} devices x {t.hbm_bytes / GiB:.0f} GiB HBM; mesh data={p.mesh[0]} "
+             f"fsdp={p.mesh[1]} tensor={p.mesh[2]}; micro-batch {p.micro_batch or 'off'}; remat "
+             f"{'on' if p.remat else 'off'}",
+             f"{'component':<30} {'phase':<9} {'GiB/device':>10}  detail", "-" * 110]
+    lines += [f"{r.name:<30} {r.phase:<9} {r.bytes / GiB:>10.2f}  {r.detail}" for r in p.rows]
+    lines.append("-" * 110)
+    lines += [f"{'total ' + phase:<40} {p.phase_bytes(phase) / GiB:>10.2f}" for phase in PHASES]
+    lines.append(f"{'peak: resident + ' + p.largest_phase:<40} {p.peak_bytes / GiB:>10.2f}")
+    lines.append(f"fits: {'yes' if p.fits else 'no'} ({p.peak_bytes / GiB:.2f} of {t.hbm_bytes / GiB:.2f} GiB; at "
+                 f"most {HEADROOM:.0%} = {p.budget_bytes / GiB:.2f} GiB planned)")
+    lines += [f"problem: {x}" for x in p.problems] + [f"note: {x}" for x in p.notes]
+    return "\n".join(lines)
+
+
+def report(config, topo: Topology | str) -> str:
+    """`format_table` of the config's plan and, when it does not fit, the suggestion."""
+    p = plan(config, topo)
+    out = format_table(p)
+    if p.fits:
+        return out
+    candidates = _candidates(config, p.topology)
+    fitting = [c for c in candidates if c.fits]
+    flags = lambda s: (f"--config.mesh.data={s.mesh[0]} --config.mesh.fsdp={s.mesh[1]} --config.mesh.tensor="
+                       f"{s.mesh[2]} --config.rl.micro_batch_size={s.micro_batch}"
+                       + (" --config.rl.remat=True" if s.remat else ""))
+    if not fitting:
+        usable = [c for c in candidates if not c.problems]
+        low = min(usable, key=lambda c: c.peak_bytes, default=None)
+        bf16 = " or --config.models.dtype=bfloat16" if config.models.dtype == "float32" else ""
+        return out + (f"\nsuggestion: nothing fits on {p.topology.name} (any mesh, micro-batch size, remat); use more "
+                      f"devices, shorter sequences{bf16}" + (
+                          f". The smallest peak, {low.peak_bytes / GiB:.2f} GiB ({low.largest_phase}), is with "
+                          f"{flags(low)}" if low else ""))
+    s = min(fitting, key=_preference)
+    return out + f"\nsuggestion: {flags(s)} ({s.peak_bytes / GiB:.2f} of {s.topology.hbm_bytes / GiB:.2f} GiB)"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Command line
+# ------------------------------------------------------------------------------------------------------------
+
+def _main(argv) -> None:
+    from absl import app
+
+    from rrc_jax.config import validate
+    from rrc_jax.errors import exit_on_user_error
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _CONFIG.value is None:
+        raise app.UsageError("--config is required, e.g. --config=agr.py")
+
+    def run():
+        validate(_CONFIG.value)
+        print(report(_CONFIG.value, _TOPOLOGY.value))
+
+    exit_on_user_error(run)
+
+
+if __name__ == "__main__":
+    from absl import flags
+    from ml_collections import config_flags
+
+    from rrc_jax.config import run_cli
+
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "Trainer config: a file or a packaged name (agr.py, "
+                                              "scr.py, prc.py, drm.py).", lock_config=True)
+    _TOPOLOGY = flags.DEFINE_string("topology", "v5e-8", "v4-N, v5p-N (TensorCores), v5e-N, v6e-N (chips), h100-N, "
+                                                         "h200-N (GPUs), cpu-N")
+    run_cli(_main)

@@ -1,0 +1,110 @@
+"""Run with 8 CPU devices (`XLA_FLAGS=--xla_force_host_platform_device_count=8`): the memory planner's per-device
+figures against XLA's accounting of the compiled programs. Prints one JSON line per case and `ok`; used by
+`tests/test_plan.py`.
+
+A case compiles, for a scaled-down Llama (hidden 256, 4 layers, vocab 1024) on one mesh,
+
+- the learner's update (`Learner._update`, GRPO loss) on 32 rows of 128 tokens, with or without micro-batches;
+- a decode loop (`rrc_jax.inference.sampling._decode`) over a cache of 16 rows x 256 slots, rows over data x fsdp.
+
+XLA's figure is what the program holds on a device at its peak: arguments + outputs + temporaries - the outputs
+aliased to donated arguments (the parameters and optimizer state are updated in place). The planner's counterpart:
+for the update, the resident parameters and optimizer state plus its backward phase (activations, log-prob chunk,
+gathered weights, accumulator, weight copy; the gradients build up while activations are freed, so they are not
+added); for the decode, the parameters, the cache and the loop's copy of it, and the weights gathered for the loop.
+"""
+
+import json
+import sys
+
+import jax
+import numpy as np
+from flax import nnx
+
+from rrc_jax import plan
+from rrc_jax.inference import sampling
+from rrc_jax.inference.sampler import SamplingParams
+from rrc_jax.models import Decoder, DecoderConfig
+from rrc_jax.models.decoder import init_cache
+from rrc_jax.rl.grpo import grpo_objective
+from rrc_jax.rl.learner import Learner, make_optimizer
+from rrc_jax.sharding import make_mesh, model_context, put_batch
+
+ROWS, LENGTH, CACHE_ROWS, CACHE_SLOTS = 32, 128, 16, 256
+UPDATES = [((1, 1, 1), "float32", 0), ((1, 1, 1), "bfloat16", 0), ((1, 8, 1), "float32", 0),
+           ((1, 8, 1), "float32", 16), ((2, 2, 2), "float32", 0)]
+DECODES = [((1, 1, 1), "float32"), ((1, 8, 1), "float32"), ((2, 4, 1), "float32")]
+
+
+def config(dtype: str, param_dtype: str = "float32") -> DecoderConfig:
+    return DecoderConfig(model_type="llama", vocab_size=1024, hidden_size=256, intermediate_size=768, num_layers=4,
+                         num_heads=8, num_kv_heads=4, head_dim=32, max_position_embeddings=1024, dtype=dtype,
+                         param_dtype=param_dtype)
+
+
+def peak(compiled) -> int:
+    m = compiled.memory_analysis()
+    return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+
+
+def update_case(shape, dtype, micro) -> dict:
+    cfg = config(dtype)
+    mesh = make_mesh(*shape)
+    with jax.set_mesh(mesh):
+        with model_context(mesh):
+            model = Decoder(cfg, rngs=nnx.Rngs(0))
+        learner = Learner(model, make_optimizer(1e-3), grpo_objective(), micro_batch_size=micro)
+        rng = np.random.default_rng(0)
+        batch = put_batch({"ids": rng.integers(3, cfg.vocab_size, (ROWS, LENGTH)).astype(np.int32),
+                           "mask": np.ones((ROWS, LENGTH), bool), "loss_mask": np.ones((ROWS, LENGTH), bool),
+                           "advantages": rng.normal(size=ROWS).astype(np.float32),
+                           "old_logp": np.zeros((ROWS, LENGTH), np.float32)}, mesh)
+        compiled = learner._update.lower(learner.params, learner.opt_state, learner._rest, batch,
+                                         n_micro=ROWS // (micro or ROWS)).compile()
+    rows = micro or ROWS
+    p32 = plan.param_bytes(cfg, "float32", shape)
+    parts = {"parameters + optimizer": 3 * p32,
+             "activations": plan.activation_bytes(cfg, rows, LENGTH, shape, dtype),
+             "log-prob chunk": plan.logprob_chunk_bytes(cfg, rows, 128, shape)}
+    if micro:
+        parts["accumulator"] = p32
+        parts["gathered weights"] = plan.gathered_bytes(cfg, "float32", shape)
+    else:
+        parts["gathered LM head"] = plan.gathered_bytes(cfg, "float32", shape, lm_head_only=True)
+    if dtype != "float32":
+        parts["weight copy"] = plan.param_bytes(cfg, dtype, shape if not micro else (shape[0], 1, shape[2]))
+    return {"case": f"update mesh={shape} {dtype} micro={micro}", "xla": peak(compiled),
+            "plan": sum(parts.values()), "parts": parts}
+
+
+def decode_case(shape, dtype) -> dict:
+    cfg = config(dtype, dtype)
+    mesh = make_mesh(*shape)
+    with jax.set_mesh(mesh):
+        with model_context(mesh):
+            model = Decoder(cfg, rngs=nnx.Rngs(0))
+        graphdef, state = nnx.split(model)
+        rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
+        cache = jax.tree.map(lambda x: jax.device_put(x, rows) if x.ndim else x,
+                             init_cache(cfg, CACHE_ROWS, CACHE_SLOTS))  # every array's axis 0 holds rows
+        compiled = sampling._decode.lower(graphdef, state, cache, jax.random.key(0),
+                                          params=SamplingParams(1.0, max_new_tokens=8), stop_ids=(2,),
+                                          pad_id=0).compile()
+    parts = {"parameters": plan.param_bytes(cfg, dtype, shape),
+             "cache x2": 2 * plan.kv_cache_bytes(cfg, CACHE_ROWS, CACHE_SLOTS, shape, dtype),
+             "gathered weights": plan.gathered_bytes(cfg, dtype, shape)}
+    return {"case": f"decode mesh={shape} {dtype}", "xla": peak(compiled), "plan": sum(parts.values()),
+            "parts": parts}
+
+
+def main() -> None:
+    assert jax.device_count() == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
+    for args in UPDATES:
+        print(json.dumps(update_case(*args)), flush=True)
+    for args in DECODES:
+        print(json.dumps(decode_case(*args)), flush=True)
+    print("ok")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

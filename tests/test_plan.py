@@ -1,0 +1,204 @@
+"""The memory planner (`rrc_jax.plan`): its arithmetic by hand on a tiny model, its parameter tables against the real
+decoders, the command line, and its figures against XLA's for compiled learner updates and decode loops on an
+8-device CPU mesh (`plan_xla.py`, in a subprocess)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+from flax import nnx
+
+from rrc_jax import plan
+from rrc_jax.config import base_config
+from rrc_jax.errors import ConfigError
+from rrc_jax.models import Decoder, DecoderConfig
+from rrc_jax.sharding import model_context
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
+       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+TINY = dict(model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+            num_kv_heads=2, head_dim=8)
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "rrc_jax.plan", *args], env=ENV, capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+
+
+# -- (a) the arithmetic, by hand ---------------------------------------------------------------------------
+
+def test_bytes_of_a_tiny_model_on_a_fsdp_2_tensor_2_mesh_by_hand():
+    cfg = DecoderConfig(**TINY)
+    mesh = (1, 2, 2)  # each parameter: embed axis over fsdp (2), vocab / heads / kv heads / mlp over tensor (2)
+    embed = 96 * 32 // 4                                    # [V, E] over tensor x fsdp
+    layer = (32 * 2 * 4 * 8 // 4                            # qkv [E, K, G + 2, D]: E over fsdp, K over tensor
+             + 4 * 8 * 32 // 4                              # o [H, D, E]
+             + 32 * 64 * 2 // 4                             # gate_up [E, I, 2]
+             + 64 * 32 // 4                                 # down [I, E]
+             + 2 * 32)                                      # two norm scales, replicated
+    lm_head = 32 * 96 // 4
+    per_device = embed + 2 * layer + 32 + lm_head           # + final norm
+    assert per_device == 6304
+    assert plan.param_count(cfg) == 96 * 32 + 2 * (32 * 2 * 4 * 8 + 4 * 8 * 32 + 32 * 64 * 2 + 64 * 32 + 64) + 32 \
+        + 32 * 96 == 24736
+    assert plan.param_bytes(cfg, "float32", mesh) == 4 * 6304 == 25216
+    assert plan.param_bytes(cfg, "bfloat16", mesh) == 2 * 6304
+    assert plan.param_bytes(cfg, "float32", (4, 1, 1)) == 4 * 24736  # replicated over data
+
+    # KV cache of 8 rows x 64 slots in bfloat16: 4 rows per device (data x fsdp = 2), 1 kv head per device (tensor 2)
+    per_row = 2 * 2 * 1 * 64 * 8 * 2 + 64 + 4 * 96 + 4    # k and v of 2 layers; slot mask, logits, position
+    assert plan.kv_cache_bytes(cfg, 8, 64, mesh, "bfloat16") == 4 * per_row == 18192
+    assert plan.kv_cache_bytes(cfg, 8, 64, mesh, "bfloat16", shared=True) == 2 * 2 * 1 * 64 * 8 * 2
+    assert plan.kv_cache_bytes(cfg, 8, 64, (1, 2, 4), "bfloat16") == 4 * (2 * 2 * 2 * 64 * 8 * 2 + 64 + 4 * 96 + 4)
+    # (tensor 4 does not divide 2 kv heads: the cache keeps both)
+
+    # the planner's rows: optimizer 2 x and gradients 1 x the policy's float32 parameters
+    config = base_config("drm")
+    config.mesh.fsdp, config.mesh.tensor = 2, 2
+    config.rl.prompts_per_step, config.rl.group_size, config.rl.minibatch_size = 2, 2, 4
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(plan.PRESETS, "tiny", TINY)
+        config.models.policy = config.models.drm = "tiny"
+        p = plan.plan(config, "cpu-4")
+    rows = {r.name: r.bytes for r in p.rows}
+    assert rows["policy parameters"] == 25216 and rows["optimizer state (AdamW)"] == 2 * 25216
+    assert rows["gradients"] == 25216 and rows["drm parameters"] == 4 * (6304 + 32 // 2)  # + value head over fsdp
+    assert set(rows) >= {"rollout KV cache", "DRM forward", "activations", "log-prob chunk"}
+    assert "grm parameters" not in rows
+    assert p.mesh == (1, 2, 2) and p.fits and p.peak_bytes == p.phase_bytes("resident") + max(
+        p.phase_bytes(x) for x in plan.PHASES[1:])
+
+
+def test_activations_follow_the_layer_count_and_remat():
+    cfg = DecoderConfig(**TINY)
+    one = plan.layer_activation_bytes(cfg, 4, 16, (1, 1, 1), "float32")
+    # per token: norms 2 x 12 x 32, rope 2 x 4 x 8, q/k/v 4 x 8 x 8, attention 13 x 4 x 16, output 4 x 32, mlp 24 x 64
+    assert one == 4 * 16 * (768 + 64 + 256 + 832 + 128 + 1536)
+    tail = 4 * 16 * (12 * 32 + 4 * 32 + 32)
+    assert plan.activation_bytes(cfg, 4, 16, (1, 1, 1), "float32") == 2 * one + tail
+    assert plan.activation_bytes(cfg, 4, 16, (1, 1, 1), "float32", remat=True) == 2 * 4 * 16 * 4 * 32 + one + tail
+    assert plan.layer_activation_bytes(cfg, 4, 16, (1, 2, 1), "float32") == one // 2  # rows over fsdp
+    assert plan.logprob_chunk_bytes(cfg, 4, 8, (1, 1, 2)) == plan.LOGPROB_CHUNK_ARRAYS * 4 * 8 * 48 * 4
+
+
+# -- (b) parameter tables against the real decoders -------------------------------------------------------
+
+@pytest.mark.parametrize("overrides", [
+    dict(),                                                                  # Llama, untied
+    dict(tie_word_embeddings=True),                                          # Llama 3.2, tied
+    dict(model_type="qwen2", qkv_bias=True, tie_word_embeddings=True),      # Qwen2.5, tied
+    dict(model_type="qwen2", qkv_bias=True),                                 # Qwen2.5-7B style, untied
+    dict(o_bias=True, mlp_bias=True, value_head=True),                       # biases everywhere, a DRM
+], ids=["llama-untied", "llama-tied", "qwen-tied", "qwen-untied", "llama-biases-drm"])
+def test_parameter_table_matches_the_decoder(overrides):
+    cfg = DecoderConfig(**{**TINY, **overrides})
+    with model_context(None):
+        model = Decoder(cfg, rngs=nnx.Rngs(0))
+    params = nnx.state(model, nnx.Param)
+    assert plan.param_count(cfg) == sum(x.size for x in jax.tree.leaves(params))
+    real = {path: (tuple(v.shape), tuple(v.get_metadata()["out_sharding"])) for path, v in nnx.to_flat_state(params)}
+    assert plan.param_shapes(cfg) == real
+
+
+def test_presets_have_their_published_sizes():
+    published = {"llama3-8b": 8.03e9, "llama3-70b": 70.55e9, "llama3.2-1b": 1.236e9, "llama3.2-3b": 3.213e9,
+                 "qwen2.5-7b": 7.616e9, "qwen2.5-1.5b": 1.544e9}
+    for name, n in published.items():
+        assert plan.param_count(plan.model_config(name)) == pytest.approx(n, rel=2e-3), name
+    toy = plan.model_config("toy", field="models.grm")
+    assert (toy.hidden_size, toy.num_layers, toy.vocab_size) == (96, 3, 36)
+
+
+def test_topologies_roles_and_meshes():
+    assert plan.topology("v4-32") == plan.Topology("v4-32", 16, 32 << 30)      # TensorCores: 2 per chip
+    assert plan.topology("v5p-64").devices == 32 and plan.topology("v5e-64").devices == 64
+    assert plan.topology("v5litepod-16").hbm_bytes == 16 << 30 and plan.topology("h200-8").hbm_bytes == 141 << 30
+    for bad in ("v7-8", "v4-3", "tpu", "h100"):
+        with pytest.raises(ConfigError, match="unknown topology.*v5p-N"):
+            plan.topology(bad)
+    assert plan.resolve_mesh(1, -1, 2, 32) == (1, 16, 2) and plan.resolve_mesh(2, 4, 1, 8) == (2, 4, 1)
+    with pytest.raises(ConfigError, match="needs 16 devices"):
+        plan.resolve_mesh(2, 8, 1, 8)
+    with pytest.raises(ConfigError, match="not a size preset.*llama3-8b"):
+        plan.model_config("llama9-1t", field="models.grm")
+
+    c = base_config("agr")
+    assert list(plan.roles(c)) == ["policy", "reference", "grm"]
+    c = base_config("drm")
+    assert list(plan.roles(c)) == ["policy", "drm"]
+    c.rl.beta = 0.1
+    assert list(plan.roles(c)) == ["policy", "reference", "drm"]
+    c = base_config("prc")
+    c.eval.judge_votes = 0
+    assert list(plan.roles(c)) == ["policy", "grm"]
+
+
+def test_a_mesh_that_cannot_shard_the_model_is_a_problem():
+    config = base_config("agr")
+    config.models.policy = config.models.grm = "llama3-8b"
+    p = plan.plan(config, "v5p-64", mesh=(1, 2, 16))  # 16-way tensor over 8 kv heads
+    assert not p.fits and any("kv_heads" in x for x in p.problems)
+
+
+# -- (c) the command line ----------------------------------------------------------------------------------
+
+def test_cli_prints_the_table_for_a_preset_on_v5p_64():
+    out = cli("--config=agr.py", "--topology=v5p-64", "--config.models.policy=llama3-8b",
+              "--config.models.grm=llama3-8b")
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("v5p-64: 32 devices x 95 GiB HBM; mesh data=1 fsdp=32 tensor=1")
+    rows = {line[:30].strip(): line for line in lines}
+    for name in ("policy parameters", "reference parameters", "grm parameters", "optimizer state (AdamW)",
+                 "rollout KV cache", "judge KV cache", "activations", "log-prob chunk", "gradients"):
+        assert name in rows, name
+    assert "0.94" in rows["policy parameters"] and "8.03B float32" in rows["policy parameters"]  # 32.1 GB / 32
+    assert "1.87" in rows["optimizer state (AdamW)"]
+    assert any(line.startswith("fits: ") and " of 95.00 GiB" in line for line in lines)
+
+
+def test_cli_unknown_topology_is_one_line():
+    out = cli("--config=agr.py", "--topology=v9-8")
+    assert out.returncode != 0 and out.stdout == ""
+    assert out.stderr.strip().count("\n") == 0 and out.stderr.startswith("error: --topology=v9-8: unknown topology")
+    assert "v5e-N" in out.stderr and "h200-N" in out.stderr
+
+
+def test_a_config_that_does_not_fit_gets_a_suggestion_that_fits():
+    config = base_config("agr")
+    config.models.policy = config.models.grm = "qwen2.5-1.5b"
+    models = ["--config.models.policy=qwen2.5-1.5b", "--config.models.grm=qwen2.5-1.5b"]
+    assert not plan.plan(config, "v5p-16").fits  # a 64-row minibatch's activations at once
+    best = plan.suggest(config, "v5p-16")
+    assert best is not None and best.fits and best.peak_bytes <= best.budget_bytes
+    assert math.prod(best.mesh) == 8 and config.rl.minibatch_size % best.micro_batch == 0
+    out = cli("--config=agr.py", "--topology=v5p-16", *models)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "fits: no" in out.stdout
+    suggestion = out.stdout.splitlines()[-1]
+    assert suggestion.startswith(f"suggestion: --config.mesh.data={best.mesh[0]} --config.mesh.fsdp={best.mesh[1]} "
+                                 f"--config.mesh.tensor={best.mesh[2]} "
+                                 f"--config.rl.micro_batch_size={best.micro_batch}"), suggestion
+    flags = suggestion.split("(")[0].split()[1:]
+    again = cli("--config=agr.py", "--topology=v5p-16", *models, *flags)
+    assert again.returncode == 0 and "fits: yes" in again.stdout, again.stdout[-3000:]
+
+
+# -- (d) against XLA ---------------------------------------------------------------------------------------
+
+def test_planner_agrees_with_xla_within_a_quarter():
+    out = subprocess.run([sys.executable, str(HERE / "plan_xla.py")], env=ENV, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr[-3000:]
+    cases = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(cases) == 8
+    for c in cases:
+        print(f"{c['case']}: XLA {c['xla'] / 1e6:.1f} MB, plan {c['plan'] / 1e6:.1f} MB")
+        assert abs(c["plan"] - c["xla"]) <= 0.25 * c["xla"], c
