@@ -22,6 +22,7 @@ CONFIG = config_flags.DEFINE_config_file("config", None, "Trainer config (e.g. a
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from rrc_jax import distributed
     from rrc_jax.data.prompts import load_prompts
     from rrc_jax.inference import JaxSampler
     from rrc_jax.rl.reward_fns import anchor_store
@@ -30,6 +31,7 @@ def main(argv) -> None:
 
     def remake(config):
         validate(config)
+        distributed.initialize(config.distributed)
         mesh = mesh_from_config(config.mesh)
         with jax.set_mesh(mesh):
             roles = Roles(config, mesh)

@@ -22,24 +22,33 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1 = off.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Top-k filter; 0 = off.")
 _SEED = flags.DEFINE_integer("seed", 0, "PRNG seed.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter and compute dtype.")
+_MESH = flags.DEFINE_string("mesh", "1,-1,1", "Device mesh DATA,FSDP,TENSOR (-1: the remaining devices); the model is "
+                            "sharded over fsdp x tensor.")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import jax
+
+    from rrc_jax import distributed
     from rrc_jax.inference import JaxSampler, SamplingParams
     from rrc_jax.models import load_hf, load_tokenizer, prompt_ids
+    from rrc_jax.sharding import mesh_from_flag
 
     try:
-        model = load_hf(_MODEL.value, dtype=_DTYPE.value)
+        distributed.initialize()
+        mesh = mesh_from_flag(_MESH.value)
+        model = load_hf(_MODEL.value, dtype=_DTYPE.value, mesh=mesh)
         tokenizer = load_tokenizer(_MODEL.value)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError
         sys.exit(f"error: {e}")
     ids = prompt_ids(tokenizer, _PROMPT.value, _SYSTEM.value)
     logging.info("prompt: %d tokens; generating up to %d", len(ids), _MAX_NEW.value)
     try:
         params = SamplingParams(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, max_new_tokens=_MAX_NEW.value)
-        out = JaxSampler(model, tokenizer).generate([ids], 1, params, rng=_SEED.value)
+        with jax.set_mesh(mesh):
+            out = JaxSampler(model, tokenizer).generate([ids], 1, params, rng=_SEED.value)
     except ValueError as e:  # a sampling setting or a prompt too long for the model: the user's to change
         sys.exit(f"error: {e}")
     n = int(out.lengths[0])

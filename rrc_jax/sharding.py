@@ -81,6 +81,16 @@ def mesh_from_config(mesh_config) -> jax.sharding.Mesh:
     return make_mesh(mesh_config.data, mesh_config.fsdp, mesh_config.tensor)
 
 
+def mesh_from_flag(value: str) -> jax.sharding.Mesh:
+    """The mesh of a command-line flag `DATA,FSDP,TENSOR` (e.g. `1,-1,1`: every device over fsdp)."""
+    try:
+        data, fsdp, tensor = (int(v) for v in value.split(","))
+    except ValueError:
+        raise ConfigError(f"--mesh={value!r}: give three sizes DATA,FSDP,TENSOR, e.g. 1,-1,1 (-1: the remaining "
+                          "devices)") from None
+    return make_mesh(data, fsdp, tensor)
+
+
 @contextlib.contextmanager
 def model_context(mesh: jax.sharding.Mesh | None = None) -> Iterator[None]:
     """Context in which models are created: sharded over `mesh` by the logical rules, or unsharded if None."""

@@ -25,12 +25,15 @@ CONFIG = config_flags.DEFINE_config_file("config", None, "grm_sft.py or drm_bt.p
 
 def run_rm(config) -> Path:
     """Train the configured reward model and export it to `workdir/hf_export` (with its tokenizer)."""
+    import jax
+    import numpy as np
+
+    from rrc_jax import distributed
     from rrc_jax.data.toy import world
     from rrc_jax.data.toy.task import ALPHABET, SortTask
     from rrc_jax.models import save_hf
     from rrc_jax.models.char_tokenizer import make_char_tokenizer
-
-    import numpy as np
+    from rrc_jax.sharding import mesh_from_config, model_context
 
     if config.kind not in ("grm", "drm"):
         raise ConfigError(f"config.kind: {config.kind!r}; use 'grm' (SFT on rationale + verdict) or 'drm' "
@@ -44,7 +47,10 @@ def run_rm(config) -> Path:
     settings = world.WorldSettings(task=task, grm=spec, drm=spec, seed=config.seed)
     tokenizer = make_char_tokenizer(ALPHABET)
     rng = np.random.default_rng(config.seed)
-    model = (world.train_grm if config.kind == "grm" else world.train_drm)(settings, tokenizer, rng)
+    distributed.initialize(config.distributed)
+    mesh = mesh_from_config(config.mesh)
+    with jax.set_mesh(mesh), model_context(mesh):  # parameters, optimizer state and batches over the mesh
+        model = (world.train_grm if config.kind == "grm" else world.train_drm)(settings, tokenizer, rng)
     out = Path(config.workdir).expanduser() / "hf_export"
     save_hf(model, out, tokenizer=tokenizer)
     return out

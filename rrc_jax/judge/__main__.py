@@ -28,24 +28,33 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1 = off.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Top-k filter; 0 = off.")
 _SEED = flags.DEFINE_integer("seed", 0, "PRNG seed.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter and compute dtype.")
+_MESH = flags.DEFINE_string("mesh", "1,-1,1", "Device mesh DATA,FSDP,TENSOR (-1: the remaining devices); the model is "
+                            "sharded over fsdp x tensor.")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import jax
+
+    from rrc_jax import distributed
     from rrc_jax.errors import ConfigError
     from rrc_jax.inference import JaxSampler
     from rrc_jax.judge import Judge, JudgeConfig
     from rrc_jax.models import load_hf, load_tokenizer
+    from rrc_jax.sharding import mesh_from_flag
 
     try:
+        distributed.initialize()
+        mesh = mesh_from_flag(_MESH.value)
         config = JudgeConfig(template=_TEMPLATE.value, max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value,
                              top_p=_TOP_P.value, top_k=_TOP_K.value, seed=_SEED.value)
-        model, tokenizer = load_hf(_MODEL.value, dtype=_DTYPE.value), load_tokenizer(_MODEL.value)
+        model, tokenizer = load_hf(_MODEL.value, dtype=_DTYPE.value, mesh=mesh), load_tokenizer(_MODEL.value)
         judge = Judge(JaxSampler(model, tokenizer), tokenizer, config)
     except (ConfigError, FileNotFoundError, ValueError) as e:  # flags, template, checkpoint: the user's to fix
         sys.exit(f"error: {e}")
-    votes, log = judge.explain([_PROMPT.value], [_A.value], [_B.value], votes=_VOTES.value, swap=_SWAP.value)
+    with jax.set_mesh(mesh):
+        votes, log = judge.explain([_PROMPT.value], [_A.value], [_B.value], votes=_VOTES.value, swap=_SWAP.value)
     for v in log:
         shown = "A = b, B = a (swapped)" if v.swapped else "A = a, B = b"
         print(f"=== vote {v.vote + 1}/{_VOTES.value} ({shown}) ===")
