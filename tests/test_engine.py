@@ -52,6 +52,17 @@ def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max
     assert sampler.stats.generated_tokens == int(out.lengths.sum())
 
 
+def test_chunks_hold_at_most_max_prefixes_prompts(model):
+    """With one prefix per chunk, each used prefix gets its own chunk (and its own call); results are unchanged."""
+    prefixes, suffixes = questions()
+    sampler = JaxSampler(model, max_batch=4, max_prefixes=1)
+    out = sampler.complete(prefixes, suffixes, GREEDY)
+    ref = generate(model, [prefixes[o] + s for o, s in suffixes], GREEDY)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    uses = np.bincount([o for o, _ in suffixes])
+    assert sampler.stats.calls == sum(-(-int(k) // 4) for k in uses if k)  # 4 + 5 + 2 questions: 1 + 2 + 1 chunks
+
+
 @pytest.mark.parametrize("prefix_reuse", [True, False])
 def test_next_token_logprobs_equal_the_forward_pass(model, prefix_reuse):
     prefixes, suffixes = questions(1)

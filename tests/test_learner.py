@@ -89,6 +89,23 @@ def test_micro_batches_give_the_minibatch_update(aggregation):
         Learner(micro, make_optimizer(1e-2), objective, micro_batch_size=3).update(batch)
 
 
+def test_remat_chunks_and_micro_batched_logprob_passes_change_nothing():
+    """`remat` (blocks recomputed in the backward pass) and a smaller LM-head chunk give the same update; the
+    old-policy log-prob pass in micro-batches gives the same log-probs."""
+    batch, _ = rollout_batch(tiny_model(), seed=5)
+    np.testing.assert_allclose(np.asarray(token_logprobs(tiny_model(), batch["ids"], batch["mask"],
+                                                         micro_batch_size=4, chunk_size=3)),
+                               np.asarray(batch["old_logp"]), atol=1e-6)
+    sgd = optax.sgd(1.0)
+    plain, remat = tiny_model(), tiny_model()
+    m1 = jax.device_get(Learner(plain, sgd, grpo_objective(max_len=6)).update(batch))
+    m2 = jax.device_get(Learner(remat, sgd, grpo_objective(max_len=6, remat=True, chunk_size=5)).update(batch))
+    np.testing.assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), params_of(plain), params_of(remat))
+    with pytest.raises(ValueError, match="micro_batch_size=3"):
+        token_logprobs(plain, batch["ids"], batch["mask"], micro_batch_size=3)
+
+
 def test_parameter_and_optimizer_buffers_are_donated():
     model = tiny_model()
     learner = Learner(model, make_optimizer(1e-2), grpo_objective())

@@ -4,10 +4,14 @@
 
 `complete` and `next_token_logprobs` answer questions `(prefix index, suffix ids)`. With `prefix_reuse` (default)
 every prefix that a question uses is prefilled once (left-padded, one call); questions are sorted by prefix, then
-by suffix length (so a chunk continues few prefixes), and cut into chunks of at most `max_batch` rows. Each chunk
+by suffix length (so a chunk continues few prefixes), and cut into chunks of at most `max_batch` rows and
+`max_prefixes` distinct prefixes. Each chunk
 branches from its prefixes (shared, not copied: attention reads a prefix once per step for all its rows), appends
 its right-padded suffixes (`extend`) and decodes, or reads the next-token logits. A prefix used by k questions
-saves (k - 1) x its length in prefill tokens (`stats.prefill_tokens_saved`). Without reuse every question is
+saves (k - 1) x its length in prefill tokens (`stats.prefill_tokens_saved`). A chunk's prefixes are attended as one
+concatenated prefix by all its rows, so its attention cost grows with rows x prefixes: `max_prefixes` bounds it
+(a judged eval asks one or two questions per prompt; without the bound one chunk would hold hundreds of prompts'
+prefixes). Without reuse every question is
 prefilled in full. Row counts are padded to multiples of 8 and lengths to `length_bucket`s, so compilations are
 shared across chunks and calls while padding stays small.
 
@@ -43,15 +47,17 @@ class JaxSampler:
       tokenizer: its tokenizer; only its EOS id is read (added to the model's stop tokens).
       max_batch: most rows per model call (a chunk).
       prefix_reuse: prefill a shared prefix once for all its questions (see the module docstring).
+      max_prefixes: most distinct prefixes per chunk (bounds the shared-prefix attention, module docstring).
       stop_token_ids: ids that end a continuation when `SamplingParams.stop_token_ids` is None (default: the
         model's EOS ids and the tokenizer's, `stop_tokens`).
       pad_id: id written after a row ends (default: the model's pad id, else the tokenizer's, else 0).
     """
 
     def __init__(self, model: Decoder, tokenizer=None, *, max_batch: int = 256, prefix_reuse: bool = True,
-                 stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None):
-        if max_batch < 1:
-            raise ValueError(f"max_batch={max_batch} must be >= 1")
+                 max_prefixes: int = 16, stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None):
+        if max_batch < 1 or max_prefixes < 1:
+            raise ValueError(f"max_batch={max_batch} and max_prefixes={max_prefixes} must be >= 1")
+        self.max_prefixes = int(max_prefixes)
         self.model = model
         self.max_batch = int(max_batch)
         self.prefix_reuse = prefix_reuse
@@ -142,6 +148,21 @@ class JaxSampler:
             self.stats.prefill_tokens += sum(len(full[i]) for i in chunk)
             yield chunk, prefill(self.model, ids, mask, cache_size=round_up(t + max(extra, 1), ATTENTION_BLOCK))
 
+    def _prefix_chunks(self, order: list[int], owners: list[int]) -> Iterator[list[int]]:
+        """`order` (questions sorted by prefix) cut into chunks of at most `max_batch` questions and
+        `max_prefixes` distinct prefixes."""
+        chunk: list[int] = []
+        n_prefixes = 0
+        for i in order:
+            new_prefix = not chunk or owners[i] != owners[chunk[-1]]
+            if chunk and (len(chunk) == self.max_batch or (new_prefix and n_prefixes == self.max_prefixes)):
+                yield chunk
+                chunk, n_prefixes, new_prefix = [], 0, True
+            chunk.append(i)
+            n_prefixes += new_prefix
+        if chunk:
+            yield chunk
+
     def _shared_caches(self, prefixes, suffixes, extra) -> Iterator[tuple[list[int], KVCache]]:
         used = sorted({o for o, _ in suffixes})
         if not used:
@@ -154,8 +175,7 @@ class JaxSampler:
         self.stats.prefill_tokens += prefilled
         self.stats.prefill_tokens_saved += sum(len(prefixes[o]) for o, _ in suffixes) - prefilled
         order = sorted(range(len(suffixes)), key=lambda i: (suffixes[i][0], len(suffixes[i][1])))
-        for start in range(0, len(order), self.max_batch):
-            chunk = order[start:start + self.max_batch]
+        for chunk in self._prefix_chunks(order, [o for o, _ in suffixes]):
             rows = chunk + [chunk[-1]] * (self._rows(len(chunk)) - len(chunk))
             s_len = length_bucket(max(len(suffixes[i][1]) for i in chunk))
             s_ids, s_mask = pad_sequences([suffixes[i][1] for i in rows], s_len, self.pad_id, "right")

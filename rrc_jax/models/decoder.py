@@ -597,13 +597,14 @@ class Decoder(nnx.Module):
     # -- building blocks ---------------------------------------------------------------------------------
 
     def _run_layers(self, input_ids: jax.Array, positions: jax.Array, mask: jax.Array,
-                    cache: KVCache | None = None, last_index: jax.Array | None = None
+                    cache: KVCache | None = None, last_index: jax.Array | None = None, remat: bool = False
                     ) -> tuple[jax.Array, tuple | None]:
         """Final-normed hidden states `[B, T, E]` and the updated per-layer (k, v) when a cache is given.
 
         With `last_index [B]`, only the hidden state `[B, 1, E]` of token `last_index[b]` of each row: the last
         layer still writes every token's keys and values, but skips the attention and MLP of the others (nothing
-        reads them).
+        reads them). With `remat` (no cache), each block is recomputed in the backward pass: only its input
+        `[B, T, E]` is kept per layer.
         """
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(self.cfg.compute_dtype)
         x = sharding.constrain(x, ACTIVATION)
@@ -614,21 +615,26 @@ class Decoder(nnx.Module):
             shared = (cache.shared_k[i], cache.shared_v[i], cache.shared_mask) if cache is not None and \
                 cache.shared else None
             final = last_index is not None and i == len(self.layers) - 1
-            x, kv = layer(x, cos, sin, mask, kv, cache.end if cache is not None else None, shared,
-                          last_index if final else None)
+            if remat and cache is None:
+                x, kv = nnx.remat(lambda block, h: block(h, cos, sin, mask))(layer, x)
+            else:
+                x, kv = layer(x, cos, sin, mask, kv, cache.end if cache is not None else None, shared,
+                              last_index if final else None)
             x = sharding.constrain(x, ACTIVATION)
             new_kv.append(kv)
         return self.final_norm(x), (tuple(new_kv) if cache is not None else None)
 
-    def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
-        """Final-normed hidden states `[B, T, E]` of a padded batch (no cache)."""
+    def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
+                      remat: bool = False) -> jax.Array:
+        """Final-normed hidden states `[B, T, E]` of a padded batch (no cache); `remat`: recompute each block in
+        the backward pass (`_run_layers`)."""
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, bool)
         attention_mask = attention_mask.astype(bool)
         t = input_ids.shape[1]
         causal = jnp.tril(jnp.ones((t, t), bool))
         mask = causal[None] & attention_mask[:, None, :]
-        h, _ = self._run_layers(input_ids, positions_from_mask(attention_mask), mask)
+        h, _ = self._run_layers(input_ids, positions_from_mask(attention_mask), mask, remat=remat)
         return h
 
     def logits_from_hidden(self, h: jax.Array) -> jax.Array:
@@ -654,17 +660,18 @@ class Decoder(nnx.Module):
         return self.value_head(last)
 
     def token_logprobs(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
-                       chunk_size: int = 128, return_entropy: bool = False, temperature: float = 1.0
-                       ) -> jax.Array | tuple[jax.Array, jax.Array]:
+                       chunk_size: int = 128, return_entropy: bool = False, temperature: float = 1.0,
+                       remat: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
         """Log-probabilities `[B, T]` of each token given the ones before it, under `softmax(logits / temperature)`
         (the distribution a sampler at that temperature draws from); column 0 is 0.
 
         The LM head and log-softmax run over `chunk_size` positions at a time under `jax.checkpoint`, so neither
         the forward nor the backward pass materializes `[B, T, V]` logits. With `return_entropy`, also the
-        entropy `[B, T]` of the predictive distribution that produced each token (column 0 is 0).
+        entropy `[B, T]` of the predictive distribution that produced each token (column 0 is 0). `remat`: the
+        decoder blocks are recomputed in the backward pass (`hidden_states`).
         """
         b, t = input_ids.shape
-        h = self.hidden_states(input_ids, attention_mask)[:, :-1]
+        h = self.hidden_states(input_ids, attention_mask, remat=remat)[:, :-1]
         targets = input_ids[:, 1:]
         n = t - 1
         c = max(1, min(chunk_size, n))

@@ -189,19 +189,22 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, eps_low
 
 
 def grpo_objective(*, temperature: float = 1.0, eps_low: float = 0.2, eps_high: float = 0.2, beta: float = 0.0,
-                   aggregation: str = "seq_mean_token_mean", max_len: int | None = None):
+                   aggregation: str = "seq_mean_token_mean", max_len: int | None = None, chunk_size: int = 128,
+                   remat: bool = False):
     """The GRPO loss of a policy on a rollout batch, as a `rrc_jax.rl.learner` loss function.
 
     The batch holds `ids`, `mask`, `loss_mask` `[B, T]`, `advantages [B]`, `old_logp [B, T]` and, when `beta > 0`,
     `ref_logp [B, T]`; every log-probability is of `softmax(logits / temperature)`, the distribution the rollouts
     were sampled from. `max_len` is Dr.GRPO's constant (the generation budget, `rl.max_new_tokens`). The metrics
-    add the policy's mean token `entropy` and the learner's `weight` (`aggregation_weight`).
+    add the policy's mean token `entropy` and the learner's `weight` (`aggregation_weight`). `chunk_size` positions
+    of the LM head at a time and `remat` (recompute each block in the backward pass) bound the memory of the
+    forward pass (`Decoder.token_logprobs`).
     """
     check_option(aggregation, AGGREGATIONS, "aggregation")
 
     def loss_fn(model, batch):
         logp, entropy = model.token_logprobs(batch["ids"], batch["mask"], return_entropy=True,
-                                             temperature=temperature)
+                                             temperature=temperature, chunk_size=chunk_size, remat=remat)
         loss, metrics = grpo_loss(logp, batch["old_logp"], batch.get("ref_logp"), batch["advantages"],
                                   batch["loss_mask"], eps_low=eps_low, eps_high=eps_high, beta=beta,
                                   aggregation=aggregation, max_len=max_len)

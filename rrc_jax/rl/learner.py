@@ -25,6 +25,7 @@ import optax
 from flax import nnx
 
 from rrc_jax.models import Decoder
+from rrc_jax.sharding import constrain
 
 LossFn = Callable[[Decoder, dict], tuple[jax.Array, dict]]
 
@@ -145,12 +146,24 @@ class Learner:
         self.opt_state = jax.tree.unflatten(treedef, list(state["opt"]))
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("temperature",))
-def _token_logprobs(graphdef, state, ids, mask, *, temperature):
-    return nnx.merge(graphdef, state).token_logprobs(ids, mask, temperature=temperature)
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("temperature", "chunk_size", "n_micro"))
+def _token_logprobs(graphdef, state, ids, mask, *, temperature, chunk_size, n_micro):
+    model = nnx.merge(graphdef, state)
+    rows = lambda x: x.reshape(n_micro, -1, *x.shape[1:])
+    out = jax.lax.map(lambda mb: model.token_logprobs(*mb, temperature=temperature, chunk_size=chunk_size),
+                      (rows(ids), rows(mask)))
+    return constrain(out.reshape(ids.shape), ("batch", None))
 
 
-def token_logprobs(model: Decoder, ids: jax.Array, mask: jax.Array, temperature: float = 1.0) -> jax.Array:
-    """`model.token_logprobs(ids, mask, temperature=...)` `[B, T]`, jit-compiled (no gradient)."""
+def token_logprobs(model: Decoder, ids: jax.Array, mask: jax.Array, temperature: float = 1.0, *,
+                   micro_batch_size: int = 0, chunk_size: int = 128) -> jax.Array:
+    """`model.token_logprobs(ids, mask, temperature=...)` `[B, T]`, jit-compiled (no gradient), over micro-batches
+    of `micro_batch_size` rows one after another (0: all rows at once; it must divide B) so that only one
+    micro-batch's activations are live."""
+    b = ids.shape[0]
+    micro = micro_batch_size or b
+    if b % micro:
+        raise ValueError(f"micro_batch_size={micro} must divide the {b} rows")
     graphdef, state = nnx.split(model)
-    return _token_logprobs(graphdef, state, jnp.asarray(ids), jnp.asarray(mask), temperature=float(temperature))
+    return _token_logprobs(graphdef, state, jnp.asarray(ids), jnp.asarray(mask), temperature=float(temperature),
+                           chunk_size=int(chunk_size), n_micro=b // micro)

@@ -83,7 +83,8 @@ class Trainer:
                                           total_steps=updates)
         self.learner = Learner(self.policy, make_optimizer(schedule, grad_clip=rl.grad_clip), grpo_objective(
             temperature=rl.temperature, eps_low=rl.eps_low, eps_high=rl.eps_high, beta=rl.beta,
-            aggregation=rl.loss_aggregation, max_len=rl.max_new_tokens), micro_batch_size=rl.micro_batch_size)
+            aggregation=rl.loss_aggregation, max_len=rl.max_new_tokens, chunk_size=rl.logprob_chunk, remat=rl.remat),
+            micro_batch_size=rl.micro_batch_size)
         self.batches = prompt_batches(config, len(self.train_prompts.texts))
         self._eval_references: list[str] | None = None
 
@@ -120,10 +121,11 @@ class Trainer:
         rl = self.config.rl
         data = put_batch({**{k: batch[k] for k in ("ids", "mask", "loss_mask")},
                           "advantages": np.asarray(advantages, np.float32)}, self.mesh)
-        data["old_logp"] = token_logprobs(self.policy, data["ids"], data["mask"], rl.temperature)
+        logprobs = lambda model: token_logprobs(model, data["ids"], data["mask"], rl.temperature,
+                                                micro_batch_size=rl.micro_batch_size, chunk_size=rl.logprob_chunk)
+        data["old_logp"] = logprobs(self.policy)
         if rl.beta > 0:
-            data["ref_logp"] = token_logprobs(self.roles.model("reference"), data["ids"], data["mask"],
-                                              rl.temperature)
+            data["ref_logp"] = logprobs(self.roles.model("reference"))
         n = data["ids"].shape[0]
         logs = []
         for epoch in range(rl.mu):
