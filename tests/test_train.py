@@ -168,7 +168,7 @@ def test_rollout_logprobs_are_at_the_sampling_temperature(tmp_path, toy_cache, m
     trainer = Trainer(tiny_config("drm", tmp_path, toy_cache, **{"rl.temperature": 0.6, "rl.beta": 0.1,
                                                                "rl.loss_aggregation": "seq_mean_token_sum_norm"}))
     assert objectives == [dict(temperature=0.6, eps_low=0.2, eps_high=0.2, beta=0.1,
-                               aggregation="seq_mean_token_sum_norm", max_len=8)]
+                               aggregation="seq_mean_token_sum_norm", max_len=8, chunk_size=128, remat=False)]
     monkeypatch.setattr(trainer.learner, "update", lambda batch: seen.append(batch) or {"loss": 0.0, "skipped": 0})
     _, batch = trainer.rollouts(["1234>", "9876>"], jax.random.key(0))
     trainer.update(batch, np.zeros(8), jax.random.key(1))

@@ -34,6 +34,9 @@ from rrc_jax.models.decoder import ATTENTION_BLOCK, Decoder, KVCache
 from rrc_jax.sharding import to_host
 
 
+MAX_PREFIXES = 16  # distinct prefixes per chunk of questions, by default (module docstring)
+
+
 def _key(rng: jax.Array | int, i: int) -> jax.Array:
     """The PRNG key of chunk i of a call."""
     return jax.random.fold_in(jax.random.key(rng) if isinstance(rng, int) else rng, i)
@@ -54,7 +57,7 @@ class JaxSampler:
     """
 
     def __init__(self, model: Decoder, tokenizer=None, *, max_batch: int = 256, prefix_reuse: bool = True,
-                 max_prefixes: int = 16, stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None):
+                 max_prefixes: int = MAX_PREFIXES, stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None):
         if max_batch < 1 or max_prefixes < 1:
             raise ValueError(f"max_batch={max_batch} and max_prefixes={max_prefixes} must be >= 1")
         self.max_prefixes = int(max_prefixes)
