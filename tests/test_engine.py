@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rrc_jax.data.batches import pad_sequences
+from rrc_jax.data.batches import bucket_length, pad_sequences
 from rrc_jax.inference import JaxSampler, SamplingParams
 from rrc_jax.inference.sampling import generate
 from rrc_jax.models import Decoder, DecoderConfig
@@ -35,8 +35,11 @@ def questions(seed=0):
     return prefixes, suffixes
 
 
-@pytest.mark.parametrize("prefix_reuse,max_batch", [(True, 64), (True, 4), (False, 64), (False, 3)])
-def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max_batch):
+@pytest.mark.parametrize("prefix_reuse,max_batch,calls", [(True, 64, 1), (True, 4, 3), (False, 64, 1), (False, 3, 4)])
+def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max_batch, calls):
+    """Each question's continuation equals generating its whole text; with reuse, 4 + 5 + 2 questions on three
+    prefixes pack into one chunk of 4 x 8 rows at max_batch 64, and into chunks of 4, 4 and 1 + 2 questions at
+    max_batch 4."""
     prefixes, suffixes = questions()
     sampler = JaxSampler(model, max_batch=max_batch, prefix_reuse=prefix_reuse)
     out = sampler.complete(prefixes, suffixes, GREEDY)
@@ -44,7 +47,7 @@ def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max
     ref = generate(model, whole, GREEDY)
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)
-    assert sampler.stats.calls == -(-len(suffixes) // max_batch)
+    assert sampler.stats.calls == calls
     uses = np.bincount([o for o, _ in suffixes], minlength=len(prefixes))
     saved = sum((k - 1) * len(p) for k, p in zip(uses, prefixes) if k)
     assert sampler.stats.prefill_tokens_saved == (saved if prefix_reuse else 0)
@@ -52,15 +55,16 @@ def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max
     assert sampler.stats.generated_tokens == int(out.lengths.sum())
 
 
-def test_chunks_hold_at_most_max_prefixes_prompts(model):
-    """With one prefix per chunk, each used prefix gets its own chunk (and its own call); results are unchanged."""
-    prefixes, suffixes = questions()
-    sampler = JaxSampler(model, max_batch=4, max_prefixes=1)
-    out = sampler.complete(prefixes, suffixes, GREEDY)
-    ref = generate(model, [prefixes[o] + s for o, s in suffixes], GREEDY)
-    np.testing.assert_array_equal(out.tokens, ref.tokens)
-    uses = np.bincount([o for o, _ in suffixes])
-    assert sampler.stats.calls == sum(-(-int(k) // 4) for k in uses if k)  # 4 + 5 + 2 questions: 1 + 2 + 1 chunks
+def test_chunks_pack_prompts_times_rows_within_max_batch(model):
+    """Questions are packed P prefixes x M rows (powers of two, P * M <= max_batch); a prefix with more questions
+    than max_batch spans chunks."""
+    sampler = JaxSampler(model, max_batch=8)
+    owners = [0] * 4 + [1] * 11 + [2] * 2 + [3]
+    chunks = list(sampler._prefix_chunks(list(range(len(owners))), owners))
+    assert [[len(g) for g in c] for c in chunks] == [[4], [8], [3, 2], [1]]
+    for c in chunks:
+        assert len({owners[g[0]] for g in c}) == len(c) and all(len({owners[i] for i in g}) == 1 for g in c)
+        assert bucket_length(len(c), 1) * bucket_length(max(map(len, c)), 1) <= 8
 
 
 @pytest.mark.parametrize("prefix_reuse", [True, False])

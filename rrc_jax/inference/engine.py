@@ -4,16 +4,14 @@
 
 `complete` and `next_token_logprobs` answer questions `(prefix index, suffix ids)`. With `prefix_reuse` (default)
 every prefix that a question uses is prefilled once (left-padded, one call); questions are sorted by prefix, then
-by suffix length (so a chunk continues few prefixes), and cut into chunks of at most `max_batch` rows and
-`max_prefixes` distinct prefixes. Each chunk
-branches from its prefixes (shared, not copied: attention reads a prefix once per step for all its rows), appends
-its right-padded suffixes (`extend`) and decodes, or reads the next-token logits. A prefix used by k questions
-saves (k - 1) x its length in prefill tokens (`stats.prefill_tokens_saved`). A chunk's prefixes are attended as one
-concatenated prefix by all its rows, so its attention cost grows with rows x prefixes: `max_prefixes` bounds it
-(a judged eval asks one or two questions per prompt; without the bound one chunk would hold hundreds of prompts'
-prefixes). Without reuse every question is
-prefilled in full. Row counts are padded to multiples of 8 and lengths to `length_bucket`s, so compilations are
-shared across chunks and calls while padding stays small.
+by suffix length, and packed into chunks of P prefixes x M rows each (P and M powers of two, P * M at most
+`max_batch`; a prefix with more than `max_batch` questions spans several chunks). Each chunk branches from its
+prefixes (`KVCache.branch`: shared, not copied; each row attends to its own prefix, read once per step for its M
+rows), appends its right-padded suffixes (`extend`) and decodes, or reads the next-token logits; rows without a
+question are padding and dropped. A prefix used by k questions saves (k - 1) x its length in prefill tokens
+(`stats.prefill_tokens_saved`). Without reuse every question is prefilled in full, in chunks of `max_batch`
+(rows padded to multiples of 8). Lengths are padded to `length_bucket`s, so compilations are shared across
+chunks and calls while padding stays small.
 
 Shapes: Q questions, P prefixes, R rows of a chunk, N new tokens, V vocab.
 """
@@ -34,9 +32,6 @@ from rrc_jax.models.decoder import ATTENTION_BLOCK, Decoder, KVCache
 from rrc_jax.sharding import to_host
 
 
-MAX_PREFIXES = 16  # distinct prefixes per chunk of questions, by default (module docstring)
-
-
 def _key(rng: jax.Array | int, i: int) -> jax.Array:
     """The PRNG key of chunk i of a call."""
     return jax.random.fold_in(jax.random.key(rng) if isinstance(rng, int) else rng, i)
@@ -50,17 +45,15 @@ class JaxSampler:
       tokenizer: its tokenizer; only its EOS id is read (added to the model's stop tokens).
       max_batch: most rows per model call (a chunk).
       prefix_reuse: prefill a shared prefix once for all its questions (see the module docstring).
-      max_prefixes: most distinct prefixes per chunk (bounds the shared-prefix attention, module docstring).
       stop_token_ids: ids that end a continuation when `SamplingParams.stop_token_ids` is None (default: the
         model's EOS ids and the tokenizer's, `stop_tokens`).
       pad_id: id written after a row ends (default: the model's pad id, else the tokenizer's, else 0).
     """
 
     def __init__(self, model: Decoder, tokenizer=None, *, max_batch: int = 256, prefix_reuse: bool = True,
-                 max_prefixes: int = MAX_PREFIXES, stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None):
-        if max_batch < 1 or max_prefixes < 1:
-            raise ValueError(f"max_batch={max_batch} and max_prefixes={max_prefixes} must be >= 1")
-        self.max_prefixes = int(max_prefixes)
+                 stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None):
+        if max_batch < 1:
+            raise ValueError(f"max_batch={max_batch} must be >= 1")
         self.model = model
         self.max_batch = int(max_batch)
         self.prefix_reuse = prefix_reuse
@@ -112,12 +105,11 @@ class JaxSampler:
         logprobs = np.zeros((q, n), np.float32)
         lengths = np.zeros(q, np.int32)
         truncated = np.zeros(q, bool)
-        for c, (chunk, cache) in enumerate(self._caches(prefixes, suffixes, n)):
+        for c, (chunk, rows, cache) in enumerate(self._caches(prefixes, suffixes, n)):
             out = decode(self.model, cache, params, rng=_key(rng, c), pad_id=self.pad_id)
-            k = len(chunk)
-            tokens[chunk], logprobs[chunk] = out.tokens[:k], out.logprobs[:k]
-            lengths[chunk], truncated[chunk] = out.lengths[:k], out.truncated[:k]
-            self.stats.generated_tokens += int(out.lengths[:k].sum())
+            tokens[chunk], logprobs[chunk] = out.tokens[rows], out.logprobs[rows]
+            lengths[chunk], truncated[chunk] = out.lengths[rows], out.truncated[rows]
+            self.stats.generated_tokens += int(out.lengths[rows].sum())
         return SampleOutput(tokens, logprobs, lengths, truncated)
 
     def next_token_logprobs(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix],
@@ -125,14 +117,14 @@ class JaxSampler:
         """`log_softmax(logits)[token_ids]` `[Q, len(token_ids)]` float32 at the position after each question."""
         ids = jnp.asarray(token_ids, jnp.int32)
         out = np.zeros((len(suffixes), len(token_ids)), np.float32)
-        for chunk, cache in self._caches(prefixes, suffixes, 0):
-            out[chunk] = to_host(jax.nn.log_softmax(cache.logits, axis=-1)[:, ids])[:len(chunk)]
+        for chunk, rows, cache in self._caches(prefixes, suffixes, 0):
+            out[chunk] = to_host(jax.nn.log_softmax(cache.logits, axis=-1)[:, ids])[rows]
         return out
 
     def _caches(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix], extra: int
-                ) -> Iterator[tuple[list[int], KVCache]]:
-        """(question indices of a chunk, its cache holding every question, room for `extra` more tokens); the
-        cache has at least as many rows as the chunk has questions (padding rows at the end)."""
+                ) -> Iterator[tuple[list[int], np.ndarray, KVCache]]:
+        """(question indices of a chunk, the cache row of each, the chunk's cache with room for `extra` more
+        tokens); the other rows of the cache are padding."""
         for i, (owner, _) in enumerate(suffixes):
             if not 0 <= owner < len(prefixes) or not prefixes[owner]:
                 raise ValueError(f"question {i}: prefix index {owner} is out of range or its prefix is empty (every "
@@ -149,24 +141,29 @@ class JaxSampler:
             ids, mask = pad_sequences([full[i] for i in rows], t, self.pad_id, "left")
             self.stats.calls += 1
             self.stats.prefill_tokens += sum(len(full[i]) for i in chunk)
-            yield chunk, prefill(self.model, ids, mask, cache_size=round_up(t + max(extra, 1), ATTENTION_BLOCK))
+            yield chunk, np.arange(len(chunk)), prefill(self.model, ids, mask,
+                                                        cache_size=round_up(t + max(extra, 1), ATTENTION_BLOCK))
 
-    def _prefix_chunks(self, order: list[int], owners: list[int]) -> Iterator[list[int]]:
-        """`order` (questions sorted by prefix) cut into chunks of at most `max_batch` questions and
-        `max_prefixes` distinct prefixes."""
-        chunk: list[int] = []
-        n_prefixes = 0
-        for i in order:
-            new_prefix = not chunk or owners[i] != owners[chunk[-1]]
-            if chunk and (len(chunk) == self.max_batch or (new_prefix and n_prefixes == self.max_prefixes)):
+    def _prefix_chunks(self, order: list[int], owners: list[int]) -> Iterator[list[list[int]]]:
+        """`order` (questions sorted by prefix) as chunks, each a list of its prefixes' question lists: P prefixes
+        of at most M questions each, with `bucket_length(P) * bucket_length(M) <= max_batch` (at least one)."""
+        pieces: list[list[int]] = []
+        for i in order:  # each prefix's questions, in pieces of at most max_batch
+            if pieces and owners[pieces[-1][-1]] == owners[i] and len(pieces[-1]) < self.max_batch:
+                pieces[-1].append(i)
+            else:
+                pieces.append([i])
+        chunk: list[list[int]] = []
+        for piece in pieces:
+            m = bucket_length(max([len(piece)] + [len(x) for x in chunk]), 1)
+            if chunk and bucket_length(len(chunk) + 1, 1) * m > self.max_batch:
                 yield chunk
-                chunk, n_prefixes, new_prefix = [], 0, True
-            chunk.append(i)
-            n_prefixes += new_prefix
+                chunk = []
+            chunk.append(piece)
         if chunk:
             yield chunk
 
-    def _shared_caches(self, prefixes, suffixes, extra) -> Iterator[tuple[list[int], KVCache]]:
+    def _shared_caches(self, prefixes, suffixes, extra) -> Iterator[tuple[list[int], np.ndarray, KVCache]]:
         used = sorted({o for o, _ in suffixes})
         if not used:
             return
@@ -178,19 +175,21 @@ class JaxSampler:
         self.stats.prefill_tokens += prefilled
         self.stats.prefill_tokens_saved += sum(len(prefixes[o]) for o, _ in suffixes) - prefilled
         order = sorted(range(len(suffixes)), key=lambda i: (suffixes[i][0], len(suffixes[i][1])))
-        for chunk in self._prefix_chunks(order, [o for o, _ in suffixes]):
-            rows = chunk + [chunk[-1]] * (self._rows(len(chunk)) - len(chunk))
+        for groups in self._prefix_chunks(order, [o for o, _ in suffixes]):
+            p, m = bucket_length(len(groups), 1), bucket_length(max(map(len, groups)), 1)
+            groups = groups + [[]] * (p - len(groups))  # padding prefixes: no questions
+            chunk = [i for g in groups for i in g]
+            rows = np.asarray([j * m + r for j, g in enumerate(groups) for r in range(len(g))])
+            slot = [None] * (p * m)
+            for row, i in zip(rows, chunk):
+                slot[row] = suffixes[i][1]
             s_len = length_bucket(max(len(suffixes[i][1]) for i in chunk))
-            s_ids, s_mask = pad_sequences([suffixes[i][1] for i in rows], s_len, self.pad_id, "right")
-            s_mask[len(chunk):] = False  # padding rows: no suffix, results dropped
-            chunk_prefixes = sorted({row_of[suffixes[i][0]] for i in chunk})
-            local = {o: j for j, o in enumerate(chunk_prefixes)}
-            chunk_prefixes += chunk_prefixes[-1:] * (bucket_length(len(chunk_prefixes), 1) - len(chunk_prefixes))
-            cache = prefix_cache.take(jnp.asarray(chunk_prefixes, jnp.int32)).branch(
-                jnp.asarray([local[row_of[suffixes[i][0]]] for i in rows], jnp.int32),
-                size=round_up(max(s_len + extra, 1), ATTENTION_BLOCK))
+            s_ids, s_mask = pad_sequences([x or [] for x in slot], s_len, self.pad_id, "right")
+            owners = [row_of[suffixes[g[0]][0]] if g else row_of[suffixes[chunk[-1]][0]] for g in groups]
+            cache = prefix_cache.take(jnp.asarray(owners, jnp.int32)).branch(
+                m, size=round_up(max(s_len + extra, 1), ATTENTION_BLOCK))
             if s_len:
                 cache = extend(self.model, cache, s_ids, s_mask)
             self.stats.calls += 1
             self.stats.prefill_tokens += sum(len(suffixes[i][1]) for i in chunk)
-            yield chunk, cache
+            yield chunk, rows, cache

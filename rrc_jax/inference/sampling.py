@@ -21,7 +21,6 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from rrc_jax.data.batches import bucket_length, pad_sequences, round_up
@@ -194,6 +193,5 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], params: SamplingP
         cache = prefill(model, ids, mask, cache_size=cache_size or round_up(bucket + n, ATTENTION_BLOCK))
     else:
         own = cache_size - bucket if cache_size else round_up(n, ATTENTION_BLOCK)
-        rows = np.repeat(np.arange(len(prompts), dtype=np.int32), group_size)
-        cache = prefill(model, ids, mask, cache_size=bucket).branch(rows, size=own)
+        cache = prefill(model, ids, mask, cache_size=bucket).branch(group_size, size=own)
     return decode(model, cache, params, rng=rng, pad_id=pad)

@@ -20,6 +20,7 @@ I mlp width, V vocab.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -197,6 +198,10 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 # KV cache
 # ----------------------------------------------------------------------------------------------------------
 
+KV_K = ("batch", "kv_heads", "head_dim", "length")  # logical axes of a key block [B, K, D, S_j]
+KV_V = ("batch", "kv_heads", "length", "head_dim")  # and of a value block [B, K, S_j, D]
+
+
 @struct.dataclass
 class KVCache:
     """Key/value cache with a per-slot validity mask.
@@ -205,23 +210,23 @@ class KVCache:
     only where `valid[b, s]`. Attention of a new token at slot `e` sees the valid slots `s <= e`, so padding may
     sit anywhere (left-padded prompts, right-padded suffixes, rows that finished decoding).
 
-    k: per layer, a tuple of blocks `[B*K, D, S_j]`; v: per layer, blocks `[B*K, S_j, D]` (row b's kv head j at
-    b*K + j); the blocks hold consecutive slots and their S_j sum to S. A small cache is one block; from
-    `BLOCKED_ATTENTION_MIN_BYTES` per layer on, blocks of `ATTENTION_BLOCK` slots, so that attention visits only
-    the filled ones and reads each as a whole array (XLA's CPU backend copies a slice of a larger array before a
-    matmul). Keys are `[.., D, S_j]` so that both attention matmuls read the cache in the standard
-    `[M, K] x [K, N]` form, batched over B*K: scores `q [G*T, D] x k [D, S_j]`, output `p [G*T, S_j] x v [S_j, D]`
-    (CPU dot kernels repack a transposed operand on every call; on a decode step that cost more than the
-    product). B and K share one axis so that the matmuls read the cache arrays as they are: at B = 1 a separate
-    batch axis of size 1 made XLA fuse the cache update twice and copy the cache on every decode step.
+    k: per layer, a tuple of blocks `[B, K, D, S_j]`; v: per layer, blocks `[B, K, S_j, D]`; the blocks hold
+    consecutive slots and their S_j sum to S. Rows are sharded over `(data, fsdp)` and kv heads over `tensor`
+    (`KV_K`, `KV_V`), so sampling and judging run as one program over the mesh. A small cache is one block; from
+    `BLOCKED_ATTENTION_MIN_BYTES` per layer on, blocks of `ATTENTION_BLOCK` slots, so that attention visits only the
+    filled ones (a decode step costs in proportion to the tokens so far). Keys are `[.., D, S_j]` so that both
+    attention matmuls are the standard `[M, K] x [K, N]` form: scores `q [G*T, D] x k [D, S_j]`, output
+    `p [G*T, S_j] x v [S_j, D]`.
 
     valid `[B, S]` bool; positions `[B]` int32, the RoPE position of each row's next token (= its number of valid
     tokens); end `[]` int32, the next slot to write; logits `[B, V]` float32, the next-token logits after each
     row's last valid token.
 
-    A cache made by `branch` also holds a read-only prefix shared by its rows, attended before the row's own
-    slots: shared_k per layer `[K, D, N]`, shared_v `[K, N, D]` (N prefix slots of all prefixes together), shared_mask
-    `[B, N]`, which of them each row sees. Otherwise these are None.
+    A cache made by `branch(group, size)` also holds P read-only prefixes, prefix p continued by the `group`
+    consecutive rows `p*group ... p*group + group - 1` (B = P * group) and attended before their own slots:
+    shared_k per layer `[P, K, D, N]`, shared_v `[P, K, N, D]`, shared_mask `[P, N]` (the prefix's valid slots).
+    Each row attends to its own prompt's prefix only, so the cost is linear in the number of prompts. Otherwise
+    these are None.
     """
 
     k: tuple[tuple[jax.Array, ...], ...]
@@ -248,42 +253,38 @@ class KVCache:
 
     def take(self, rows: jax.Array) -> KVCache:
         """The cache of the given rows `[R]` (repeats allowed), copied: one prefix prefilled once, reused by many
-        rows. `branch` reuses it without the copies."""
+        rows. `branch` reuses it without the copies. Not for a branched cache (its rows are grouped by prefix)."""
+        if self.shared:
+            raise ValueError("take() of a branched cache: take the rows before branching")
         take = lambda x: jnp.take(x, rows, axis=0)
-        b = self.batch_size
-        take_kv = lambda x: take(x.reshape(b, -1, *x.shape[1:])).reshape(-1, *x.shape[1:])  # rows of [B*K, ...]
-        return self.replace(k=jax.tree.map(take_kv, self.k), v=jax.tree.map(take_kv, self.v), valid=take(self.valid),
-                            positions=take(self.positions), logits=take(self.logits),
-                            shared_mask=None if self.shared_mask is None else take(self.shared_mask))
+        return self.replace(k=jax.tree.map(take, self.k), v=jax.tree.map(take, self.v), valid=take(self.valid),
+                            positions=take(self.positions), logits=take(self.logits))
 
-    def branch(self, rows: jax.Array, size: int) -> KVCache:
-        """A cache for R new rows, row r continuing row `rows[r]` of this one, with `size` slots of its own.
+    def branch(self, group: int, size: int) -> KVCache:
+        """A cache of P * `group` new rows with `size` slots of their own, rows `p*group ... p*group + group - 1`
+        continuing row p of this P-row cache.
 
-        The rows' common history is not copied: it becomes the new cache's shared prefix, which attention reads
-        once per step for all rows instead of once per row (the judge asks every pair of a prompt after the same
-        `[instruction, prompt]` prefix). Equal to `take(rows)` followed by the same extensions, up to float
-        rounding. rows `[R]` int32.
+        The rows' common history is not copied: row p becomes prefix p of the new cache's shared prefixes, which
+        attention reads once per step for its group instead of once per row (a GRPO group after its prompt; the
+        judge's questions after `[instruction, prompt]`). Equal to `take(repeat(arange(P), group))` followed by
+        the same extensions, up to float rounding.
         """
-        rows = jnp.asarray(rows, jnp.int32)
-        p, s = self.batch_size, self.size
-        (pk, d, _), r = self.k[0][0].shape, rows.shape[0]
-        kh = pk // p
-        # blocks of [P*K, D, S_j] -> [K, D, P*S]; of [P*K, S_j, D] -> [K, P*S, D]
-        flat_k = lambda blocks: jnp.concatenate(blocks, axis=2).reshape(p, kh, d, s).transpose(1, 2, 0, 3).reshape(
-            kh, d, p * s)
-        flat_v = lambda blocks: jnp.concatenate(blocks, axis=1).reshape(p, kh, s, d).swapaxes(0, 1).reshape(
-            kh, p * s, d)
-        owner = jnp.repeat(jnp.arange(p, dtype=jnp.int32), s)
-        mask = (rows[:, None] == owner[None, :]) & self.valid.reshape(-1)[None, :]
-        shared_k, shared_v = tuple(map(flat_k, self.k)), tuple(map(flat_v, self.v))
-        if self.shared:  # branching a branch: its own shared prefix comes first
-            shared_k = tuple(jnp.concatenate(kv, axis=2) for kv in zip(self.shared_k, shared_k))
-            shared_v = tuple(jnp.concatenate(kv, axis=1) for kv in zip(self.shared_v, shared_v))
-            mask = jnp.concatenate([jnp.take(self.shared_mask, rows, axis=0), mask], axis=1)
-        k, v = _empty_kv(len(self.k), r, kh, size, d, self.k[0][0].dtype)
-        return KVCache(k=k, v=v, valid=jnp.zeros((r, size), bool), positions=self.positions[rows],
-                       end=jnp.zeros((), jnp.int32), logits=self.logits[rows], shared_k=shared_k,
-                       shared_v=shared_v, shared_mask=mask)
+        if self.shared:
+            raise ValueError("branch() of a branched cache is not supported; branch the prefix cache once")
+        return _branch(self, group, size)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _branch(cache: KVCache, group: int, size: int) -> KVCache:
+    p = cache.batch_size
+    _, kh, d, _ = cache.k[0][0].shape
+    shared_k = tuple(sharding.constrain(jnp.concatenate(blocks, axis=3), KV_K) for blocks in cache.k)
+    shared_v = tuple(sharding.constrain(jnp.concatenate(blocks, axis=2), KV_V) for blocks in cache.v)
+    k, v = _empty_kv(len(cache.k), p * group, kh, size, d, cache.k[0][0].dtype)
+    rows = lambda x: jnp.repeat(x, group, axis=0)
+    return KVCache(k=k, v=v, valid=jnp.zeros((p * group, size), bool), positions=rows(cache.positions),
+                   end=jnp.zeros((), jnp.int32), logits=rows(cache.logits), shared_k=shared_k, shared_v=shared_v,
+                   shared_mask=cache.valid)
 
 
 ATTENTION_BLOCK = 64  # cache slots per block of a blocked cache
@@ -291,7 +292,7 @@ BLOCKED_ATTENTION_MIN_BYTES = 2 << 20  # per layer and per k or v; smaller cache
 
 
 def block_slots(b: int, kh: int, s: int, d: int, dtype) -> int:
-    """Slots per block of a layer's cache `[B*K, D, S]`: `ATTENTION_BLOCK` once it reaches
+    """Slots per block of a layer's cache `[B, K, D, S]`: `ATTENTION_BLOCK` once it reaches
     `BLOCKED_ATTENTION_MIN_BYTES` (and S is a multiple of it), else S (one block).
 
     Skipping empty blocks pays once a cache is large; below that, reading all of it in one pass is cheaper than the
@@ -302,10 +303,12 @@ def block_slots(b: int, kh: int, s: int, d: int, dtype) -> int:
 
 
 def _empty_kv(layers: int, b: int, kh: int, s: int, d: int, dtype) -> tuple[tuple, tuple]:
-    """Zero key blocks `[B*K, D, S_j]` and value blocks `[B*K, S_j, D]` for each of `layers` layers."""
+    """Zero key blocks `[B, K, D, S_j]` and value blocks `[B, K, S_j, D]` for each of `layers` layers, sharded by
+    `KV_K` / `KV_V` under a mesh."""
     n = block_slots(b, kh, s, d, dtype)
-    return (tuple(tuple(jnp.zeros((b * kh, d, n), dtype) for _ in range(s // n)) for _ in range(layers)),
-            tuple(tuple(jnp.zeros((b * kh, n, d), dtype) for _ in range(s // n)) for _ in range(layers)))
+    zeros = lambda shape, names: sharding.constrain(jnp.zeros(shape, dtype), names)
+    return (tuple(tuple(zeros((b, kh, d, n), KV_K) for _ in range(s // n)) for _ in range(layers)),
+            tuple(tuple(zeros((b, kh, n, d), KV_V) for _ in range(s // n)) for _ in range(layers)))
 
 
 def write_blocks(blocks: tuple[jax.Array, ...], new: jax.Array, end: jax.Array, axis: int) -> tuple[jax.Array, ...]:
@@ -409,7 +412,8 @@ class Attention(nnx.Module):
 
         `kv_cache` = (key blocks, value blocks) of this layer (`KVCache`), written at slots `[end, end + T)`.
 
-        `shared` = (k `[K, D, N]`, v `[K, N, D]`, mask `[B, N]`): a prefix attended before the cache (`branch`).
+        `shared` = (k `[P, K, D, N]`, v `[P, K, N, D]`, mask `[P, N]`): each group of B / P rows' prefix, attended
+        before the cache (`KVCache.branch`).
         `query_index [B]`: keys and values of all T tokens go to the cache, but only token `query_index[b]` of
         each row queries; the output is then `[B, 1, E]` (the last layer of `Decoder.extend`).
         """
@@ -428,8 +432,8 @@ class Attention(nnx.Module):
             out = dense_attention(q, k, v, mask)
         else:  # (see KVCache for the layout)
             n_new = k.shape[3]
-            kv_cache = (write_blocks(kv_cache[0], k.reshape(-1, d, n_new), end, axis=2),
-                        write_blocks(kv_cache[1], v.reshape(-1, n_new, d), end, axis=1))
+            kv_cache = (tuple(sharding.constrain(x, KV_K) for x in write_blocks(kv_cache[0], k, end, axis=3)),
+                        tuple(sharding.constrain(x, KV_V) for x in write_blocks(kv_cache[1], v, end, axis=2)))
             carry = _empty_carry(q) if shared is None else shared_attention(_empty_carry(q), q, *shared)
             out = _normalize(cache_attention(carry, q, *kv_cache, mask, n_slots=end + n_new))
         out = out.astype(x.dtype).transpose(0, 3, 1, 2, 4).reshape(b, t, cfg.num_heads * d)
@@ -438,15 +442,14 @@ class Attention(nnx.Module):
 
 
 def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
-    """Unscaled attention scores `[B, K, G, T, S]` (float32) of q `[B, K, G, T, D]` against k `[B*K, D, S]`
-    (or `[B, K, D, S]`)."""
+    """Unscaled attention scores `[B, K, G, T, S]` (float32) of q `[B, K, G, T, D]` against k `[B, K, D, S]`."""
     b, kh, g, t, d = q.shape
     return jnp.einsum("xqd,xds->xqs", q.reshape(b * kh, g * t, d), k.reshape(b * kh, d, -1).astype(q.dtype),
                       preferred_element_type=jnp.float32).reshape(b, kh, g, t, -1)
 
 
 def _weighted(p: jax.Array, v: jax.Array) -> jax.Array:
-    """`p [B, K, G, T, S] @ v [B*K, S, D]` (or `[B, K, S, D]`) -> `[B, K, G, T, D]` float32."""
+    """`p [B, K, G, T, S] @ v [B, K, S, D]` -> `[B, K, G, T, D]` float32."""
     b, kh, g, t, s = p.shape
     return jnp.einsum("xqs,xsd->xqd", p.astype(v.dtype).reshape(b * kh, g * t, s), v.reshape(b * kh, s, -1),
                       preferred_element_type=jnp.float32).reshape(b, kh, g, t, -1)
@@ -494,7 +497,7 @@ def cache_attention(carry: tuple, q: jax.Array, k_blocks: tuple[jax.Array, ...],
     """`_attend` over a cache stored as blocks (`KVCache`), skipping at run time the blocks that start at or after
     `n_slots` (the filled slots): a decoding step then costs in proportion to the tokens so far, not to S.
 
-    k_blocks `[B*K, D, S_j]`, v_blocks `[B*K, S_j, D]`, mask `[B, T, S]`.
+    k_blocks `[B, K, D, S_j]`, v_blocks `[B, K, S_j, D]`, mask `[B, T, S]`.
     """
     start = 0
     for j, (k, v) in enumerate(zip(k_blocks, v_blocks)):
@@ -506,22 +509,24 @@ def cache_attention(carry: tuple, q: jax.Array, k_blocks: tuple[jax.Array, ...],
 
 
 def shared_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple:
-    """`_attend` over a prefix shared by all rows: k `[K, D, N]`, v `[K, N, D]`, row b seeing slots where
-    `mask [B, N]`.
+    """`_attend` over per-prompt prefixes: q `[B, K, G, T, D]` of B = P * M rows, rows `p*M ... p*M + M - 1`
+    seeing prefix p: k `[P, K, D, N]`, v `[P, K, N, D]`, valid where `mask [P, N]`.
 
-    All rows' queries of a kv head meet the prefix in one matmul `[B*G*T, D] x [D, N]`, so each prefix slot is
-    read once per step however many rows continue it (with `take`, once per row). Scores are laid out
-    `[K, B, G, T, N]`; only the small carry is transposed.
+    A group's queries meet their prefix in one matmul `[M*G*T, D] x [D, N]` per prompt and kv head, so each prefix
+    slot is read once per step however many rows continue it, and the cost is linear in P. Scores are laid out
+    `[P, K, M, G, T, N]`; only the small carry is transposed.
     """
     b, kh, g, t, d = q.shape
-    n = k.shape[2]
-    s = jnp.einsum("kqd,kdn->kqn", q.swapaxes(0, 1).reshape(kh, b * g * t, d), k.astype(q.dtype),
-                   preferred_element_type=jnp.float32)
-    s = jnp.where(mask[None, :, None, None, :], s.reshape(kh, b, g, t, n) * (d ** -0.5), _MASK_VALUE)
-    swap = lambda c: tuple(x.swapaxes(0, 1) for x in c)
-    return swap(_softmax_step(swap(carry), s, lambda p: jnp.einsum(
-        "kqn,knd->kqd", p.astype(v.dtype).reshape(kh, b * g * t, n), v,
-        preferred_element_type=jnp.float32).reshape(kh, b, g, t, d)))
+    p, n = mask.shape
+    m = b // p
+    to_groups = lambda x: x.reshape(p, m, kh, g, t, *x.shape[4:]).swapaxes(1, 2)  # [B, K, G, T, ..] -> [P, K, M, ..]
+    from_groups = lambda x: x.swapaxes(1, 2).reshape(b, kh, g, t, *x.shape[5:])
+    qg = to_groups(q).reshape(p, kh, m * g * t, d)
+    s = jnp.einsum("pkqd,pkdn->pkqn", qg, k.astype(q.dtype), preferred_element_type=jnp.float32)
+    s = jnp.where(mask[:, None, None, None, None, :], s.reshape(p, kh, m, g, t, n) * (d ** -0.5), _MASK_VALUE)
+    weighted = lambda w: jnp.einsum("pkqn,pknd->pkqd", w.astype(v.dtype).reshape(p, kh, m * g * t, n), v,
+                                    preferred_element_type=jnp.float32).reshape(p, kh, m, g, t, d)
+    return tuple(map(from_groups, _softmax_step(tuple(map(to_groups, carry)), s, weighted)))
 
 
 class MLP(nnx.Module):
