@@ -41,7 +41,7 @@ Phases:
   prefix, whichever is larger.
 - reward, the GRM judging (or the DRM scoring `reward.drm.max_batch` rows). A judge call prefills every prompt's
   `[instruction, prompt]` prefix once and keeps it for the call; each chunk of `reward.judge.max_batch` questions
-  branches the prefixes its questions use (a power of two of them, at most `MAX_PREFIXES`) into a shared prefix and gives its rows
+  branches the prefixes its questions use (a power of two of them) into a shared prefix and gives its rows
   `[response A, response B]` plus `reward.judge.max_new_tokens` slots. The transient is the chunk's suffix
   prefill, whose tokens attend to the whole shared prefix at once. A step's questions and the judged
   evaluation's are both planned; the larger counts. Template text is estimated at `CHARS_PER_TOKEN` characters a
@@ -499,8 +499,6 @@ def _judging(config, cfg, shape, dtype) -> tuple[list[Row], str]:
     from rrc_jax.data.batches import bucket_length, length_bucket, round_up
     from rrc_jax.models.decoder import ATTENTION_BLOCK
 
-    from rrc_jax.inference.engine import MAX_PREFIXES
-
     r, n_new = config.reward, config.rl.max_new_tokens
     pre_tokens, item_tokens = _template_tokens(config)
     prefix = length_bucket(config.data.max_prompt_tokens + pre_tokens)
@@ -512,7 +510,7 @@ def _judging(config, cfg, shape, dtype) -> tuple[list[Row], str]:
         if not q or not prompts:
             continue
         rows = min(round_up(r.judge.max_batch, 8), round_up(q * prompts, 8))
-        chunk_prefixes = bucket_length(min(prompts, -(-rows // q) + 1, MAX_PREFIXES), 1)
+        chunk_prefixes = bucket_length(min(prompts, -(-rows // q) + 1), 1)
         shared = chunk_prefixes * prefix
         out = [Row("judge prefix cache", "reward", kv_cache_bytes(cfg, prompts, prefix, shape, dtype),
                    f"{kind}: {prompts} prompts x {prefix} slots"),
