@@ -429,7 +429,7 @@ class Attention(nnx.Module):
         b, t, _, _, d = q.shape
         q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
         if kv_cache is None:
-            out = dense_attention(q, k, v, mask)
+            out = blockwise_attention(q, k, v, mask)
         else:  # (see KVCache for the layout)
             n_new = k.shape[3]
             kv_cache = (tuple(sharding.constrain(x, KV_K) for x in write_blocks(kv_cache[0], k, end, axis=3)),
@@ -460,6 +460,33 @@ def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -
     -> `[B, K, G, T, D]` float32."""
     scores = jnp.where(mask[:, None, None], _scores(q, k) * (q.shape[-1] ** -0.5), _MASK_VALUE)
     return _weighted(jax.nn.softmax(scores, axis=-1), v)
+
+
+TRAINING_ATTENTION_BLOCK = 512  # keys per block of `blockwise_attention`
+
+
+def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                        block: int | None = None) -> jax.Array:
+    """`dense_attention` over blocks of `block` keys with an online softmax, each block recomputed in the backward
+    pass (`jax.checkpoint` in a `lax.scan`): the backward pass keeps one running output per block,
+    `[B, K, G, T, D]`, instead of the float32 scores `[B, K, G, T, S]` (and their exp and mask). Pure JAX, so the
+    same on TPU, GPU and CPU. Up to `block` (default `TRAINING_ATTENTION_BLOCK`) keys it is `dense_attention`.
+    A query that sees no key (padding) gets another meaningless average than there; nothing reads it.
+
+    q `[B, K, G, T, D]`, k `[B, K, D, S]`, v `[B, K, S, D]`, mask `[B, T, S]` -> `[B, K, G, T, D]` float32.
+    """
+    b, kh, d, s = k.shape
+    block = block or TRAINING_ATTENTION_BLOCK
+    if s <= block:
+        return dense_attention(q, k, v, mask)
+    n = -(-s // block)
+    pad = n * block - s
+    k = jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, pad))).reshape(b, kh, d, n, block).transpose(3, 0, 1, 2, 4)
+    v = jnp.pad(v, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(b, kh, n, block, d).transpose(2, 0, 1, 3, 4)
+    mask = jnp.pad(mask, ((0, 0), (0, 0), (0, pad))).reshape(b, mask.shape[1], n, block).transpose(2, 0, 1, 3)
+    step = jax.checkpoint(lambda carry, kvm: (_attend(carry, q, *kvm), None))
+    carry, _ = jax.lax.scan(step, _empty_carry(q), (k, v, mask))
+    return _normalize(carry)
 
 
 def _attend(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple:
