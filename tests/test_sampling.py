@@ -276,13 +276,17 @@ def test_group_size_shares_each_prompt(llama):
         gen(model, prompts, max_new_tokens=4, group_size=0)
 
 
-def test_shared_then_blocked_attention_equals_dense():
-    """Per-prompt prefixes (3 prompts x 2 rows) then the rows' blocked cache equal dense attention over each row's
-    own prefix followed by its own slots."""
+@pytest.mark.parametrize("prefix_block", [None, 8])
+def test_shared_then_blocked_attention_equals_dense(monkeypatch, prefix_block):
+    """Per-prompt prefixes (3 prompts x 2 rows; in one pass, or two blocks of 8 slots) then the rows' blocked cache
+    equal dense attention over each row's own prefix followed by its own slots."""
+    from rrc_jax.models import decoder
     from rrc_jax.models.decoder import _empty_carry, _normalize, cache_attention, dense_attention, shared_attention
 
+    if prefix_block:
+        monkeypatch.setattr(decoder, "SHARED_ATTENTION_BLOCK", prefix_block)
     rng = np.random.default_rng(2)
-    p, m, kh, g, t, d, n, s = 3, 2, 2, 2, 4, 8, 10, 128
+    p, m, kh, g, t, d, n, s = 3, 2, 2, 2, 4, 8, 16, 128
     b = p * m
     q = jnp.asarray(rng.normal(size=(b, kh, g, t, d)), jnp.float32)
     ks, vs = (jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in ((p, kh, d, n), (p, kh, n, d)))

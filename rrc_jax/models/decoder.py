@@ -463,6 +463,7 @@ def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -
 
 
 TRAINING_ATTENTION_BLOCK = 512  # keys per block of `blockwise_attention`
+SHARED_ATTENTION_BLOCK = 512  # prefix slots per block of `shared_attention`
 
 
 def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
@@ -541,7 +542,8 @@ def shared_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mas
 
     A group's queries meet their prefix in one matmul `[M*G*T, D] x [D, N]` per prompt and kv head, so each prefix
     slot is read once per step however many rows continue it, and the cost is linear in P. Scores are laid out
-    `[P, K, M, G, T, N]`; only the small carry is transposed.
+    `[P, K, M, G, T, N_j]`, over blocks of at most `SHARED_ATTENTION_BLOCK` slots in a `lax.scan` (a long suffix
+    prefilled after a long prefix holds one block's scores at a time); only the small carry is transposed.
     """
     b, kh, g, t, d = q.shape
     p, n = mask.shape
@@ -549,11 +551,26 @@ def shared_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mas
     to_groups = lambda x: x.reshape(p, m, kh, g, t, *x.shape[4:]).swapaxes(1, 2)  # [B, K, G, T, ..] -> [P, K, M, ..]
     from_groups = lambda x: x.swapaxes(1, 2).reshape(b, kh, g, t, *x.shape[5:])
     qg = to_groups(q).reshape(p, kh, m * g * t, d)
-    s = jnp.einsum("pkqd,pkdn->pkqn", qg, k.astype(q.dtype), preferred_element_type=jnp.float32)
-    s = jnp.where(mask[:, None, None, None, None, :], s.reshape(p, kh, m, g, t, n) * (d ** -0.5), _MASK_VALUE)
-    weighted = lambda w: jnp.einsum("pkqn,pknd->pkqd", w.astype(v.dtype).reshape(p, kh, m * g * t, n), v,
-                                    preferred_element_type=jnp.float32).reshape(p, kh, m, g, t, d)
-    return tuple(map(from_groups, _softmax_step(tuple(map(to_groups, carry)), s, weighted)))
+
+    def fold(c, kvm):
+        kj, vj, mj = kvm
+        nj = mj.shape[-1]
+        s = jnp.einsum("pkqd,pkdn->pkqn", qg, kj.astype(q.dtype), preferred_element_type=jnp.float32)
+        s = jnp.where(mj[:, None, None, None, None, :], s.reshape(p, kh, m, g, t, nj) * (d ** -0.5), _MASK_VALUE)
+        weighted = lambda w: jnp.einsum("pkqn,pknd->pkqd", w.astype(vj.dtype).reshape(p, kh, m * g * t, nj), vj,
+                                        preferred_element_type=jnp.float32).reshape(p, kh, m, g, t, d)
+        return _softmax_step(c, s, weighted), None
+
+    carry = tuple(map(to_groups, carry))
+    block = SHARED_ATTENTION_BLOCK
+    if n <= block or n % block:
+        carry, _ = fold(carry, (k, v, mask))
+    else:
+        j = n // block
+        carry, _ = jax.lax.scan(fold, carry, (k.reshape(p, kh, d, j, block).transpose(3, 0, 1, 2, 4),
+                                              v.reshape(p, kh, j, block, d).transpose(2, 0, 1, 3, 4),
+                                              mask.reshape(p, j, block).swapaxes(0, 1)))
+    return tuple(map(from_groups, carry))
 
 
 class MLP(nnx.Module):
