@@ -32,20 +32,27 @@ problem.
 Phases:
 
 - rollout, the policy's sampler (the reference's is as large and runs at other times). A step's m rollouts of a
-  prompt continue the prompt's keys and values (`KVCache.branch`): a prefix shared by the call's prompts, which
-  has no batch axis and so is replicated over data x fsdp, plus each row's own slots for the new tokens. The
-  held-out greedy generation (group size 1) gives each row prompt + new slots; the larger of the two counts.
-  Prompts pad to a power of two (`bucket_length`), slots to multiples of `ATTENTION_BLOCK`. `_decode`'s while
-  loop carries a copy of the cache it is given (the input is not donated) except the shared prefix, which it
-  only reads. Transients: one layer of the prompts' prefill, or a decode step's float32 scores over the shared
-  prefix, whichever is larger.
+  prompt continue the prompt's keys and values (`KVCache.branch(m, size)`): the call's P prompts become P shared
+  prefixes `[P, kv_heads, head_dim, N]`, sharded over rows (data x fsdp) like any batch, and its P x m rows get
+  their own slots for the new tokens. The held-out greedy generation (group size 1) gives each row prompt + new
+  slots; the larger of the two counts. Prompts pad to a power of two (`bucket_length`), slots to multiples of
+  `ATTENTION_BLOCK`. `_decode`'s while loop carries a copy of the rows' own cache (the input is not donated) but not
+  of the shared prefixes, which it only reads; when `shared_attention` scans a prefix in blocks of
+  `SHARED_ATTENTION_BLOCK` slots, XLA builds a block-major copy of every layer's prefixes in the loop body, which is
+  counted; while branching, the P-row cache branched from (as large as the prefixes) is alive next to the new one
+  (`branched_cache_bytes`). Transients: one layer of the prompts' prefill, or a decode step's float32 scores over
+  the prefix, `[P, kv_heads, m, G, 1, N_j]`: a block of the row's own prompt's prefix (each row group reads only its
+  own), whichever is larger.
 - reward, the GRM judging (or the DRM scoring `reward.drm.max_batch` rows). A judge call prefills every prompt's
-  `[instruction, prompt]` prefix once and keeps it for the call; each chunk of `reward.judge.max_batch` questions
-  branches the prefixes its questions use (a power of two of them) into a shared prefix and gives its rows
-  `[response A, response B]` plus `reward.judge.max_new_tokens` slots. The transient is the chunk's suffix
-  prefill, whose tokens attend to the whole shared prefix at once. A step's questions and the judged
-  evaluation's are both planned; the larger counts. Template text is estimated at `CHARS_PER_TOKEN` characters a
-  token plus `CHAT_FORMAT_TOKENS` (one token a character for the toy world's character tokenizer).
+  `[instruction, prompt]` prefix once and keeps it for the call. Its questions are packed into chunks of P prefixes
+  x M rows (`judge_chunk`, as `JaxSampler._prefix_chunks` packs them: a prefix's questions in pieces of at most
+  `reward.judge.max_batch`, M their power-of-two bucket, P a power of two with P x M <= max_batch); each chunk takes
+  its P prefixes, branches them into shared prefixes (M rows each) and gives its rows `[response A, response B]`
+  plus `reward.judge.max_new_tokens` slots (cached as in the rollout). The transient is the chunk's suffix prefill,
+  whose tokens attend at once to a block of their own row's prefix (float32 scores) and a block of their own slots.
+  A step's questions and the judged evaluation's are both planned; the larger counts. Template text is estimated at
+  `CHARS_PER_TOKEN` characters a token plus `CHAT_FORMAT_TOKENS` (one token a character for the toy world's
+  character tokenizer).
 - log-prob: pi_theta_old's (and, with `rl.beta > 0`, the reference's) log-probabilities of a step's rollouts,
   without gradients, `rl.micro_batch_size` rows at a time (the step's whole batch when 0): the residual stream,
   one layer's internals and the log-prob chunk.
@@ -56,19 +63,27 @@ Phases:
 - update: the float32 gradients (and the accumulator), sharded like the parameters.
 
 Activations are the residuals JAX saves for the backward pass of `Decoder.token_logprobs` (as listed by
-`jax.ad_checkpoint.print_saved_residuals`): per layer and token, each RMSNorm's float32 input and two
-compute-dtype outputs, the rotary cos and sin, q, k and v after the rotary embedding, the masked attention scores
-and their exponentials (float32), the mask (a byte) and the probabilities (compute dtype), each `[heads, T]` per
-token (dense attention: quadratic in the length), the attention output, and six `[mlp]` arrays of the SwiGLU
-(gate, up, three inside `silu`, their product). With `rl.remat` each layer keeps only its input residual, plus one
-layer's internals while it is recomputed: what a memory-aware scheduler achieves. (XLA:CPU does not: with every
-block under `nnx.remat` the cross-check's update still took 93% of its memory without remat, 682 against 732 MB,
-because it schedules the recomputations early. Not in the tests until the decoder has `rl.remat`.) After the
-layers: the final norm and the hidden states the log-prob chunks read. A log-prob chunk holds
-`LOGPROB_CHUNK_ARRAYS` float32 `[rows, rl.logprob_chunk, vocab]` arrays. A forward pass without gradients is
-counted as the residual stream in and out of a layer plus that layer's internals. Rows are over data x fsdp
-(rounded up when they do not divide: XLA pads), heads and mlp over tensor when it divides them (otherwise whole,
-and the plan says so for kv heads), the embedding axis of activations replicated.
+`jax.ad_checkpoint.print_saved_residuals`): per layer and token, each RMSNorm's float32 input and two compute-dtype
+outputs, the rotary cos and sin, q, k and v after the rotary embedding, the attention's residuals, the attention
+output, and six `[mlp]` arrays of the SwiGLU (gate, up, three inside `silu`, their product). Up to
+`TRAINING_ATTENTION_BLOCK` keys attention is dense and keeps the masked scores and their exponentials (float32), the
+mask (a byte) and the probabilities (compute dtype), each `[heads, T]` per token; beyond it `blockwise_attention`
+recomputes each block of keys in the backward pass and keeps, per token, the block-split mask (a byte a key) and the
+online softmax's float32 carry (output `[heads, head_dim]`, running max and sum) once per block and once more for
+the result: linear in the length. With `rl.remat` each layer keeps only its input residual, plus one layer's
+internals while it is recomputed: what a memory-aware scheduler achieves. (XLA:CPU does not: with every block under
+`nnx.remat` the cross-check's update still took 93% of its memory without remat, 682 against 732 MB, because it
+schedules the recomputations early. Not in the tests until the decoder has `rl.remat`.) After the layers: the final
+norm and the hidden states the log-prob chunks read. A log-prob chunk holds `LOGPROB_CHUNK_ARRAYS` float32 `[rows,
+rl.logprob_chunk, vocab]` arrays. A forward pass without gradients is counted as the residual stream in and out of a
+layer plus that layer's internals with dense scores over the keys it attends to at once: a block of
+`TRAINING_ATTENTION_BLOCK` keys without a cache, a cache block of `ATTENTION_BLOCK` slots plus, after a branch, a
+block of `SHARED_ATTENTION_BLOCK` prefix slots. Rows are over data x fsdp (rounded up when they do not divide: XLA
+pads), heads and mlp over tensor when it divides them (otherwise whole, and the plan says so for kv heads), the
+embedding axis of activations replicated. KV caches likewise: blocks `[rows, kv_heads, head_dim, slots]` / `[rows,
+kv_heads, slots, head_dim]` with rows over data x fsdp and kv heads over tensor (`KVCache`); a branched cache's P
+shared prefixes are over data x fsdp when it divides P, else every device holds all P (`sharding.constrain` does not
+shard an axis that its mesh axes do not divide).
 
 Gathered weights: with fsdp > 1, XLA all-gathers a weight over fsdp before using it and hoists a loop-invariant
 all-gather out of a loop, so the weights a loop reads stay gathered (unsharded over fsdp, still split over tensor)
@@ -76,10 +91,11 @@ for the whole loop: every weight of the model in decode loops and in the micro-b
 log-prob chunks' loop. This is what XLA:CPU does in the cross-check; a compiler that gathers per layer inside the
 loop needs less.
 
-Checked against XLA (`tests/test_plan.py`, `tests/plan_xla.py`): compiled learner updates and decode loops of a
-small Llama on 8-device CPU meshes agree with these figures within 12%. Not modeled: XLA's scratch and
-fragmentation, collective buffers, the host-side pipeline, the checkpointer's copies; plans use at most `HEADROOM`
-of the HBM.
+Checked against XLA (`tests/test_plan.py`, `tests/plan_xla.py`): compiled learner updates (dense attention at 128
+tokens, blockwise at 1024), decode loops and decode loops over a branched cache (prefixes of two scanned blocks) of
+a small Llama on 8-device CPU meshes agree with these figures within 16% (the test allows 25%). Not modeled: XLA's
+scratch and fragmentation, collective buffers, the host-side pipeline, the checkpointer's copies; plans use at most
+`HEADROOM` of the HBM.
 """
 
 from __future__ import annotations
@@ -295,36 +311,74 @@ def _rows_per_device(rows: int, mesh_shape: tuple[int, int, int]) -> int:
     return -(-rows // (mesh_shape[0] * mesh_shape[1]))
 
 
+def _prefixes_per_device(prefixes: int, mesh_shape: tuple[int, int, int]) -> int:
+    """Shared prefixes of a branched cache on one device: P over data x fsdp when that divides P, else all P
+    (`sharding.constrain`, which `KVCache.branch` applies, does not shard an axis its mesh axes do not divide)."""
+    n = mesh_shape[0] * mesh_shape[1]
+    return prefixes // n if prefixes % n == 0 else prefixes
+
+
 def kv_cache_bytes(cfg, rows: int, slots: int, mesh_shape: tuple[int, int, int], dtype: str, *,
                    shared: bool = False) -> int:
     """Bytes per device of a KV cache of `rows` rows and `slots` slots in `dtype`: per layer, keys and values
-    `[rows, kv_heads, slots, head_dim]` (rows over data x fsdp, kv heads over tensor when it divides them), plus
-    the per-row slot mask `[rows, slots]` (bool), next-token logits `[rows, vocab]` (float32) and positions.
-    `shared`: a prefix shared by all rows (`KVCache.branch`), `[kv_heads, slots, head_dim]` per layer with no batch
-    axis, so replicated over data x fsdp (`rows` is ignored)."""
+    `[rows, kv_heads, head_dim, slots]` / `[rows, kv_heads, slots, head_dim]` (rows over data x fsdp, kv heads over
+    tensor when it divides them), plus the per-row slot mask `[rows, slots]` (bool), next-token logits
+    `[rows, vocab]` (float32) and positions.
+    `shared`: the shared prefixes of a branched cache (`KVCache.branch`), `rows` = P prefixes of `slots` = N slots:
+    per layer `shared_k [P, kv_heads, head_dim, N]`, `shared_v [P, kv_heads, N, head_dim]`, and `shared_mask
+    [P, N]`; no logits or positions (the branched rows hold those). P is over data x fsdp when it divides P, else
+    whole (`_prefixes_per_device`)."""
     kv = _split(cfg.num_kv_heads, mesh_shape[2])
     per_row = 2 * cfg.num_layers * kv * slots * cfg.head_dim * _itemsize(dtype)
     if shared:
-        return per_row
+        return _prefixes_per_device(rows, mesh_shape) * (per_row + slots)
     r = _rows_per_device(rows, mesh_shape)
     return r * (per_row + slots + 4 * cfg.vocab_size + 4)
 
 
+def branched_cache_bytes(cfg, prefixes: int, prefix_slots: int, group: int, own: int,
+                         mesh_shape: tuple[int, int, int], dtype: str) -> int:
+    """Bytes per device of the caches of a `branch(group, own)` of a P-row cache of N = `prefix_slots` slots,
+    through its extension and decode: the P shared prefixes (read, never copied) plus the P x group rows' own
+    slots, twice (`_decode`'s loop and `extend` copy the cache they are given: the inputs are not donated), plus,
+    when `shared_attention` scans the prefixes in blocks (`shared_block`), the scan's block-major copy of every
+    layer's prefixes (XLA builds it in the loop body: the cross-check's branched decodes); or, while branching,
+    the own slots once next to the P-row cache branched from (as large as the prefixes)."""
+    shared = kv_cache_bytes(cfg, prefixes, prefix_slots, mesh_shape, dtype, shared=True)
+    rows = kv_cache_bytes(cfg, prefixes * group, own, mesh_shape, dtype)
+    scan_copy = shared if shared_block(prefix_slots) < prefix_slots else 0
+    return shared + rows + max(rows + scan_copy, shared)
+
+
+def _attention_residual_bytes(cfg, hq: int, keys: int, dtype: str) -> int:
+    """Per token, what one layer's attention over `keys` keys keeps for the backward pass: dense up to
+    `TRAINING_ATTENTION_BLOCK` keys (masked scores, exp, mask, probabilities `[hq, keys]`), else
+    `blockwise_attention`'s (module docstring): the block-split mask and n + 1 float32 carries for n blocks."""
+    from rrc_jax.models.decoder import TRAINING_ATTENTION_BLOCK as block
+
+    if keys <= block:
+        return (4 + 4 + 1 + _itemsize(dtype)) * hq * keys
+    n = -(-keys // block)
+    return n * block + (n + 1) * 4 * hq * (cfg.head_dim + 2)
+
+
 def layer_activation_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, int], dtype: str, *,
                            keys: int | None = None) -> int:
-    """Bytes per device of one decoder layer's internals for `rows` sequences of `length` tokens attending to
-    `keys` positions (default `length`) in compute `dtype`: what its backward pass keeps (module docstring:
-    norms, rotary, q / k / v, dense attention `[heads, T, keys]`, SwiGLU), also taken as what a forward pass holds
-    while it runs the layer."""
+    """Bytes per device of one decoder layer's internals for `rows` sequences of `length` tokens in compute `dtype`
+    (module docstring: norms, rotary, q / k / v, attention, SwiGLU). Without `keys`, what the backward pass of a
+    training forward keeps (attention over `length` keys: dense or blockwise); with `keys`, dense scores over that
+    many keys at once, what a forward pass without gradients holds while it runs the layer."""
     tensor = mesh_shape[2]
     c, e, d = _itemsize(dtype), cfg.hidden_size, cfg.head_dim
     kv = _split(cfg.num_kv_heads, tensor)
     hq = kv * (cfg.num_heads // cfg.num_kv_heads)
     i = _split(cfg.intermediate_size, tensor)
+    attention = ((4 + 4 + 1 + c) * hq * keys if keys                # masked scores, exp (float32), mask, probs
+                 else _attention_residual_bytes(cfg, hq, length, dtype))
     per_token = (2 * (4 + 2 * c) * e                        # two RMSNorms: float32 input, normed and scaled outputs
                  + 2 * c * d                                # rotary cos, sin
                  + c * (hq + 2 * kv) * d                    # q, k, v after the rotary embedding
-                 + (4 + 4 + 1 + c) * hq * (keys or length)  # masked scores, exp (float32), mask, probabilities
+                 + attention
                  + c * hq * d                               # attention output (input of o)
                  + 6 * c * i)                               # SwiGLU: gate, up, silu's three, their product
     return _rows_per_device(rows, mesh_shape) * length * per_token
@@ -334,12 +388,19 @@ def activation_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, in
                      remat: bool = False) -> int:
     """Bytes per device of the activations the learner's backward pass keeps for `rows` sequences of `length`
     tokens: every layer's (`layer_activation_bytes`), or with `remat` each layer's input residual plus one layer's
-    internals; then the final norm, the hidden states the log-prob chunks read and the loss's per-token terms."""
+    internals; then the final norm, the hidden states the log-prob chunks read and the loss's per-token terms.
+    With `blockwise_attention` (over `TRAINING_ATTENTION_BLOCK` keys), also the block of one layer that the backward
+    pass recomputes at a time: its dense internals (masked scores, exp, mask, probabilities `[heads, block]` a
+    token)."""
+    from rrc_jax.models.decoder import TRAINING_ATTENTION_BLOCK as block
+
     c, e = _itemsize(dtype), cfg.hidden_size
     tokens = _rows_per_device(rows, mesh_shape) * length
     layer = layer_activation_bytes(cfg, rows, length, mesh_shape, dtype)
     layers = (cfg.num_layers * c * e * tokens + layer) if remat else cfg.num_layers * layer
-    return layers + tokens * ((4 + 2 * c) * e + c * e + 8 * 4)
+    hq = _split(cfg.num_kv_heads, mesh_shape[2]) * (cfg.num_heads // cfg.num_kv_heads)
+    recompute = tokens * (4 + 4 + 1 + c) * hq * block if length > block else 0
+    return layers + recompute + tokens * ((4 + 2 * c) * e + c * e + 8 * 4)
 
 
 def logprob_chunk_bytes(cfg, rows: int, chunk: int, mesh_shape: tuple[int, int, int]) -> int:
@@ -352,18 +413,31 @@ def logprob_chunk_bytes(cfg, rows: int, chunk: int, mesh_shape: tuple[int, int, 
 def forward_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, int], dtype: str, *,
                   keys: int | None = None) -> int:
     """Bytes per device of a forward pass without gradients (prefill, log-probs, DRM scores) over `rows` x
-    `length` new tokens attending to `keys` positions: the residual stream in and out of a layer plus one
-    layer's internals."""
+    `length` new tokens attending to `keys` positions at once (default: a no-cache forward's, `length` keys in
+    blocks of `TRAINING_ATTENTION_BLOCK`): the residual stream in and out of a layer plus one layer's internals."""
+    from rrc_jax.models.decoder import TRAINING_ATTENTION_BLOCK
+
     stream = 2 * _rows_per_device(rows, mesh_shape) * length * cfg.hidden_size * _itemsize(dtype)
+    keys = keys or min(length, TRAINING_ATTENTION_BLOCK)
     return stream + layer_activation_bytes(cfg, rows, length, mesh_shape, dtype, keys=keys)
 
 
-def decode_step_bytes(cfg, rows: int, shared_slots: int, mesh_shape: tuple[int, int, int]) -> int:
-    """Bytes per device of a decode step's attention over a shared prefix of `shared_slots` slots: masked scores
-    and their exponentials, float32 `[rows, heads, slots]` (the own slots are read a block at a time)."""
+def shared_block(prefix_slots: int) -> int:
+    """Prefix slots that `shared_attention` scores at once: `SHARED_ATTENTION_BLOCK` when it splits the N prefix
+    slots into several whole blocks (a `lax.scan`), else N (one pass)."""
+    from rrc_jax.models.decoder import SHARED_ATTENTION_BLOCK as block
+
+    return block if prefix_slots > block and prefix_slots % block == 0 else prefix_slots
+
+
+def decode_step_bytes(cfg, rows: int, prefix_slots: int, mesh_shape: tuple[int, int, int]) -> int:
+    """Bytes per device of a decode step's attention over a branched cache's shared prefixes of `prefix_slots`
+    = N slots: masked scores and their exponentials, float32 `[P, K, M, G, 1, N_j]` for the P x M = `rows` rows,
+    i.e. `[rows, heads, N_j]`: each row group reads only its own prefix, a block of `shared_block(N)` slots at a
+    time (`shared_attention`); the own slots are read a cache block at a time."""
     kv = _split(cfg.num_kv_heads, mesh_shape[2])
     hq = kv * (cfg.num_heads // cfg.num_kv_heads)
-    return 2 * 4 * _rows_per_device(rows, mesh_shape) * hq * shared_slots
+    return 2 * 4 * _rows_per_device(rows, mesh_shape) * hq * shared_block(prefix_slots)
 
 
 def gathered_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int], *, lm_head_only: bool = False) -> int:
@@ -473,30 +547,44 @@ def _policy_rollouts(config, cfg, shape, dtype) -> list[Row]:
     prompt = min(bucket_length(config.data.max_prompt_tokens), cfg.max_position_embeddings - n_new)
     prompts = min(rl.prompts_per_step, max(1, rollout_batch(rl) // rl.group_size))  # per sampler call
     rows, own = prompts * rl.group_size, round_up(n_new, ATTENTION_BLOCK)
-    group = (2 * kv_cache_bytes(cfg, rows, own, shape, dtype)
-             + kv_cache_bytes(cfg, 0, prompts * prompt, shape, dtype, shared=True))
+    group = branched_cache_bytes(cfg, prompts, prompt, rl.group_size, own, shape, dtype)
     eval_rows, eval_slots = min(config.data.eval_prompts, rollout_batch(rl)), round_up(prompt + n_new,
                                                                                        ATTENTION_BLOCK)
     greedy = 2 * kv_cache_bytes(cfg, eval_rows, eval_slots, shape, dtype)
     if group >= greedy:
-        out = [Row("rollout KV cache", "rollout", group, f"{rows} rows x {own} slots x2 (decode copy) + shared "
-                                                          f"prefix {prompts} x {prompt}")]
+        scan = " x2 (scan copy)" if shared_block(prompt) < prompt else ""
+        out = [Row("rollout KV cache", "rollout", group, f"{rows} rows x {own} slots x2 (decode copy) + "
+                                                          f"{prompts} shared prefixes x {prompt} slots{scan}")]
     else:
         out = [Row("rollout KV cache", "rollout", greedy, f"eval: {eval_rows} rows x {eval_slots} slots x2 "
                                                            "(decode copy)")]
     transient = max(forward_bytes(cfg, prompts, prompt, shape, dtype, keys=ATTENTION_BLOCK),
                     forward_bytes(cfg, eval_rows, prompt, shape, dtype, keys=ATTENTION_BLOCK),
-                    decode_step_bytes(cfg, rows, prompts * prompt, shape))
+                    decode_step_bytes(cfg, rows, prompt, shape))
     out.append(Row("prefill / decode transients", "rollout", transient, "one layer"))
     out.append(Row("gathered policy weights", "rollout", gathered_bytes(cfg, "float32", shape),
                    "hoisted out of the decode loop"))
     return out
 
 
+def judge_chunk(questions: int, prompts: int, max_batch: int) -> tuple[int, int]:
+    """(P, M) of the largest chunk the judge engine packs (`JaxSampler._prefix_chunks`) when each of `prompts`
+    prefixes has `questions` questions: a prefix's questions in pieces of at most `max_batch`, M the power-of-two
+    bucket of a piece, and P the power-of-two bucket of the pieces a chunk takes, as many as keep P x M within
+    `max_batch` (at least one)."""
+    from rrc_jax.data.batches import bucket_length
+
+    m = bucket_length(min(questions, max_batch), 1)
+    fit = max(1, max_batch // m)
+    fit = 1 << (fit.bit_length() - 1)  # the largest power of two <= max_batch // M
+    pieces = prompts * -(-questions // max_batch)
+    return min(bucket_length(pieces, 1), fit), m
+
+
 def _judging(config, cfg, shape, dtype) -> tuple[list[Row], str]:
     """The reward phase of a judge reward: the call (a step's questions or the judged evaluation's) whose caches
     and transients are the larger; and a note on the estimated question lengths."""
-    from rrc_jax.data.batches import bucket_length, length_bucket, round_up
+    from rrc_jax.data.batches import length_bucket, round_up
     from rrc_jax.models.decoder import ATTENTION_BLOCK
 
     r, n_new = config.reward, config.rl.max_new_tokens
@@ -509,18 +597,20 @@ def _judging(config, cfg, shape, dtype) -> tuple[list[Row], str]:
         q = _questions_per_prompt(config, kind)
         if not q or not prompts:
             continue
-        rows = min(round_up(r.judge.max_batch, 8), round_up(q * prompts, 8))
-        chunk_prefixes = bucket_length(min(prompts, -(-rows // q) + 1), 1)
-        shared = chunk_prefixes * prefix
+        p, m = judge_chunk(q, prompts, r.judge.max_batch)
+        rows, scan = p * m, " x2 (scan copy)" if shared_block(prefix) < prefix else ""
         out = [Row("judge prefix cache", "reward", kv_cache_bytes(cfg, prompts, prefix, shape, dtype),
                    f"{kind}: {prompts} prompts x {prefix} slots"),
-               Row("judge KV cache", "reward", 2 * kv_cache_bytes(cfg, rows, own, shape, dtype)
-                   + kv_cache_bytes(cfg, 0, shared, shape, dtype, shared=True),
-                   f"{rows} rows x {own} slots x2 (decode copy) + shared prefix {chunk_prefixes} x {prefix}"),
+               Row("judge KV cache", "reward", branched_cache_bytes(cfg, p, prefix, m, own, shape, dtype),
+                   f"{p} prefixes x {m} rows x {own} slots x2 (decode copy) + {p} shared prefixes x {prefix} "
+                   f"slots{scan}"),
                Row("judge prefill transients", "reward",
                    max(forward_bytes(cfg, prompts, prefix, shape, dtype, keys=ATTENTION_BLOCK),
-                       forward_bytes(cfg, rows, suffix, shape, dtype, keys=shared + ATTENTION_BLOCK)),
-                   f"one layer; {suffix} suffix tokens attend to {shared} shared slots"),
+                       forward_bytes(cfg, rows, suffix, shape, dtype,
+                                     keys=shared_block(prefix) + ATTENTION_BLOCK),
+                       decode_step_bytes(cfg, rows, prefix, shape)),
+                   f"one layer; {suffix} suffix tokens attend to their prefix's {prefix} slots, "
+                   f"{shared_block(prefix)} at a time"),
                Row("gathered GRM weights", "reward", gathered_bytes(cfg, dtype, shape), "hoisted out of the decode "
                                                                                        "loop")]
         if sum(x.bytes for x in out) > sum(x.bytes for x in best):

@@ -4,14 +4,19 @@ figures against XLA's accounting of the compiled programs. Prints one JSON line 
 
 A case compiles, for a scaled-down Llama (hidden 256, 4 layers, vocab 1024) on one mesh,
 
-- the learner's update (`Learner._update`, GRPO loss) on 32 rows of 128 tokens, with or without micro-batches;
-- a decode loop (`rrc_jax.inference.sampling._decode`) over a cache of 16 rows x 256 slots, rows over data x fsdp.
+- the learner's update (`Learner._update`, GRPO loss) on 32 rows of 128 tokens (dense attention), with or without
+  micro-batches, and of 1024 tokens (`blockwise_attention` over two blocks of keys);
+- a decode loop (`rrc_jax.inference.sampling._decode`) over a cache of 16 rows x 256 slots, rows over data x fsdp;
+- a decode loop over a branched cache (`KVCache.branch`): 8 prompts' prefixes of 1024 slots, each continued by 2
+  rows of 256 slots of their own; prefixes and rows over data x fsdp.
 
 XLA's figure is what the program holds on a device at its peak: arguments + outputs + temporaries - the outputs
 aliased to donated arguments (the parameters and optimizer state are updated in place). The planner's counterpart:
 for the update, the resident parameters and optimizer state plus its backward phase (activations, log-prob chunk,
 gathered weights, accumulator, weight copy; the gradients build up while activations are freed, so they are not
-added); for the decode, the parameters, the cache and the loop's copy of it, and the weights gathered for the loop.
+added); for the decode, the parameters, the cache and the loop's copy of it, and the weights gathered for the loop; for
+the branched decode the shared prefixes (passed to the loop, not copied into it), the block-major copy of them that
+`shared_attention`'s scan over two blocks of 512 slots makes in the loop body, and a step's scores over a block.
 """
 
 import json
@@ -32,8 +37,10 @@ from rrc_jax.sharding import make_mesh, model_context, put_batch
 
 ROWS, LENGTH, CACHE_ROWS, CACHE_SLOTS = 32, 128, 16, 256
 UPDATES = [((1, 1, 1), "float32", 0), ((1, 1, 1), "bfloat16", 0), ((1, 8, 1), "float32", 0),
-           ((1, 8, 1), "float32", 16), ((2, 2, 2), "float32", 0)]
+           ((1, 8, 1), "float32", 16), ((2, 2, 2), "float32", 0), ((1, 8, 1), "float32", 0, 1024)]
 DECODES = [((1, 1, 1), "float32"), ((1, 8, 1), "float32"), ((2, 4, 1), "float32")]
+PREFIXES, PREFIX_SLOTS, GROUP = 8, 1024, 2  # the branched decode: 8 prefixes x 2 rows = CACHE_ROWS
+BRANCHED = [((1, 8, 1), "float32"), ((2, 4, 1), "float32")]
 
 
 def config(dtype: str, param_dtype: str = "float32") -> DecoderConfig:
@@ -47,7 +54,7 @@ def peak(compiled) -> int:
     return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
 
 
-def update_case(shape, dtype, micro) -> dict:
+def update_case(shape, dtype, micro, length=LENGTH) -> dict:
     cfg = config(dtype)
     mesh = make_mesh(*shape)
     with jax.set_mesh(mesh):
@@ -55,16 +62,16 @@ def update_case(shape, dtype, micro) -> dict:
             model = Decoder(cfg, rngs=nnx.Rngs(0))
         learner = Learner(model, make_optimizer(1e-3), grpo_objective(), micro_batch_size=micro)
         rng = np.random.default_rng(0)
-        batch = put_batch({"ids": rng.integers(3, cfg.vocab_size, (ROWS, LENGTH)).astype(np.int32),
-                           "mask": np.ones((ROWS, LENGTH), bool), "loss_mask": np.ones((ROWS, LENGTH), bool),
+        batch = put_batch({"ids": rng.integers(3, cfg.vocab_size, (ROWS, length)).astype(np.int32),
+                           "mask": np.ones((ROWS, length), bool), "loss_mask": np.ones((ROWS, length), bool),
                            "advantages": rng.normal(size=ROWS).astype(np.float32),
-                           "old_logp": np.zeros((ROWS, LENGTH), np.float32)}, mesh)
+                           "old_logp": np.zeros((ROWS, length), np.float32)}, mesh)
         compiled = learner._update.lower(learner.params, learner.opt_state, learner._rest, batch,
                                          n_micro=ROWS // (micro or ROWS)).compile()
     rows = micro or ROWS
     p32 = plan.param_bytes(cfg, "float32", shape)
     parts = {"parameters + optimizer": 3 * p32,
-             "activations": plan.activation_bytes(cfg, rows, LENGTH, shape, dtype),
+             "activations": plan.activation_bytes(cfg, rows, length, shape, dtype),
              "log-prob chunk": plan.logprob_chunk_bytes(cfg, rows, 128, shape)}
     if micro:
         parts["accumulator"] = p32
@@ -73,11 +80,11 @@ def update_case(shape, dtype, micro) -> dict:
         parts["gathered LM head"] = plan.gathered_bytes(cfg, "float32", shape, lm_head_only=True)
     if dtype != "float32":
         parts["weight copy"] = plan.param_bytes(cfg, dtype, shape if not micro else (shape[0], 1, shape[2]))
-    return {"case": f"update mesh={shape} {dtype} micro={micro}", "xla": peak(compiled),
+    return {"case": f"update mesh={shape} {dtype} micro={micro} length={length}", "xla": peak(compiled),
             "plan": sum(parts.values()), "parts": parts}
 
 
-def decode_case(shape, dtype) -> dict:
+def decode_case(shape, dtype, branched: bool = False) -> dict:
     cfg = config(dtype, dtype)
     mesh = make_mesh(*shape)
     with jax.set_mesh(mesh):
@@ -85,16 +92,24 @@ def decode_case(shape, dtype) -> dict:
             model = Decoder(cfg, rngs=nnx.Rngs(0))
         graphdef, state = nnx.split(model)
         rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
-        cache = jax.tree.map(lambda x: jax.device_put(x, rows) if x.ndim else x,
-                             init_cache(cfg, CACHE_ROWS, CACHE_SLOTS))  # every array's axis 0 holds rows
+        if branched:  # 8 prefixes (sharded by branch) continued by 2 rows each
+            cache = init_cache(cfg, PREFIXES, PREFIX_SLOTS).branch(GROUP, CACHE_SLOTS)
+        else:
+            cache = init_cache(cfg, CACHE_ROWS, CACHE_SLOTS)
+        cache = jax.tree.map(lambda x: jax.device_put(x, rows) if x.ndim else x, cache)  # axis 0: rows / prefixes
         compiled = sampling._decode.lower(graphdef, state, cache, jax.random.key(0),
                                           params=SamplingParams(1.0, max_new_tokens=8), stop_ids=(2,),
                                           pad_id=0).compile()
     parts = {"parameters": plan.param_bytes(cfg, dtype, shape),
              "cache x2": 2 * plan.kv_cache_bytes(cfg, CACHE_ROWS, CACHE_SLOTS, shape, dtype),
              "gathered weights": plan.gathered_bytes(cfg, dtype, shape)}
-    return {"case": f"decode mesh={shape} {dtype}", "xla": peak(compiled), "plan": sum(parts.values()),
-            "parts": parts}
+    if branched:  # the prefixes, once, the rows' own slots twice and the scan's block-major copy of the prefixes
+        del parts["cache x2"]
+        parts["branched cache"] = plan.branched_cache_bytes(cfg, PREFIXES, PREFIX_SLOTS, GROUP, CACHE_SLOTS, shape,
+                                                            dtype)
+        parts["prefix scores"] = plan.decode_step_bytes(cfg, CACHE_ROWS, PREFIX_SLOTS, shape)
+    return {"case": f"{'branched ' if branched else ''}decode mesh={shape} {dtype}", "xla": peak(compiled),
+            "plan": sum(parts.values()), "parts": parts}
 
 
 def main() -> None:
@@ -103,6 +118,8 @@ def main() -> None:
         print(json.dumps(update_case(*args)), flush=True)
     for args in DECODES:
         print(json.dumps(decode_case(*args)), flush=True)
+    for args in BRANCHED:
+        print(json.dumps(decode_case(*args, branched=True)), flush=True)
     print("ok")
 
 

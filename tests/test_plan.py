@@ -55,7 +55,10 @@ def test_bytes_of_a_tiny_model_on_a_fsdp_2_tensor_2_mesh_by_hand():
     # KV cache of 8 rows x 64 slots in bfloat16: 4 rows per device (data x fsdp = 2), 1 kv head per device (tensor 2)
     per_row = 2 * 2 * 1 * 64 * 8 * 2 + 64 + 4 * 96 + 4    # k and v of 2 layers; slot mask, logits, position
     assert plan.kv_cache_bytes(cfg, 8, 64, mesh, "bfloat16") == 4 * per_row == 18192
-    assert plan.kv_cache_bytes(cfg, 8, 64, mesh, "bfloat16", shared=True) == 2 * 2 * 1 * 64 * 8 * 2
+    # 8 shared prefixes of a branched cache (`KVCache.branch`): k [P, K, D, N], v [P, K, N, D] and the mask [P, N],
+    # rows like any batch (4 per device), no logits or positions. (Until the per-prompt prefixes, one concatenated
+    # prefix without a batch axis, replicated: then 2 * 2 * 1 * 64 * 8 * 2 for all rows together.)
+    assert plan.kv_cache_bytes(cfg, 8, 64, mesh, "bfloat16", shared=True) == 4 * (2 * 2 * 1 * 64 * 8 * 2 + 64)
     assert plan.kv_cache_bytes(cfg, 8, 64, (1, 2, 4), "bfloat16") == 4 * (2 * 2 * 2 * 64 * 8 * 2 + 64 + 4 * 96 + 4)
     # (tensor 4 does not divide 2 kv heads: the cache keeps both)
 
@@ -76,6 +79,72 @@ def test_bytes_of_a_tiny_model_on_a_fsdp_2_tensor_2_mesh_by_hand():
         p.phase_bytes(x) for x in plan.PHASES[1:])
 
 
+def test_branched_caches_by_hand():
+    cfg = DecoderConfig(**TINY)
+    mesh = (1, 2, 2)
+    prefix = 2 * 2 * 1 * 64 * 8 * 2 + 64  # one prefix of 64 slots: k and v of 2 layers, 1 kv head; its mask
+    assert plan.kv_cache_bytes(cfg, 8, 64, mesh, "bfloat16", shared=True) == 4 * prefix
+    # 3 prefixes: data x fsdp = 2 does not divide them, so sharding.constrain leaves them whole on every device
+    assert plan.kv_cache_bytes(cfg, 3, 64, mesh, "bfloat16", shared=True) == 3 * prefix
+    # branch(4, 128) of 8 prefixes: 32 rows of 128 own slots, twice (decode's copy), and the prefixes once
+    own = plan.kv_cache_bytes(cfg, 32, 128, mesh, "bfloat16")
+    assert plan.branched_cache_bytes(cfg, 8, 64, 4, 128, mesh, "bfloat16") == 2 * own + 4 * prefix
+    # long prefixes, one row each: while branching, the 8-row cache branched from is as large as the prefixes
+    shared = plan.kv_cache_bytes(cfg, 8, 448, mesh, "bfloat16", shared=True)
+    assert plan.branched_cache_bytes(cfg, 8, 448, 1, 64, mesh, "bfloat16") == (
+        plan.kv_cache_bytes(cfg, 8, 64, mesh, "bfloat16") + 2 * shared)
+    # prefixes of 2 x SHARED_ATTENTION_BLOCK slots: shared_attention scans them a block at a time, and XLA builds the
+    # scan's block-major copy of them in the decode loop (plan_xla.py's branched decodes)
+    shared = plan.kv_cache_bytes(cfg, 8, 1024, mesh, "bfloat16", shared=True)
+    assert plan.shared_block(1024) == 512 and plan.shared_block(448) == 448 and plan.shared_block(1536 + 64) == 1600
+    assert plan.branched_cache_bytes(cfg, 8, 1024, 4, 128, mesh, "bfloat16") == 2 * own + 2 * shared
+    # a decode step's float32 scores and exponentials over the prefixes, [P, K, M, G, 1, N_j]: a block of N slots
+    # per row (each row group reads its own prompt's prefix; before, all rows read all P x N slots at once), 16 rows
+    # and 2 query heads per device
+    assert plan.decode_step_bytes(cfg, 32, 64, mesh) == 2 * 4 * 16 * 2 * 64
+    assert plan.decode_step_bytes(cfg, 32, 1024, mesh) == 2 * 4 * 16 * 2 * 512
+
+
+@pytest.mark.parametrize("questions,prompts,max_batch", [
+    (2, 256, 256),    # the judged evaluation: 2 votes a prompt -> 128 prefixes x 2 rows
+    (512, 32, 256),   # AGR, m = 8, 8 anchors, voting@8: a prefix's 512 questions in pieces of 256
+    (300, 2, 256),    # pieces of 256 and 44 questions
+    (3, 5, 16),
+    (5, 40, 100),     # max_batch not a power of two
+    (100, 3, 100),    # a piece's bucket exceeds max_batch: one prefix a chunk
+])
+def test_judge_chunk_is_the_engines_largest_chunk(questions, prompts, max_batch):
+    from types import SimpleNamespace
+
+    from rrc_jax.data.batches import bucket_length
+    from rrc_jax.inference.engine import JaxSampler
+
+    owners = [o for o in range(prompts) for _ in range(questions)]
+    chunks = list(JaxSampler._prefix_chunks(SimpleNamespace(max_batch=max_batch), list(range(len(owners))), owners))
+    shapes = [(bucket_length(len(c), 1), bucket_length(max(map(len, c)), 1)) for c in chunks]
+    p, m = plan.judge_chunk(questions, prompts, max_batch)
+    assert shapes[0] == (p, m) and max(a * b for a, b in shapes) == p * m
+
+
+def test_the_paper_recipe_fits_a_v5p_64():
+    """launch/README.md's memory plan. The judge's chunks attend to per-prompt prefixes, a block at a time, so the
+    reward phase no longer dominates (it did with one concatenated prefix per chunk: 230 GiB), nor, with blockwise
+    training attention, the backward pass (62.5 GiB with dense scores): the rollout's gathered float32 weights do."""
+    config = base_config("agr")
+    config.models.policy = config.models.grm = "llama3-8b"
+    config.models.dtype = "bfloat16"
+    config.rl.group_size, config.rl.prompts_per_step, config.rl.minibatch_size = 8, 32, 32
+    config.data.max_prompt_tokens = config.rl.max_new_tokens = 1024
+    config.reward.judge.votes = 8
+    p = plan.plan(config, "v5p-64")
+    rows = {r.name: r for r in p.rows}
+    assert p.fits and p.largest_phase == "rollout"
+    assert rows["gathered policy weights"].bytes > p.phase_bytes("rollout") / 2
+    assert p.phase_bytes("reward") < 40 * plan.GiB and p.phase_bytes("backward") < 30 * plan.GiB
+    assert rows["judge KV cache"].detail.startswith("128 prefixes x 2 rows")  # eval: 2 questions x 256 prompts
+    assert "their prefix's 1536 slots, 512 at a time" in rows["judge prefill transients"].detail
+
+
 def test_activations_follow_the_layer_count_and_remat():
     cfg = DecoderConfig(**TINY)
     one = plan.layer_activation_bytes(cfg, 4, 16, (1, 1, 1), "float32")
@@ -86,6 +155,18 @@ def test_activations_follow_the_layer_count_and_remat():
     assert plan.activation_bytes(cfg, 4, 16, (1, 1, 1), "float32", remat=True) == 2 * 4 * 16 * 4 * 32 + one + tail
     assert plan.layer_activation_bytes(cfg, 4, 16, (1, 2, 1), "float32") == one // 2  # rows over fsdp
     assert plan.logprob_chunk_bytes(cfg, 4, 8, (1, 1, 2)) == plan.LOGPROB_CHUNK_ARRAYS * 4 * 8 * 48 * 4
+
+    # beyond TRAINING_ATTENTION_BLOCK = 512 keys, blockwise_attention: 1024 tokens are 2 blocks, and per token the
+    # attention keeps the block-split mask (a byte a key) and 3 float32 carries (output [4, 8], max and sum [4])
+    # instead of dense scores (13 x 4 x 1024 bytes); the backward pass recomputes one block of one layer at a time
+    # (13 x 4 x 512 bytes a token)
+    long = plan.layer_activation_bytes(cfg, 4, 1024, (1, 1, 1), "float32")
+    assert long == 4 * 1024 * (768 + 64 + 256 + (2 * 512 + 3 * 4 * 4 * (8 + 2)) + 128 + 1536)
+    assert plan.activation_bytes(cfg, 4, 1024, (1, 1, 1), "float32") == (
+        2 * long + 4 * 1024 * 13 * 4 * 512 + 4 * 1024 * (12 * 32 + 4 * 32 + 32))
+    # a forward pass without gradients holds one block's dense scores (and the residual stream in and out)
+    assert plan.forward_bytes(cfg, 4, 1024, (1, 1, 1), "float32") == (
+        2 * 4 * 1024 * 32 * 4 + plan.layer_activation_bytes(cfg, 4, 1024, (1, 1, 1), "float32", keys=512))
 
 
 # -- (b) parameter tables against the real decoders -------------------------------------------------------
@@ -175,11 +256,14 @@ def test_a_config_that_does_not_fit_gets_a_suggestion_that_fits():
     config = base_config("agr")
     config.models.policy = config.models.grm = "qwen2.5-1.5b"
     models = ["--config.models.policy=qwen2.5-1.5b", "--config.models.grm=qwen2.5-1.5b"]
-    assert not plan.plan(config, "v5p-16").fits  # a 64-row minibatch's activations at once
-    best = plan.suggest(config, "v5p-16")
+    # v5p-8 (4 TensorCores): a 64-row minibatch's activations at once. (Before blockwise training attention the
+    # planner's example was v5p-16: with dense scores the same minibatch did not fit 8 TensorCores either; now it
+    # does.)
+    assert not plan.plan(config, "v5p-8").fits
+    best = plan.suggest(config, "v5p-8")
     assert best is not None and best.fits and best.peak_bytes <= best.budget_bytes
-    assert math.prod(best.mesh) == 8 and config.rl.minibatch_size % best.micro_batch == 0
-    out = cli("--config=agr.py", "--topology=v5p-16", *models)
+    assert math.prod(best.mesh) == 4 and config.rl.minibatch_size % best.micro_batch == 0
+    out = cli("--config=agr.py", "--topology=v5p-8", *models)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "fits: no" in out.stdout
     suggestion = out.stdout.splitlines()[-1]
@@ -187,7 +271,7 @@ def test_a_config_that_does_not_fit_gets_a_suggestion_that_fits():
                                  f"--config.mesh.tensor={best.mesh[2]} "
                                  f"--config.rl.micro_batch_size={best.micro_batch}"), suggestion
     flags = suggestion.split("(")[0].split()[1:]
-    again = cli("--config=agr.py", "--topology=v5p-16", *models, *flags)
+    again = cli("--config=agr.py", "--topology=v5p-8", *models, *flags)
     assert again.returncode == 0 and "fits: yes" in again.stdout, again.stdout[-3000:]
 
 
@@ -198,7 +282,7 @@ def test_planner_agrees_with_xla_within_a_quarter():
                          timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr[-3000:]
     cases = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert len(cases) == 8
+    assert len(cases) == 11
     for c in cases:
         print(f"{c['case']}: XLA {c['xla'] / 1e6:.1f} MB, plan {c['plan'] / 1e6:.1f} MB")
         assert abs(c["plan"] - c["xla"]) <= 0.25 * c["xla"], c
