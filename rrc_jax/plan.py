@@ -37,9 +37,8 @@ Phases:
   their own slots for the new tokens. The held-out greedy generation (group size 1) gives each row prompt + new
   slots; the larger of the two counts. Prompts pad to a power of two (`bucket_length`), slots to multiples of
   `ATTENTION_BLOCK`. `_decode`'s while loop carries a copy of the rows' own cache (the input is not donated) but not
-  of the shared prefixes, which it only reads; when `shared_attention` scans a prefix in blocks of
-  `SHARED_ATTENTION_BLOCK` slots, XLA builds a block-major copy of every layer's prefixes in the loop body, which is
-  counted; while branching, the P-row cache branched from (as large as the prefixes) is alive next to the new one
+  of the shared prefixes, which it only reads (stored block-major by `branch`, so `shared_attention`'s scan over
+  blocks of `SHARED_ATTENTION_BLOCK` slots copies nothing); while branching, the P-row cache branched from (as large as the prefixes) is alive next to the new one
   (`branched_cache_bytes`). Transients: one layer of the prompts' prefill, or a decode step's float32 scores over
   the prefix, `[P, kv_heads, m, G, 1, N_j]`: a block of the row's own prompt's prefix (each row group reads only its
   own), whichever is larger.
@@ -73,7 +72,7 @@ online softmax's float32 carry (output `[heads, head_dim]`, running max and sum)
 the result: linear in the length. With `rl.remat` each layer keeps only its input residual, plus one layer's
 internals while it is recomputed: what a memory-aware scheduler achieves. (XLA:CPU does not: with every block under
 `nnx.remat` the cross-check's update still took 93% of its memory without remat, 682 against 732 MB, because it
-schedules the recomputations early. Not in the tests until the decoder has `rl.remat`.) After the layers: the final
+schedules the recomputations early; the cross-check therefore runs without remat.) After the layers: the final
 norm and the hidden states the log-prob chunks read. A log-prob chunk holds `LOGPROB_CHUNK_ARRAYS` float32 `[rows,
 rl.logprob_chunk, vocab]` arrays. A forward pass without gradients is counted as the residual stream in and out of a
 layer plus that layer's internals with dense scores over the keys it attends to at once: a block of
@@ -340,14 +339,11 @@ def branched_cache_bytes(cfg, prefixes: int, prefix_slots: int, group: int, own:
                          mesh_shape: tuple[int, int, int], dtype: str) -> int:
     """Bytes per device of the caches of a `branch(group, own)` of a P-row cache of N = `prefix_slots` slots,
     through its extension and decode: the P shared prefixes (read, never copied) plus the P x group rows' own
-    slots, twice (`_decode`'s loop and `extend` copy the cache they are given: the inputs are not donated), plus,
-    when `shared_attention` scans the prefixes in blocks (`shared_block`), the scan's block-major copy of every
-    layer's prefixes (XLA builds it in the loop body: the cross-check's branched decodes); or, while branching,
-    the own slots once next to the P-row cache branched from (as large as the prefixes)."""
+    slots, twice (`_decode`'s loop and `extend` copy the cache they are given: the inputs are not donated); or,
+    while branching, the own slots once next to the P-row cache branched from (as large as the prefixes)."""
     shared = kv_cache_bytes(cfg, prefixes, prefix_slots, mesh_shape, dtype, shared=True)
     rows = kv_cache_bytes(cfg, prefixes * group, own, mesh_shape, dtype)
-    scan_copy = shared if shared_block(prefix_slots) < prefix_slots else 0
-    return shared + rows + max(rows + scan_copy, shared)
+    return shared + rows + max(rows, shared)
 
 
 def _attention_residual_bytes(cfg, hq: int, keys: int, dtype: str) -> int:
@@ -552,9 +548,8 @@ def _policy_rollouts(config, cfg, shape, dtype) -> list[Row]:
                                                                                        ATTENTION_BLOCK)
     greedy = 2 * kv_cache_bytes(cfg, eval_rows, eval_slots, shape, dtype)
     if group >= greedy:
-        scan = " x2 (scan copy)" if shared_block(prompt) < prompt else ""
         out = [Row("rollout KV cache", "rollout", group, f"{rows} rows x {own} slots x2 (decode copy) + "
-                                                          f"{prompts} shared prefixes x {prompt} slots{scan}")]
+                                                          f"{prompts} shared prefixes x {prompt} slots")]
     else:
         out = [Row("rollout KV cache", "rollout", greedy, f"eval: {eval_rows} rows x {eval_slots} slots x2 "
                                                            "(decode copy)")]
@@ -598,12 +593,12 @@ def _judging(config, cfg, shape, dtype) -> tuple[list[Row], str]:
         if not q or not prompts:
             continue
         p, m = judge_chunk(q, prompts, r.judge.max_batch)
-        rows, scan = p * m, " x2 (scan copy)" if shared_block(prefix) < prefix else ""
+        rows = p * m
         out = [Row("judge prefix cache", "reward", kv_cache_bytes(cfg, prompts, prefix, shape, dtype),
                    f"{kind}: {prompts} prompts x {prefix} slots"),
                Row("judge KV cache", "reward", branched_cache_bytes(cfg, p, prefix, m, own, shape, dtype),
                    f"{p} prefixes x {m} rows x {own} slots x2 (decode copy) + {p} shared prefixes x {prefix} "
-                   f"slots{scan}"),
+                   "slots"),
                Row("judge prefill transients", "reward",
                    max(forward_bytes(cfg, prompts, prefix, shape, dtype, keys=ATTENTION_BLOCK),
                        forward_bytes(cfg, rows, suffix, shape, dtype,

@@ -15,8 +15,8 @@ aliased to donated arguments (the parameters and optimizer state are updated in 
 for the update, the resident parameters and optimizer state plus its backward phase (activations, log-prob chunk,
 gathered weights, accumulator, weight copy; the gradients build up while activations are freed, so they are not
 added); for the decode, the parameters, the cache and the loop's copy of it, and the weights gathered for the loop; for
-the branched decode the shared prefixes (passed to the loop, not copied into it), the block-major copy of them that
-`shared_attention`'s scan over two blocks of 512 slots makes in the loop body, and a step's scores over a block.
+the branched decode the shared prefixes (passed to the loop block-major, read in place by `shared_attention`'s scan
+over two blocks of 512 slots), the rows' own cache and its copy, and a step's scores over a block.
 """
 
 import json
@@ -96,17 +96,22 @@ def decode_case(shape, dtype, branched: bool = False) -> dict:
             cache = init_cache(cfg, PREFIXES, PREFIX_SLOTS).branch(GROUP, CACHE_SLOTS)
         else:
             cache = init_cache(cfg, CACHE_ROWS, CACHE_SLOTS)
-        cache = jax.tree.map(lambda x: jax.device_put(x, rows) if x.ndim else x, cache)  # axis 0: rows / prefixes
+        shared = (cache.shared_k, cache.shared_v, cache.shared_mask)
+        cache = jax.tree.map(lambda x: jax.device_put(x, rows) if x.ndim else x,  # axis 0: rows
+                             cache.replace(shared_k=None, shared_v=None, shared_mask=None))
+        if branched:  # the block-major prefixes [J, P, ...]: axis 1 over rows
+            prefixes = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, ("data", "fsdp")))
+            k, v, mask = jax.tree.map(lambda x: jax.device_put(x, prefixes), shared)
+            cache = cache.replace(shared_k=k, shared_v=v, shared_mask=mask)
         compiled = sampling._decode.lower(graphdef, state, cache, jax.random.key(0),
                                           params=SamplingParams(1.0, max_new_tokens=8), stop_ids=(2,),
                                           pad_id=0).compile()
     parts = {"parameters": plan.param_bytes(cfg, dtype, shape),
              "cache x2": 2 * plan.kv_cache_bytes(cfg, CACHE_ROWS, CACHE_SLOTS, shape, dtype),
              "gathered weights": plan.gathered_bytes(cfg, dtype, shape)}
-    if branched:  # the prefixes, once, the rows' own slots twice and the scan's block-major copy of the prefixes
-        del parts["cache x2"]
-        parts["branched cache"] = plan.branched_cache_bytes(cfg, PREFIXES, PREFIX_SLOTS, GROUP, CACHE_SLOTS, shape,
-                                                            dtype)
+    if branched:  # the prefixes once (read in place, block-major), the rows' own slots twice
+        parts["cache x2"] = 2 * plan.kv_cache_bytes(cfg, PREFIXES * GROUP, CACHE_SLOTS, shape, dtype)
+        parts["shared prefixes"] = plan.kv_cache_bytes(cfg, PREFIXES, PREFIX_SLOTS, shape, dtype, shared=True)
         parts["prefix scores"] = plan.decode_step_bytes(cfg, CACHE_ROWS, PREFIX_SLOTS, shape)
     return {"case": f"{'branched ' if branched else ''}decode mesh={shape} {dtype}", "xla": peak(compiled),
             "plan": sum(parts.values()), "parts": parts}

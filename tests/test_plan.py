@@ -93,11 +93,11 @@ def test_branched_caches_by_hand():
     shared = plan.kv_cache_bytes(cfg, 8, 448, mesh, "bfloat16", shared=True)
     assert plan.branched_cache_bytes(cfg, 8, 448, 1, 64, mesh, "bfloat16") == (
         plan.kv_cache_bytes(cfg, 8, 64, mesh, "bfloat16") + 2 * shared)
-    # prefixes of 2 x SHARED_ATTENTION_BLOCK slots: shared_attention scans them a block at a time, and XLA builds the
-    # scan's block-major copy of them in the decode loop (plan_xla.py's branched decodes)
+    # prefixes of 2 x SHARED_ATTENTION_BLOCK slots: stored block-major by branch, scanned a block at a time with no
+    # copy (plan_xla.py's branched decodes); while branching, the 8-row cache branched from is larger than the rows
     shared = plan.kv_cache_bytes(cfg, 8, 1024, mesh, "bfloat16", shared=True)
     assert plan.shared_block(1024) == 512 and plan.shared_block(448) == 448 and plan.shared_block(1536 + 64) == 1600
-    assert plan.branched_cache_bytes(cfg, 8, 1024, 4, 128, mesh, "bfloat16") == 2 * own + 2 * shared
+    assert shared > own and plan.branched_cache_bytes(cfg, 8, 1024, 4, 128, mesh, "bfloat16") == own + 2 * shared
     # a decode step's float32 scores and exponentials over the prefixes, [P, K, M, G, 1, N_j]: a block of N slots
     # per row (each row group reads its own prompt's prefix; before, all rows read all P x N slots at once), 16 rows
     # and 2 query heads per device

@@ -246,7 +246,7 @@ def test_branch_equals_take(llama, monkeypatch, blocked):
     owner = jnp.asarray([0, 0, 1, 1, 2, 2], jnp.int32)
     copied = extend(model, prefill(model, ids, mask, cache_size=16 + own).take(owner), s_ids, s_mask)
     shared = extend(model, prefill(model, ids, mask, cache_size=16).branch(2, own), s_ids, s_mask)
-    assert shared.shared and shared.size == own and int(shared.end) == 8 and shared.shared_k[0].shape[0] == 3
+    assert shared.shared and shared.size == own and int(shared.end) == 8 and shared.shared_k[0].shape[1] == 3
     np.testing.assert_allclose(np.asarray(shared.logits), np.asarray(copied.logits), atol=1e-5)
     greedy = params(n_new, 0.0, stop_token_ids=[])
     a, b = decode(model, copied, greedy), decode(model, shared, greedy)
@@ -281,7 +281,8 @@ def test_shared_then_blocked_attention_equals_dense(monkeypatch, prefix_block):
     """Per-prompt prefixes (3 prompts x 2 rows; in one pass, or two blocks of 8 slots) then the rows' blocked cache
     equal dense attention over each row's own prefix followed by its own slots."""
     from rrc_jax.models import decoder
-    from rrc_jax.models.decoder import _empty_carry, _normalize, cache_attention, dense_attention, shared_attention
+    from rrc_jax.models.decoder import (_empty_carry, _normalize, cache_attention, dense_attention, prefix_blocks,
+                                        shared_attention)
 
     if prefix_block:
         monkeypatch.setattr(decoder, "SHARED_ATTENTION_BLOCK", prefix_block)
@@ -293,7 +294,9 @@ def test_shared_then_blocked_attention_equals_dense(monkeypatch, prefix_block):
     k, v = (jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in ((b, kh, d, s), (b, kh, s, d)))
     shared_mask = jnp.asarray(rng.random((p, n)) < 0.6)
     mask = jnp.asarray(np.broadcast_to(np.arange(s) < 70, (b, t, s)))
-    carry = shared_attention(_empty_carry(q), q, ks, vs, shared_mask)
+    blocks = prefix_blocks(ks, vs, shared_mask)
+    assert blocks[0].shape[0] == (2 if prefix_block else 1)
+    carry = shared_attention(_empty_carry(q), q, *blocks)
     out = _normalize(cache_attention(carry, q, jnp.split(k, 2, axis=3), jnp.split(v, 2, axis=2), mask, jnp.asarray(70)))
     rows = lambda x: jnp.repeat(x, m, axis=0)
     full_k = jnp.concatenate([rows(ks), k], axis=3)

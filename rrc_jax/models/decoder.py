@@ -224,9 +224,10 @@ class KVCache:
 
     A cache made by `branch(group, size)` also holds P read-only prefixes, prefix p continued by the `group`
     consecutive rows `p*group ... p*group + group - 1` (B = P * group) and attended before their own slots:
-    shared_k per layer `[P, K, D, N]`, shared_v `[P, K, N, D]`, shared_mask `[P, N]` (the prefix's valid slots).
-    Each row attends to its own prompt's prefix only, so the cost is linear in the number of prompts. Otherwise
-    these are None.
+    the prefixes' N slots stored block-major (`prefix_blocks`), J blocks of N_b slots: shared_k per layer
+    `[J, P, K, D, N_b]`, shared_v `[J, P, K, N_b, D]`, shared_mask `[J, P, N_b]` (the prefix's valid slots). Each
+    row attends to its own prompt's prefix only, so the cost is linear in the number of prompts. Otherwise these
+    are None.
     """
 
     k: tuple[tuple[jax.Array, ...], ...]
@@ -278,13 +279,26 @@ class KVCache:
 def _branch(cache: KVCache, group: int, size: int) -> KVCache:
     p = cache.batch_size
     _, kh, d, _ = cache.k[0][0].shape
-    shared_k = tuple(sharding.constrain(jnp.concatenate(blocks, axis=3), KV_K) for blocks in cache.k)
-    shared_v = tuple(sharding.constrain(jnp.concatenate(blocks, axis=2), KV_V) for blocks in cache.v)
+    layers = [prefix_blocks(jnp.concatenate(kb, axis=3), jnp.concatenate(vb, axis=2), cache.valid)
+              for kb, vb in zip(cache.k, cache.v)]
     k, v = _empty_kv(len(cache.k), p * group, kh, size, d, cache.k[0][0].dtype)
     rows = lambda x: jnp.repeat(x, group, axis=0)
     return KVCache(k=k, v=v, valid=jnp.zeros((p * group, size), bool), positions=rows(cache.positions),
-                   end=jnp.zeros((), jnp.int32), logits=rows(cache.logits), shared_k=shared_k, shared_v=shared_v,
-                   shared_mask=cache.valid)
+                   end=jnp.zeros((), jnp.int32), logits=rows(cache.logits), shared_k=tuple(x[0] for x in layers),
+                   shared_v=tuple(x[1] for x in layers), shared_mask=layers[0][2])
+
+
+def prefix_blocks(k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Prefixes k `[P, K, D, N]`, v `[P, K, N, D]`, mask `[P, N]` stored block-major for `shared_attention`:
+    `[J, P, K, D, N_b]`, `[J, P, K, N_b, D]`, `[J, P, N_b]`, J blocks of `SHARED_ATTENTION_BLOCK` slots (one block
+    of N when N is not a multiple of it), so that the attention scans them as they are, with no copy per step."""
+    p, kh, d, n = k.shape
+    nb = SHARED_ATTENTION_BLOCK if n > SHARED_ATTENTION_BLOCK and n % SHARED_ATTENTION_BLOCK == 0 else n
+    j = n // nb
+    names = (None,) + KV_K
+    k = sharding.constrain(k.reshape(p, kh, d, j, nb).transpose(3, 0, 1, 2, 4), names)
+    v = sharding.constrain(v.reshape(p, kh, j, nb, d).transpose(2, 0, 1, 3, 4), (None,) + KV_V)
+    return k, v, mask.reshape(p, j, nb).swapaxes(0, 1)
 
 
 ATTENTION_BLOCK = 64  # cache slots per block of a blocked cache
@@ -412,8 +426,8 @@ class Attention(nnx.Module):
 
         `kv_cache` = (key blocks, value blocks) of this layer (`KVCache`), written at slots `[end, end + T)`.
 
-        `shared` = (k `[P, K, D, N]`, v `[P, K, N, D]`, mask `[P, N]`): each group of B / P rows' prefix, attended
-        before the cache (`KVCache.branch`).
+        `shared` = (k `[J, P, K, D, N_b]`, v `[J, P, K, N_b, D]`, mask `[J, P, N_b]`): each group of B / P rows'
+        prefix in J blocks (`prefix_blocks`), attended before the cache (`KVCache.branch`).
         `query_index [B]`: keys and values of all T tokens go to the cache, but only token `query_index[b]` of
         each row queries; the output is then `[B, 1, E]` (the last layer of `Decoder.extend`).
         """
@@ -538,15 +552,16 @@ def cache_attention(carry: tuple, q: jax.Array, k_blocks: tuple[jax.Array, ...],
 
 def shared_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple:
     """`_attend` over per-prompt prefixes: q `[B, K, G, T, D]` of B = P * M rows, rows `p*M ... p*M + M - 1`
-    seeing prefix p: k `[P, K, D, N]`, v `[P, K, N, D]`, valid where `mask [P, N]`.
+    seeing prefix p, stored in J blocks (`prefix_blocks`): k `[J, P, K, D, N_b]`, v `[J, P, K, N_b, D]`, valid
+    where `mask [J, P, N_b]`.
 
     A group's queries meet their prefix in one matmul `[M*G*T, D] x [D, N]` per prompt and kv head, so each prefix
     slot is read once per step however many rows continue it, and the cost is linear in P. Scores are laid out
-    `[P, K, M, G, T, N_j]`, over blocks of at most `SHARED_ATTENTION_BLOCK` slots in a `lax.scan` (a long suffix
-    prefilled after a long prefix holds one block's scores at a time); only the small carry is transposed.
+    `[P, K, M, G, T, N_b]`, one block at a time in a `lax.scan` (a long suffix prefilled after a long prefix holds
+    one block's scores at a time); only the small carry is transposed.
     """
     b, kh, g, t, d = q.shape
-    p, n = mask.shape
+    j, p, _ = mask.shape
     m = b // p
     to_groups = lambda x: x.reshape(p, m, kh, g, t, *x.shape[4:]).swapaxes(1, 2)  # [B, K, G, T, ..] -> [P, K, M, ..]
     from_groups = lambda x: x.swapaxes(1, 2).reshape(b, kh, g, t, *x.shape[5:])
@@ -562,14 +577,10 @@ def shared_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mas
         return _softmax_step(c, s, weighted), None
 
     carry = tuple(map(to_groups, carry))
-    block = SHARED_ATTENTION_BLOCK
-    if n <= block or n % block:
-        carry, _ = fold(carry, (k, v, mask))
+    if j == 1:
+        carry, _ = fold(carry, (k[0], v[0], mask[0]))
     else:
-        j = n // block
-        carry, _ = jax.lax.scan(fold, carry, (k.reshape(p, kh, d, j, block).transpose(3, 0, 1, 2, 4),
-                                              v.reshape(p, kh, j, block, d).transpose(2, 0, 1, 3, 4),
-                                              mask.reshape(p, j, block).swapaxes(0, 1)))
+        carry, _ = jax.lax.scan(fold, carry, (k, v, mask))
     return tuple(map(from_groups, carry))
 
 
