@@ -66,16 +66,6 @@ def force_cpu_devices(n: int) -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-def set_fields(config, overrides: dict):
-    for key, value in overrides.items():
-        node = config
-        *path, leaf = key.split(".")
-        for p in path:
-            node = node[p]
-        node[leaf] = value
-    return config
-
-
 def measure(mesh: tuple[int, int, int], args, workdir: Path) -> dict:
     import jax
 
@@ -84,7 +74,8 @@ def measure(mesh: tuple[int, int, int], args, workdir: Path) -> dict:
 
     data, fsdp, tensor = mesh
     name = "x".join(map(str, mesh))
-    config = set_fields(base_config("agr"), {
+    config = base_config("agr")
+    config.update_from_flattened_dict({
         **TINY_RUN, "steps": args.steps + 1, "workdir": str(workdir / name), "toy.cache_dir": args.cache_dir,
         "reward.agr.anchors_path": str(workdir / "anchors.jsonl"),  # made by the first mesh, read by the others
         "mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor})

@@ -117,7 +117,8 @@ class MetricsLogger:
     """`log(step, {name: value})` -> a line of `workdir/metrics.jsonl` (with `step`) and TensorBoard scalars.
 
     Only process 0 writes. `resume_step`: a run resumed from the checkpoint of that step first drops the lines of
-    later steps (logged after the checkpoint, before the run was killed), so that every step has one line. A
+    later steps (logged after the checkpoint, before the run was killed), so that every step has one line; 0 (no
+    checkpoint yet) drops them all. A
     `workdir` URI (`gs://...`, which cannot append) is written through a local mirror copied to it after each
     `log`.
     """
@@ -134,7 +135,7 @@ class MetricsLogger:
             self.path.write_text((self.remote / "metrics.jsonl").read_text())
         if resume_step is not None and self.path.exists():
             rows = [line for line in self.path.read_text().splitlines(keepends=True)
-                    if line.strip() and json.loads(line)["step"] <= resume_step]
+                    if line.strip() and 0 < resume_step and json.loads(line)["step"] <= resume_step]
             self.path.write_text("".join(rows))
         self._jsonl = open(self.path, "a")
         self._tb = TensorBoardWriter(local / "tensorboard") if tensorboard else None

@@ -38,8 +38,8 @@ Phases:
   slots; the larger of the two counts. Prompts pad to a power of two (`bucket_length`), slots to multiples of
   `ATTENTION_BLOCK`. `_decode`'s while loop carries a copy of the rows' own cache (the input is not donated) but not
   of the shared prefixes, which it only reads (stored block-major by `branch`, so `shared_attention`'s scan over
-  blocks of `SHARED_ATTENTION_BLOCK` slots copies nothing); while branching, the P-row cache branched from (as large as the prefixes) is alive next to the new one
-  (`branched_cache_bytes`). Transients: one layer of the prompts' prefill, or a decode step's float32 scores over
+  blocks of `SHARED_ATTENTION_BLOCK` slots copies nothing); while branching, the P-row cache branched from (as
+  large as the prefixes) is alive next to the new one (`branched_cache_bytes`). Transients: one layer of the prompts' prefill, or a decode step's float32 scores over
   the prefix, `[P, kv_heads, m, G, 1, N_j]`: a block of the row's own prompt's prefix (each row group reads only its
   own), whichever is larger.
 - reward, the GRM judging (or the DRM scoring `reward.drm.max_batch` rows). A judge call prefills every prompt's

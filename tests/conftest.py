@@ -80,23 +80,14 @@ def toy_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("toy_cache")
 
 
-def set_fields(config, overrides: dict):
-    """`config` with dotted fields (`"rl.group_size"`) set."""
-    for key, value in overrides.items():
-        node = config
-        *path, leaf = key.split(".")
-        for p in path:
-            node = node[p]
-        node[leaf] = value
-    return config
-
-
 def tiny_config(kind, workdir, cache, **overrides):
     """A trainer config of `kind` on the tests' tiny toy world: 2 steps of 4 prompts x 4 responses."""
     from rrc_jax.config import base_config
 
-    return set_fields(base_config(kind), {**TINY_RUN, "workdir": str(workdir), "toy.cache_dir": str(cache),
-                                          **overrides})
+    config = base_config(kind)
+    config.update_from_flattened_dict({**TINY_RUN, "workdir": str(workdir), "toy.cache_dir": str(cache),
+                                       **overrides})
+    return config
 
 
 def read_metrics(workdir):

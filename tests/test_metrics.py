@@ -50,3 +50,17 @@ def test_tensorboard_reads_the_events(tmp_path):
     ea = accumulator.EventAccumulator(str(events))
     ea.Reload()
     assert [(e.step, round(e.value, 5)) for e in ea.Scalars("kl")] == [(0, 0.0), (1, 0.1), (2, 0.2)]
+
+
+def test_a_resumed_run_drops_the_lines_logged_after_its_checkpoint(tmp_path):
+    """Steps 0-3 logged, then the run resumes from the checkpoint of step 2: lines 0-2 stay, 3 is dropped; a run with
+    no checkpoint yet (resume_step 0) starts the file again."""
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    for step in range(4):
+        logger.log(step, {"loss": float(step)})
+    logger.close()
+    steps = lambda: [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    MetricsLogger(tmp_path, tensorboard=False, resume_step=2).close()
+    assert steps() == [0, 1, 2]
+    MetricsLogger(tmp_path, tensorboard=False, resume_step=0).close()
+    assert steps() == []

@@ -228,7 +228,8 @@ class Trainer:
                     ckpt.maybe_save(step, self.learner, self.batches, force=step == config.steps or bool(signum))
                     if signum:
                         ckpt.wait()
-                        say(f"interrupted ({signal.Signals(signum).name}): checkpoint of step {step} saved in {ckpt.directory}")
+                        say(f"interrupted ({signal.Signals(signum).name}): checkpoint of step {step} saved in "
+                            f"{ckpt.directory}")
                         sys.exit(128 + signum)
             ckpt.wait()
             save_hf(self.policy, workdir / "hf_export", tokenizer=self.tokenizer)
