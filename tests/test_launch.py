@@ -216,8 +216,11 @@ def test_watch_dry_run_prints_one_round(stub):
     (["stop", *LOC, "--grace=soon"], "--grace takes a whole number"),
     (["stop", *LOC, "--", "--config.steps=1"], "stop takes no trainer flags"),
 ])
-def test_usage_errors_exit_2(stub, args, message):
-    proc = run_script(*with_dry_run(args), env=stub.env, check_rc=2)
+def test_usage_errors_exit_2(stub, tmp_path, args, message):
+    env = stub.env
+    if message == "missing --repo":  # a checkout without an `origin` remote (a clone, as CI runs, has one)
+        env = {**env, "GIT_DIR": str(tmp_path / "not-a-repository")}
+    proc = run_script(*with_dry_run(args), env=env, check_rc=2)
     assert message in proc.stderr and proc.stdout == ""
 
 
