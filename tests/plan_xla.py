@@ -36,9 +36,9 @@ from rrc_jax.rl.learner import Learner, make_optimizer
 from rrc_jax.sharding import make_mesh, model_context, put_batch
 
 ROWS, LENGTH, CACHE_ROWS, CACHE_SLOTS = 32, 128, 16, 256
-UPDATES = [((1, 1, 1), "float32", 0), ((1, 1, 1), "bfloat16", 0), ((1, 8, 1), "float32", 0),
-           ((1, 8, 1), "float32", 16), ((2, 2, 2), "float32", 0), ((1, 8, 1), "float32", 0, 1024)]
-DECODES = [((1, 1, 1), "float32"), ((1, 8, 1), "float32"), ((2, 4, 1), "float32")]
+UPDATES = [((1, 1, 1), "bfloat16", 0), ((1, 8, 1), "float32", 0), ((1, 8, 1), "float32", 16),
+           ((2, 2, 2), "float32", 0), ((1, 8, 1), "float32", 0, 1024)]
+DECODES = [((1, 8, 1), "float32"), ((2, 4, 1), "float32")]
 PREFIXES, PREFIX_SLOTS, GROUP = 8, 1024, 2  # the branched decode: 8 prefixes x 2 rows = CACHE_ROWS
 BRANCHED = [((1, 8, 1), "float32"), ((2, 4, 1), "float32")]
 
