@@ -9,10 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from flax import nnx
 
 from conftest import cli_args, read_metrics, tiny_config
 from rrc_jax.config import base_config, validate
@@ -160,8 +162,6 @@ def test_rollout_logprobs_are_at_the_sampling_temperature(tmp_path, toy_cache, m
     """pi_theta_old (and the reference, with beta > 0) are log-probabilities of softmax(logits / rl.temperature),
     the distribution the rollouts were sampled from; the loss uses the same temperature and Dr.GRPO's constant is
     rl.max_new_tokens."""
-    import jax
-
     seen, objectives = [], []
     real_objective = trainer_lib.grpo_objective
     monkeypatch.setattr(trainer_lib, "grpo_objective", lambda **kw: objectives.append(kw) or real_objective(**kw))
@@ -199,14 +199,12 @@ def test_init_from_sets_the_policy_and_the_reference(tmp_path, toy_cache, finish
 
 
 def jax_leaves(tree):
-    import jax
-
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
 def test_only_the_roles_a_run_needs_are_built(tmp_path):
     """AGR on real (tiny) checkpoints with `models.drm` left at 'toy': the toy world is never built, the DRM never
-    loaded."""
+    loaded. In bfloat16 the frozen roles are stored in it and the policy keeps float32 master weights."""
     from conftest import make_hf_model
     from rrc_jax.models.char_tokenizer import make_char_tokenizer
 
@@ -219,10 +217,14 @@ def test_only_the_roles_a_run_needs_are_built(tmp_path):
     cache.mkdir()
     config = tiny_config("agr", tmp_path / "w", cache, steps=1, **{
         "models.policy": str(ckpt), "models.grm": str(ckpt), "data.path": str(data), "eval.every": 0,
-        "toy.train_prompts": 0})
+        "toy.train_prompts": 0, "models.dtype": "bfloat16"})
     trainer = Trainer(config)
     trainer.run()
     assert sorted(trainer.roles.loaded) == ["grm", "policy", "reference"]  # reference: AGR's anchors
+    dtypes = {role: {str(x.dtype) for x in jax.tree.leaves(nnx.state(trainer.roles.model(role), nnx.Param))}
+              for role in trainer.roles.loaded}
+    assert dtypes == {"policy": {"float32"}, "grm": {"bfloat16"}, "reference": {"bfloat16"}}
+    assert trainer.policy.cfg.compute_dtype == jnp.bfloat16
     assert list(cache.iterdir()) == []
     assert read_metrics(tmp_path / "w")[1]["judge/questions"] == 4 * 4 * 2 * 2
 
