@@ -180,11 +180,11 @@ class JaxSampler:
             groups = groups + [[]] * (p - len(groups))  # padding prefixes: no questions
             chunk = [i for g in groups for i in g]
             rows = np.asarray([j * m + r for j, g in enumerate(groups) for r in range(len(g))])
-            slot = [None] * (p * m)
+            row_suffixes: list[Sequence[int]] = [[] for _ in range(p * m)]  # padding rows: no suffix
             for row, i in zip(rows, chunk):
-                slot[row] = suffixes[i][1]
+                row_suffixes[row] = suffixes[i][1]
             s_len = length_bucket(max(len(suffixes[i][1]) for i in chunk))
-            s_ids, s_mask = pad_sequences([x or [] for x in slot], s_len, self.pad_id, "right")
+            s_ids, s_mask = pad_sequences(row_suffixes, s_len, self.pad_id, "right")
             owners = [row_of[suffixes[g[0]][0]] if g else row_of[suffixes[chunk[-1]][0]] for g in groups]
             cache = prefix_cache.take(jnp.asarray(owners, jnp.int32)).branch(
                 m, size=round_up(max(s_len + extra, 1), ATTENTION_BLOCK))
