@@ -10,7 +10,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import jax
+import ml_collections
+import pytest
 from conftest import cli_args
+
+from rrc_jax import distributed
+from rrc_jax.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -74,3 +80,17 @@ def test_two_hosts_train_resume_after_sigkill_and_resume_on_one_device(tmp_path,
     assert one == [0], _logs(workdir)[-3000:]
     assert "resumed from the checkpoint of step 3" in _logs(workdir)
     assert _steps(workdir) == [0, 1, 2, 3, 4]
+
+
+def test_partial_distributed_settings_are_a_config_error(monkeypatch):
+    """A coordinator without a process count (or an id out of range) is named in one ConfigError; with nothing set
+    on a machine that is not a Cloud TPU VM, one process is left alone."""
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    settings = lambda **kw: ml_collections.ConfigDict({"coordinator": "", "num_processes": 0, "process_id": -1, **kw})
+    with pytest.raises(ConfigError, match="config.distributed"):
+        distributed.initialize(settings(coordinator="127.0.0.1:1234"))
+    with pytest.raises(ConfigError, match="process_id=2"):
+        distributed.initialize(settings(coordinator="127.0.0.1:1234", num_processes=2, process_id=2))
+    distributed.initialize(settings())
+    assert not jax.distributed.is_initialized() and jax.process_count() == 1
