@@ -204,7 +204,7 @@ def jax_leaves(tree):
 
 def test_only_the_roles_a_run_needs_are_built(tmp_path):
     """AGR on real (tiny) checkpoints with `models.drm` left at 'toy': the toy world is never built, the DRM never
-    loaded. In bfloat16 the frozen roles are stored in it and the policy keeps float32 master weights."""
+    loaded."""
     from conftest import make_hf_model
     from rrc_jax.models.char_tokenizer import make_char_tokenizer
 
@@ -217,16 +217,29 @@ def test_only_the_roles_a_run_needs_are_built(tmp_path):
     cache.mkdir()
     config = tiny_config("agr", tmp_path / "w", cache, steps=1, **{
         "models.policy": str(ckpt), "models.grm": str(ckpt), "data.path": str(data), "eval.every": 0,
-        "toy.train_prompts": 0, "models.dtype": "bfloat16"})
+        "toy.train_prompts": 0})
     trainer = Trainer(config)
     trainer.run()
     assert sorted(trainer.roles.loaded) == ["grm", "policy", "reference"]  # reference: AGR's anchors
-    dtypes = {role: {str(x.dtype) for x in jax.tree.leaves(nnx.state(trainer.roles.model(role), nnx.Param))}
-              for role in trainer.roles.loaded}
-    assert dtypes == {"policy": {"float32"}, "grm": {"bfloat16"}, "reference": {"bfloat16"}}
-    assert trainer.policy.cfg.compute_dtype == jnp.bfloat16
     assert list(cache.iterdir()) == []
     assert read_metrics(tmp_path / "w")[1]["judge/questions"] == 4 * 4 * 2 * 2
+
+
+def test_bfloat16_roles_keep_float32_master_weights_for_the_policy(tmp_path):
+    """`models.dtype=bfloat16`: every role computes in it and the frozen ones are stored in it; the policy's
+    parameters (and so its optimizer state) stay float32."""
+    from conftest import make_hf_model
+
+    from rrc_jax.rl.roles import Roles
+
+    ckpt = tmp_path / "ckpt"
+    make_hf_model("llama3_tied", seed=2).save_pretrained(ckpt)
+    roles = Roles(tiny_config("agr", tmp_path / "w", tmp_path / "cache", **{
+        "models.policy": str(ckpt), "models.grm": str(ckpt), "models.dtype": "bfloat16"}))
+    dtypes = {role: {str(x.dtype) for x in jax.tree.leaves(nnx.state(roles.model(role), nnx.Param))}
+              for role in ("policy", "reference", "grm")}
+    assert dtypes == {"policy": {"float32"}, "grm": {"bfloat16"}, "reference": {"bfloat16"}}
+    assert {roles.model(role).cfg.compute_dtype for role in dtypes} == {jnp.dtype(jnp.bfloat16)}
 
 
 def test_anchors_are_stored_and_reused(toy_cache, finished):
