@@ -49,6 +49,13 @@ def hf_checkpoint(request, tmp_path_factory):
     return request.param, path, model
 
 
+def cpu_devices_env(n: int = 8) -> dict:
+    """The environment of a subprocess that sees `n` XLA host-platform (CPU) devices (mesh and multi-host tests)."""
+    import os
+
+    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
+
+
 def padded_batch(lengths, pad_side="left", seed=0, vocab=VOCAB, pad_id=0):
     """Random token ids `[B, T]` (ids >= 3) and mask for rows of the given lengths."""
     rng = np.random.default_rng(seed)

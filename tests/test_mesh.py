@@ -4,14 +4,15 @@ and learner parity on every mesh shape (`mesh_parity.py`), and the trainer on a 
 checkpoint restores on mesh (2, 2, 2) and on one device with the same parameters, placed on the new mesh."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+from conftest import cpu_devices_env
+
 HERE = Path(__file__).resolve().parent
-ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+ENV = cpu_devices_env(8)
 
 
 def test_models_samplers_and_the_learner_agree_with_one_device_on_every_mesh():

@@ -1,7 +1,6 @@
 """Decoder parity with transformers' PyTorch Llama / Qwen2, HF round trip, logical axes, chunked log-probs."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -13,7 +12,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file, save_file
 
-from conftest import make_hf_model, padded_batch
+from conftest import cpu_devices_env, make_hf_model, padded_batch
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, save_hf
 from rrc_jax.sharding import model_context
 
@@ -162,8 +161,7 @@ def test_meshed_construction_on_8_devices():
         assert tuple(model.embed[...].sharding.spec) == ("tensor", "fsdp")
         print("ok")
     """)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], env=cpu_devices_env(8), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
 
 

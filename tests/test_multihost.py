@@ -3,7 +3,6 @@ config, one `metrics.jsonl` line per step written by process 0, resume after bot
 and the same checkpoint resumed by one process on one device."""
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 import jax
 import ml_collections
 import pytest
-from conftest import cli_args
+from conftest import cli_args, cpu_devices_env
 
 from rrc_jax import distributed
 from rrc_jax.errors import ConfigError
@@ -28,7 +27,7 @@ def _free_port() -> int:
 
 
 def _launch(workdir: Path, cache, n_processes: int, devices: int, **overrides) -> list[subprocess.Popen]:
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+    env = cpu_devices_env(devices)
     port = _free_port()
     procs = []
     for i in range(n_processes):

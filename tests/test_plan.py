@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from conftest import cpu_devices_env
 from flax import nnx
 
 from rrc_jax import plan
@@ -21,8 +22,7 @@ from rrc_jax.sharding import model_context
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu",
-       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+ENV = {**cpu_devices_env(8), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 TINY = dict(model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
             num_kv_heads=2, head_dim=8)
 
