@@ -9,8 +9,19 @@ steps run as one SPMD program over the global mesh, and the host side keeps in s
   process without any of these is left alone.
 - `is_main()`: process 0, the only one that writes files (metrics, anchors, exports, config.json).
 - `barrier(name)`: every host waits here (a host reads what process 0 has just written after one).
-- `host_concat(x)`: this host's numpy rows concatenated with every other host's, in process order.
+- `host_concat(x)`: this host's numpy rows concatenated with every other host's, in process order (`host_gather`
+  when the hosts' row counts differ, `gather_texts` for strings).
+- `host_max(x)`: the elementwise maximum of a small integer array over hosts: how hosts agree on the shapes of a
+  collective call (`agree` for a list of per-chunk shapes).
+- `any_host(flag)`: whether any host has more work, for loops whose every iteration is a collective call.
+- `host_block(n)`: this host's contiguous share of n items (the eval prompts, the anchors' prompts).
+- `reduce_metrics(metrics)`: one step's metrics averaged over hosts (counters summed).
 - `main_value(x)`: process 0's value of a small host value (a decision every host must take alike).
+
+The host side of a step is split across hosts: each host tokenizes its own prompts, detokenizes its own rows and
+judges its own groups; the jitted programs it feeds (`sharding.put_rows`) and reads (`sharding.host_rows`) span the
+mesh. Every model call is then collective: each host makes the same calls in the same order, with shapes agreed by
+`host_max` / `agree`, a host without rows of its own passing padding.
 
 On one process every helper is the identity (or a no-op), so library code calls them unconditionally.
 """
@@ -18,8 +29,10 @@ On one process every helper is the identity (or a no-op), so library code calls 
 from __future__ import annotations
 
 import glob
+import math
 import importlib.util
 import os
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -75,6 +88,89 @@ def host_concat(x: np.ndarray) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(x)).reshape(-1, *x.shape[1:])
+
+
+def host_gather(x: np.ndarray) -> np.ndarray:
+    """Every host's `x [n_h, ...]` (row counts may differ, other axes equal) concatenated in process order."""
+    x = np.asarray(x)
+    if jax.process_count() == 1:
+        return x
+    counts = host_concat(np.asarray([len(x)]))
+    padded = np.zeros((int(counts.max()),) + x.shape[1:], x.dtype)
+    padded[:len(x)] = x
+    rows = host_concat(padded).reshape(len(counts), -1, *x.shape[1:])
+    return np.concatenate([rows[h, :int(c)] for h, c in enumerate(counts)])
+
+
+def gather_texts(texts: list[str]) -> list[str]:
+    """Every host's list of strings concatenated in process order (`texts` itself on one process)."""
+    if jax.process_count() == 1:
+        return list(texts)
+    encoded = [t.encode() for t in texts]
+    lengths = host_gather(np.asarray([len(b) for b in encoded], np.int64))
+    data = host_gather(np.frombuffer(b"".join(encoded), np.uint8)).tobytes()
+    ends = np.cumsum(lengths)
+    return [data[e - n:e].decode() for e, n in zip(ends, lengths)]
+
+
+def host_max(x) -> np.ndarray:
+    """The elementwise maximum over hosts of an integer array `x` of the same shape on every host."""
+    x = np.asarray(x, np.int64)
+    return host_concat(x[None]).max(axis=0) if jax.process_count() > 1 else x
+
+
+def agree(plan: list[tuple[int, ...]], width: int) -> list[tuple[int, ...]]:
+    """Per-chunk shapes agreed by all hosts: this host's `plan` (one tuple of `width` ints per chunk of a call),
+    padded with zeros to the longest host's number of chunks, and the elementwise maximum over hosts."""
+    if jax.process_count() == 1:
+        return [tuple(int(v) for v in p) for p in plan]
+    n = int(host_max(len(plan)))
+    table = np.zeros((n, width), np.int64)
+    if plan:
+        table[:len(plan)] = np.asarray(plan, np.int64).reshape(len(plan), width)
+    return [tuple(int(v) for v in row) for row in host_max(table)]
+
+
+def agreed_chunks(lengths: Sequence[int], per_host: int) -> list[tuple[list[int], int, int]]:
+    """Items of the given token `lengths`, sorted by length and cut into chunks of at most `per_host`, as
+    `(item indices, rows, padded length)` per chunk: rows and padded length (`length_bucket`) are the largest of
+    every host's chunk of that index, and every host gets as many chunks as the host with the most (the extra ones
+    without items)."""
+    from rrc_jax.data.batches import length_bucket
+
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    chunks = [order[start:start + per_host] for start in range(0, len(order), per_host)]
+    plan = agree([(len(c), length_bucket(max(lengths[i] for i in c))) for c in chunks], 2)
+    return [(chunks[k] if k < len(chunks) else [], n, t) for k, (n, t) in enumerate(plan)]
+
+
+def any_host(flag: bool) -> bool:
+    """Whether `flag` holds on any host."""
+    return bool(host_max(int(bool(flag))))
+
+
+def host_block(n: int) -> np.ndarray:
+    """This host's contiguous share of `range(n)` (`np.array_split` order: the first `n % hosts` hosts take one
+    more)."""
+    return np.array_split(np.arange(n), jax.process_count())[jax.process_index()]
+
+
+# metrics that are totals over the hosts' work; every other metric is a mean over hosts (NaN left out)
+SUMMED_METRICS = ("judge/questions", "judge/tokens", "judge/prefill_tokens_saved", "tokens_per_second")
+
+
+def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """A step's metrics from every host's own (the same keys on every host): totals (`SUMMED_METRICS`) summed,
+    the rest averaged, NaN where every host has NaN. Identity on one process."""
+    if jax.process_count() == 1:
+        return dict(metrics)
+    keys = sorted(metrics)
+    table = host_concat(np.asarray([[float(metrics[k]) for k in keys]], np.float64))
+    out = {}
+    for k, column in zip(keys, table.T):
+        finite = column[~np.isnan(column)]
+        out[k] = float(column.sum()) if k in SUMMED_METRICS else float(finite.mean()) if len(finite) else math.nan
+    return out
 
 
 def main_value(x):

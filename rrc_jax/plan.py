@@ -42,12 +42,12 @@ Phases:
   large as the prefixes) is alive next to the new one (`branched_cache_bytes`). Transients: one layer of the prompts' prefill, or a decode step's float32 scores over
   the prefix, `[P, kv_heads, m, G, 1, N_j]`: a block of the row's own prompt's prefix (each row group reads only its
   own), whichever is larger.
-- reward, the GRM judging (or the DRM scoring `reward.drm.max_batch` rows). A judge call prefills every prompt's
-  `[instruction, prompt]` prefix once and keeps it for the call. Its questions are packed into chunks of P prefixes
-  x M rows (`judge_chunk`, as `JaxSampler._prefix_chunks` packs them: a prefix's questions in pieces of at most
-  `reward.judge.max_batch`, M their power-of-two bucket, P a power of two with P x M <= max_batch); each chunk takes
-  its P prefixes, branches them into shared prefixes (M rows each) and gives its rows `[response A, response B]`
-  plus `reward.judge.max_new_tokens` slots (cached as in the rollout). The transient is the chunk's suffix prefill,
+- reward, the GRM judging (or the DRM scoring `reward.drm.max_batch` rows). A judge call's questions are packed
+  into chunks of P prefixes x M rows (`judge_chunk`, as `engine.prefix_chunks` packs them: a prefix's questions in
+  pieces of at most `reward.judge.max_batch`, M their power-of-two bucket, P a power of two with P x M <=
+  max_batch); each chunk prefills its P `[instruction, prompt]` prefixes, branches them into shared prefixes (M
+  rows each) and gives its rows `[response A, response B]` plus `reward.judge.max_new_tokens` slots (cached as in
+  the rollout). The transient is the chunk's suffix prefill,
   whose tokens attend at once to a block of their own row's prefix (float32 scores) and a block of their own slots.
   A step's questions and the judged evaluation's are both planned; the larger counts. Template text is estimated at
   `CHARS_PER_TOKEN` characters a token plus `CHAT_FORMAT_TOKENS` (one token a character for the toy world's
@@ -563,7 +563,7 @@ def _policy_rollouts(config, cfg, shape, dtype) -> list[Row]:
 
 
 def judge_chunk(questions: int, prompts: int, max_batch: int) -> tuple[int, int]:
-    """(P, M) of the largest chunk the judge engine packs (`JaxSampler._prefix_chunks`) when each of `prompts`
+    """(P, M) of the largest chunk the judge engine packs (`engine.prefix_chunks`) when each of `prompts`
     prefixes has `questions` questions: a prefix's questions in pieces of at most `max_batch`, M the power-of-two
     bucket of a piece, and P the power-of-two bucket of the pieces a chunk takes, as many as keep P x M within
     `max_batch` (at least one)."""
@@ -594,13 +594,11 @@ def _judging(config, cfg, shape, dtype) -> tuple[list[Row], str]:
             continue
         p, m = judge_chunk(q, prompts, r.judge.max_batch)
         rows = p * m
-        out = [Row("judge prefix cache", "reward", kv_cache_bytes(cfg, prompts, prefix, shape, dtype),
-                   f"{kind}: {prompts} prompts x {prefix} slots"),
-               Row("judge KV cache", "reward", branched_cache_bytes(cfg, p, prefix, m, own, shape, dtype),
-                   f"{p} prefixes x {m} rows x {own} slots x2 (decode copy) + {p} shared prefixes x {prefix} "
-                   "slots"),
+        out = [Row("judge KV cache", "reward", branched_cache_bytes(cfg, p, prefix, m, own, shape, dtype),
+                   f"{kind}: {p} prefixes x {m} rows x {own} slots x2 (decode copy) + {p} shared prefixes x "
+                   f"{prefix} slots"),
                Row("judge prefill transients", "reward",
-                   max(forward_bytes(cfg, prompts, prefix, shape, dtype, keys=ATTENTION_BLOCK),
+                   max(forward_bytes(cfg, p, prefix, shape, dtype, keys=ATTENTION_BLOCK),
                        forward_bytes(cfg, rows, suffix, shape, dtype,
                                      keys=shared_block(prefix) + ATTENTION_BLOCK),
                        decode_step_bytes(cfg, rows, prefix, shape)),

@@ -161,6 +161,71 @@ def put_batch(tree, mesh: jax.sharding.Mesh | None):
     return jax.tree.map(put, tree)
 
 
+def mesh_of(model) -> jax.sharding.Mesh | None:
+    """The mesh a model's parameters are sharded over (None for a model on one device without a mesh)."""
+    leaf = jax.tree.leaves(nnx.state(model, nnx.Param))[0]
+    sharding = getattr(leaf, "sharding", None)
+    return sharding.mesh if isinstance(sharding, jax.sharding.NamedSharding) else None
+
+
+def _batch_shards(mesh: jax.sharding.Mesh) -> int:
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def _split_by_host(mesh: jax.sharding.Mesh) -> bool:
+    """Whether the batch axis is split between the hosts, each host's devices holding rows of their own (else the
+    hosts' devices hold the same rows, e.g. with `tensor` spanning hosts)."""
+    local = mesh.local_mesh
+    return _batch_shards(mesh) == _batch_shards(local) * jax.process_count()
+
+
+def host_row_multiple(mesh: jax.sharding.Mesh | None) -> int:
+    """A host's part of a batch (`put_rows`) must have a multiple of this many rows, so that every host's rows
+    times the hosts divide over the batch shards `data x fsdp`. 1 on one process."""
+    if mesh is None or jax.process_count() == 1:
+        return 1
+    import math
+
+    return _batch_shards(mesh) // math.gcd(_batch_shards(mesh), jax.process_count())
+
+
+def put_rows(tree, mesh: jax.sharding.Mesh | None):
+    """This host's own rows `[n, ...]` (numpy; the same n on every host, a multiple of `host_row_multiple`) as
+    global arrays `[n x hosts, ...]`, rows over `(data, fsdp)`: what a host feeds a program over the whole mesh.
+    `host_rows` reads a result back in the same order. On one process, `put_batch` (plain device arrays when the
+    rows do not divide over the batch shards; the jitted program places them).
+
+    When the batch axis is split between the hosts, each host's rows go to its own devices
+    (`multihost_utils.host_local_array_to_global_array`, nothing sent); otherwise the hosts' rows are gathered
+    first and the global batch is in process order."""
+    if mesh is None or jax.process_count() == 1:
+        whole = all(x.shape[0] % _batch_shards(mesh) == 0 for x in jax.tree.leaves(tree)) if mesh else False
+        return put_batch(tree, mesh if whole else None)
+    from jax.experimental import multihost_utils
+
+    if _split_by_host(mesh):
+        spec = lambda x: logical_spec(("batch",) + (None,) * (x.ndim - 1))
+        return jax.tree.map(lambda x: multihost_utils.host_local_array_to_global_array(x, mesh, spec(x)), tree)
+    from rrc_jax import distributed
+
+    return put_batch(jax.tree.map(distributed.host_concat, tree), mesh)
+
+
+def host_rows(x: jax.Array, mesh: jax.sharding.Mesh | None):
+    """This host's own rows of a global batch array built from `put_rows` (or computed row-wise from one), as
+    numpy; the whole array on one process."""
+    if mesh is None or jax.process_count() == 1:
+        return to_host(x)
+    from jax.experimental import multihost_utils
+
+    if _split_by_host(mesh):
+        local = multihost_utils.global_array_to_host_local_array(x, mesh, logical_spec(("batch",) + (None,) *
+                                                                                      (x.ndim - 1)))
+        return to_host(local)
+    n = x.shape[0] // jax.process_count()
+    return to_host(x)[jax.process_index() * n:(jax.process_index() + 1) * n]
+
+
 def to_host(x: jax.Array):
     """A global array as a numpy array on this host: its own data when fully addressable, else gathered from every
     process (`multihost_utils.process_allgather`). Every host-side read of a possibly global array goes through

@@ -10,6 +10,7 @@ from flax import nnx
 
 from rrc_jax.data.batches import bucket_length, pad_sequences
 from rrc_jax.inference import JaxSampler, SamplingParams
+from rrc_jax.inference.engine import prefix_chunks
 from rrc_jax.inference.sampling import generate
 from rrc_jax.models import Decoder, DecoderConfig
 from rrc_jax.sharding import model_context
@@ -35,11 +36,13 @@ def questions(seed=0):
     return prefixes, suffixes
 
 
-@pytest.mark.parametrize("prefix_reuse,max_batch,calls", [(True, 64, 1), (True, 4, 3), (False, 64, 1), (False, 3, 4)])
-def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max_batch, calls):
+@pytest.mark.parametrize("prefix_reuse,max_batch,calls,refills", [(True, 64, 1, 0), (True, 4, 3, 1), (False, 64, 1, 0),
+                                                                   (False, 3, 4, 0)])
+def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max_batch, calls, refills):
     """Each question's continuation equals generating its whole text; with reuse, 4 + 5 + 2 questions on three
     prefixes pack into one chunk of 4 x 8 rows at max_batch 64, and into chunks of 4, 4 and 1 + 2 questions at
-    max_batch 4."""
+    max_batch 4 (each chunk prefills its own prefixes: prefix 1's questions span two chunks, so it is prefilled
+    twice)."""
     prefixes, suffixes = questions()
     sampler = JaxSampler(model, max_batch=max_batch, prefix_reuse=prefix_reuse)
     out = sampler.complete(prefixes, suffixes, GREEDY)
@@ -49,7 +52,7 @@ def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)
     assert sampler.stats.calls == calls
     uses = np.bincount([o for o, _ in suffixes], minlength=len(prefixes))
-    saved = sum((k - 1) * len(p) for k, p in zip(uses, prefixes) if k)
+    saved = sum((k - 1) * len(p) for k, p in zip(uses, prefixes) if k) - refills * len(prefixes[1])
     assert sampler.stats.prefill_tokens_saved == (saved if prefix_reuse else 0)
     assert sampler.stats.prefill_tokens == sum(map(len, whole)) - sampler.stats.prefill_tokens_saved
     assert sampler.stats.generated_tokens == int(out.lengths.sum())
@@ -60,7 +63,7 @@ def test_chunks_pack_prompts_times_rows_within_max_batch(model):
     than max_batch spans chunks."""
     sampler = JaxSampler(model, max_batch=8)
     owners = [0] * 4 + [1] * 11 + [2] * 2 + [3]
-    chunks = list(sampler._prefix_chunks(list(range(len(owners))), owners))
+    chunks = list(prefix_chunks(list(range(len(owners))), owners, sampler.host_batch))
     assert [[len(g) for g in c] for c in chunks] == [[4], [8], [3, 2], [1]]
     for c in chunks:
         assert len({owners[g[0]] for g in c}) == len(c) and all(len({owners[i] for i in g}) == 1 for g in c)

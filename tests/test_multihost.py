@@ -1,17 +1,21 @@
 """Two processes on loopback (4 CPU devices each) train as one 8-device mesh: `jax.distributed` start-up from the
 config, one `metrics.jsonl` line per step written by process 0, resume after both are SIGKILLed past a checkpoint,
-and the same checkpoint resumed by one process on one device."""
+and the same checkpoint resumed by one process on one device; each host samples, judges and scores only its own
+rows, and together they get the single-process results."""
 
 import json
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import jax
 import ml_collections
+import numpy as np
 import pytest
+import multihost_engine
 from conftest import cli_args, cpu_devices_env
 
 from rrc_jax import distributed
@@ -79,6 +83,30 @@ def test_two_hosts_train_resume_after_sigkill_and_resume_on_one_device(tmp_path,
     assert one == [0], _logs(workdir)[-3000:]
     assert "resumed from the checkpoint of step 3" in _logs(workdir)
     assert _steps(workdir) == [0, 1, 2, 3, 4]
+
+
+def test_each_host_samples_and_judges_only_its_own_rows(tmp_path):
+    """Two hosts pass the engine, the judge's tournaments and the DRM only their own prompts and questions (host 1
+    fewer, and no groups to rank at all): together they get exactly the single-process results of the whole
+    workload on one device (`multihost_engine.py`), and the host helpers gather texts and reduce metrics across hosts."""
+    script = str(REPO / "tests" / "multihost_engine.py")
+    port = _free_port()
+    hosts = [subprocess.Popen([sys.executable, script, str(tmp_path / "two"), f"127.0.0.1:{port}", "2", str(i)],
+                              env=cpu_devices_env(4), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for i in range(2)]
+    multihost_engine.main(str(tmp_path / "one"))  # the reference, here on one device, while the hosts run
+    logs = [h.communicate(timeout=600)[0] for h in hosts]
+    assert [h.returncode for h in hosts] == [0, 0], (logs[0] + logs[1])[-3000:]
+    whole = json.loads((tmp_path / "one.0.json").read_text())
+    parts = [json.loads((tmp_path / f"two.{i}.json").read_text()) for i in range(2)]
+    for key in ("generate", "complete_True", "complete_False", "merge_sort", "knockout"):
+        assert parts[0][key] + parts[1][key] == whole[key], key
+    for key in ("complete_True_logprobs", "complete_False_logprobs", "next_token", "drm"):
+        np.testing.assert_allclose(np.array(parts[0][key] + parts[1][key]), np.array(whole[key]), atol=1e-4)
+    assert parts[1]["merge_sort"] == [] and len(parts[1]["generate"]) == 2  # 1 prompt x 2
+    for part in parts:
+        assert part["gathered"] == ["host 0: 6", "host 1: 3"]
+        assert part["metrics"] == {"judge/questions": whole["metrics"]["judge/questions"], "reward/mean": 4.5}
 
 
 def test_partial_distributed_settings_are_a_config_error(monkeypatch):

@@ -114,13 +114,12 @@ def test_branched_caches_by_hand():
     (100, 3, 100),    # a piece's bucket exceeds max_batch: one prefix a chunk
 ])
 def test_judge_chunk_is_the_engines_largest_chunk(questions, prompts, max_batch):
-    from types import SimpleNamespace
 
     from rrc_jax.data.batches import bucket_length
-    from rrc_jax.inference.engine import JaxSampler
+    from rrc_jax.inference.engine import prefix_chunks
 
     owners = [o for o in range(prompts) for _ in range(questions)]
-    chunks = list(JaxSampler._prefix_chunks(SimpleNamespace(max_batch=max_batch), list(range(len(owners))), owners))
+    chunks = list(prefix_chunks(list(range(len(owners))), owners, max_batch))
     shapes = [(bucket_length(len(c), 1), bucket_length(max(map(len, c)), 1)) for c in chunks]
     p, m = plan.judge_chunk(questions, prompts, max_batch)
     assert shapes[0] == (p, m) and max(a * b for a, b in shapes) == p * m
@@ -141,7 +140,7 @@ def test_the_paper_recipe_fits_a_v5p_64():
     assert p.fits and p.largest_phase == "rollout"
     assert rows["gathered policy weights"].bytes > p.phase_bytes("rollout") / 2
     assert p.phase_bytes("reward") < 40 * plan.GiB and p.phase_bytes("backward") < 30 * plan.GiB
-    assert rows["judge KV cache"].detail.startswith("128 prefixes x 2 rows")  # eval: 2 questions x 256 prompts
+    assert rows["judge KV cache"].detail.startswith("eval: 128 prefixes x 2 rows")  # eval: 2 questions x 256 prompts
     assert "their prefix's 1536 slots, 512 at a time" in rows["judge prefill transients"].detail
 
 

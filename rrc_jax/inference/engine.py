@@ -3,15 +3,21 @@
 `generate` samples GRPO groups: each prompt is prefilled once and its G rows continue it (`KVCache.branch`).
 
 `complete` and `next_token_logprobs` answer questions `(prefix index, suffix ids)`. With `prefix_reuse` (default)
-every prefix that a question uses is prefilled once (left-padded, one call); questions are sorted by prefix, then
-by suffix length, and packed into chunks of P prefixes x M rows each (P and M powers of two, P * M at most
-`max_batch`; a prefix with more than `max_batch` questions spans several chunks). Each chunk branches from its
-prefixes (`KVCache.branch`: shared, not copied; each row attends to its own prefix, read once per step for its M
-rows), appends its right-padded suffixes (`extend`) and decodes, or reads the next-token logits; rows without a
-question are padding and dropped. A prefix used by k questions saves (k - 1) x its length in prefill tokens
-(`stats.prefill_tokens_saved`). Without reuse every question is prefilled in full, in chunks of `max_batch`
-(rows padded to multiples of 8). Lengths are padded to `length_bucket`s, so compilations are shared across
-chunks and calls while padding stays small.
+questions are sorted by prefix, then by suffix length, and packed into chunks of P prefixes x M rows each (P and M
+powers of two, P * M at most `max_batch`; a prefix with more than `max_batch` questions spans several chunks,
+`prefix_chunks`). Each chunk prefills its P prefixes (left-padded, one call), branches from them
+(`KVCache.branch`: shared, not copied; each row attends to its own prefix, read once per step for its M rows),
+appends its right-padded suffixes (`extend`) and decodes, or reads the next-token logits; rows without a question
+are padding and dropped. A prefix used by k questions of a chunk saves (k - 1) x its length in prefill tokens
+(`stats.prefill_tokens_saved`). Without reuse every question is prefilled in full, in chunks of `max_batch` (rows
+padded to multiples of 8). Lengths are padded to `length_bucket`s, so compilations are shared across chunks and
+calls while padding stays small. A chunk never gathers rows of another chunk, so its rows stay where they are on
+the mesh.
+
+On several hosts (`rrc_jax.distributed`) every call is collective and every host passes its own prompts or
+questions: `max_batch` counts the rows of a call over the whole mesh, each host fills `max_batch // hosts` of them,
+the hosts agree on each chunk's shape (`distributed.agree`: the largest of their counts and lengths), a host with
+fewer chunks runs padding chunks, and each host gets back only its own rows (`sharding.put_rows` / `host_rows`).
 
 Shapes: Q questions, P prefixes, R rows of a chunk, N new tokens, V vocab.
 """
@@ -25,11 +31,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rrc_jax import distributed
 from rrc_jax.data.batches import bucket_length, length_bucket, pad_sequences, round_up
 from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix, stop_tokens
 from rrc_jax.inference.sampling import decode, extend, generate, prefill
 from rrc_jax.models.decoder import ATTENTION_BLOCK, Decoder, KVCache
-from rrc_jax.sharding import to_host
+from rrc_jax.sharding import host_row_multiple, host_rows, mesh_of
 
 
 def _key(rng: jax.Array | int, i: int) -> jax.Array:
@@ -43,7 +50,7 @@ class JaxSampler:
     Args:
       model: the decoder (held, not copied: parameter updates applied to it are seen by the next call).
       tokenizer: its tokenizer; only its EOS id is read (added to the model's stop tokens).
-      max_batch: most rows per model call (a chunk).
+      max_batch: most rows per model call (a chunk), over the whole mesh.
       prefix_reuse: prefill a shared prefix once for all its questions (see the module docstring).
       stop_token_ids: ids that end a continuation when `SamplingParams.stop_token_ids` is None (default: the
         model's EOS ids and the tokenizer's, `stop_tokens`).
@@ -64,6 +71,12 @@ class JaxSampler:
                 tokenizer, "pad_token_id", None)
         self.pad_id = int(pad_id or 0)
         self.stats = SamplerStats()
+        self.mesh = mesh_of(model)
+
+    @property
+    def host_batch(self) -> int:
+        """Most rows this host puts in one call: `max_batch` over the hosts."""
+        return max(1, self.max_batch // jax.process_count())
 
     def _params(self, params: SamplingParams) -> SamplingParams:
         if params.stop_token_ids is not None:
@@ -71,7 +84,10 @@ class JaxSampler:
         return dataclasses.replace(params, stop_token_ids=self.stop_token_ids)
 
     def _rows(self, n: int) -> int:
-        """Rows of a chunk of n questions: n rounded up to a multiple of 8 (at most max_batch)."""
+        """This host's rows of a chunk of n questions: n rounded up to a multiple of 8 (at most max_batch) on one
+        process, to `host_row_multiple` on several."""
+        if jax.process_count() > 1:
+            return round_up(max(n, 1), host_row_multiple(self.mesh))
         return min(self.max_batch, round_up(n, 8))
 
     # -- generate ---------------------------------------------------------------------------------------
@@ -79,19 +95,25 @@ class JaxSampler:
     def generate(self, prompt_ids: Sequence[Sequence[int]], group_size: int = 1,
                  params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0) -> SampleOutput:
         """`group_size` continuations of each prompt: `SampleOutput` of `[B * G]` rows, prompt b's at
-        `b*G ... b*G + G - 1`. Chunks hold whole groups, at most `max_batch` rows (at least one group)."""
+        `b*G ... b*G + G - 1`. Chunks hold whole groups, at most `max_batch` rows (at least one group). On several
+        hosts, B is this host's prompts (any number, zero included, as long as some host has one)."""
         params = self._params(params)
-        per_chunk = max(1, self.max_batch // group_size)
+        per_chunk = max(1, self.host_batch // group_size)
+        most = int(distributed.host_max(len(prompt_ids)))  # every host runs the chunks of the longest list
+        if most == 0:
+            raise ValueError("generate() got no prompts")
         outs = []
-        for c, start in enumerate(range(0, len(prompt_ids), per_chunk)):
-            chunk = prompt_ids[start:start + per_chunk]
+        for c, start in enumerate(range(0, most, per_chunk)):
+            chunk = [list(p) for p in prompt_ids[start:start + per_chunk]]
+            real = len(chunk)
+            size = round_up(min(per_chunk, most - start), host_row_multiple(self.mesh))  # the same on every host
+            chunk += [[self.pad_id]] * (size - real)  # padding prompts: a host with fewer prompts
             out = generate(self.model, chunk, params, rng=_key(rng, c), pad_id=self.pad_id, group_size=group_size)
+            out = SampleOutput(*(x[:real * group_size] for x in out))
             self.stats.calls += 1
-            self.stats.prefill_tokens += sum(map(len, chunk))
+            self.stats.prefill_tokens += sum(map(len, chunk[:real]))
             self.stats.generated_tokens += int(out.lengths.sum())
             outs.append(out)
-        if not outs:
-            raise ValueError("generate() got no prompts")
         return SampleOutput(*(np.concatenate(x) for x in zip(*outs)))
 
     # -- questions after shared prefixes ----------------------------------------------------------------
@@ -118,7 +140,7 @@ class JaxSampler:
         ids = jnp.asarray(token_ids, jnp.int32)
         out = np.zeros((len(suffixes), len(token_ids)), np.float32)
         for chunk, rows, cache in self._caches(prefixes, suffixes, 0):
-            out[chunk] = to_host(jax.nn.log_softmax(cache.logits, axis=-1)[:, ids])[rows]
+            out[chunk] = host_rows(jax.nn.log_softmax(cache.logits, axis=-1)[:, ids], self.mesh)[rows]
         return out
 
     def _caches(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix], extra: int
@@ -133,63 +155,66 @@ class JaxSampler:
             yield from self._shared_caches(prefixes, suffixes, extra)
             return
         full = [list(prefixes[o]) + list(s) for o, s in suffixes]
-        order = sorted(range(len(full)), key=lambda i: len(full[i]))
-        for start in range(0, len(order), self.max_batch):
-            chunk = order[start:start + self.max_batch]
-            rows = chunk + [chunk[-1]] * (self._rows(len(chunk)) - len(chunk))
-            t = length_bucket(max(len(full[i]) for i in chunk))
-            ids, mask = pad_sequences([full[i] for i in rows], t, self.pad_id, "left")
+        for chunk, n, t in distributed.agreed_chunks([len(f) for f in full], self.host_batch):
+            rows = [full[i] for i in chunk] + [[self.pad_id]] * (self._rows(n) - len(chunk))
+            ids, mask = pad_sequences(rows, t, self.pad_id, "left")
             self.stats.calls += 1
             self.stats.prefill_tokens += sum(len(full[i]) for i in chunk)
             yield chunk, np.arange(len(chunk)), prefill(self.model, ids, mask,
                                                         cache_size=round_up(t + max(extra, 1), ATTENTION_BLOCK))
 
-    def _prefix_chunks(self, order: list[int], owners: list[int]) -> Iterator[list[list[int]]]:
-        """`order` (questions sorted by prefix) as chunks, each a list of its prefixes' question lists: P prefixes
-        of at most M questions each, with `bucket_length(P) * bucket_length(M) <= max_batch` (at least one)."""
-        pieces: list[list[int]] = []
-        for i in order:  # each prefix's questions, in pieces of at most max_batch
-            if pieces and owners[pieces[-1][-1]] == owners[i] and len(pieces[-1]) < self.max_batch:
-                pieces[-1].append(i)
-            else:
-                pieces.append([i])
-        chunk: list[list[int]] = []
-        for piece in pieces:
-            m = bucket_length(max([len(piece)] + [len(x) for x in chunk]), 1)
-            if chunk and bucket_length(len(chunk) + 1, 1) * m > self.max_batch:
-                yield chunk
-                chunk = []
-            chunk.append(piece)
-        if chunk:
-            yield chunk
-
     def _shared_caches(self, prefixes, suffixes, extra) -> Iterator[tuple[list[int], np.ndarray, KVCache]]:
-        used = sorted({o for o, _ in suffixes})
-        if not used:
-            return
-        row_of = {o: r for r, o in enumerate(used)}
-        p_len = length_bucket(max(len(prefixes[o]) for o in used))
-        ids, mask = pad_sequences([prefixes[o] for o in used], p_len, self.pad_id, "left")
-        prefix_cache = prefill(self.model, ids, mask, cache_size=p_len)
-        prefilled = sum(len(prefixes[o]) for o in used)
-        self.stats.prefill_tokens += prefilled
-        self.stats.prefill_tokens_saved += sum(len(prefixes[o]) for o, _ in suffixes) - prefilled
-        order = sorted(range(len(suffixes)), key=lambda i: (suffixes[i][0], len(suffixes[i][1])))
-        for groups in self._prefix_chunks(order, [o for o, _ in suffixes]):
-            p, m = bucket_length(len(groups), 1), bucket_length(max(map(len, groups)), 1)
+        owners = [o for o, _ in suffixes]
+        order = sorted(range(len(suffixes)), key=lambda i: (owners[i], len(suffixes[i][1])))
+        # on several hosts a chunk's prefixes are over the host's batch shards too: pieces small enough that P
+        # fills them (a prefix's copies are the ones its rows' devices need anyway)
+        multiple = host_row_multiple(self.mesh)
+        chunks = list(prefix_chunks(order, owners, self.host_batch, max(1, self.host_batch // multiple)))
+        plan = distributed.agree([(bucket_length(len(groups), 1), bucket_length(max(map(len, groups)), 1),
+                                   length_bucket(max(len(prefixes[owners[g[0]]]) for g in groups)),
+                                   length_bucket(max(len(suffixes[i][1]) for g in groups for i in g)))
+                                  for groups in chunks], 4)
+        for k, (p, m, p_len, s_len) in enumerate(plan):
+            groups = chunks[k] if k < len(chunks) else []
+            p = round_up(p, multiple)  # P prefixes (and P x M rows) a multiple of the host's batch shards
             groups = groups + [[]] * (p - len(groups))  # padding prefixes: no questions
             chunk = [i for g in groups for i in g]
-            rows = np.asarray([j * m + r for j, g in enumerate(groups) for r in range(len(g))])
+            rows = np.asarray([j * m + r for j, g in enumerate(groups) for r in range(len(g))], np.int64)
             row_suffixes: list[Sequence[int]] = [[] for _ in range(p * m)]  # padding rows: no suffix
             for row, i in zip(rows, chunk):
                 row_suffixes[row] = suffixes[i][1]
-            s_len = length_bucket(max(len(suffixes[i][1]) for i in chunk))
+            heads = [list(prefixes[owners[g[0]]]) if g else [self.pad_id] for g in groups]
+            ids, mask = pad_sequences(heads, p_len, self.pad_id, "left")
             s_ids, s_mask = pad_sequences(row_suffixes, s_len, self.pad_id, "right")
-            owners = [row_of[suffixes[g[0]][0]] if g else row_of[suffixes[chunk[-1]][0]] for g in groups]
-            cache = prefix_cache.take(jnp.asarray(owners, jnp.int32)).branch(
+            cache = prefill(self.model, ids, mask, cache_size=p_len).branch(
                 m, size=round_up(max(s_len + extra, 1), ATTENTION_BLOCK))
             if s_len:
                 cache = extend(self.model, cache, s_ids, s_mask)
+            prefilled = sum(len(h) for h, g in zip(heads, groups) if g)
             self.stats.calls += 1
-            self.stats.prefill_tokens += sum(len(suffixes[i][1]) for i in chunk)
+            self.stats.prefill_tokens += prefilled + sum(len(suffixes[i][1]) for i in chunk)
+            self.stats.prefill_tokens_saved += sum(len(prefixes[owners[i]]) for i in chunk) - prefilled
             yield chunk, rows, cache
+
+
+def prefix_chunks(order: list[int], owners: list[int], max_rows: int, max_piece: int | None = None
+                  ) -> Iterator[list[list[int]]]:
+    """`order` (question indices sorted by prefix) as chunks, each a list of its prefixes' question lists: P
+    prefixes of at most M questions each, with `bucket_length(P) * bucket_length(M) <= max_rows` (at least one).
+    A prefix with more than `max_piece` (default `max_rows`) questions is cut into pieces, each its own prefix."""
+    max_piece = max_rows if max_piece is None else max_piece
+    pieces: list[list[int]] = []
+    for i in order:  # each prefix's questions, in pieces of at most max_piece
+        if pieces and owners[pieces[-1][-1]] == owners[i] and len(pieces[-1]) < max_piece:
+            pieces[-1].append(i)
+        else:
+            pieces.append([i])
+    chunk: list[list[int]] = []
+    for piece in pieces:
+        m = bucket_length(max([len(piece)] + [len(x) for x in chunk]), 1)
+        if chunk and bucket_length(len(chunk) + 1, 1) * m > max_rows:
+            yield chunk
+            chunk = []
+        chunk.append(piece)
+    if chunk:
+        yield chunk

@@ -10,7 +10,8 @@
   shared across calls: one per batch size, bucket and `max_new_tokens`), prefills and decodes.
 
 `rrc_jax.inference.engine.JaxSampler` builds the Sampler protocol on these; the trainer and the judge never call
-them directly. Returned log-probs are those of the model's raw distribution, `log_softmax(logits)[token]`, whatever
+them directly. On several hosts every call is collective: each host passes its own rows (the same number on every
+host) and gets its own rows back (`sharding.put_rows` / `host_rows`). Returned log-probs are those of the model's raw distribution, `log_softmax(logits)[token]`, whatever
 the sampling temperature / top-k / top-p. Shapes: B rows, T prompt tokens, S cache slots, N new tokens, V vocab.
 """
 
@@ -21,12 +22,14 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from rrc_jax.data.batches import bucket_length, pad_sequences, round_up
 from rrc_jax.inference.sampler import SampleOutput, SamplingParams
 from rrc_jax.models.decoder import ATTENTION_BLOCK, Decoder, KVCache, init_cache
-from rrc_jax.sharding import to_host
+from rrc_jax import distributed
+from rrc_jax.sharding import host_rows, mesh_of, put_rows
 
 
 def greedy_token(logits: jax.Array) -> jax.Array:
@@ -113,8 +116,9 @@ def _pad_id(model: Decoder, pad_id: int | None) -> int:
 
 
 def prefill(model: Decoder, ids, mask, *, cache_size: int) -> KVCache:
-    """A cache of `cache_size` slots holding the (left-padded) prompts `ids [B, T]`, `mask [B, T]`."""
-    ids, mask = jnp.asarray(ids, jnp.int32), jnp.asarray(mask, bool)
+    """A cache of `cache_size` slots holding the (left-padded) prompts `ids [B, T]`, `mask [B, T]` (this host's
+    rows)."""
+    ids, mask = put_rows((np.asarray(ids, np.int32), np.asarray(mask, bool)), mesh_of(model))
     if ids.shape[1] > cache_size:
         raise ValueError(f"prompt of {ids.shape[1]} (padded) tokens is longer than the cache of {cache_size} slots; "
                          "raise cache_size or shorten the prompt")
@@ -123,9 +127,10 @@ def prefill(model: Decoder, ids, mask, *, cache_size: int) -> KVCache:
 
 
 def extend(model: Decoder, cache: KVCache, ids, mask=None) -> KVCache:
-    """`cache` with `ids [B, T]` (real where `mask`) appended; the input cache is left unchanged."""
-    ids = jnp.asarray(ids, jnp.int32)
-    mask = jnp.ones(ids.shape, bool) if mask is None else jnp.asarray(mask, bool)
+    """`cache` with `ids [B, T]` (this host's rows, real where `mask`) appended; the input cache is left
+    unchanged."""
+    ids = np.asarray(ids, np.int32)
+    ids, mask = put_rows((ids, np.ones(ids.shape, bool) if mask is None else np.asarray(mask, bool)), mesh_of(model))
     end = int(cache.end)
     if end + ids.shape[1] > cache.size:
         raise ValueError(f"extending a cache holding {end} slots by {ids.shape[1]} tokens exceeds its "
@@ -151,7 +156,7 @@ def decode(model: Decoder, cache: KVCache, params: SamplingParams, *, rng: jax.A
     graphdef, state = nnx.split(model)
     out = _decode(graphdef, state, cache, key, params=params, stop_ids=tuple(stop),
                   pad_id=_pad_id(model, pad_id))
-    return SampleOutput(*(to_host(x) for x in out))
+    return SampleOutput(*(host_rows(x, mesh_of(model)) for x in out))
 
 
 def generate(model: Decoder, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
@@ -178,7 +183,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], params: SamplingP
     if group_size < 1:
         raise ValueError(f"group_size={group_size} must be >= 1")
     n = params.max_new_tokens
-    longest = max(len(p) for p in prompts)
+    longest = int(distributed.host_max(max(len(p) for p in prompts)))  # one length bucket on every host
     if min(len(p) for p in prompts) == 0:
         raise ValueError("generate() got an empty prompt; every prompt needs at least one token (e.g. BOS)")
     limit = cache_size if cache_size is not None else model.cfg.max_position_embeddings

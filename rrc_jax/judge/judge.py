@@ -95,8 +95,11 @@ class Vote(NamedTuple):
 
 
 def check_groups(responses, name: str) -> int:
-    """The common size of the groups `responses [B][m]`; a ValueError when they differ."""
+    """The common size of the groups `responses [B][m]` (0 for no groups: a host without prompts of its own); a
+    ValueError when they differ."""
     sizes = {len(g) for g in responses}
+    if not sizes:
+        return 0
     if len(sizes) != 1:
         raise ValueError(f"{name}: every prompt needs the same number of texts, got sizes {sorted(sizes)}; "
                          "pad the groups or judge them in separate calls")
@@ -213,7 +216,7 @@ class Judge:
                 swapped.append(s)
                 q_owners.append(owners[p])
                 items.append({"a": a, "b": b})
-        texts = self._complete(template, prompts, q_owners, items)[0] if items else []
+        texts = self._complete(template, prompts, q_owners, items)[0]  # with none: still a collective call
         verdicts = [parse_verdict(t) for t in texts]
         first_wins = np.array([(v == "B") if s else (v == "A") for v, s in zip(verdicts, swapped)], bool)
         parsed = np.array([v is not None for v in verdicts], bool)
@@ -260,9 +263,7 @@ class Judge:
         m = check_groups(responses, "round_robin responses")
         pairs = [(g, i, j) for g in range(len(prompts)) for i in range(m) for j in range(i + 1, m)]
         c = np.zeros((len(prompts), m, m), np.int32)
-        if not pairs:
-            return c
-        g, i, j = (np.array(x) for x in zip(*pairs))
+        g, i, j = (np.array(x, np.int64) for x in zip(*pairs)) if pairs else (np.zeros(0, np.int64),) * 3
         pv, _ = self.pair_votes(prompts, g, [responses[x][y] for x, y in zip(g, i)],
                                 [responses[x][y] for x, y in zip(g, j)], votes, swap, orders=(g + i + j) % 2)
         np.add.at(c, (g, i, j), pv.wins)

@@ -3,7 +3,8 @@
 `merge_sort` orders each group in ceil(log2 m) batched merge levels (at most m ceil(log2 m) comparisons per
 prompt); `knockout` plays a single-elimination bracket (m - 1 comparisons in ceil(log2 m) batched rounds). Both
 return the order and its Eq. 21 rewards (`rrc_jax.rewards.order_rewards`). Every comparison of a round, across
-all prompts, is one batched judge call.
+all prompts, is one batched judge call; on several hosts each host judges its own prompts and every host asks as
+many rounds as the longest tournament needs.
 
 Shapes: B prompts, m responses per prompt.
 """
@@ -15,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from rrc_jax import distributed
 from rrc_jax.judge.judge import Judge, check_groups
 from rrc_jax.rewards._checks import check_votes
 from rrc_jax.rewards import order_rewards
@@ -30,9 +32,8 @@ class Tournament(NamedTuple):
 
 
 def _duel(judge: Judge, prompts, responses, duels, votes, swap) -> list[bool]:
-    """One batched round: for each (b, i, j), True iff i is preferred (ties and abstentions keep i first)."""
-    if not duels:
-        return []
+    """One batched round: for each (b, i, j), True iff i is preferred (ties and abstentions keep i first). A
+    host without duels still takes part (the call is collective on several hosts)."""
     g = [d[0] for d in duels]
     pv, _ = judge.pair_votes(prompts, g, [responses[b][i] for b, i, _ in duels],
                              [responses[b][j] for b, _, j in duels], votes, swap,
@@ -53,7 +54,7 @@ def merge_sort(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequenc
     bsz = len(prompts)
     runs = [[[i] for i in range(m)] for _ in range(bsz)]
     queries = np.zeros(bsz, np.int64)
-    while any(len(r) > 1 for r in runs):
+    while distributed.any_host(any(len(r) > 1 for r in runs)):
         merges = []  # [b, left, right, out]
         next_runs: list[list] = [[] for _ in range(bsz)]
         for b in range(bsz):
@@ -66,7 +67,7 @@ def merge_sort(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequenc
                     next_runs[b].append(runs[b][t])
         while True:
             active = [mg for mg in merges if mg[1] and mg[2]]
-            if not active:
+            if not distributed.any_host(bool(active)):  # every host asks as many rounds as the longest merge
                 break
             results = _duel(judge, prompts, responses, [(mg[0], mg[1][0], mg[2][0]) for mg in active], votes,
                                  swap)
@@ -90,7 +91,7 @@ def knockout(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequence[
     alive = [list(range(m)) for _ in range(bsz)]
     survived = np.zeros((bsz, m), np.int64)
     queries = np.zeros(bsz, np.int64)
-    while any(len(a) > 1 for a in alive):
+    while distributed.any_host(any(len(a) > 1 for a in alive)):
         duels = [(b, a[t], a[t + 1]) for b, a in enumerate(alive) for t in range(0, len(a) - 1, 2)]
         results = _duel(judge, prompts, responses, duels, votes, swap)
         winners: list[list[int]] = [[] for _ in range(bsz)]

@@ -25,14 +25,15 @@ from rrc_jax.progress import Progress, say
 
 def generate_anchors(sampler: Sampler, tokenizer, prompts: Sequence[str], n: int, params: SamplingParams,
                      seed: int = 0, batch_size: int = 256) -> list[list[str]]:
-    """`n` sampled responses of the sampler's model for each prompt: `[len(prompts)][n]` texts."""
+    """`n` sampled responses of the sampler's model for each prompt: `[len(prompts)][n]` texts. On several hosts
+    each passes its own prompts (`batch_size` rows a call over all hosts) and gets its own anchors."""
     if n < 1:
         raise ValueError(f"n_anchors={n} must be >= 1")
     ids = [prompt_ids(tokenizer, p) for p in prompts]
-    per_call = max(1, batch_size // n)
+    per_call = max(1, batch_size // n // jax.process_count())
     out: list[list[str]] = []
     with Progress(len(prompts) * n, "anchors") as bar:
-        for start in range(0, len(prompts), per_call):
+        for start in range(0, int(distributed.host_max(len(prompts))), per_call):  # as many calls on every host
             chunk = ids[start:start + per_call]
             texts = response_texts(tokenizer, sampler.generate(chunk, n, params,
                                                                rng=jax.random.fold_in(jax.random.key(seed), start)))
@@ -99,8 +100,13 @@ class AnchorStore:
         self.anchors = load_anchors(self.path, self.prompts.ids, self.prompts.texts, self.n)
 
     def generate(self, sampler: Sampler, seed: int = 0) -> None:
-        """(Re)generate every prompt's anchors with `sampler` and write the file."""
-        texts = generate_anchors(sampler, self.tokenizer, self.prompts.texts, self.n, self.params, seed)
+        """(Re)generate every prompt's anchors with `sampler` (each host its `distributed.host_block` of the
+        prompts; every host then holds them all) and write the file."""
+        own = distributed.host_block(len(self.prompts.texts))
+        mine = generate_anchors(sampler, self.tokenizer, [self.prompts.texts[i] for i in own], self.n, self.params,
+                                seed)
+        flat = distributed.gather_texts([a for group in mine for a in group])
+        texts = [flat[i * self.n:(i + 1) * self.n] for i in range(len(self.prompts.texts))]
         save_anchors(self.path, self.prompts.ids, self.prompts.texts, texts)
         distributed.barrier("anchors written")  # other hosts may read the file next
         self.anchors = texts

@@ -31,14 +31,13 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from etils import epath
 from flax import nnx
 
 from rrc_jax import distributed
 from rrc_jax.config import is_plugin
-from rrc_jax.data.batches import length_bucket, pad_sequences
+from rrc_jax.data.batches import pad_sequences, round_up
 from rrc_jax.data.prompts import PromptSet
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.engine import JaxSampler
@@ -48,9 +47,9 @@ from rrc_jax.judge.judge import check_groups
 from rrc_jax.models import Decoder, prompt_ids
 from rrc_jax.rewards import agr_diagnostics, agr_rewards, cara_rewards, prc_rewards, scr_diagnostics, scr_rewards
 from rrc_jax.rl.anchors import AnchorStore
-from rrc_jax.sharding import to_host
 from rrc_jax.rl.roles import Roles
 from rrc_jax.rm.examples import scored_ids
+from rrc_jax.sharding import host_row_multiple, host_rows, mesh_of, put_rows
 
 
 class RewardFn(Protocol):
@@ -163,13 +162,16 @@ class DRMReward:
         """Value-head scores `[K]` float32 of K (prompt, response) pairs."""
         rows = [scored_ids(self.tokenizer, p, o) for p, o in zip(prompts, responses)]
         pad = self.model.cfg.pad_token_id or 0
+        mesh = mesh_of(self.model)
         graphdef, state = nnx.split(self.model)
-        out = []
-        for start in range(0, len(rows), self.max_batch):
-            chunk = rows[start:start + self.max_batch]
-            ids, mask = pad_sequences(chunk, length_bucket(max(map(len, chunk))), pad, "right")
-            out.append(to_host(_values(graphdef, state, jnp.asarray(ids), jnp.asarray(mask))))
-        return np.concatenate(out).astype(np.float32)
+        out = np.zeros(len(rows), np.float32)
+        per_host = max(1, self.max_batch // jax.process_count())
+        for chunk, n, t in distributed.agreed_chunks([len(r) for r in rows], per_host):  # collective on hosts
+            n = round_up(n, host_row_multiple(mesh))
+            ids, mask = put_rows(pad_sequences([rows[i] for i in chunk] + [[pad]] * (n - len(chunk)), t, pad,
+                                               "right"), mesh)
+            out[chunk] = host_rows(_values(graphdef, state, ids, mask), mesh)[:len(chunk)]
+        return out
 
     def __call__(self, prompts, responses, prompt_index, step):
         b, m = _group_sizes(prompts, responses)

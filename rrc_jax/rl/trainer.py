@@ -15,10 +15,12 @@ One step (`Trainer.step`):
 (resumed automatically; Ctrl-C or SIGTERM, how Cloud TPU preempts a VM, saves one after the current step and
 exits), and the Hugging Face export of the final policy.
 
-On several hosts (`rrc_jax.distributed`) every host runs this loop on the whole step: each reads its own shard of
-the prompt indices (grain), the shards are gathered, and the host side (tokenizing, judge questions, rewards) is
-replicated while every jitted computation runs as one program over the global mesh; results come back through
-`sharding.to_host`. Only process 0 writes files.
+On several hosts (`rrc_jax.distributed`) every host runs this loop on its own share of the step: it reads its own
+shard of the prompt indices (grain), tokenizes its own prompts, detokenizes its own rollouts, judges its own groups
+(their questions, rewards and advantages; CARA too) and scores its own eval prompts, while every model call runs as
+one program over the global mesh, fed with each host's rows (`sharding.put_rows`) and read back per host
+(`sharding.host_rows`). Metrics are reduced across hosts (`distributed.reduce_metrics`); only process 0 writes
+files.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ from rrc_jax.rl.grpo import group_advantages, grpo_objective
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer, token_logprobs
 from rrc_jax.rl.reward_fns import RewardContext, make_reward_fn, rollout_batch, step_seed
 from rrc_jax.rl.roles import Roles
-from rrc_jax.sharding import bytes_per_device, constrain, mesh_from_config, put_batch
+from rrc_jax.data.batches import length_bucket
+from rrc_jax.errors import ConfigError
+from rrc_jax.sharding import bytes_per_device, constrain, host_row_multiple, mesh_from_config, put_rows
 
 
 @jax.jit
@@ -86,6 +90,11 @@ class Trainer:
             aggregation=rl.loss_aggregation, max_len=rl.max_new_tokens, chunk_size=rl.logprob_chunk, remat=rl.remat),
             micro_batch_size=rl.micro_batch_size)
         self.batches = prompt_batches(config, len(self.train_prompts.texts))
+        rows, multiple = rl.prompts_per_step // jax.process_count() * rl.group_size, host_row_multiple(self.mesh)
+        if rows % multiple:
+            raise ConfigError(f"config.rl: each of the {jax.process_count()} hosts trains on prompts_per_step / hosts x "
+                              f"group_size = {rows} rollouts, which must be a multiple of {multiple} (the batch shards "
+                              "on its devices); change rl.prompts_per_step or the mesh")
         self._eval_references: list[str] | None = None
 
     def memory(self) -> dict[str, int]:
@@ -104,22 +113,26 @@ class Trainer:
     # -- one step ----------------------------------------------------------------------------------------
 
     def rollouts(self, prompts: list[str], key: jax.Array) -> tuple[list[list[str]], dict[str, np.ndarray]]:
-        """m sampled responses per prompt: texts `[B][m]` and the training batch (`completion_batch` rows of
-        prompt + response, loss on the response including its stop token; `truncated [B*m]`)."""
+        """m sampled responses per prompt (this host's B prompts): texts `[B][m]` and the training batch
+        (`completion_batch` rows of prompt + response, loss on the response including its stop token, one padded
+        length on every host; `truncated [B*m]`)."""
         m = self.config.rl.group_size
         ids = [prompt_ids(self.tokenizer, p) for p in prompts]
         out = self.sampler.generate(ids, m, self.context.rollout_params, rng=key)
         texts = response_texts(self.tokenizer, out)
+        longest = max(len(ids[r // m]) + int(out.lengths[r]) for r in range(len(texts)))
         batch = completion_batch([ids[i // m] for i in range(len(texts))],
-                                 [out.tokens[r, :out.lengths[r]] for r in range(len(texts))], self.sampler.pad_id)
+                                 [out.tokens[r, :out.lengths[r]] for r in range(len(texts))], self.sampler.pad_id,
+                                 length=length_bucket(int(distributed.host_max(longest))))
         batch["truncated"] = out.truncated
         return [texts[i * m:(i + 1) * m] for i in range(len(prompts))], batch
 
     def update(self, batch: dict[str, np.ndarray], advantages: np.ndarray, key: jax.Array) -> dict[str, float]:
-        """`rl.mu` passes of minibatch updates over one step's rollouts; metrics are means over the updates (NaN
-        shows a skipped one), `skipped_updates` their count."""
+        """`rl.mu` passes of minibatch updates over one step's rollouts (every host's rows of `batch` and
+        `advantages [B*m]`); metrics are means over the updates (NaN shows a skipped one), `skipped_updates` their
+        count."""
         rl = self.config.rl
-        data = put_batch({**{k: batch[k] for k in ("ids", "mask", "loss_mask")},
+        data = put_rows({**{k: batch[k] for k in ("ids", "mask", "loss_mask")},
                           "advantages": np.asarray(advantages, np.float32)}, self.mesh)
         logprobs = lambda model: token_logprobs(model, data["ids"], data["mask"], rl.temperature,
                                                 micro_batch_size=rl.micro_batch_size, chunk_size=rl.logprob_chunk)
@@ -138,10 +151,10 @@ class Trainer:
         return out
 
     def step(self, step: int) -> dict[str, float]:
-        """One GRPO step (module docstring); returns its metrics."""
+        """One GRPO step (module docstring); returns its metrics, reduced across hosts."""
         key = jax.random.fold_in(jax.random.key(self.config.seed), step)
         t0 = time.perf_counter()
-        prompt_index = distributed.host_concat(next(self.batches))  # [B]: every host's shard
+        prompt_index = next(self.batches)  # [B]: this host's shard
         prompts = [self.train_prompts.texts[i] for i in prompt_index]
         texts, batch = self.rollouts(prompts, jax.random.fold_in(key, 0))
         t1 = time.perf_counter()
@@ -163,34 +176,36 @@ class Trainer:
             oracle = self.train_prompts.oracle
             metrics["oracle_quality"] = float(np.mean([[oracle(int(i), t) for t in group]
                                                        for i, group in zip(prompt_index, texts)]))
-        return metrics
+        return distributed.reduce_metrics(metrics)
 
     # -- evaluation --------------------------------------------------------------------------------------
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """Greedy responses on the held-out prompts: toy oracle quality (mean and standard error); when the reward
-        uses the judge, the judged win rate against the reference policy's greedy responses (`eval.judge_votes`
-        votes per prompt, ties half)."""
+        """Greedy responses on the held-out prompts (each host its `distributed.host_block`): toy oracle quality
+        (mean and standard error); when the reward uses the judge, the judged win rate against the reference
+        policy's greedy responses (`eval.judge_votes` votes per prompt, ties half)."""
         ev = self.eval_prompts
         if not ev.texts:
             return {}
-        out = self.sampler.generate([prompt_ids(self.tokenizer, p) for p in ev.texts], 1, self.context.greedy_params)
+        own = distributed.host_block(len(ev.texts))
+        prompts = [ev.texts[i] for i in own]
+        out = self.sampler.generate([prompt_ids(self.tokenizer, p) for p in prompts], 1, self.context.greedy_params)
         texts = response_texts(self.tokenizer, out)
-        metrics: dict[str, float] = {"eval/response_length": float(out.lengths.mean())}
+        metrics: dict[str, float] = {"eval/response_length": float(distributed.host_gather(out.lengths).mean())}
         if ev.oracle is not None:
-            q = np.array([ev.oracle(i, t) for i, t in enumerate(texts)])
+            q = distributed.host_gather(np.array([ev.oracle(int(i), t) for i, t in zip(own, texts)], np.float64))
             metrics["eval/oracle_quality"] = float(q.mean())
             metrics["eval/oracle_quality_se"] = float(q.std(ddof=1) / math.sqrt(len(q))) if len(q) > 1 else 0.0
         v = self.config.eval.judge_votes
         if self.context.has_judge and v:
             if self._eval_references is None:
-                self._eval_references = self.context.greedy_texts(self.context.reference(), ev.texts)
+                self._eval_references = self.context.greedy_texts(self.context.reference(), prompts)
             judge = self.context.judge()
             judge.reseed(step_seed(self.config.seed, step, stream=1))
-            pv = judge.compare(ev.texts, texts, self._eval_references, votes=v, swap=True)
-            metrics["eval/win_rate_vs_reference"] = float(np.mean((pv.wins + 0.5 * (v - pv.wins - pv.losses)) / v))
-            metrics["eval/decided_win_rate_vs_reference"] = float(np.mean(pv.wins / np.maximum(pv.wins + pv.losses,
-                                                                                                1)))
+            pv = judge.compare(prompts, texts, self._eval_references, votes=v, swap=True)
+            wins, losses = distributed.host_gather(pv.wins), distributed.host_gather(pv.losses)
+            metrics["eval/win_rate_vs_reference"] = float(np.mean((wins + 0.5 * (v - wins - losses)) / v))
+            metrics["eval/decided_win_rate_vs_reference"] = float(np.mean(wins / np.maximum(wins + losses, 1)))
         return metrics
 
     # -- the loop ----------------------------------------------------------------------------------------
