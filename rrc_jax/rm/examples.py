@@ -9,25 +9,14 @@ every pair is drawn at random, so the verdict letter carries no position prior. 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from rrc_jax.data.batches import completion_batch, length_bucket, pad_sequences
+from rrc_jax.data.preferences import Preference
 from rrc_jax.judge.prompts import JudgeTemplate, encode_text, get_template, render_parts
 from rrc_jax.models import prompt_ids
-
-
-@dataclasses.dataclass(frozen=True)
-class Preference:
-    """One preference example: `chosen` is better than `rejected` for `prompt`; `rationale` (optional) is the
-    judge reasoning to imitate before the verdict (GRM SFT)."""
-
-    prompt: str
-    chosen: str
-    rejected: str
-    rationale: str = ""
 
 
 def grm_example(tokenizer, template: str | JudgeTemplate, pref: Preference, rng: np.random.Generator,

@@ -31,7 +31,8 @@ from rrc_jax.data.toy.task import ALPHABET, DIGITS, SortTask, oracle_quality, to
 from rrc_jax.judge.prompts import direct_template, get_template
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer, prompt_ids, save_hf
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
-from rrc_jax.rm.examples import Preference, drm_batches, grm_example, sft_batches
+from rrc_jax.data.preferences import Preference
+from rrc_jax.rm.examples import drm_batches, grm_example, sft_batches
 from rrc_jax.rm.fit import fit
 from rrc_jax.sharding import model_context
 
