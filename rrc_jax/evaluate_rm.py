@@ -1,0 +1,228 @@
+"""Evaluate a reward model (a generative judge or a discriminative reward model) on a preference dataset.
+
+    python -m rrc_jax.evaluate_rm --model=DIR --data=FILE --format=helpsteer3|rmbench|judgebench|pairs
+        [--kind=pairwise|pointwise|drm --votes=V --template=NAME --max_new_tokens=N --temperature=T --top_p=P
+         --top_k=K --seed=S --prc --nothink --split=NAME --skip_bad_rows --min_strength=S --limit=N --chunk=N
+         --max_batch=N --out=result.json --dump=verdicts.jsonl --mesh=1,-1,1 --dtype=float32]
+
+`--model` is a local Hugging Face checkpoint with its tokenizer: the judge (`--kind=pairwise`, default, or
+`pointwise`) or the DRM (`--kind=drm`: a checkpoint with a value head, `score.weight`). The data is read with
+`rrc_jax.data.preferences.load_preferences` (its counts go to stderr; `--limit` counts rows of the file, so
+RM-Bench rows stay whole). The Markdown table of the metrics goes to stdout; progress and logs go to stderr; a
+mistake of the user's (missing file, bad flag, unknown template, a malformed row) ends with one line `error: ...`.
+
+How the examples are asked:
+
+- pairwise: each example is judged `--votes` times with the chosen response shown as A and `--votes` times with it
+  shown as B (2V questions; `--template`, default `rrc_pairwise_cot`). With `--prc`, P(A) is also read at the
+  verdict position in both orders (after the judge's reasoning; `--nothink`: with the direct-verdict template).
+- pointwise: chosen and rejected are each scored `--votes` times (`--template`, default `irpo_pointwise`).
+- drm: the value head scores chosen and rejected once (`--max_batch` rows per model call).
+
+Judge calls take `--chunk` examples at a time (a progress bar counts them); each call is batched by the sampler in
+`--max_batch` rows. Greedy decoding (`--temperature=0`, the default) gives V identical votes: use V > 1 only with
+a temperature > 0.
+
+Metrics (see `rrc_jax.rm.evaluation` for the exact rules):
+
+- accuracy: share of examples where chosen beats rejected (votes over both orders; mean pointwise score; DRM
+  score); a tie counts 0.5.
+- judgebench_accuracy (pairwise): JudgeBench's official rule: each order's majority votes +1 / -1 / 0 and an example
+  is correct only when the sum is positive (a split between the two orders counts as wrong).
+- rmbench/hard, rmbench/normal, rmbench/easy, rmbench/overall (when every example has an RM-Bench style): the
+  3x3 chosen-style x rejected-style accuracy matrix per row; hard = upper triangle (the rejected response is more
+  styled), normal = diagonal, easy = lower triangle; averaged over rows.
+- accuracy_by_domain/NAME: accuracy per domain of the data.
+- position_consistency (pairwise): among examples decided in both orders, the share whose orders agree.
+- abstain_rate: votes without a parseable verdict (or score) over all votes.
+- judge_tokens_per_pair: judge tokens generated per example; truncated_rate: judgments cut at --max_new_tokens.
+- prc/low, prc/high, prc/saturated, prc/accuracy (with --prc): the shares of P(chosen) in [0, 0.1] and [0.9, 1]
+  and their sum (RRC Table 6), and the accuracy of P(chosen) > 0.5.
+
+`--out` writes the result as JSON (NaN as null, with the arguments under `args`); `--dump` writes one JSON line
+per example: prompt, chosen, rejected, key, domain, style, the votes of each order, every judgment (the order shown,
+the judge's text, its verdict, the winner), `correct`, and for the DRM the two scores, so a failure can be read.
+On several hosts every host evaluates the whole data set (process 0 writes the files).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+
+from rrc_jax.data.preferences import FORMATS
+
+DEFAULT_TEMPLATES = {"pairwise": "rrc_pairwise_cot", "pointwise": "irpo_pointwise"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Args:
+    """The command line's settings (one field per flag; see the module docstring)."""
+
+    model: str
+    data: str
+    format: str
+    kind: str = "pairwise"
+    votes: int = 1
+    template: str = ""             # "" = DEFAULT_TEMPLATES[kind]
+    max_new_tokens: int = 512
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    prc: bool = False
+    think: bool = True
+    split: str = ""                # "" = the loader's default
+    skip_bad_rows: bool = False
+    min_strength: int = 0
+    limit: int = 0                 # rows; 0 = all
+    chunk: int = 64
+    max_batch: int = 256
+    out: str = ""
+    dump: str = ""
+    mesh: str = "1,-1,1"
+    dtype: str = "float32"
+
+
+def _jsonable(x):
+    """NaN -> None (strict JSON), recursively."""
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def run(args: Args) -> tuple[dict, list[dict]]:
+    """The command line's work: load, evaluate, print the table, write `--out` / `--dump`. Returns
+    `(result, records)` (`rrc_jax.rm.evaluation.evaluate`). User mistakes raise `ConfigError`, `FileNotFoundError`
+    or `ValueError`."""
+    import jax
+
+    from rrc_jax import distributed
+    from rrc_jax.data.preferences import load_preferences
+    from rrc_jax.errors import ConfigError
+    from rrc_jax.inference import JaxSampler
+    from rrc_jax.judge import Judge, JudgeConfig
+    from rrc_jax.models import load_hf, load_tokenizer
+    from rrc_jax.progress import Progress, say
+    from rrc_jax.rl.reward_fns import DRMReward
+    from rrc_jax.rm.evaluation import KINDS, evaluate, markdown_table
+    from rrc_jax.sharding import mesh_from_flag
+
+    if args.kind not in KINDS:
+        raise ConfigError(f"--kind={args.kind!r}; use one of {', '.join(KINDS)}")
+    if args.votes < 1:
+        raise ConfigError(f"--votes={args.votes} must be >= 1")
+    if args.prc and args.kind != "pairwise":
+        raise ConfigError(f"--prc reads a pairwise judge's verdict; it does not apply to --kind={args.kind}")
+    if args.limit < 0:
+        raise ConfigError(f"--limit={args.limit} must be >= 0 (0 = all)")
+    if args.votes > 1 and args.temperature == 0 and args.kind != "drm":
+        say(f"warning: --votes={args.votes} with --temperature=0 repeats one greedy judgment; set a temperature > 0")
+
+    distributed.initialize()
+    mesh = mesh_from_flag(args.mesh)
+    loader = {"split": args.split} if args.split else {}
+    data = load_preferences(args.data, args.format, skip_bad_rows=args.skip_bad_rows, min_strength=args.min_strength,
+                            limit=args.limit or None, **loader)
+    counts = ", ".join(f"{k} {v}" for k, v in data.counts.items())
+    say(f"data: {data.source}: {len(data.prefs)} examples" + (f" ({counts})" if counts else ""))
+    if not data.prefs:
+        raise ConfigError(f"--data={args.data}: no examples to evaluate ({counts or 'empty'})")
+
+    model, tokenizer = load_hf(args.model, dtype=args.dtype, mesh=mesh), load_tokenizer(args.model)
+    judge = drm = None
+    n = len(data.prefs)
+    if args.kind == "drm":
+        drm = DRMReward(model, tokenizer, args.max_batch)
+        say(f"scoring {n} pairs with the DRM: {2 * n} responses")
+    else:
+        config = JudgeConfig(template=args.template or DEFAULT_TEMPLATES[args.kind],
+                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                             top_k=args.top_k, seed=args.seed)
+        judge = Judge(JaxSampler(model, tokenizer, max_batch=args.max_batch), tokenizer, config)
+        what = "orders x" if args.kind == "pairwise" else "responses x"
+        say(f"judging {n} pairs: 2 {what} {args.votes} votes = {2 * n * args.votes} questions"
+            + (f", then {2 * n} P(A) reads (--prc)" if args.prc else "")
+            + f", {args.chunk or n} pairs per call (template {judge.template.name})")
+    passes = 2 if args.prc else 1
+    with jax.set_mesh(mesh), Progress(passes * n, f"evaluate_rm ({args.kind})") as bar:
+        result, records = evaluate(args.kind, data.prefs, judge=judge, drm=drm, votes=args.votes, prc=args.prc,
+                                   think=args.think, chunk=args.chunk, progress=bar.update)
+    if judge is not None:
+        say(f"judge: {judge.summary()}")
+    if distributed.is_main():
+        sys.stdout.write(markdown_table(result) + "\n")
+        sys.stdout.flush()
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(_jsonable({**result, "args": dataclasses.asdict(args)}), f, indent=2)
+                f.write("\n")
+        if args.dump:
+            with open(args.dump, "w") as f:
+                for r in records:
+                    f.write(json.dumps(_jsonable(r), ensure_ascii=False) + "\n")
+    return result, records
+
+
+def _define_flags():
+    from absl import flags
+
+    d = Args
+    flags.DEFINE_string("model", None, "Hugging Face model directory (config.json, safetensors, tokenizer): the judge, "
+                        "or the DRM with --kind=drm.")
+    flags.DEFINE_string("data", None, "The preference data file.")
+    flags.DEFINE_enum("format", None, list(FORMATS), "The data's format (rrc_jax.data.preferences.load_preferences).")
+    flags.DEFINE_enum("kind", d.kind, ["pairwise", "pointwise", "drm"], "The reward model: a pairwise judge, a "
+                      "pointwise judge, or a discriminative reward model (value head).")
+    flags.DEFINE_integer("votes", d.votes, "Judgments per order (pairwise) or scores per response (pointwise).")
+    flags.DEFINE_string("template", d.template, "Judge template: a name (rrc_jax.judge.TEMPLATES) or a .json / .yaml "
+                        "file; default rrc_pairwise_cot (pairwise), irpo_pointwise (pointwise).")
+    flags.DEFINE_integer("max_new_tokens", d.max_new_tokens, "Most tokens per judgment (reasoning + verdict).")
+    flags.DEFINE_float("temperature", d.temperature, "Judge sampling temperature; 0 = greedy.")
+    flags.DEFINE_float("top_p", d.top_p, "Nucleus sampling mass; 1 = off.")
+    flags.DEFINE_integer("top_k", d.top_k, "Top-k filter; 0 = off.")
+    flags.DEFINE_integer("seed", d.seed, "PRNG seed of the judge.")
+    flags.DEFINE_boolean("prc", d.prc, "Also read P(A) at the verdict position and report its buckets (pairwise).")
+    flags.DEFINE_boolean("think", d.think, "--prc: read P(A) after the judge's reasoning; --nothink: with the "
+                         "template's direct-verdict variant.")
+    flags.DEFINE_string("split", d.split, "Data split for the loader (default: the loader's).")
+    flags.DEFINE_boolean("skip_bad_rows", d.skip_bad_rows, "Skip (and count) malformed rows instead of stopping.")
+    flags.DEFINE_integer("min_strength", d.min_strength, "Drop (and count) preferences weaker than this (HelpSteer3's "
+                         "|overall_preference|; IRPO: 2); helpsteer3 and pairs only.")
+    flags.DEFINE_integer("limit", d.limit, "Read at most this many rows of the data (an RM-Bench row makes 9 examples; "
+                         "0 = all).")
+    flags.DEFINE_integer("chunk", d.chunk, "Examples per judge / DRM call (0 = all in one call).")
+    flags.DEFINE_integer("max_batch", d.max_batch, "Most rows per model call.")
+    flags.DEFINE_string("out", d.out, "Write the result as JSON to this file.")
+    flags.DEFINE_string("dump", d.dump, "Write one JSON line per example (texts, judgments, verdicts) to this file.")
+    flags.DEFINE_string("mesh", d.mesh, "Device mesh DATA,FSDP,TENSOR (-1: the remaining devices); the model is "
+                        "sharded over fsdp x tensor.")
+    flags.DEFINE_enum("dtype", d.dtype, ["float32", "bfloat16"], "Parameter and compute dtype.")
+    flags.mark_flags_as_required(["model", "data", "format"])
+
+
+def main(argv: list[str]) -> None:
+    from absl import app, flags
+
+    from rrc_jax.errors import ConfigError
+
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    args = Args(**{f.name: flags.FLAGS[f.name].value for f in dataclasses.fields(Args)})
+    try:
+        run(args)
+    except (ConfigError, FileNotFoundError, ValueError) as e:  # flags, data, checkpoint, template: the user's to fix
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    _define_flags()
+    app.run(main)
