@@ -21,7 +21,7 @@ from rrc_jax.rewards.kemeny import CARA_METHODS, MAX_EXACT_GROUP
 from rrc_jax.rewards.tournament import AGR_TIES, SCR_TIES
 from rrc_jax.rl.grpo import AGGREGATIONS
 
-BUILTIN_REWARDS = ("drm", "prc", "scr", "agr")
+BUILTIN_REWARDS = ("drm", "prc", "scr", "agr", "rlvr")
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 # The toy world's models (DESIGN.md section 4): width, depth and training steps of each tiny Llama-style decoder.
@@ -46,8 +46,11 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     # bfloat16 weights are mostly rounded away.
     c.models = ml_collections.ConfigDict(dict(policy="toy", reference="", grm="toy", drm="toy", dtype="float32"))
 
-    # Prompts: "toy" or a local jsonl / json / parquet file with one prompt per row in `field`.
-    c.data = ml_collections.ConfigDict(dict(path="toy", field="prompt", eval_path="", eval_prompts=256,
+    # Prompts: "toy" or a local jsonl / json / parquet file with one prompt per row in `field`. With a preference
+    # `format` (helpsteer3, rmbench, judgebench, pairs: rrc_jax.data.preferences; "toy" gives the toy task's
+    # pairs), every preference becomes a judge question in `reward.judge.template` whose correct verdict is known:
+    # the prompts of RLVR (reward.kind='rlvr'), which trains the policy as a judge.
+    c.data = ml_collections.ConfigDict(dict(path="toy", field="prompt", format="", eval_path="", eval_prompts=256,
                                             max_prompt_tokens=512))
 
     c.toy = ml_collections.ConfigDict(dict(
@@ -76,7 +79,7 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     ))
 
     c.reward = ml_collections.ConfigDict(dict(
-        kind=kind,               # drm | prc | scr | agr, or MODULE:FUNCTION (a plug-in, README)
+        kind=kind,               # drm | prc | scr | agr | rlvr, or MODULE:FUNCTION (a plug-in, README)
         # How the GRM is asked (SCR, AGR, PRC and the eval win rate).
         judge=dict(
             template="toy_pairwise_cot",  # a built-in name or a .json / .yaml template file
@@ -113,16 +116,30 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
 
 def rm_config(kind: str) -> ml_collections.ConfigDict:
     """The reward-model trainer's defaults: `kind` 'grm' (SFT on rationale + verdict, Eq. 2) or 'drm'
-    (Bradley-Terry, Eq. 1), on the toy world's preference pairs."""
+    (Bradley-Terry, Eq. 1), on the toy world's preference pairs (`data.path='toy'`) or a preference dataset
+    (`data.path` a file, folder or hub name in `data.format`, fine-tuning the Hugging Face model `model.init`)."""
     c = ml_collections.ConfigDict()
     c.kind = kind
     c.workdir = f"workdir/{kind}"
     c.seed = 0
-    c.data = ml_collections.ConfigDict(dict(path="toy"))  # toy preference pairs (the toy world's task)
+    # Preferences: "toy", or a dataset in `format` (rrc_jax.data.preferences: helpsteer3, rmbench, judgebench,
+    # pairs). Held out for the final evaluation: `eval_path`, else `eval_fraction` of the rows. Examples longer
+    # than `max_tokens` (question + judgment, or prompt + response) are dropped and counted.
+    c.data = ml_collections.ConfigDict(dict(path="toy", format="pairs", split="train", skip_bad_rows=False,
+                                            min_strength=0, limit=0, eval_path="", eval_fraction=0.05,
+                                            max_tokens=2048))
     c.toy = ml_collections.ConfigDict(dict(min_len=4, max_len=6, noise=0.3))
     spec = TOY_MODELS.get(kind, TOY_MODELS["grm"])
-    c.model = ml_collections.ConfigDict(dict(hidden=spec["hidden"], layers=spec["layers"]))
-    c.train = ml_collections.ConfigDict(dict(steps=spec["steps"], batch_size=64, learning_rate=3e-3))
+    # `init`: the Hugging Face directory fine-tuned on a dataset (the toy world builds its own tiny model).
+    c.model = ml_collections.ConfigDict(dict(hidden=spec["hidden"], layers=spec["layers"], init="",
+                                             dtype="float32"))
+    # The GRM's judging template (the one `train --config.reward.judge.template` will ask with) and the share of
+    # examples rendered with its direct-verdict variant (PRC without thinking).
+    c.judge = ml_collections.ConfigDict(dict(template="rrc_pairwise_cot", direct_share=0.0))
+    # DRM: `margin` uses each pair's preference strength as the Bradley-Terry margin; `center_coef` the reward
+    # centering term (both 0 / off = Eq. 1 exactly).
+    c.train = ml_collections.ConfigDict(dict(steps=spec["steps"], batch_size=64, learning_rate=3e-3,
+                                             margin=False, center_coef=0.0))
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
     c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0, process_id=-1))
     c.lock()
@@ -200,6 +217,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
     for name in ("policy", "grm", "drm"):
         if not getattr(c.models, name):
             _bad(f"models.{name}", "empty; give a Hugging Face directory or 'toy'")
+    if c.data.format and r.kind != "rlvr" and not is_plugin(r.kind):
+        _bad("data.format", f"{c.data.format!r} makes the prompts judge questions, which only reward.kind='rlvr' (or "
+                            "a plug-in) scores; leave data.format empty for a prompt file")
+    if r.kind == "rlvr" and not c.data.format:
+        _bad("data.format", "reward.kind='rlvr' trains a judge on preference questions: set data.format "
+                            "(helpsteer3, rmbench, judgebench or pairs; with data.path='toy', pairs)")
     if c.models.dtype not in ("float32", "bfloat16"):
         _bad("models.dtype", f"{c.models.dtype!r}: use 'float32' or 'bfloat16'")
     sizes = [c.mesh.data, c.mesh.fsdp, c.mesh.tensor]

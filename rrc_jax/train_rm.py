@@ -3,10 +3,12 @@ by Bradley-Terry (Eq. 1). The command line of `rrc_jax.rm`.
 
     python -m rrc_jax.train_rm --config=grm_sft.py   # GRM SFT (Eq. 2) -> workdir/hf_export
     python -m rrc_jax.train_rm --config=drm_bt.py    # DRM, Bradley-Terry (Eq. 1)
+    python -m rrc_jax.train_rm --config=grm_sft.py --config.data.path=hs3.jsonl --config.data.format=helpsteer3 \
+        --config.model.init=DIR                       # on a preference dataset, from a Hugging Face checkpoint
 
-The pairs are the toy world's (`data.path = "toy"`): the GRM learns both the toy judge's reasoning template and its
-direct-verdict variant, exactly as the toy world's GRM. Preference-dataset loaders (HelpSteer3, ...) are not built
-yet; any other `data.path` is an error.
+With `data.path = "toy"` (default) the pairs are the toy world's: the GRM learns both the toy judge's reasoning
+template and its direct-verdict variant, exactly as the toy world's GRM. Any other `data.path` is a preference
+dataset (`rrc_jax.data.preferences`) and `rrc_jax.rm.recipes` fine-tunes `model.init` on it.
 """
 
 from __future__ import annotations
@@ -38,17 +40,18 @@ def run_rm(config) -> Path:
     if config.kind not in ("grm", "drm"):
         raise ConfigError(f"config.kind: {config.kind!r}; use 'grm' (SFT on rationale + verdict) or 'drm' "
                           "(Bradley-Terry)")
+    distributed.initialize(config.distributed)
+    mesh = mesh_from_config(config.mesh)
     if config.data.path != "toy":
-        raise ConfigError(f"config.data.path: {config.data.path!r}; only the toy world's pairs are supported so far "
-                          "(preference-dataset loaders such as HelpSteer3 are not built yet)")
+        from rrc_jax.rm.recipes import train_on_preferences
+
+        return train_on_preferences(config, mesh)
     spec = world.ModelSpec(hidden=config.model.hidden, layers=config.model.layers, steps=config.train.steps,
                            batch_size=config.train.batch_size, learning_rate=config.train.learning_rate)
     task = SortTask(config.toy.min_len, config.toy.max_len, config.toy.noise)
     settings = world.WorldSettings(task=task, grm=spec, drm=spec, seed=config.seed)
     tokenizer = make_char_tokenizer(ALPHABET)
     rng = np.random.default_rng(config.seed)
-    distributed.initialize(config.distributed)
-    mesh = mesh_from_config(config.mesh)
     with jax.set_mesh(mesh), model_context(mesh):  # parameters, optimizer state and batches over the mesh
         model = (world.train_grm if config.kind == "grm" else world.train_drm)(settings, tokenizer, rng)
     out = Path(config.workdir).expanduser() / "hf_export"

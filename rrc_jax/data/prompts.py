@@ -5,6 +5,10 @@
 parquet read with `datasets`, the prompt text in `data.field`; a chat-style list of `{role, content}` messages
 uses the last user message). Rows with no usable prompt are dropped and counted in the log.
 
+With `data.format` (a preference format, or `pairs` of the toy task), the prompts are judge questions instead
+(`preference_questions`): each preference rendered in `reward.judge.template`, its A/B order random, the oracle
+scoring a judgment 1 when its verdict is correct. RLVR (`reward.kind='rlvr'`) trains the policy on them as a judge.
+
 Held-out prompts: `data.eval_path` when given; otherwise the last tenth of the training file (at most
 `data.eval_prompts` rows), which needs at least 10 usable rows. Ids never collide: a file's prompts are numbered
 by their row among the usable ones, and a separate eval file's continue after the training file's.
@@ -31,11 +35,70 @@ MIN_SPLIT_ROWS = 10  # a training file split into train + held-out needs this ma
 
 @dataclasses.dataclass(frozen=True)
 class PromptSet:
-    """Prompt `texts` with stable integer `ids`; `oracle(index, response) -> q` on the toy task, else None."""
+    """Prompt `texts` with stable integer `ids`; `oracle(index, response) -> q` on the toy task (and for judge
+    questions: 1 for the correct verdict), else None. `rendered`: the texts are the model's whole input already
+    (judge questions in their template and chat format), tokenized as they are (`prompt_tokens`)."""
 
     ids: list[int]
     texts: list[str]
     oracle: Callable[[int, str], float] | None = None
+    rendered: bool = False
+
+
+def prompt_tokens(tokenizer, prompts: PromptSet, text: str) -> list[int]:
+    """The token ids the policy sees for one of `prompts`' texts: as rendered, or in the chat template."""
+    from rrc_jax.judge.prompts import encode_text
+    from rrc_jax.models import prompt_ids
+
+    return encode_text(tokenizer, text, first=True) if prompts.rendered else prompt_ids(tokenizer, text)
+
+
+def judge_questions(prefs, tokenizer, template, seed: int, first_id: int = 0) -> PromptSet:
+    """Preferences as pairwise judge questions in `template` (rendered for `tokenizer`'s chat template), each with
+    its A/B order drawn from `seed`; `oracle(i, judgment)` is 1 when the judgment's verdict (`parse_verdict`) names
+    the chosen response, else 0 (a wrong verdict or an abstention)."""
+    from rrc_jax.judge.prompts import get_template, render_parts
+    from rrc_jax.judge.verdicts import parse_verdict
+
+    template = get_template(template)
+    rng = np.random.default_rng(seed)
+    texts, answers = [], []
+    for p in prefs:
+        chosen_first = bool(rng.random() < 0.5)
+        a, b = (p.chosen, p.rejected) if chosen_first else (p.rejected, p.chosen)
+        texts.append("".join(render_parts(tokenizer, template, p.prompt, a=a, b=b)))
+        answers.append("A" if chosen_first else "B")
+    return PromptSet(list(range(first_id, first_id + len(texts))), texts,
+                     lambda i, judgment: float(parse_verdict(judgment) == answers[i]), rendered=True)
+
+
+def preference_questions(config, tokenizer) -> tuple[PromptSet, PromptSet]:
+    """(training, held-out) judge questions of `config.data` in `data.format` (module docstring): the toy task's
+    pairs (`data.path='toy'`, held-out prompts disjoint from the training ones) or a preference dataset's."""
+    d, template = config.data, config.reward.judge.template
+    if d.path == "toy":
+        from rrc_jax.data.toy.task import SortTask
+        from rrc_jax.data.toy.world import toy_preferences
+
+        t = config.toy
+        task = SortTask(t.min_len, t.max_len, t.noise)
+        rng = np.random.default_rng(30_000 + t.seed)  # disjoint from the world's and the RL prompts' draws
+        train = toy_preferences(task, t.train_prompts, rng, name="toy-train")
+        held = toy_preferences(task, d.eval_prompts, rng, exclude={p.prompt for p in train}, name="toy-eval")
+    else:
+        from rrc_jax.data.preferences import load_preferences
+
+        train = load_preferences(d.path, d.format).prefs
+        if d.eval_path:
+            held = load_preferences(d.eval_path, d.format, limit=d.eval_prompts).prefs
+        else:
+            if len(train) < MIN_SPLIT_ROWS:
+                raise ConfigError(f"config.data.path: {d.path} has {len(train)} preferences; holding out a tenth "
+                                  f"needs at least {MIN_SPLIT_ROWS}. Add rows or give config.data.eval_path")
+            k = min(d.eval_prompts, len(train) // 10)
+            train, held = train[:len(train) - k], train[len(train) - k:]
+    return (judge_questions(train, tokenizer, template, config.seed),
+            judge_questions(held, tokenizer, template, config.seed + 1, first_id=len(train)))
 
 
 def toy_prompts(config) -> tuple[PromptSet, PromptSet]:
@@ -100,9 +163,12 @@ def file_prompts(path: str, field: str, limit: int | None = None, first_id: int 
     return PromptSet(list(range(first_id, first_id + len(texts))), texts)
 
 
-def load_prompts(config) -> tuple[PromptSet, PromptSet]:
-    """(training prompts, held-out prompts) of `config.data` (module docstring)."""
+def load_prompts(config, tokenizer=None) -> tuple[PromptSet, PromptSet]:
+    """(training prompts, held-out prompts) of `config.data` (module docstring); judge questions
+    (`preference_questions`, rendered for the policy's `tokenizer`) when `data.format` is set."""
     d = config.data
+    if d.format:
+        return preference_questions(config, tokenizer)
     if d.path == "toy":
         return toy_prompts(config)
     train = file_prompts(d.path, d.field)

@@ -10,6 +10,7 @@ its state (its judge, anchors, cached references, its own tokenizer) and reads i
 | `prc` | `PRCReward`  | the judge's P(A) against a greedy reference response (Eq. 5)  | `reward.prc`      |
 | `scr` | `SCRReward`  | win counts of a round robin (Eq. 16), or CARA (Eq. 21)         | `reward.scr`      |
 | `agr` | `AGRReward`  | anchors beaten (Eq. 22, Algorithm 2)                          | `reward.agr`      |
+| `rlvr`| `RLVRReward` | +1 for the judge question's correct verdict, else -1 (RM-R1 Eq. 8) | `data.format` |
 
 The judge kinds share `reward.judge` (template, votes, swap, sampling). A user's reward plugs in without editing
 the package: `reward.kind = "MODULE:NAME"` imports NAME from MODULE (on `PYTHONPATH`). NAME may be
@@ -306,6 +307,29 @@ class AGRReward(JudgeReward):
         metrics = {f"judge/{k}": float(np.mean(v)) for k, v in diag.items()}
         rewards = np.asarray(agr_rewards(wins, losses, alpha=self.alpha, ties=self.ties))
         return rewards, {**metrics, **self.judge_metrics()}
+
+
+@register("rlvr")
+class RLVRReward:
+    """RLVR (RM-R1 Eq. 8): the policy is a judge; each prompt is a judge question whose correct verdict is known
+    (`data.format`, `rrc_jax.data.prompts.judge_questions`), and a judgment earns +1 when its verdict is correct,
+    -1 otherwise (a wrong verdict or none)."""
+
+    def __init__(self, train: PromptSet):
+        if train.oracle is None or not train.rendered:
+            raise ConfigError("reward.kind='rlvr' needs judge questions as prompts: set data.format (helpsteer3, "
+                              "rmbench, judgebench or pairs)")
+        self.correct = train.oracle
+
+    @classmethod
+    def from_config(cls, config, ctx: RewardContext) -> RLVRReward:
+        return cls(ctx.train)
+
+    def __call__(self, prompts, responses, prompt_index, step):
+        _group_sizes(prompts, responses)
+        right = np.asarray([[self.correct(int(i), r) for r in group] for i, group in zip(prompt_index, responses)],
+                           np.float32).reshape(len(prompts), -1)
+        return 2.0 * right - 1.0, {"reward/verdict_accuracy": float(right.mean()) if right.size else float("nan")}
 
 
 def anchor_store(config, train: PromptSet, tokenizer) -> AnchorStore:

@@ -36,11 +36,13 @@ class Roles:
         return {"policy": m.policy, "reference": m.reference or m.policy, "grm": m.grm, "drm": m.drm}[role]
 
     def path(self, role: str) -> Path:
-        """The Hugging Face directory of `role` (the toy world's, built on first use, for `toy`)."""
+        """The Hugging Face directory of `role` (the toy world's, built on first use, for `toy`; `toy:grm`,
+        `toy:policy` or `toy:drm` names one of the toy world's models for any role, e.g. the toy GRM as the
+        policy of RLVR)."""
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
         name = self._name(role)
-        if name == "toy":
+        if name == "toy" or name.startswith("toy:"):
             if self._world is None:
                 from rrc_jax.data.toy.world import WorldSettings, build_world
 
@@ -50,7 +52,10 @@ class Roles:
                 self._world = build_world(settings, cache)
                 if distributed.is_main():
                     distributed.barrier("toy world")
-            path = getattr(self._world, "policy" if role == "reference" else role)
+            which = name.partition(":")[2] or ("policy" if role == "reference" else role)
+            if which not in ("policy", "grm", "drm"):
+                raise ConfigError(f"config.models: {name!r}; the toy world's models are toy:policy, toy:grm, toy:drm")
+            path = getattr(self._world, which)
         else:
             path = Path(name).expanduser()
         if not (path / "config.json").is_file():

@@ -40,11 +40,11 @@ from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer
 from rrc_jax.config import validate
 from rrc_jax.data.batches import completion_batch
-from rrc_jax.data.prompts import load_prompts, prompt_batches
+from rrc_jax.data.prompts import load_prompts, prompt_batches, prompt_tokens
 from rrc_jax.inference.engine import JaxSampler
 from rrc_jax.inference.sampler import response_texts
 from rrc_jax.metrics import MetricsLogger
-from rrc_jax.models import prompt_ids, save_hf
+from rrc_jax.models import save_hf
 from rrc_jax.progress import Progress, say
 from rrc_jax.rl.grpo import group_advantages, grpo_objective
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer, token_logprobs
@@ -79,7 +79,7 @@ class Trainer:
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
         self.sampler = JaxSampler(self.policy, self.tokenizer, max_batch=rollout_batch(rl))
-        self.train_prompts, self.eval_prompts = load_prompts(config)
+        self.train_prompts, self.eval_prompts = load_prompts(config, self.tokenizer)
         self.context = RewardContext(config, self.roles, self.sampler, self.tokenizer, self.train_prompts)
         self.reward_fn = make_reward_fn(config, self.context)
         updates = config.steps * rl.mu * (rl.prompts_per_step * rl.group_size // rl.minibatch_size)
@@ -117,7 +117,7 @@ class Trainer:
         (`completion_batch` rows of prompt + response, loss on the response including its stop token, one padded
         length on every host; `truncated [B*m]`)."""
         m = self.config.rl.group_size
-        ids = [prompt_ids(self.tokenizer, p) for p in prompts]
+        ids = [prompt_tokens(self.tokenizer, self.train_prompts, p) for p in prompts]
         out = self.sampler.generate(ids, m, self.context.rollout_params, rng=key)
         texts = response_texts(self.tokenizer, out)
         longest = max(len(ids[r // m]) + int(out.lengths[r]) for r in range(len(texts)))
@@ -189,7 +189,8 @@ class Trainer:
             return {}
         own = distributed.host_block(len(ev.texts))
         prompts = [ev.texts[i] for i in own]
-        out = self.sampler.generate([prompt_ids(self.tokenizer, p) for p in prompts], 1, self.context.greedy_params)
+        out = self.sampler.generate([prompt_tokens(self.tokenizer, ev, p) for p in prompts], 1,
+                                    self.context.greedy_params)
         texts = response_texts(self.tokenizer, out)
         metrics: dict[str, float] = {"eval/response_length": float(distributed.host_gather(out.lengths).mean())}
         if ev.oracle is not None:

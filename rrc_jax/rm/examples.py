@@ -58,9 +58,10 @@ def sft_batches(examples: Callable[[], tuple[list[int], list[int]]], batch_size:
         yield completion_batch([p for p, _ in ex], [c for _, c in ex], pad_id)
 
 
-def drm_batches(tokenizer, prefs: Callable[[], Preference], batch_size: int, pad_id: int
+def drm_batches(tokenizer, prefs: Callable[[], Preference], batch_size: int, pad_id: int, margin: bool = False
                 ) -> Iterator[dict[str, np.ndarray]]:
-    """Endless Bradley-Terry batches: prompt + chosen vs prompt + rejected (`scored_ids`)."""
+    """Endless Bradley-Terry batches: prompt + chosen vs prompt + rejected (`scored_ids`); with `margin`, each
+    pair's preference strength as `margin [B]` (Eq. 1 with a margin)."""
     while True:
         ps = [prefs() for _ in range(batch_size)]
         rows = {side: [scored_ids(tokenizer, p.prompt, getattr(p, side)) for p in ps] for side in ("chosen", "rejected")}
@@ -68,4 +69,6 @@ def drm_batches(tokenizer, prefs: Callable[[], Preference], batch_size: int, pad
         batch = {}
         for side, seqs in rows.items():
             batch[f"{side}_ids"], batch[f"{side}_mask"] = pad_sequences(seqs, length, pad_id, "right")
+        if margin:
+            batch["margin"] = np.asarray([p.strength for p in ps], np.float32)
         yield batch

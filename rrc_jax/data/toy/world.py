@@ -109,6 +109,20 @@ def _pair(task: SortTask, rng: np.random.Generator) -> tuple[str, str, str]:
     return digits, a, b
 
 
+def toy_preferences(task: SortTask, n: int, rng: np.random.Generator, exclude: set[str] = frozenset(),
+                    name: str = "toy") -> list[Preference]:
+    """`n` preference pairs of the toy task whose responses differ in oracle quality (the better one chosen), on
+    prompts whose text is not in `exclude`; `key` `f"{name}:{i}"`."""
+    out: list[Preference] = []
+    while len(out) < n:
+        digits, a, b = _pair(task, rng)
+        qa, qb = oracle_quality(digits, a), oracle_quality(digits, b)
+        if qa != qb and task.prompt_text(digits) not in exclude:
+            chosen, rejected = (a, b) if qa > qb else (b, a)
+            out.append(Preference(task.prompt_text(digits), chosen, rejected, key=f"{name}:{len(out)}"))
+    return out
+
+
 def train_policy(settings: WorldSettings, tokenizer, rng) -> Decoder:
     task, spec = settings.task, settings.policy
     model = Decoder(model_config(spec, len(tokenizer)), rngs=nnx.Rngs(settings.seed))

@@ -1,0 +1,134 @@
+"""Reward-model recipes on a preference dataset, fine-tuning a Hugging Face checkpoint (`model.init`):
+
+- `grm`: a generative judge by SFT on its judgment (Eq. 2): each example is a pair rendered with the judging
+  template (`judge.template`, A/B order random), the target its rationale (HelpSteer3's annotator reasoning, or a
+  pairs file's `rationale`) and verdict `[[A]]` / `[[B]]`; `judge.direct_share` of the examples use the template's
+  direct-verdict variant (PRC without thinking). Prompt tokens are masked.
+- `drm`: a discriminative reward model by Bradley-Terry (Eq. 1) with a scalar value head (added, zero-initialized,
+  when the checkpoint has none), optionally with the pair's preference strength as margin (`train.margin`) and
+  reward centering (`train.center_coef`).
+
+`train_on_preferences(config)` loads the data (`rrc_jax.data.preferences`), holds out `data.eval_path` or a
+`data.eval_fraction` of its examples (whole RM-Bench rows), drops examples longer than `data.max_tokens`
+(counted), trains for `train.steps` steps, writes `metrics.jsonl` (the data counts at step 0, the losses after),
+and saves `workdir/hf_export` with its tokenizer: the directory `train --config.models.grm=...` (or
+`models.drm`) takes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from rrc_jax.data.preferences import Preference, load_preferences
+from rrc_jax.errors import ConfigError
+from rrc_jax.judge.prompts import direct_template, get_template
+from rrc_jax.metrics import MetricsLogger
+from rrc_jax.rm.examples import drm_batches, grm_example, scored_ids, sft_batches
+from rrc_jax.rm.fit import fit
+from rrc_jax.rm.losses import bt_loss
+
+
+def split_held_out(prefs: Sequence[Preference], fraction: float, seed: int
+                   ) -> tuple[list[Preference], list[Preference]]:
+    """(train, held out): a `fraction` of the examples' keys (at least one when there are two or more keys and
+    `fraction > 0`) drawn at random, every example of a held-out key with it (an RM-Bench row's 9 pairs stay
+    together)."""
+    keys = sorted({p.key for p in prefs})
+    n = min(len(keys) - 1, math.ceil(fraction * len(keys))) if fraction > 0 and len(keys) > 1 else 0
+    held = set(np.random.default_rng(seed).permutation(keys)[:n].tolist())
+    return [p for p in prefs if p.key not in held], [p for p in prefs if p.key in held]
+
+
+def grm_examples(prefs: Sequence[Preference], tokenizer, template: str, direct_share: float, max_tokens: int,
+                 rng: np.random.Generator) -> tuple[Callable[[], tuple[list[int], list[int]]], int]:
+    """(an example factory `() -> (question ids, judgment ids + EOS)` over the preferences that fit `max_tokens`,
+    how many did not fit). An example's template is the direct-verdict variant `direct_share` of the time."""
+    think, direct = get_template(template), None
+    if direct_share > 0:
+        direct = direct_template(think)
+    fits = [p for p in prefs if sum(map(len, grm_example(tokenizer, think, p, np.random.default_rng(0)))) <= max_tokens]
+    if not fits:
+        raise ConfigError(f"config.data.max_tokens={max_tokens}: no training example fits; raise it")
+
+    def example():
+        pref = fits[rng.integers(len(fits))]
+        use_direct = direct is not None and rng.random() < direct_share
+        return grm_example(tokenizer, direct if use_direct else think, pref, rng)
+
+    return example, len(prefs) - len(fits)
+
+
+def drm_pairs(prefs: Sequence[Preference], tokenizer, max_tokens: int, rng: np.random.Generator
+              ) -> tuple[Callable[[], Preference], int]:
+    """(a factory drawing a preference whose chosen and rejected rows both fit `max_tokens`, how many did not)."""
+    fits = [p for p in prefs if max(len(scored_ids(tokenizer, p.prompt, r)) for r in (p.chosen, p.rejected))
+            <= max_tokens]
+    if not fits:
+        raise ConfigError(f"config.data.max_tokens={max_tokens}: no training example fits; raise it")
+    return (lambda: fits[rng.integers(len(fits))]), len(prefs) - len(fits)
+
+
+def load_data(config) -> tuple[list[Preference], list[Preference], dict[str, int]]:
+    """(train, held out, counts): the configured dataset, its held-out part and what happened to its rows
+    (`data/*` metrics)."""
+    d = config.data
+    load = functools.partial(load_preferences, format=d.format, split=d.split, skip_bad_rows=d.skip_bad_rows,
+                             min_strength=d.min_strength, limit=d.limit or None)
+    data = load(d.path)
+    counts = {f"data/{k}": v for k, v in data.counts.items()}
+    if d.eval_path:
+        held = load(d.eval_path)
+        counts.update({f"data/eval_{k}": v for k, v in held.counts.items()})
+        return list(data.prefs), list(held.prefs), counts
+    train, held = split_held_out(data.prefs, d.eval_fraction, config.seed)
+    return train, held, counts
+
+
+def train_on_preferences(config, mesh) -> Path:
+    """Train `config.kind` ('grm' | 'drm') on `config.data` from `config.model.init` (module docstring); returns
+    the export directory."""
+    from rrc_jax.models import load_hf, load_tokenizer, save_hf
+    from rrc_jax.sharding import model_context
+
+    if not config.model.init:
+        raise ConfigError("config.model.init: a Hugging Face model directory to fine-tune is needed when "
+                          f"config.data.path={config.data.path!r} is a dataset (the toy world trains its own)")
+    workdir = Path(config.workdir).expanduser()
+    train, held_out, counts = load_data(config)
+    if not train:
+        raise ConfigError(f"config.data.path={config.data.path}: no training examples left "
+                          f"({', '.join(f'{k}={v}' for k, v in counts.items())})")
+    rng = np.random.default_rng(config.seed)
+    tokenizer = load_tokenizer(config.model.init)
+    pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    t = config.train
+    with jax.set_mesh(mesh), model_context(mesh):
+        model = load_hf(config.model.init, dtype=config.model.dtype, param_dtype="float32",  # master weights
+                        value_head=config.kind == "drm", mesh=mesh)
+        if config.kind == "grm":
+            example, too_long = grm_examples(train, tokenizer, config.judge.template, config.judge.direct_share,
+                                             config.data.max_tokens, rng)
+            batches, loss, kind = sft_batches(example, t.batch_size, pad), None, "sft"
+        else:
+            pref, too_long = drm_pairs(train, tokenizer, config.data.max_tokens, rng)
+            batches = drm_batches(tokenizer, pref, t.batch_size, pad, margin=t.margin)
+            loss, kind = functools.partial(bt_loss, center_coef=t.center_coef), "bt"
+        counts.update({"data/train_examples": len(train) - too_long, "data/too_long_dropped": too_long,
+                       "data/held_out_examples": len(held_out)})
+        logger = MetricsLogger(workdir)
+        try:
+            logger.log(0, counts)
+            fit(model, batches, kind=kind, steps=t.steps, learning_rate=t.learning_rate, loss=loss,
+                desc=f"{config.kind.upper()} ({'Eq. 2' if kind == 'sft' else 'Eq. 1'})",
+                log=lambda step, metrics: logger.log(step + 1, metrics))
+        finally:
+            logger.close()
+        out = workdir / "hf_export"
+        save_hf(model, out, tokenizer=tokenizer)
+    return out

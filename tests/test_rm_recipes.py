@@ -1,0 +1,112 @@
+"""Reward-model recipes on preference data: GRM SFT (Eq. 2) and DRM Bradley-Terry (Eq. 1) fine-tuning a Hugging Face
+checkpoint on a pairs file (held-out split, over-long examples dropped and counted, margin and centering), and
+RLVR's pieces (judge questions with known verdicts, the +1 / -1 reward of RM-R1 Eq. 8)."""
+
+import json
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from rrc_jax.config import rm_config
+from rrc_jax.data.preferences import Preference
+from rrc_jax.data.prompts import judge_questions
+from rrc_jax.errors import ConfigError
+from rrc_jax.models import Decoder, DecoderConfig, load_hf, save_hf
+from rrc_jax.models.char_tokenizer import make_char_tokenizer
+from rrc_jax.rl.reward_fns import RLVRReward
+from rrc_jax.rm.recipes import split_held_out
+from rrc_jax.sharding import model_context
+from rrc_jax.train_rm import run_rm
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory):
+    """A tiny random Llama with the character tokenizer, saved as a Hugging Face directory."""
+    tokenizer = make_char_tokenizer()
+    cfg = DecoderConfig(model_type="llama", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                        num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=1024,
+                        bos_token_id=1, eos_token_ids=(2,), pad_token_id=0)
+    with model_context(None):
+        model = Decoder(cfg, rngs=nnx.Rngs(0))
+    path = tmp_path_factory.mktemp("tiny_hf")
+    save_hf(model, path, tokenizer=tokenizer)
+    return path
+
+
+def pairs_file(path, n=30, long=2):
+    """`n` pairs (chosen: the sorted digits) and `long` whose responses are far longer than the rest."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(n + long):
+        digits = "".join(map(str, rng.integers(0, 10, 5)))
+        chosen, rejected = "".join(sorted(digits)), digits
+        if i >= n:
+            chosen, rejected = chosen * 40, rejected * 40
+        rows.append({"prompt": f"sort {digits}", "chosen": chosen, "rejected": rejected,
+                     "rationale": f"sorted is {''.join(sorted(digits))}", "strength": 1 + i % 3})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def rm(kind, workdir, data, init, **overrides):
+    c = rm_config(kind)
+    c.update_from_flattened_dict({"workdir": str(workdir), "data.path": str(data), "data.format": "pairs",
+                                  "model.init": str(init), "data.max_tokens": 200, "train.steps": 3,
+                                  "train.batch_size": 4, "judge.template": "toy_pairwise_cot", **overrides})
+    return c
+
+
+def metrics(workdir):
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_grm_sft_on_a_pairs_file(tmp_path, tiny_hf):
+    data = pairs_file(tmp_path / "pairs.jsonl")
+    out = run_rm(rm("grm", tmp_path / "grm", data, tiny_hf, **{"judge.direct_share": 0.5}))
+    rows = metrics(tmp_path / "grm")
+    counts = rows[0]
+    assert counts["data/rows"] == 32 and counts["data/pairs"] == 32
+    assert counts["data/held_out_examples"] == 2  # 5% of 32 keys, rounded up
+    assert counts["data/too_long_dropped"] == 2 and counts["data/train_examples"] == 28
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and all(np.isfinite(r["loss"]) for r in rows[1:])
+    model = load_hf(out)
+    assert not model.cfg.value_head and (out / "tokenizer.json").is_file()
+
+
+def test_drm_bradley_terry_with_margin_and_centering(tmp_path, tiny_hf):
+    data = pairs_file(tmp_path / "pairs.jsonl", long=0)
+    out = run_rm(rm("drm", tmp_path / "drm", data, tiny_hf, **{"train.margin": True, "train.center_coef": 0.01}))
+    rows = metrics(tmp_path / "drm")
+    assert rows[0]["data/too_long_dropped"] == 0 and "accuracy" in rows[1]
+    assert load_hf(out).cfg.value_head  # a value head added to the causal LM and exported as score.weight
+
+
+def test_a_dataset_needs_a_model_to_fine_tune(tmp_path):
+    c = rm("grm", tmp_path / "x", pairs_file(tmp_path / "p.jsonl"), "")
+    with pytest.raises(ConfigError, match="config.model.init"):
+        run_rm(c)
+
+
+def test_held_out_split_keeps_keys_together():
+    prefs = [Preference("p", "a", "b", key=f"k{i // 9}") for i in range(9 * 10)]
+    train, held = split_held_out(prefs, 0.2, seed=0)
+    assert len(held) == 2 * 9 and not {p.key for p in train} & {p.key for p in held}
+
+
+def test_judge_questions_know_their_verdict_and_rlvr_rewards_it():
+    tokenizer = make_char_tokenizer()
+    prefs = [Preference(f"q{i}", f"good{i}", f"bad{i}") for i in range(20)]
+    questions = judge_questions(prefs, tokenizer, "toy_pairwise_cot", seed=0)
+    assert questions.rendered and len(questions.texts) == 20
+    letters = ["A" if f"A: good{i}" in t else "B" for i, t in enumerate(questions.texts)]
+    assert 0 < letters.count("A") < 20  # the order is drawn per question
+    for i, letter in enumerate(letters):
+        other = "B" if letter == "A" else "A"
+        assert questions.oracle(i, f"think: [[{letter}]]") == 1.0
+        assert questions.oracle(i, f"think: [[{other}]]") == 0.0 and questions.oracle(i, "no verdict") == 0.0
+    reward = RLVRReward(questions)
+    rewards, logged = reward(questions.texts[:2], [[f"[[{letters[0]}]]", "?"], ["[[A]]", "[[B]]"]],
+                             np.array([0, 1]), step=1)
+    assert rewards[0].tolist() == [1.0, -1.0] and sorted(rewards[1].tolist()) == [-1.0, 1.0]
+    assert logged["reward/verdict_accuracy"] == 0.5
