@@ -135,7 +135,8 @@ def rm_config(kind: str) -> ml_collections.ConfigDict:
                                              dtype="float32"))
     # The GRM's judging template (the one `train --config.reward.judge.template` will ask with) and the share of
     # examples rendered with its direct-verdict variant (PRC without thinking).
-    c.judge = ml_collections.ConfigDict(dict(template="rrc_pairwise_cot", direct_share=0.0))
+    # `max_new_tokens` bounds a judgment in the held-out evaluation (greedy, both A/B orders).
+    c.judge = ml_collections.ConfigDict(dict(template="rrc_pairwise_cot", direct_share=0.0, max_new_tokens=512))
     # DRM: `margin` uses each pair's preference strength as the Bradley-Terry margin; `center_coef` the reward
     # centering term (both 0 / off = Eq. 1 exactly).
     c.train = ml_collections.ConfigDict(dict(steps=spec["steps"], batch_size=64, learning_rate=3e-3,

@@ -53,7 +53,8 @@ def rm(kind, workdir, data, init, **overrides):
     c = rm_config(kind)
     c.update_from_flattened_dict({"workdir": str(workdir), "data.path": str(data), "data.format": "pairs",
                                   "model.init": str(init), "data.max_tokens": 200, "train.steps": 3,
-                                  "train.batch_size": 4, "judge.template": "toy_pairwise_cot", **overrides})
+                                  "train.batch_size": 4, "judge.template": "toy_pairwise_cot",
+                                  "judge.max_new_tokens": 8, **overrides})
     return c
 
 
@@ -69,7 +70,9 @@ def test_grm_sft_on_a_pairs_file(tmp_path, tiny_hf):
     assert counts["data/rows"] == 32 and counts["data/pairs"] == 32
     assert counts["data/held_out_examples"] == 2  # 5% of 32 keys, rounded up
     assert counts["data/too_long_dropped"] == 2 and counts["data/train_examples"] == 28
-    assert [r["step"] for r in rows] == [0, 1, 2, 3] and all(np.isfinite(r["loss"]) for r in rows[1:])
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 3] and all(np.isfinite(r["loss"]) for r in rows[1:4])
+    assert rows[4]["eval/examples"] == 2 and 0 <= rows[4]["eval/accuracy"] <= 1  # held out, both orders
+    assert json.loads((tmp_path / "grm" / "eval.json").read_text())["examples"] == 2
     model = load_hf(out)
     assert not model.cfg.value_head and (out / "tokenizer.json").is_file()
 
@@ -79,6 +82,7 @@ def test_drm_bradley_terry_with_margin_and_centering(tmp_path, tiny_hf):
     out = run_rm(rm("drm", tmp_path / "drm", data, tiny_hf, **{"train.margin": True, "train.center_coef": 0.01}))
     rows = metrics(tmp_path / "drm")
     assert rows[0]["data/too_long_dropped"] == 0 and "accuracy" in rows[1]
+    assert rows[-1]["eval/examples"] == 2 and 0 <= rows[-1]["eval/accuracy"] <= 1
     assert load_hf(out).cfg.value_head  # a value head added to the causal LM and exported as score.weight
 
 

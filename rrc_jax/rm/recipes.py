@@ -10,14 +10,17 @@
 
 `train_on_preferences(config)` loads the data (`rrc_jax.data.preferences`), holds out `data.eval_path` or a
 `data.eval_fraction` of its examples (whole RM-Bench rows), drops examples longer than `data.max_tokens`
-(counted), trains for `train.steps` steps, writes `metrics.jsonl` (the data counts at step 0, the losses after),
-and saves `workdir/hf_export` with its tokenizer: the directory `train --config.models.grm=...` (or
-`models.drm`) takes.
+(counted), trains for `train.steps` steps, writes `metrics.jsonl` (the data counts at step 0, the losses after,
+the held-out evaluation in a last line of the last step: `eval/accuracy`, ... from `rrc_jax.rm.evaluation`, greedy,
+both A/B orders, also in
+`workdir/eval.json`), and saves `workdir/hf_export` with its tokenizer: the directory
+`train --config.models.grm=...` (or `models.drm`) takes.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -127,8 +130,28 @@ def train_on_preferences(config, mesh) -> Path:
             fit(model, batches, kind=kind, steps=t.steps, learning_rate=t.learning_rate, loss=loss,
                 desc=f"{config.kind.upper()} ({'Eq. 2' if kind == 'sft' else 'Eq. 1'})",
                 log=lambda step, metrics: logger.log(step + 1, metrics))
+            if held_out:
+                result = held_out_accuracy(config, model, tokenizer, held_out)
+                logger.log(t.steps, {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))})
+                (workdir / "eval.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
         finally:
             logger.close()
         out = workdir / "hf_export"
         save_hf(model, out, tokenizer=tokenizer)
     return out
+
+
+def held_out_accuracy(config, model, tokenizer, prefs: Sequence[Preference]) -> dict:
+    """The trained model's figures on held-out preferences (`rrc_jax.rm.evaluation.evaluate`): the GRM judging
+    greedily in both A/B orders with its template, the DRM scoring both responses."""
+    from rrc_jax.inference import JaxSampler
+    from rrc_jax.judge import Judge, JudgeConfig
+    from rrc_jax.rl.reward_fns import DRMReward
+    from rrc_jax.rm.evaluation import evaluate
+
+    if config.kind == "drm":
+        return evaluate("drm", prefs, drm=DRMReward(model, tokenizer))[0]
+    judge = Judge(JaxSampler(model, tokenizer), tokenizer, JudgeConfig(
+        template=config.judge.template, max_new_tokens=config.judge.max_new_tokens, temperature=0.0,
+        seed=config.seed))
+    return evaluate("pairwise", prefs, judge=judge)[0]
