@@ -7,12 +7,14 @@ by Bradley-Terry (Eq. 1). The command line of `rrc_jax.rm`.
         --config.model.init=DIR                       # on a preference dataset, from a Hugging Face checkpoint
 
 With `data.path = "toy"` (default) the pairs are the toy world's: the GRM learns both the toy judge's reasoning
-template and its direct-verdict variant, exactly as the toy world's GRM. Any other `data.path` is a preference
+template and its direct-verdict variant, exactly as the toy world's GRM; the result is evaluated on 256 fresh toy
+pairs (`workdir/eval.json`). Any other `data.path` is a preference
 dataset (`rrc_jax.data.preferences`) and `rrc_jax.rm.recipes` fine-tunes `model.init` on it.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -21,6 +23,8 @@ from ml_collections import config_flags
 
 from rrc_jax.config import run_cli
 from rrc_jax.errors import ConfigError, exit_on_user_error
+
+TOY_EVAL_PAIRS = 256  # held-out toy preference pairs of the final evaluation
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "grm_sft.py or drm_bt.py (or a path)", lock_config=True)
 
@@ -35,6 +39,7 @@ def run_rm(config) -> Path:
     from rrc_jax.data.toy.task import ALPHABET, SortTask
     from rrc_jax.models import save_hf
     from rrc_jax.models.char_tokenizer import make_char_tokenizer
+    from rrc_jax.rm.recipes import held_out_accuracy
     from rrc_jax.sharding import mesh_from_config, model_context
 
     if config.kind not in ("grm", "drm"):
@@ -54,7 +59,18 @@ def run_rm(config) -> Path:
     rng = np.random.default_rng(config.seed)
     with jax.set_mesh(mesh), model_context(mesh):  # parameters, optimizer state and batches over the mesh
         model = (world.train_grm if config.kind == "grm" else world.train_drm)(settings, tokenizer, rng)
-    out = Path(config.workdir).expanduser() / "hf_export"
+        # held out: fresh toy pairs (their prompts drawn apart from the training draws), judged with the toy template
+        held_out = world.toy_preferences(task, TOY_EVAL_PAIRS, np.random.default_rng(40_000 + config.seed),
+                                         name="toy-eval")
+        toy_judge = config.copy_and_resolve_references()
+        toy_judge.judge.template, toy_judge.judge.max_new_tokens = "toy_pairwise_cot", 24
+        result = held_out_accuracy(toy_judge, model, tokenizer, held_out)
+    workdir = Path(config.workdir).expanduser()
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "eval.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"held-out toy pairs: accuracy {result['accuracy']:.3f} ({result['examples']} pairs, both A/B orders)",
+          file=sys.stderr)
+    out = workdir / "hf_export"
     save_hf(model, out, tokenizer=tokenizer)
     return out
 
