@@ -128,7 +128,7 @@ def rm_config(kind: str) -> ml_collections.ConfigDict:
     c.data = ml_collections.ConfigDict(dict(path="toy", format="pairs", split="train", skip_bad_rows=False,
                                             min_strength=0, limit=0, eval_path="", eval_fraction=0.05,
                                             max_tokens=2048))
-    c.toy = ml_collections.ConfigDict(dict(min_len=4, max_len=6, noise=0.3))
+    c.toy = ml_collections.ConfigDict(dict(min_len=4, max_len=6, noise=0.3, eval_pairs=256))  # held-out toy pairs
     spec = TOY_MODELS.get(kind, TOY_MODELS["grm"])
     # `init`: the Hugging Face directory fine-tuned on a dataset (the toy world builds its own tiny model).
     c.model = ml_collections.ConfigDict(dict(hidden=spec["hidden"], layers=spec["layers"], init="",

@@ -32,6 +32,7 @@ import glob
 import math
 import importlib.util
 import os
+import zlib
 from collections.abc import Sequence
 
 import jax
@@ -165,6 +166,10 @@ def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
     if jax.process_count() == 1:
         return dict(metrics)
     keys = sorted(metrics)
+    names = host_concat(np.asarray([[len(keys), zlib.crc32("\n".join(keys).encode())]], np.int64))
+    if (names != names[0]).any():
+        raise RuntimeError(f"reduce_metrics: the hosts logged different metric names (process "
+                           f"{jax.process_index()} has {keys}); every host must log the same keys")
     table = host_concat(np.asarray([[float(metrics[k]) for k in keys]], np.float64))
     out = {}
     for k, column in zip(keys, table.T):

@@ -7,8 +7,8 @@ by Bradley-Terry (Eq. 1). The command line of `rrc_jax.rm`.
         --config.model.init=DIR                       # on a preference dataset, from a Hugging Face checkpoint
 
 With `data.path = "toy"` (default) the pairs are the toy world's: the GRM learns both the toy judge's reasoning
-template and its direct-verdict variant, exactly as the toy world's GRM; the result is evaluated on 256 fresh toy
-pairs (`workdir/eval.json`). Any other `data.path` is a preference
+template and its direct-verdict variant, exactly as the toy world's GRM; the result is evaluated on
+`toy.eval_pairs` fresh toy pairs (`workdir/eval.json`). Any other `data.path` is a preference
 dataset (`rrc_jax.data.preferences`) and `rrc_jax.rm.recipes` fine-tunes `model.init` on it.
 """
 
@@ -23,8 +23,6 @@ from ml_collections import config_flags
 
 from rrc_jax.config import run_cli
 from rrc_jax.errors import ConfigError, exit_on_user_error
-
-TOY_EVAL_PAIRS = 256  # held-out toy preference pairs of the final evaluation
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "grm_sft.py or drm_bt.py (or a path)", lock_config=True)
 
@@ -60,7 +58,7 @@ def run_rm(config) -> Path:
     with jax.set_mesh(mesh), model_context(mesh):  # parameters, optimizer state and batches over the mesh
         model = (world.train_grm if config.kind == "grm" else world.train_drm)(settings, tokenizer, rng)
         # held out: fresh toy pairs (their prompts drawn apart from the training draws), judged with the toy template
-        held_out = world.toy_preferences(task, TOY_EVAL_PAIRS, np.random.default_rng(40_000 + config.seed),
+        held_out = world.toy_preferences(task, config.toy.eval_pairs, np.random.default_rng(40_000 + config.seed),
                                          name="toy-eval")
         toy_judge = config.copy_and_resolve_references()
         toy_judge.judge.template, toy_judge.judge.max_new_tokens = "toy_pairwise_cot", 24

@@ -371,11 +371,15 @@ def test_anchor_refresh_regenerates_from_the_policy(tmp_path, toy_cache, finishe
 def test_train_rm_cli_exports_a_reward_model(tmp_path, config_file, kind):
     cmd = [sys.executable, "-m", "rrc_jax.train_rm", f"--config={config_file}.py",
            f"--config.workdir={tmp_path}", "--config.train.steps=3", "--config.train.batch_size=8",
-           "--config.model.hidden=32", "--config.model.layers=1"]
+           "--config.model.hidden=32", "--config.model.layers=1", "--config.toy.eval_pairs=8"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     model = load_hf(tmp_path / "hf_export")
     assert model.cfg.value_head == (kind == "drm")
-    bad = subprocess.run(cmd + ["--config.data.path=/data/helpsteer3.jsonl"], capture_output=True, text=True,
-                         timeout=600, cwd=tmp_path)
-    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("error: config.data.path")
+    assert json.loads((tmp_path / "eval.json").read_text())["examples"] == 8  # held-out toy pairs
+    for extra, message in ((["--config.data.path=/data/helpsteer3.jsonl"], "error: config.model.init"),
+                           (["--config.data.path=/data/helpsteer3.jsonl", f"--config.model.init={tmp_path}"],
+                            "/data/helpsteer3.jsonl")):
+        bad = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        last = bad.stderr.strip().splitlines()[-1]
+        assert bad.returncode != 0 and last.startswith("error:") and message in last, last

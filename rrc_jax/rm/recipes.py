@@ -11,10 +11,9 @@
 `train_on_preferences(config)` loads the data (`rrc_jax.data.preferences`), holds out `data.eval_path` or a
 `data.eval_fraction` of its examples (whole RM-Bench rows), drops examples longer than `data.max_tokens`
 (counted), trains for `train.steps` steps, writes `metrics.jsonl` (the data counts at step 0, the losses after,
-the held-out evaluation in a last line of the last step: `eval/accuracy`, ... from `rrc_jax.rm.evaluation`, greedy,
-both A/B orders, also in
-`workdir/eval.json`), and saves `workdir/hf_export` with its tokenizer: the directory
-`train --config.models.grm=...` (or `models.drm`) takes.
+and the held-out evaluation in a last line of the last step: `eval/accuracy`, ... from `rrc_jax.rm.evaluation`,
+greedy, both A/B orders, also in `workdir/eval.json`), and saves `workdir/hf_export` with its tokenizer: the
+directory `train --config.models.grm=...` (or `models.drm`) takes.
 """
 
 from __future__ import annotations
