@@ -83,8 +83,14 @@ TINY_RUN = {
 
 @pytest.fixture(scope="session")
 def toy_cache(tmp_path_factory):
-    """The cache directory of the tests' tiny toy world (built by the first test that needs it)."""
-    return tmp_path_factory.mktemp("toy_cache")
+    """The cache directory of the tests' tiny toy world, built once by the first test that needs it: with
+    pytest-xdist one directory for every worker (the build holds a file lock; the others wait and reuse it)."""
+    import os
+
+    root = tmp_path_factory.getbasetemp()
+    path = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "toy_cache"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 def tiny_config(kind, workdir, cache, **overrides):

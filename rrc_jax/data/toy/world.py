@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import filelock
 import jax
 import numpy as np
 from flax import nnx
@@ -186,7 +187,16 @@ def build_world(settings: WorldSettings, cache_dir: str | Path) -> World:
     marker = root / "world.json"
     if marker.is_file():
         return world
-    root.mkdir(parents=True, exist_ok=True)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(f"{root}.lock"):  # another process building the same world: wait for it, then reuse it
+        if marker.is_file():
+            return world
+        root.mkdir(parents=True, exist_ok=True)
+        return _build(settings, world, marker)
+
+
+def _build(settings: WorldSettings, world: World, marker: Path) -> World:
+    root = world.root
     print(f"building the toy world in {root} (first use; cached afterwards)", file=sys.stderr)
     tokenizer = make_char_tokenizer(ALPHABET)
     rng = np.random.default_rng(settings.seed)
