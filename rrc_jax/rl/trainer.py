@@ -39,8 +39,9 @@ from flax import nnx
 from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer
 from rrc_jax.config import validate
-from rrc_jax.data.batches import completion_batch
+from rrc_jax.data.batches import completion_batch, length_bucket
 from rrc_jax.data.prompts import load_prompts, prompt_batches, prompt_tokens
+from rrc_jax.errors import ConfigError
 from rrc_jax.inference.engine import JaxSampler
 from rrc_jax.inference.sampler import response_texts
 from rrc_jax.metrics import MetricsLogger
@@ -50,8 +51,6 @@ from rrc_jax.rl.grpo import group_advantages, grpo_objective
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer, token_logprobs
 from rrc_jax.rl.reward_fns import RewardContext, make_reward_fn, rollout_batch, step_seed
 from rrc_jax.rl.roles import Roles
-from rrc_jax.data.batches import length_bucket
-from rrc_jax.errors import ConfigError
 from rrc_jax.sharding import bytes_per_device, constrain, host_row_multiple, mesh_from_config, put_rows
 
 
