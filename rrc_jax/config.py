@@ -21,7 +21,7 @@ from rrc_jax.rewards.kemeny import CARA_METHODS, MAX_EXACT_GROUP
 from rrc_jax.rewards.tournament import AGR_TIES, SCR_TIES
 from rrc_jax.rl.grpo import AGGREGATIONS
 
-BUILTIN_REWARDS = ("drm", "prc", "scr", "agr", "rlvr")
+BUILTIN_REWARDS = ("drm", "prc", "scr", "agr", "rlvr", "irpo")
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 # The toy world's models (DESIGN.md section 4): width, depth and training steps of each tiny Llama-style decoder.
@@ -79,7 +79,7 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     ))
 
     c.reward = ml_collections.ConfigDict(dict(
-        kind=kind,               # drm | prc | scr | agr | rlvr, or MODULE:FUNCTION (a plug-in, README)
+        kind=kind,               # drm | prc | scr | agr | rlvr | irpo, or MODULE:FUNCTION (a plug-in, README)
         # How the GRM is asked (SCR, AGR, PRC and the eval win rate).
         judge=dict(
             template="toy_pairwise_cot",  # a built-in name or a .json / .yaml template file
@@ -101,6 +101,9 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
         prc=dict(think=True,     # the judge reasons before the verdict; False: its direct-verdict template
                  reference="current"),  # o_ref: the current policy's greedy response (seed 000 2.3), or 'initial'
         drm=dict(max_batch=256),  # sequences per value-head call
+        # IRPO (seed 002): the intergroup reward of a pointwise judge's scores: 'median' (IRPO's default), 'mean',
+        # 'interval' (95% CI bounds), 'auc' or 'strength' (Eq. 5-6); plus the format reward (-0.5).
+        irpo=dict(rule="median"),
     ))
 
     c.checkpoint = ml_collections.ConfigDict(dict(save_every=10, keep=2))
@@ -218,12 +221,17 @@ def validate(c: ml_collections.ConfigDict) -> None:
     for name in ("policy", "grm", "drm"):
         if not getattr(c.models, name):
             _bad(f"models.{name}", "empty; give a Hugging Face directory or 'toy'")
-    if c.data.format and r.kind != "rlvr" and not is_plugin(r.kind):
-        _bad("data.format", f"{c.data.format!r} makes the prompts judge questions, which only reward.kind='rlvr' (or "
-                            "a plug-in) scores; leave data.format empty for a prompt file")
-    if r.kind == "rlvr" and not c.data.format:
-        _bad("data.format", "reward.kind='rlvr' trains a judge on preference questions: set data.format "
+    if c.data.format and r.kind not in ("rlvr", "irpo") and not is_plugin(r.kind):
+        _bad("data.format", f"{c.data.format!r} makes the prompts judge questions, which only reward.kind='rlvr' or "
+                            "'irpo' (or a plug-in) scores; leave data.format empty for a prompt file")
+    if r.kind in ("rlvr", "irpo") and not c.data.format:
+        _bad("data.format", f"reward.kind={r.kind!r} trains a judge on preference questions: set data.format "
                             "(helpsteer3, rmbench, judgebench or pairs; with data.path='toy', pairs)")
+    if r.kind == "irpo" and r.irpo.rule not in ("median", "mean", "interval", "auc", "strength"):
+        _bad("reward.irpo.rule", f"{r.irpo.rule!r}: use median, mean, interval, auc or strength")
+    if r.kind == "irpo" and rl.prompts_per_step % 2:
+        _bad("rl.prompts_per_step", f"{rl.prompts_per_step}: IRPO asks about a preference's chosen and rejected "
+                                    "responses in the same step, so it must be even")
     if c.models.dtype not in ("float32", "bfloat16"):
         _bad("models.dtype", f"{c.models.dtype!r}: use 'float32' or 'bfloat16'")
     sizes = [c.mesh.data, c.mesh.fsdp, c.mesh.tensor]

@@ -114,3 +114,56 @@ def test_judge_questions_know_their_verdict_and_rlvr_rewards_it():
                              np.array([0, 1]), step=1)
     assert rewards[0].tolist() == [1.0, -1.0] and sorted(rewards[1].tolist()) == [-1.0, 1.0]
     assert logged["reward/verdict_accuracy"] == 0.5
+
+
+def test_pointwise_pairs_and_the_irpo_reward():
+    from rrc_jax.data.prompts import pointwise_questions
+    from rrc_jax.rewards import rule_rewards
+    from rrc_jax.rl.reward_fns import IRPOReward, pair_correct
+
+    tokenizer = make_char_tokenizer()
+    questions = pointwise_questions([Preference(f"q{i}", f"good{i}", f"bad{i}") for i in range(3)], tokenizer,
+                                    "irpo_pointwise")
+    assert questions.paired and len(questions.texts) == 6
+    assert "good1" in questions.texts[2] and "bad1" in questions.texts[3]
+    with pytest.raises(ConfigError, match="pointwise"):
+        pointwise_questions([Preference("q", "a", "b")], tokenizer, "toy_pairwise_cot")
+
+    ok = lambda s: f"<critique>fine</critique>\n<score>{s}</score>"
+    responses = [[ok(8), ok(6), "no score"], [ok(5), ok(7), "<score>4</score>"]]  # chosen group, rejected group
+    rewards, logged = IRPOReward("median", "irpo_pointwise")(["c", "r"], responses, np.array([4, 5]), step=1)
+    s_c, s_r = np.array([[8, 6, np.nan]], np.float32), np.array([[5, 7, 4]], np.float32)
+    r_c, r_r = (np.asarray(x) for x in rule_rewards(s_c, s_r, "median"))
+    np.testing.assert_allclose(rewards, np.concatenate([r_c, r_r]) + [[0, 0, -0.5], [0, 0, -0.5]])
+    assert logged["reward/format_ok"] == pytest.approx(4 / 6) and logged["reward/pair_accuracy"] == 1.0  # 7 > 5.33
+    with pytest.raises(ValueError, match="whole pairs"):
+        IRPOReward("median", "irpo_pointwise")(["c", "r"], responses, np.array([5, 6]), step=1)
+    assert pair_correct([3, 1, 1, 3, 2, 2, np.nan, 1]).tolist() == [1.0, 0.0, 0.5, 0.5]
+
+
+def test_irpo_trains_a_pointwise_judge_on_pairs(tmp_path, tiny_hf):
+    """Two IRPO steps on a pairs file with a short pointwise template: whole pairs per step, the intergroup and
+    format rewards, the held-out pair accuracy."""
+    from rrc_jax.config import base_config
+    from rrc_jax.data.prompts import prompt_batches
+    from rrc_jax.rl.trainer import run
+
+    template = tmp_path / "short_pointwise.json"
+    template.write_text(json.dumps({"kind": "pointwise", "context": "Q: {prompt}\n",
+                                    "item": "R: {response}\n<critique></critique> <score>", "think": True,
+                                    "verdict_prefix": "<score>"}))
+    c = base_config("irpo")
+    c.update_from_flattened_dict({
+        "workdir": str(tmp_path / "irpo"), "steps": 2, "models.policy": str(tiny_hf), "data.path": str(
+            pairs_file(tmp_path / "pairs.jsonl", long=0)), "data.format": "pairs", "data.eval_prompts": 4,
+        "reward.judge.template": str(template), "rl.prompts_per_step": 4, "rl.group_size": 2,
+        "rl.minibatch_size": 8, "rl.max_new_tokens": 6, "eval.judge_votes": 0, "checkpoint.save_every": 0})
+    workdir = run(c)
+    rows = metrics(workdir)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for key in ("reward/pair_accuracy", "reward/format_ok", "loss"):
+        assert key in rows[1], key
+    assert 0 <= rows[2]["eval/oracle_quality"] <= 1  # held-out pairs, greedy scores
+    batches = prompt_batches(c, 20, paired=True)
+    index = next(batches)
+    assert len(index) == 4 and (index[0::2] % 2 == 0).all() and (index[1::2] == index[0::2] + 1).all()

@@ -43,6 +43,7 @@ class PromptSet:
     texts: list[str]
     oracle: Callable[[int, str], float] | None = None
     rendered: bool = False
+    paired: bool = False  # pointwise judge questions: 2k about a preference's chosen response, 2k + 1 its rejected
 
 
 def prompt_tokens(tokenizer, prompts: PromptSet, text: str) -> list[int]:
@@ -72,6 +73,20 @@ def judge_questions(prefs, tokenizer, template, seed: int, first_id: int = 0) ->
                      lambda i, judgment: float(parse_verdict(judgment) == answers[i]), rendered=True)
 
 
+def pointwise_questions(prefs, tokenizer, template, first_id: int = 0) -> PromptSet:
+    """Preferences as pointwise judge questions in `template` (IRPO): question 2k scores preference k's chosen
+    response, 2k + 1 its rejected one (`paired`); no oracle (a pair's questions are judged together)."""
+    from rrc_jax.judge.prompts import get_template, render_parts
+
+    template = get_template(template)
+    if template.kind != "pointwise":
+        raise ConfigError(f"config.reward.judge.template: {template.name!r} is {template.kind}; IRPO needs a "
+                          "pointwise template (e.g. 'irpo_pointwise')")
+    texts = ["".join(render_parts(tokenizer, template, p.prompt, response=r)) for p in prefs
+             for r in (p.chosen, p.rejected)]
+    return PromptSet(list(range(first_id, first_id + len(texts))), texts, rendered=True, paired=True)
+
+
 def preference_questions(config, tokenizer) -> tuple[PromptSet, PromptSet]:
     """(training, held-out) judge questions of `config.data` in `data.format` (module docstring): the toy task's
     pairs (`data.path='toy'`, held-out prompts disjoint from the training ones) or a preference dataset's."""
@@ -97,6 +112,9 @@ def preference_questions(config, tokenizer) -> tuple[PromptSet, PromptSet]:
                                   f"needs at least {MIN_SPLIT_ROWS}. Add rows or give config.data.eval_path")
             k = min(d.eval_prompts, len(train) // 10)
             train, held = train[:len(train) - k], train[len(train) - k:]
+    if config.reward.kind == "irpo":
+        return (pointwise_questions(train, tokenizer, template),
+                pointwise_questions(held, tokenizer, template, first_id=2 * len(train)))
     return (judge_questions(train, tokenizer, template, config.seed),
             judge_questions(held, tokenizer, template, config.seed + 1, first_id=len(train)))
 
@@ -183,12 +201,17 @@ def load_prompts(config, tokenizer=None) -> tuple[PromptSet, PromptSet]:
     return PromptSet(train.ids[:n - k], train.texts[:n - k]), PromptSet(train.ids[n - k:], train.texts[n - k:])
 
 
-def prompt_batches(config, n: int):
-    """A checkpointable grain iterator of `[prompts_per_step]` int arrays of prompt indices for this host."""
+def prompt_batches(config, n: int, paired: bool = False):
+    """A checkpointable grain iterator of `[prompts_per_step]` int arrays of prompt indices for this host; with
+    `paired`, whole pairs `2k, 2k + 1` (a `PromptSet.paired` set's questions about one preference)."""
     b = config.rl.prompts_per_step
     hosts, host = jax.process_count(), jax.process_index()
-    if b % hosts:
-        raise ConfigError(f"config.rl.prompts_per_step={b} must be divisible by the number of hosts ({hosts})")
-    ds = grain.MapDataset.range(n).shuffle(seed=config.seed).repeat()
-    ds = ds[host::hosts].batch(b // hosts, drop_remainder=True)
+    unit = 2 if paired else 1
+    if b % (hosts * unit):
+        raise ConfigError(f"config.rl.prompts_per_step={b} must be divisible by the number of hosts ({hosts})"
+                          + (" x 2 (IRPO asks about both responses of a pair in one step)" if paired else ""))
+    ds = grain.MapDataset.range(n // unit).shuffle(seed=config.seed).repeat()
+    ds = ds[host::hosts].batch(b // hosts // unit, drop_remainder=True)
+    if paired:
+        ds = ds.map(lambda k: np.stack([2 * k, 2 * k + 1], axis=1).reshape(-1))
     return iter(ds.to_iter_dataset())

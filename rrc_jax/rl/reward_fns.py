@@ -11,6 +11,7 @@ its state (its judge, anchors, cached references, its own tokenizer) and reads i
 | `scr` | `SCRReward`  | win counts of a round robin (Eq. 16), or CARA (Eq. 21)         | `reward.scr`      |
 | `agr` | `AGRReward`  | anchors beaten (Eq. 22, Algorithm 2)                          | `reward.agr`      |
 | `rlvr`| `RLVRReward` | +1 for the judge question's correct verdict, else -1 (RM-R1 Eq. 8) | `data.format` |
+| `irpo`| `IRPOReward` | a pointwise score against the paired group's (IRPO intergroup) + format | `reward.irpo` |
 
 The judge kinds share `reward.judge` (template, votes, swap, sampling). A user's reward plugs in without editing
 the package: `reward.kind = "MODULE:NAME"` imports NAME from MODULE (on `PYTHONPATH`). NAME may be
@@ -28,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -45,8 +48,11 @@ from rrc_jax.inference.engine import JaxSampler
 from rrc_jax.inference.sampler import Sampler, SamplingParams, response_texts
 from rrc_jax.judge import Judge, JudgeConfig
 from rrc_jax.judge.judge import check_groups
+from rrc_jax.judge.prompts import JudgeTemplate, get_template
+from rrc_jax.judge.verdicts import parse_score
 from rrc_jax.models import Decoder, prompt_ids
-from rrc_jax.rewards import agr_diagnostics, agr_rewards, cara_rewards, prc_rewards, scr_diagnostics, scr_rewards
+from rrc_jax.rewards import (agr_diagnostics, agr_rewards, auc_rewards, cara_rewards, format_reward, prc_rewards,
+                             preference_strength, rule_rewards, scr_diagnostics, scr_rewards)
 from rrc_jax.rl.anchors import AnchorStore
 from rrc_jax.rl.roles import Roles
 from rrc_jax.rm.examples import scored_ids
@@ -330,6 +336,66 @@ class RLVRReward:
         right = np.asarray([[self.correct(int(i), r) for r in group] for i, group in zip(prompt_index, responses)],
                            np.float32).reshape(len(prompts), -1)
         return 2.0 * right - 1.0, {"reward/verdict_accuracy": float(right.mean()) if right.size else float("nan")}
+
+
+def pair_correct(scores) -> np.ndarray:
+    """Per pair of a paired set's scores `[2P]` (chosen, rejected, chosen, ...; NaN where none): 1 when the chosen
+    response scores higher, 0 when lower, 0.5 on a tie or a missing score. `[P]` float."""
+    s = np.asarray(scores, np.float64).reshape(-1, 2)
+    return np.where(np.isnan(s).any(axis=1) | (s[:, 0] == s[:, 1]), 0.5, (s[:, 0] > s[:, 1]).astype(np.float64))
+
+
+@register("irpo")
+class IRPOReward:
+    """IRPO (seed 002, Section 3): the policy is a pointwise judge. Each step holds whole pairs of questions (a
+    preference's chosen response, then its rejected one: `PromptSet.paired`); each of the G scores of the chosen
+    group is rewarded against the rejected group's scores and vice versa (`reward.irpo.rule`:
+    `rrc_jax.rewards.irpo`), plus the format reward (-0.5 for a judgment without a parseable score, or without its
+    `<critique>` block when the template asks for one). Group advantages stay within each group."""
+
+    RULES = ("median", "mean", "interval", "auc", "strength")
+
+    def __init__(self, rule: str, template: JudgeTemplate | str):
+        if rule not in self.RULES:
+            raise ConfigError(f"config.reward.irpo.rule: {rule!r}; use {', '.join(self.RULES)}")
+        self.rule = rule
+        self.critique = "<critique>" in get_template(template).item
+
+    @classmethod
+    def from_config(cls, config, ctx: RewardContext) -> IRPOReward:
+        if not ctx.train.paired:
+            raise ConfigError("reward.kind='irpo' needs pointwise judge questions in pairs: set data.format")
+        return cls(config.reward.irpo.rule, config.reward.judge.template)
+
+    def intergroup(self, s_c, s_r) -> tuple[np.ndarray, np.ndarray]:
+        """(r_c, r_r) `[P, G]` of the chosen and rejected groups' scores."""
+        if self.rule == "auc":
+            r = auc_rewards(s_c, s_r)
+        elif self.rule == "strength":
+            r = preference_strength(s_c, s_r)
+        else:
+            r = rule_rewards(s_c, s_r, self.rule)
+        return tuple(np.asarray(x, np.float32) for x in r)
+
+    def __call__(self, prompts, responses, prompt_index, step):
+        b, g = _group_sizes(prompts, responses)
+        index = np.asarray(prompt_index)
+        if b % 2 or (index[0::2] % 2).any() or (index[1::2] != index[0::2] + 1).any():
+            raise ValueError("irpo: the step's prompts must be whole pairs (2k, 2k + 1) of a paired prompt set")
+        scores = np.array([[math.nan if (x := parse_score(t)) is None else x for t in group] for group in responses],
+                          np.float32)
+        ok = np.array([[parse_score(t) is not None and (not self.critique or "</critique>" in t) for t in group]
+                       for group in responses])
+        r_c, r_r = self.intergroup(scores[0::2], scores[1::2])
+        rewards = np.empty((b, g), np.float32)
+        rewards[0::2], rewards[1::2] = r_c, r_r
+        rewards += np.asarray(format_reward(ok))
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a group with no score at all
+            means, spread = np.nanmean(scores, axis=1), np.nanstd(scores, axis=1)
+        return rewards, {"reward/pair_accuracy": float(pair_correct(means).mean()) if b else math.nan,
+                         "reward/score_std": float(np.nanmean(spread)) if np.isfinite(spread).any() else math.nan,
+                         "reward/format_ok": float(ok.mean()) if ok.size else math.nan}
 
 
 def anchor_store(config, train: PromptSet, tokenizer) -> AnchorStore:

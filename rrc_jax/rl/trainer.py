@@ -44,12 +44,13 @@ from rrc_jax.data.prompts import load_prompts, prompt_batches, prompt_tokens
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.engine import JaxSampler
 from rrc_jax.inference.sampler import response_texts
+from rrc_jax.judge.verdicts import parse_score
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import save_hf
 from rrc_jax.progress import Progress, say
 from rrc_jax.rl.grpo import group_advantages, grpo_objective
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer, token_logprobs
-from rrc_jax.rl.reward_fns import RewardContext, make_reward_fn, rollout_batch, step_seed
+from rrc_jax.rl.reward_fns import RewardContext, make_reward_fn, pair_correct, rollout_batch, step_seed
 from rrc_jax.rl.roles import Roles
 from rrc_jax.sharding import bytes_per_device, constrain, host_row_multiple, mesh_from_config, put_rows
 
@@ -88,7 +89,7 @@ class Trainer:
             temperature=rl.temperature, eps_low=rl.eps_low, eps_high=rl.eps_high, beta=rl.beta,
             aggregation=rl.loss_aggregation, max_len=rl.max_new_tokens, chunk_size=rl.logprob_chunk, remat=rl.remat),
             micro_batch_size=rl.micro_batch_size)
-        self.batches = prompt_batches(config, len(self.train_prompts.texts))
+        self.batches = prompt_batches(config, len(self.train_prompts.texts), paired=self.train_prompts.paired)
         rows, multiple = rl.prompts_per_step // jax.process_count() * rl.group_size, host_row_multiple(self.mesh)
         if rows % multiple:
             raise ConfigError(f"config.rl: each of the {jax.process_count()} hosts trains on prompts_per_step / hosts x "
@@ -181,19 +182,27 @@ class Trainer:
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Greedy responses on the held-out prompts (each host its `distributed.host_block`): toy oracle quality
-        (mean and standard error); when the reward uses the judge, the judged win rate against the reference
+        (mean and standard error; for judge questions the verdicts' accuracy, for IRPO's pointwise pairs the share
+        of pairs whose chosen response scores higher, a tie or a missing score a half); when the reward uses the judge, the judged win rate against the reference
         policy's greedy responses (`eval.judge_votes` votes per prompt, ties half)."""
         ev = self.eval_prompts
         if not ev.texts:
             return {}
-        own = distributed.host_block(len(ev.texts))
+        if ev.paired:  # whole pairs on each host
+            pairs = distributed.host_block(len(ev.texts) // 2)
+            own = np.stack([2 * pairs, 2 * pairs + 1], axis=1).reshape(-1)
+        else:
+            own = distributed.host_block(len(ev.texts))
         prompts = [ev.texts[i] for i in own]
         out = self.sampler.generate([prompt_tokens(self.tokenizer, ev, p) for p in prompts], 1,
                                     self.context.greedy_params)
         texts = response_texts(self.tokenizer, out)
         metrics: dict[str, float] = {"eval/response_length": float(distributed.host_gather(out.lengths).mean())}
-        if ev.oracle is not None:
+        if ev.paired:  # a pointwise judge: its greedy scores of each pair's chosen and rejected responses
+            q = distributed.host_gather(pair_correct(np.array([parse_score(t) for t in texts], np.float64)))
+        elif ev.oracle is not None:
             q = distributed.host_gather(np.array([ev.oracle(int(i), t) for i, t in zip(own, texts)], np.float64))
+        if ev.paired or ev.oracle is not None:
             metrics["eval/oracle_quality"] = float(q.mean())
             metrics["eval/oracle_quality_se"] = float(q.std(ddof=1) / math.sqrt(len(q))) if len(q) > 1 else 0.0
         v = self.config.eval.judge_votes
