@@ -156,7 +156,8 @@ def decode(model: Decoder, cache: KVCache, params: SamplingParams, *, rng: jax.A
     graphdef, state = nnx.split(model)
     out = _decode(graphdef, state, cache, key, params=params, stop_ids=tuple(stop),
                   pad_id=_pad_id(model, pad_id))
-    return SampleOutput(*(host_rows(x, mesh_of(model)) for x in out))
+    mesh = mesh_of(model)
+    return SampleOutput(*(host_rows(x, mesh) for x in out))
 
 
 def generate(model: Decoder, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
