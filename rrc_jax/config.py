@@ -21,12 +21,13 @@ from rrc_jax.rewards.kemeny import CARA_METHODS, MAX_EXACT_GROUP
 from rrc_jax.rewards.tournament import AGR_TIES, SCR_TIES
 from rrc_jax.rl.grpo import AGGREGATIONS
 
-BUILTIN_REWARDS = ("drm", "prc", "scr", "agr", "rlvr", "irpo")
+BUILTIN_REWARDS = ("drm", "prc", "scr", "agr", "pointwise", "rlvr", "irpo")
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 # The toy world's models (DESIGN.md section 4): width, depth and training steps of each tiny Llama-style decoder.
 TOY_MODELS = {"policy": dict(hidden=64, layers=2, steps=500), "grm": dict(hidden=96, layers=3, steps=1500),
-              "drm": dict(hidden=64, layers=2, steps=400)}
+              "drm": dict(hidden=64, layers=2, steps=400),
+              "pointwise": dict(hidden=96, layers=3, steps=400)}  # IRPO's starting point, built only for it
 
 
 def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
@@ -79,7 +80,7 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     ))
 
     c.reward = ml_collections.ConfigDict(dict(
-        kind=kind,               # drm | prc | scr | agr | rlvr | irpo, or MODULE:FUNCTION (a plug-in, README)
+        kind=kind,               # drm | prc | scr | agr | pointwise | rlvr | irpo, or MODULE:FUNCTION (a plug-in)
         # How the GRM is asked (SCR, AGR, PRC and the eval win rate).
         judge=dict(
             template="toy_pairwise_cot",  # a built-in name or a .json / .yaml template file
@@ -227,6 +228,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if r.kind in ("rlvr", "irpo") and not c.data.format:
         _bad("data.format", f"reward.kind={r.kind!r} trains a judge on preference questions: set data.format "
                             "(helpsteer3, rmbench, judgebench or pairs; with data.path='toy', pairs)")
+    if r.kind == "pointwise" and c.eval.judge_votes:
+        _bad("eval.judge_votes", f"{c.eval.judge_votes}: the judged win rate asks pairwise questions, which a "
+                                 "pointwise judge does not answer; set 0 (configs/pointwise.py does)")
     if r.kind == "irpo" and r.irpo.rule not in ("median", "mean", "interval", "auc", "strength"):
         _bad("reward.irpo.rule", f"{r.irpo.rule!r}: use median, mean, interval, auc or strength")
     if r.kind == "irpo" and rl.prompts_per_step % 2:

@@ -500,7 +500,7 @@ class Plan:
 def roles(config) -> dict[str, str]:
     """The roles a run loads -> their model names (module docstring's rule)."""
     m, r = config.models, config.reward
-    judge = r.kind in ("scr", "agr", "prc")
+    judge = r.kind in ("scr", "agr", "prc", "pointwise")
     out = {"policy": m.policy}
     if config.rl.beta > 0 or r.kind == "agr" or (r.kind == "prc" and r.prc.reference == "initial") or (
             judge and config.eval.judge_votes > 0):
@@ -528,6 +528,7 @@ def _questions_per_prompt(config, kind: str) -> int:
     """Judge questions about one prompt: a step's (`kind` scr, agr, prc) or the judged evaluation's ('eval')."""
     r, m = config.reward, config.rl.group_size
     return {"agr": m * r.agr.n_anchors * r.judge.votes, "scr": m * (m - 1) // 2 * r.judge.votes, "prc": m,
+            "pointwise": m * r.judge.votes,
             "eval": config.eval.judge_votes}[kind]
 
 

@@ -1,8 +1,10 @@
 """Reward-model training: generative judges by SFT on rationale + verdict (Eq. 2), discriminative reward models
-by Bradley-Terry (Eq. 1). The command line of `rrc_jax.rm`.
+by Bradley-Terry (Eq. 1), and judges trained by GRPO (RM-R1's RLVR, IRPO). The command line of every recipe.
 
     python -m rrc_jax.train_rm --config=grm_sft.py   # GRM SFT (Eq. 2) -> workdir/hf_export
     python -m rrc_jax.train_rm --config=drm_bt.py    # DRM, Bradley-Terry (Eq. 1)
+    python -m rrc_jax.train_rm --config=rmr1_rlvr.py # RLVR on the toy GRM (RM-R1 Eq. 8)
+    python -m rrc_jax.train_rm --config=irpo.py      # IRPO on the toy pointwise judge
     python -m rrc_jax.train_rm --config=grm_sft.py --config.data.path=hs3.jsonl --config.data.format=helpsteer3 \
         --config.model.init=DIR                       # on a preference dataset, from a Hugging Face checkpoint
 
@@ -10,6 +12,9 @@ With `data.path = "toy"` (default) the pairs are the toy world's: the GRM learns
 template and its direct-verdict variant, exactly as the toy world's GRM; the result is evaluated on
 `toy.eval_pairs` fresh toy pairs (`workdir/eval.json`). Any other `data.path` is a preference
 dataset (`rrc_jax.data.preferences`) and `rrc_jax.rm.recipes` fine-tunes `model.init` on it.
+
+RLVR and IRPO are GRPO runs whose policy is the judge: their configs are trainer configs (`rrc_jax.config.base_config`,
+with `reward.kind` 'rlvr' or 'irpo'), run by `rrc_jax.rl.trainer` exactly as `python -m rrc_jax.train` would.
 """
 
 from __future__ import annotations
@@ -18,17 +23,24 @@ import json
 import sys
 from pathlib import Path
 
-from absl import app
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from rrc_jax.config import run_cli
 from rrc_jax.errors import ConfigError, exit_on_user_error
 
-CONFIG = config_flags.DEFINE_config_file("config", None, "grm_sft.py or drm_bt.py (or a path)", lock_config=True)
+CONFIG = config_flags.DEFINE_config_file("config", None, "a recipe: grm_sft.py, drm_bt.py, rmr1_distill.py, "
+                                         "rmr1_rlvr.py, irpo.py (or a path)", lock_config=True)
 
 
 def run_rm(config) -> Path:
     """Train the configured reward model and export it to `workdir/hf_export` (with its tokenizer)."""
+    if "rl" in config:  # a GRPO recipe: the trainer, whose policy is the judge
+        from rrc_jax import distributed
+        from rrc_jax.rl.trainer import run
+
+        distributed.initialize(config.distributed)
+        return Path(run(config)) / "hf_export"
     import jax
     import numpy as np
 
@@ -76,8 +88,12 @@ def run_rm(config) -> Path:
 def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if CONFIG.value is None:
+        raise app.UsageError("--config is required, e.g. --config=grm_sft.py")
+    if not flags.FLAGS["verbosity"].present:  # Orbax logs every save at INFO; keep the terminal for progress
+        logging.set_verbosity(logging.WARNING)
     out = exit_on_user_error(run_rm, CONFIG.value)
-    print(f"saved the {CONFIG.value.kind.upper()} to {out}", file=sys.stderr)
+    print(f"saved the reward model to {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

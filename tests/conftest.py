@@ -75,7 +75,8 @@ def padded_batch(lengths, pad_side="left", seed=0, vocab=VOCAB, pad_id=0):
 
 TINY_RUN = {
     "steps": 2, "toy.train_prompts": 64, "toy.policy_steps": 20, "toy.grm_steps": 20, "toy.drm_steps": 20,
-    "data.eval_prompts": 16, "rl.prompts_per_step": 4, "rl.group_size": 4, "rl.minibatch_size": 8,
+    "toy.pointwise_steps": 20, "data.eval_prompts": 16, "rl.prompts_per_step": 4, "rl.group_size": 4,
+    "rl.minibatch_size": 8,
     "rl.max_new_tokens": 8, "reward.agr.n_anchors": 2, "reward.judge.max_new_tokens": 20, "eval.every": 2,
     "checkpoint.save_every": 2, "eval.judge_votes": 2,
 }

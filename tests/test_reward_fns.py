@@ -153,6 +153,24 @@ def test_prc_without_thinking_reads_the_configured_judges_direct_template():
 # DRM: its own tokenizer
 # ------------------------------------------------------------------------------------------------------------
 
+def test_pointwise_reward_is_the_mean_score_and_an_unscored_response_moves_nothing():
+    """Scripted pointwise judge: the score is the response's length; a response 'x' is never scored (abstains)."""
+    from rrc_jax.rl.reward_fns import PointwiseReward
+
+    def answer(question):
+        response = question.split("A: ")[1].split("\n")[0]
+        return "?" if response == "x" else f"score: {len(response)}"
+
+    sampler = TextSampler(answer)
+    reward = PointwiseReward(judge_of(sampler, "toy_pointwise"), seed=0, votes=2)
+    rewards, logged = reward(["1>", "2>"], [["1", "123", "x"], ["x", "x", "x"]], np.array([0, 1]), step=1)
+    np.testing.assert_allclose(rewards, [[1.0, 3.0, 2.0], [0.0, 0.0, 0.0]])  # 'x' gets its group's mean
+    assert len(sampler.questions) == 2 * 3 * 2 and logged["judge/questions"] == 12
+    assert logged["judge/abstain_rate"] == pytest.approx(8 / 12) and logged["reward/unscored_groups"] == 1.0
+    with pytest.raises(ConfigError, match="pointwise"):
+        PointwiseReward(judge_of(sampler), seed=0, votes=1)
+
+
 def test_drm_scores_with_its_own_tokenizer():
     """A DRM whose vocabulary differs from the policy's (the characters in another order, other ids): rewards are
     its value head on the text encoded by *its* tokenizer."""

@@ -73,3 +73,35 @@ def test_grm_learns_the_reasoning_and_the_direct_template():
         digits, a, b = (line.split(": ")[1] for line in q.splitlines()[:3])
         assert parse_verdict(t) == ("A" if oracle_quality(digits[:-1], a) >= oracle_quality(digits[:-1], b) else "B")
     assert 30 < kinds["verdict: "] < 90 and kinds["think:"] > 200
+
+
+def test_the_pointwise_judge_learns_the_toy_score():
+    """The toy pointwise judge's examples (IRPO's starting point): `toy_pointwise` questions whose target's
+    `score: N` (`parse_score`) is the oracle's count of right positions; its cache is its own, built once."""
+    from rrc_jax.data.toy.task import ALPHABET
+    from rrc_jax.data.toy.world import pointwise_examples
+    from rrc_jax.judge.verdicts import parse_score
+    from rrc_jax.models.char_tokenizer import make_char_tokenizer
+
+    tok = make_char_tokenizer(ALPHABET)
+    example = pointwise_examples(SortTask(), tok, np.random.default_rng(0))
+    for _ in range(200):
+        question, target = example()
+        q, t = tok.decode(question, skip_special_tokens=True), tok.decode(target, skip_special_tokens=True)
+        assert q.startswith("sort: ") and q.endswith("think:")
+        digits, response = (line.split(": ")[1] for line in q.splitlines()[:2])
+        assert parse_score(t) == oracle_quality(digits[:-1], response) * len(digits[:-1])
+
+
+def test_pointwise_judge_is_cached_apart_from_the_world(toy_cache):
+    """Only IRPO needs the toy pointwise judge: it has a cache directory of its own, built once."""
+    from conftest import tiny_config
+    from rrc_jax.data.toy.world import ModelSpec, build_pointwise
+
+    toy = tiny_config("irpo", "unused", toy_cache).toy
+    settings, spec = WorldSettings.from_config(toy), ModelSpec.from_config(toy, "pointwise")
+    path = build_pointwise(settings, spec, toy_cache)
+    stamp = (path / "model.safetensors").stat().st_mtime_ns
+    assert build_pointwise(settings, spec, toy_cache) == path
+    assert (path / "model.safetensors").stat().st_mtime_ns == stamp
+    assert path.parent != build_world(settings, toy_cache).root and spec.steps == 20

@@ -27,7 +27,12 @@ from rrc_jax.rl.trainer import Trainer, run
 REPO = Path(__file__).resolve().parents[1]
 EXTRA = {"drm": {}, "prc": {}, "scr": {"reward.scr.cara": True}, "agr": {},
          # RM-R1's RLVR: the toy GRM trained as the policy on the toy task's preference questions
-         "rlvr": {"models.policy": "toy:grm", "data.format": "pairs", "eval.judge_votes": 0, "rl.max_new_tokens": 20}}
+         "rlvr": {"models.policy": "toy:grm", "data.format": "pairs", "eval.judge_votes": 0, "rl.max_new_tokens": 20},
+         # IRPO: the toy pointwise judge trained on pairs of pointwise questions; then its scores as rewards
+         "irpo": {"models.policy": "toy:pointwise", "data.format": "pairs", "reward.judge.template": "toy_pointwise",
+                  "eval.judge_votes": 0, "rl.max_new_tokens": 20},
+         "pointwise": {"models.grm": "toy:pointwise", "reward.judge.template": "toy_pointwise",
+                       "eval.judge_votes": 0}}
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +55,20 @@ def test_two_step_run_for_each_reward_kind(kind, finished):
     rows = read_metrics(workdir)
     assert sorted(rows) == [0, 1, 2]
     assert 0 <= rows[0]["eval/oracle_quality"] <= 1 and rows[0]["eval/oracle_quality_se"] >= 0
-    if kind != "rlvr":  # (the tests' 20-step toy GRM may get every held-out verdict wrong)
+    if kind not in ("rlvr", "irpo"):  # (the tests' 20-step toy judges may get every held-out pair wrong)
         assert rows[0]["eval/oracle_quality_se"] > 0
     for step in (1, 2):
         for key in ("reward/mean", "reward/std", "loss", "kl", "clip_fraction", "entropy", "response_length",
                     "oracle_quality", "time/rollout", "time/reward", "time/update", "tokens_per_second"):
+            if key == "oracle_quality" and kind == "irpo":
+                continue  # a score alone is neither right nor wrong: the pairs' accuracy is reward/pair_accuracy
             assert key in rows[step] and np.isfinite(rows[step][key]), (kind, step, key)
     if kind in ("scr", "agr", "prc"):
         assert rows[1]["judge/questions"] > 0 and "eval/win_rate_vs_reference" in rows[2]
+    if kind == "pointwise":  # every response scored `votes` times
+        assert rows[1]["judge/questions"] == 4 * 4 * 2 and "eval/win_rate_vs_reference" not in rows[2]
+    if kind == "irpo":
+        assert {"reward/pair_accuracy", "reward/score_std", "reward/format_ok"} <= set(rows[1])
     if kind == "scr":
         assert "judge/intransitive_triads" in rows[1]
     if kind == "rlvr":  # +1 / -1 rewards; oracle quality is the verdicts' accuracy

@@ -1,8 +1,8 @@
 """RM-R1's second stage, RLVR (Eq. 7-8): GRPO on the judge itself. Every preference becomes a judge question (A/B
 order random) and a judgment earns +1 when its verdict is correct, -1 otherwise; the KL is to the judge before RL.
 
-    python -m rrc_jax.train --config=rmr1_rlvr.py                   # the toy GRM on the toy task's pairs
-    python -m rrc_jax.train --config=rmr1_rlvr.py:paper --config.models.policy=DISTILLED_JUDGE \
+    python -m rrc_jax.train_rm --config=rmr1_rlvr.py                # the toy GRM on the toy task's pairs
+    python -m rrc_jax.train_rm --config=rmr1_rlvr.py:paper --config.models.policy=DISTILLED_JUDGE \
         --config.data.path=hs3.jsonl --config.data.format=helpsteer3
 
 RM-R1 (Appendix E) for every scale-free setting: KL coefficient 1e-3, clip ratio 0.2, 7 responses per question,
@@ -28,6 +28,7 @@ def get_config(arg: str = ""):
     c.rl.max_new_tokens = c.reward.judge.max_new_tokens  # a toy judgment
     c.eval.judge_votes = 0             # no GRM is asked: eval/oracle_quality is the held-out verdict accuracy
     if arg == "paper":
+        c.models.policy = ""           # the distilled judge: a Hugging Face directory, required
         c.reward.judge.template = "rmr1_cor"
         c.rl.prompts_per_step, c.rl.minibatch_size = 1024, 128
         c.rl.learning_rate = 1e-6

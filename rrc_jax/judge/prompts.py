@@ -190,6 +190,10 @@ TEMPLATES: dict[str, JudgeTemplate] = {t.name: t for t in (
     JudgeTemplate(
         "toy_pairwise_direct", "pairwise", None, "sort: {prompt}\n", "A: {a}\nB: {b}\nverdict: ",
         think=False),
+    # The toy pointwise judge (IRPO's kind): the sorted answer, then the response's score (`score: N`).
+    JudgeTemplate(
+        "toy_pointwise", "pointwise", None, "sort: {prompt}\n", "A: {response}\nthink:", think=True,
+        verdict_prefix="score: "),
 )}
 
 

@@ -10,6 +10,7 @@ its state (its judge, anchors, cached references, its own tokenizer) and reads i
 | `prc` | `PRCReward`  | the judge's P(A) against a greedy reference response (Eq. 5)  | `reward.prc`      |
 | `scr` | `SCRReward`  | win counts of a round robin (Eq. 16), or CARA (Eq. 21)         | `reward.scr`      |
 | `agr` | `AGRReward`  | anchors beaten (Eq. 22, Algorithm 2)                          | `reward.agr`      |
+| `pointwise` | `PointwiseReward` | a pointwise GRM's mean score over its votes (IRPO's judge)  | `reward.judge`    |
 | `rlvr`| `RLVRReward` | +1 for the judge question's correct verdict, else -1 (RM-R1 Eq. 8) | `data.format` |
 | `irpo`| `IRPOReward` | a pointwise score against the paired group's (IRPO intergroup) + format | `reward.irpo` |
 
@@ -313,6 +314,39 @@ class AGRReward(JudgeReward):
         metrics = {f"judge/{k}": float(np.mean(v)) for k, v in diag.items()}
         rewards = np.asarray(agr_rewards(wins, losses, alpha=self.alpha, ties=self.ties))
         return rewards, {**metrics, **self.judge_metrics()}
+
+
+@register("pointwise")
+class PointwiseReward(JudgeReward):
+    """A pointwise GRM's score as the reward (how IRPO uses its judge): each response scored V times with the
+    pointwise `reward.judge.template` (`Judge.score`), the reward the mean of its parsed scores. A response with no
+    parsed score (every vote abstained) gets its group's mean reward, so it moves no advantage; its abstentions
+    are counted in `judge/abstain_rate`."""
+
+    def __init__(self, judge: Judge, seed: int, *, votes: int):
+        super().__init__(judge, seed)
+        if judge.template.kind != "pointwise":
+            raise ConfigError(f"reward.kind='pointwise' needs a pointwise reward.judge.template, got "
+                              f"{judge.template.name!r} ({judge.template.kind}); e.g. irpo_pointwise or toy_pointwise")
+        self.votes = votes
+
+    @classmethod
+    def from_config(cls, config, ctx: RewardContext) -> PointwiseReward:
+        return cls(ctx.judge(), config.seed, votes=config.reward.judge.votes)
+
+    def __call__(self, prompts, responses, prompt_index, step):
+        b, m = _group_sizes(prompts, responses)
+        self.start(step)
+        v = self.votes
+        scores = self.judge.score(prompts, [[o for o in g for _ in range(v)] for g in responses],
+                                  template=self.judge.template).reshape(b, m, v)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a response, or a group, with no score at all
+            rewards = np.nanmean(scores, axis=2)
+            rewards = np.where(np.isnan(rewards), np.nanmean(rewards, axis=1, keepdims=True), rewards)
+        unscored = np.isnan(rewards)  # whole groups without a score: no signal
+        return np.nan_to_num(rewards).astype(np.float32), {"reward/unscored_groups": float(unscored.all(1).sum()),
+                                                           **self.judge_metrics()}
 
 
 @register("rlvr")

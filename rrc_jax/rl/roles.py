@@ -18,6 +18,7 @@ from rrc_jax.models import Decoder, load_hf, load_tokenizer
 from rrc_jax.progress import say
 
 ROLES = ("policy", "reference", "grm", "drm")
+TOY_NAMES = ("policy", "grm", "drm", "pointwise")  # `toy:<name>`; the pointwise judge is built only when asked for
 
 
 class Roles:
@@ -29,33 +30,25 @@ class Roles:
         self.loaded: list[str] = []
         self._models: dict[str, Decoder] = {}
         self._tokenizers: dict[str, object] = {}
-        self._world = None
+        self._toy_paths: dict[str, Path] = {}
 
     def _name(self, role: str) -> str:
         m = self.config.models
         return {"policy": m.policy, "reference": m.reference or m.policy, "grm": m.grm, "drm": m.drm}[role]
 
     def path(self, role: str) -> Path:
-        """The Hugging Face directory of `role` (the toy world's, built on first use, for `toy`; `toy:grm`,
-        `toy:policy` or `toy:drm` names one of the toy world's models for any role, e.g. the toy GRM as the
-        policy of RLVR)."""
+        """The Hugging Face directory of `role` (the toy world's, built on first use, for `toy`; `toy:<name>`
+        names one of the toy models (`TOY_NAMES`) for any role, e.g. the toy GRM as the policy of RLVR, the toy
+        pointwise judge as IRPO's)."""
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
         name = self._name(role)
         if name == "toy" or name.startswith("toy:"):
-            if self._world is None:
-                from rrc_jax.data.toy.world import WorldSettings, build_world
-
-                settings, cache = WorldSettings.from_config(self.config.toy), self.config.toy.cache_dir
-                if not distributed.is_main():  # process 0 builds (or reads) the cached world; the others read it
-                    distributed.barrier("toy world")
-                self._world = build_world(settings, cache)
-                if distributed.is_main():
-                    distributed.barrier("toy world")
             which = name.partition(":")[2] or ("policy" if role == "reference" else role)
-            if which not in ("policy", "grm", "drm"):
-                raise ConfigError(f"config.models: {name!r}; the toy world's models are toy:policy, toy:grm, toy:drm")
-            path = getattr(self._world, which)
+            if which not in TOY_NAMES:
+                raise ConfigError(f"config.models: {name!r}; the toy world's models are "
+                                  f"{', '.join('toy:' + n for n in TOY_NAMES)}")
+            path = self._toy(which)
         else:
             path = Path(name).expanduser()
         if not (path / "config.json").is_file():
@@ -64,6 +57,24 @@ class Roles:
             raise ConfigError(f"config.models.{field}: {path} is not a Hugging Face model directory (no config.json); "
                               "give a local checkpoint directory or 'toy'")
         return path
+
+    def _toy(self, which: str) -> Path:
+        """The directory of toy model `which`, built (or read from the cache) by process 0 while the others wait."""
+        from rrc_jax.data.toy.world import ModelSpec, WorldSettings, build_pointwise, build_world
+
+        toy = self.config.toy
+        settings = WorldSettings.from_config(toy)
+        if which not in self._toy_paths:
+            if not distributed.is_main():  # process 0 builds (or reads) the cache; the others then read it
+                distributed.barrier(f"toy {which}")
+            if which == "pointwise":
+                self._toy_paths[which] = build_pointwise(settings, ModelSpec.from_config(toy, which), toy.cache_dir)
+            else:
+                world = build_world(settings, toy.cache_dir)
+                self._toy_paths.update(policy=world.policy, grm=world.grm, drm=world.drm)
+            if distributed.is_main():
+                distributed.barrier(f"toy {which}")
+        return self._toy_paths[which]
 
     def tokenizer(self, role: str):
         if role not in self._tokenizers:

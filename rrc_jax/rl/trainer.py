@@ -183,8 +183,9 @@ class Trainer:
     def evaluate(self, step: int) -> dict[str, float]:
         """Greedy responses on the held-out prompts (each host its `distributed.host_block`): toy oracle quality
         (mean and standard error; for judge questions the verdicts' accuracy, for IRPO's pointwise pairs the share
-        of pairs whose chosen response scores higher, a tie or a missing score a half); when the reward uses the judge, the judged win rate against the reference
-        policy's greedy responses (`eval.judge_votes` votes per prompt, ties half)."""
+        of pairs whose chosen response scores higher, a tie or a missing score a half); when the reward uses the
+        judge, the judged win rate against the reference policy's greedy responses (`eval.judge_votes` votes per
+        prompt, ties half)."""
         ev = self.eval_prompts
         if not ev.texts:
             return {}

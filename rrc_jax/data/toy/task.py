@@ -15,6 +15,12 @@ sorted answer, then for each response its score (correct positions minus extra d
 
 Because the verdict follows the reasoning deterministically, P(verdict) saturates: PRC's probability collapse
 (Table 6) appears naturally.
+
+The toy pointwise judge (IRPO's kind, `toy_pointwise` template) scores one response the same way:
+
+    sort: 31415>
+    A: 11345
+    think: 11345 score: 5   <- the sorted answer, then the response's score (`parse_score` reads it)
 """
 
 from __future__ import annotations
@@ -62,6 +68,12 @@ def toy_judgment(prompt_digits: str, a: str, b: str) -> str:
     target = "".join(sorted(prompt_digits))
     sa, sb = _score(prompt_digits, a), _score(prompt_digits, b)
     return f" {target} a{sa} b{sb} [[{'A' if sa >= sb else 'B'}]]"
+
+
+def toy_score_judgment(prompt_digits: str, response: str) -> str:
+    """The toy pointwise judge's reasoning and score for one response: `' <sorted> score: <score>'`, the score
+    being the number `oracle_quality` divides by the length (0 .. the prompt's length)."""
+    return f" {''.join(sorted(prompt_digits))} score: {_score(prompt_digits, response)}"
 
 
 def bubble_passes(digits: str, k: int) -> str:

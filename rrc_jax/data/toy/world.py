@@ -11,6 +11,10 @@
 
 and saves each as a Hugging Face directory (safetensors + config.json + the character tokenizer) under
 `cache_dir/<key>/`, where `key` hashes the settings. Later calls with the same settings reuse them.
+
+`build_pointwise(settings, spec, cache_dir)` trains, on first use and in a directory of its own (only IRPO runs
+need it), the toy **pointwise judge**: SFT on `toy_pointwise` judgments (the sorted answer, then the response's
+score), IRPO's starting point.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import filelock
@@ -28,8 +33,8 @@ import numpy as np
 from flax import nnx
 
 from rrc_jax.config import TOY_MODELS
-from rrc_jax.data.toy.task import ALPHABET, DIGITS, SortTask, oracle_quality, toy_judgment
-from rrc_jax.judge.prompts import direct_template, get_template
+from rrc_jax.data.toy.task import ALPHABET, DIGITS, SortTask, oracle_quality, toy_judgment, toy_score_judgment
+from rrc_jax.judge.prompts import direct_template, encode_text, get_template, render_parts
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer, prompt_ids, save_hf
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
 from rrc_jax.data.preferences import Preference
@@ -41,6 +46,7 @@ VERSION = 5  # bump when the world's recipe changes, so stale caches are not reu
 JUDGE_TEMPLATE = get_template("toy_pairwise_cot")
 DIRECT_TEMPLATE = direct_template(JUDGE_TEMPLATE)
 DIRECT_SHARE = 0.2  # of the GRM's examples; 1500 steps keep 1200 steps' worth of reasoning examples
+POINTWISE_TEMPLATE = get_template("toy_pointwise")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +58,11 @@ class ModelSpec:
     steps: int = 600
     batch_size: int = 64
     learning_rate: float = 3e-3
+
+    @classmethod
+    def from_config(cls, toy, role: str) -> ModelSpec:
+        """The spec of toy model `role` (`TOY_MODELS`) with the steps of a trainer config's `toy.<role>_steps`."""
+        return cls(**{**TOY_MODELS[role], "steps": toy[f"{role}_steps"]})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +76,7 @@ class WorldSettings:
     @classmethod
     def from_config(cls, toy) -> WorldSettings:
         """The settings of a trainer config's `toy` group (`rrc_jax.config.base_config`)."""
-        spec = lambda role: ModelSpec(**{**TOY_MODELS[role], "steps": toy[f"{role}_steps"]})
+        spec = lambda role: ModelSpec.from_config(toy, role)
         return cls(task=SortTask(toy.min_len, toy.max_len, toy.noise), policy=spec("policy"), grm=spec("grm"),
                    drm=spec("drm"), seed=toy.seed)
 
@@ -164,6 +175,28 @@ def train_grm(settings: WorldSettings, tokenizer, rng) -> Decoder:
     return model
 
 
+def pointwise_examples(task: SortTask, tokenizer, rng: np.random.Generator):
+    """The pointwise judge's SFT example factory: `() -> (question ids, judgment ids + EOS)` for one random
+    response (a demonstration, possibly padded) rendered with `toy_pointwise`, the target its toy score judgment."""
+    eos = int(tokenizer.eos_token_id)
+
+    def example():
+        digits = task.prompt(rng)
+        response = _response(task, digits, rng)
+        prefix, suffix = render_parts(tokenizer, POINTWISE_TEMPLATE, task.prompt_text(digits), response=response)
+        return (encode_text(tokenizer, prefix + suffix, first=True),
+                encode_text(tokenizer, toy_score_judgment(digits, response), first=False) + [eos])
+
+    return example
+
+
+def train_pointwise(task: SortTask, spec: ModelSpec, seed: int, tokenizer, rng) -> Decoder:
+    model = Decoder(model_config(spec, len(tokenizer)), rngs=nnx.Rngs(seed + 3))
+    fit(model, sft_batches(pointwise_examples(task, tokenizer, rng), spec.batch_size, 0), kind="sft",
+        steps=spec.steps, learning_rate=spec.learning_rate, desc="toy pointwise judge (SFT)")
+    return model
+
+
 def train_drm(settings: WorldSettings, tokenizer, rng) -> Decoder:
     task, spec = settings.task, settings.drm
     model = Decoder(model_config(spec, len(tokenizer), value_head=True), rngs=nnx.Rngs(settings.seed + 2))
@@ -180,33 +213,52 @@ def train_drm(settings: WorldSettings, tokenizer, rng) -> Decoder:
     return model
 
 
+def _build_once(root: Path, what: str, settings: dict, build: Callable[[Path], None]) -> None:
+    """Run `build(root)` unless `root/world.json` says it ran: once per cache directory, even across processes
+    (another process building the same `root` holds a file lock; this one waits, then reuses its result)."""
+    marker = root / "world.json"
+    if marker.is_file():
+        return
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(f"{root}.lock"):
+        if marker.is_file():
+            return
+        root.mkdir(parents=True, exist_ok=True)
+        print(f"building {what} in {root} (first use; cached afterwards)", file=sys.stderr)
+        t0 = time.time()
+        with jax.set_mesh(None), model_context(None):  # tiny models: trained on one device, whatever mesh is set
+            build(root)
+        marker.write_text(json.dumps({"version": VERSION, "settings": settings,
+                                      "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
+
+
 def build_world(settings: WorldSettings, cache_dir: str | Path) -> World:
     """The toy world's model directories, trained and cached on first use (progress on stderr)."""
     root = Path(cache_dir).expanduser() / f"toy-{settings.key()}"
-    world = World(root, root / "policy", root / "grm", root / "drm")
-    marker = root / "world.json"
-    if marker.is_file():
-        return world
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(f"{root}.lock"):  # another process building the same world: wait for it, then reuse it
-        if marker.is_file():
-            return world
-        root.mkdir(parents=True, exist_ok=True)
-        return _build(settings, world, marker)
 
-
-def _build(settings: WorldSettings, world: World, marker: Path) -> World:
-    root = world.root
-    print(f"building the toy world in {root} (first use; cached afterwards)", file=sys.stderr)
-    tokenizer = make_char_tokenizer(ALPHABET)
-    rng = np.random.default_rng(settings.seed)
-    t0 = time.time()
-    with jax.set_mesh(None), model_context(None):  # tiny models: trained on one device, whatever mesh is set
+    def build(root: Path) -> None:
+        tokenizer, rng = make_char_tokenizer(ALPHABET), np.random.default_rng(settings.seed)
         for name, train in (("policy", train_policy), ("grm", train_grm), ("drm", train_drm)):
             save_hf(train(settings, tokenizer, rng), root / name, tokenizer=tokenizer)
-    marker.write_text(json.dumps({"version": VERSION, "settings": dataclasses.asdict(settings),
-                                  "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
-    return world
+
+    _build_once(root, "the toy world", dataclasses.asdict(settings), build)
+    return World(root, root / "policy", root / "grm", root / "drm")
+
+
+def build_pointwise(settings: WorldSettings, spec: ModelSpec, cache_dir: str | Path) -> Path:
+    """The toy pointwise judge's Hugging Face directory for the world of `settings` (its task and seed), trained
+    with `spec` and cached on first use."""
+    blob = {"task": dataclasses.asdict(settings.task), "pointwise": dataclasses.asdict(spec), "seed": settings.seed}
+    key = hashlib.sha256(json.dumps({"version": VERSION, **blob}, sort_keys=True).encode()).hexdigest()[:12]
+    root = Path(cache_dir).expanduser() / f"toy-pointwise-{key}"
+
+    def build(root: Path) -> None:
+        tokenizer = make_char_tokenizer(ALPHABET)
+        model = train_pointwise(settings.task, spec, settings.seed, tokenizer, np.random.default_rng(settings.seed))
+        save_hf(model, root / "pointwise", tokenizer=tokenizer)
+
+    _build_once(root, "the toy pointwise judge", blob, build)
+    return root / "pointwise"
 
 
 def load_world(world: World):
