@@ -25,9 +25,13 @@ BUILTIN_REWARDS = ("drm", "prc", "scr", "agr", "pointwise", "rlvr", "irpo")
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 # The toy world's models (DESIGN.md section 4): width, depth and training steps of each tiny Llama-style decoder.
+# The DRM matches the GRM (backbone, steps, and the same pairs: the paper's matched setting).
 TOY_MODELS = {"policy": dict(hidden=64, layers=2, steps=500), "grm": dict(hidden=96, layers=3, steps=1500),
-              "drm": dict(hidden=64, layers=2, steps=400),
+              "drm": dict(hidden=96, layers=3, steps=1500),
               "pointwise": dict(hidden=96, layers=3, steps=400)}  # IRPO's starting point, built only for it
+# The toy GRM's imperfect annotator (`rrc_jax.data.toy.task.Annotator`): probabilities of a miscount per written
+# score, of favouring A on a close call, and of crediting padding instead of deducting it.
+TOY_ANNOTATOR = dict(miscount=0.2, position_bias=0.25, length_bias=0.5)
 
 
 def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
@@ -56,7 +60,8 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
 
     c.toy = ml_collections.ConfigDict(dict(
         cache_dir="~/.cache/rrc_jax", seed=0, min_len=4, max_len=6, noise=0.3, train_prompts=2048,
-        **{f"{role}_steps": spec["steps"] for role, spec in TOY_MODELS.items()}))
+        **{f"{role}_steps": spec["steps"] for role, spec in TOY_MODELS.items()},
+        **TOY_ANNOTATOR))
 
     c.rl = ml_collections.ConfigDict(dict(
         group_size=8,            # m responses per prompt (the paper's m = 8)
@@ -75,7 +80,7 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
         grad_clip=1.0,
         eps_low=0.2,
         eps_high=0.2,
-        beta=0.0,                # KL coefficient to the frozen reference (the paper gives none)
+        beta=1e-3,               # KL coefficient to the frozen reference: RM-R1's and IRPO's (the paper gives none)
         loss_aggregation="seq_mean_token_mean",
     ))
 
@@ -85,7 +90,7 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
         judge=dict(
             template="toy_pairwise_cot",  # a built-in name or a .json / .yaml template file
             max_new_tokens=24,
-            temperature=0.0,
+            temperature=1.0,     # the judge samples its reasoning: judgments vary, as a real GRM's do
             max_batch=256,       # judge questions per model call
             votes=2,             # V judgments per pair (voting@V)
             swap=True,           # alternate the A/B order across votes (beyond the paper: position bias)
@@ -93,7 +98,8 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
         scr=dict(alpha=0.1,      # Eq. 16 (the paper: 0.1)
                  ties="zero",    # Eq. 16: a strict majority wins; 'half' gives a tie 0.5
                  cara=False,     # Kemeny aggregation (Eq. 21)
-                 cara_method="greedy"),  # Algorithm 1's greedy, or 'exact' (m <= 16)
+                 cara_method="greedy",  # Algorithm 1's greedy, or 'exact' (m <= 16)
+                 tournament="round_robin"),  # or 'merge_sort' / 'knockout': adaptive, fewer questions (Eq. 21)
         agr=dict(alpha=0.1,      # Eq. 22
                  ties="win",     # Algorithm 2 line 10: c_ik >= c_ki counts as a win
                  n_anchors=8,    # n (the paper's main table: 8)
@@ -132,7 +138,10 @@ def rm_config(kind: str) -> ml_collections.ConfigDict:
     c.data = ml_collections.ConfigDict(dict(path="toy", format="pairs", split="train", skip_bad_rows=False,
                                             min_strength=0, limit=0, eval_path="", eval_fraction=0.05,
                                             max_tokens=2048))
-    c.toy = ml_collections.ConfigDict(dict(min_len=4, max_len=6, noise=0.3, eval_pairs=256))  # held-out toy pairs
+    # The toy pairs' judgments are the oracle's by default (a clean preference dataset, as the recipes assume);
+    # TOY_ANNOTATOR's values give the imperfect annotator the toy world's GRM learns from.
+    c.toy = ml_collections.ConfigDict(dict(min_len=4, max_len=6, noise=0.3, eval_pairs=256,  # held-out toy pairs
+                                           miscount=0.0, position_bias=0.0, length_bias=0.0))
     spec = TOY_MODELS.get(kind, TOY_MODELS["grm"])
     # `init`: the Hugging Face directory fine-tuned on a dataset (the toy world builds its own tiny model).
     c.model = ml_collections.ConfigDict(dict(hidden=spec["hidden"], layers=spec["layers"], init="",
@@ -173,6 +182,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
         _bad("reward.agr.ties", f"{r.agr.ties!r}: use {', '.join(map(repr, AGR_TIES))}")
     if r.scr.cara_method not in CARA_METHODS:
         _bad("reward.scr.cara_method", f"{r.scr.cara_method!r}: use {' or '.join(map(repr, CARA_METHODS))}")
+    if r.scr.tournament not in ("round_robin", "merge_sort", "knockout"):
+        _bad("reward.scr.tournament", f"{r.scr.tournament!r}: use 'round_robin', 'merge_sort' or 'knockout'")
+    if r.scr.cara and r.scr.tournament != "round_robin":
+        _bad("reward.scr.cara", f"CARA aggregates a round robin's counts; reward.scr.tournament="
+                                f"{r.scr.tournament!r} orders the group itself: use one or the other")
     if r.scr.cara and r.scr.cara_method == "exact" and rl.group_size > MAX_EXACT_GROUP:
         _bad("reward.scr.cara_method", f"'exact' Kemeny needs rl.group_size <= {MAX_EXACT_GROUP}, got {rl.group_size}")
     j = r.judge

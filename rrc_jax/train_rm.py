@@ -9,8 +9,9 @@ by Bradley-Terry (Eq. 1), and judges trained by GRPO (RM-R1's RLVR, IRPO). The c
         --config.model.init=DIR                       # on a preference dataset, from a Hugging Face checkpoint
 
 With `data.path = "toy"` (default) the pairs are the toy world's: the GRM learns both the toy judge's reasoning
-template and its direct-verdict variant, exactly as the toy world's GRM; the result is evaluated on
-`toy.eval_pairs` fresh toy pairs (`workdir/eval.json`). Any other `data.path` is a preference
+template and its direct-verdict variant as the toy world's GRM does, from the oracle's judgments unless
+`toy.miscount` / `toy.position_bias` / `toy.length_bias` set an imperfect annotator (the DRM learns its verdicts);
+the result is evaluated on `toy.eval_pairs` pairs of evaluation-split prompts (`workdir/eval.json`). Any other `data.path` is a preference
 dataset (`rrc_jax.data.preferences`) and `rrc_jax.rm.recipes` fine-tunes `model.init` on it.
 
 RLVR and IRPO are GRPO runs whose policy is the judge: their configs are trainer configs (`rrc_jax.config.base_config`,
@@ -46,7 +47,7 @@ def run_rm(config) -> Path:
 
     from rrc_jax import distributed
     from rrc_jax.data.toy import world
-    from rrc_jax.data.toy.task import ALPHABET, SortTask
+    from rrc_jax.data.toy.task import ALPHABET, Annotator, SortTask
     from rrc_jax.models import save_hf
     from rrc_jax.models.char_tokenizer import make_char_tokenizer
     from rrc_jax.rm.recipes import held_out_accuracy
@@ -63,15 +64,16 @@ def run_rm(config) -> Path:
         return train_on_preferences(config, mesh)
     spec = world.ModelSpec(hidden=config.model.hidden, layers=config.model.layers, steps=config.train.steps,
                            batch_size=config.train.batch_size, learning_rate=config.train.learning_rate)
-    task = SortTask(config.toy.min_len, config.toy.max_len, config.toy.noise)
-    settings = world.WorldSettings(task=task, grm=spec, drm=spec, seed=config.seed)
+    t = config.toy
+    task = SortTask(t.min_len, t.max_len, t.noise)
+    settings = world.WorldSettings(task=task, grm=spec, drm=spec, seed=config.seed,
+                                   annotator=Annotator(t.miscount, t.position_bias, t.length_bias))
     tokenizer = make_char_tokenizer(ALPHABET)
-    rng = np.random.default_rng(config.seed)
     with jax.set_mesh(mesh), model_context(mesh):  # parameters, optimizer state and batches over the mesh
-        model = (world.train_grm if config.kind == "grm" else world.train_drm)(settings, tokenizer, rng)
-        # held out: fresh toy pairs (their prompts drawn apart from the training draws), judged with the toy template
-        held_out = world.toy_preferences(task, config.toy.eval_pairs, np.random.default_rng(40_000 + config.seed),
-                                         name="toy-eval")
+        model = (world.train_grm if config.kind == "grm" else world.train_drm)(settings, tokenizer)
+        # held out: pairs on evaluation-split prompts, labelled by the oracle, judged greedily with the toy template
+        held_out = world.toy_preferences(task, t.eval_pairs, np.random.default_rng(40_000 + config.seed),
+                                         held_out=True, name="toy-eval")
         toy_judge = config.copy_and_resolve_references()
         toy_judge.judge.template, toy_judge.judge.max_new_tokens = "toy_pairwise_cot", 24
         result = held_out_accuracy(toy_judge, model, tokenizer, held_out)

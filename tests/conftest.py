@@ -79,6 +79,8 @@ TINY_RUN = {
     "rl.minibatch_size": 8,
     "rl.max_new_tokens": 8, "reward.agr.n_anchors": 2, "reward.judge.max_new_tokens": 20, "eval.every": 2,
     "checkpoint.save_every": 2, "eval.judge_votes": 2,
+    "rl.beta": 0.0,  # no KL reference in the tiny runs (it doubles their compile time); the AGR run keeps it
+    "reward.judge.temperature": 0.0,  # the tiny judges decode greedily (shorter judgments); the AGR run samples
 }
 
 

@@ -212,11 +212,11 @@ def test_topologies_roles_and_meshes():
     c = base_config("agr")
     assert list(plan.roles(c)) == ["policy", "reference", "grm"]
     c = base_config("drm")
+    assert list(plan.roles(c)) == ["policy", "reference", "drm"]  # the KL's reference (rl.beta > 0)
+    c.rl.beta = 0.0
     assert list(plan.roles(c)) == ["policy", "drm"]
-    c.rl.beta = 0.1
-    assert list(plan.roles(c)) == ["policy", "reference", "drm"]
     c = base_config("prc")
-    c.eval.judge_votes = 0
+    c.eval.judge_votes, c.rl.beta = 0, 0.0
     assert list(plan.roles(c)) == ["policy", "grm"]
 
 

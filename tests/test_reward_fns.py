@@ -153,6 +153,28 @@ def test_prc_without_thinking_reads_the_configured_judges_direct_template():
 # DRM: its own tokenizer
 # ------------------------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("tournament", ["merge_sort", "knockout"])
+def test_scr_tournaments_rank_the_group_with_fewer_questions(tournament):
+    """A scripted judge that prefers the longer response: the tournament's Eq. 21 rewards put the longest first,
+    with fewer questions than the round robin's m(m-1)/2 per vote."""
+    def longer(question):
+        a, b = (question.split(f"{x}: ")[1].split("\n")[0] for x in "AB")
+        return "[[A]]" if len(a) >= len(b) else "[[B]]"
+
+    sampler = TextSampler(longer)
+    reward = SCRReward(judge_of(sampler), seed=0, votes=1, swap=True, alpha=0.5, ties="zero", cara=False,
+                       cara_method="greedy", tournament=tournament)
+    responses = [["1", "1234", "12", "123"], ["55", "5", "5555", "555"]]
+    rewards, logged = reward(["1>", "5>"], responses, np.array([0, 1]), step=1)
+    assert rewards[0, 1] == 1.5 and rewards[1, 2] == 1.5  # the longest: alpha x (m - 1)
+    if tournament == "merge_sort":  # a full order
+        np.testing.assert_allclose(rewards, [[0.0, 1.5, 0.5, 1.0], [0.5, 0.0, 1.5, 1.0]])
+    assert len(sampler.questions) < 2 * 6 and logged["judge/comparisons"] <= 5
+    with pytest.raises(ConfigError, match="tournament"):
+        SCRReward(judge_of(sampler), seed=0, votes=1, swap=True, alpha=1.0, ties="zero", cara=False,
+                  cara_method="greedy", tournament="swiss")
+
+
 def test_pointwise_reward_is_the_mean_score_and_an_unscored_response_moves_nothing():
     """Scripted pointwise judge: the score is the response's length; a response 'x' is never scored (abstains)."""
     from rrc_jax.rl.reward_fns import PointwiseReward

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from rrc_jax.data.toy import SortTask, oracle_quality, parse_digits, toy_judgment
+from rrc_jax.data.toy import Annotator, SortTask, is_held_out, oracle_quality, parse_digits, toy_judgment
 from rrc_jax.data.toy.world import WorldSettings, build_world, load_world
 from rrc_jax.judge.verdicts import parse_verdict
 
@@ -24,6 +24,7 @@ def test_toy_judgment_prefers_the_better_response():
         d = task.prompt(rng)
         a, b = task.demonstration(d, rng), task.demonstration(d, rng)
         text = toy_judgment(d, a, b)
+        assert Annotator().judgment(d, a, b, rng) == text  # a perfect annotator writes the oracle's judgment
         assert text.startswith(" " + "".join(sorted(d)) + " a")
         want = "A" if oracle_quality(d, a) >= oracle_quality(d, b) else "B"
         assert parse_verdict(text) == want
@@ -53,13 +54,13 @@ def test_world_is_built_once_and_reused(toy_cache):
 
 def test_grm_learns_the_reasoning_and_the_direct_template():
     """A fifth of the toy GRM's examples use `toy_pairwise_direct` (PRC without thinking) with the bare verdict as
-    the target; the verdict of both kinds follows the oracle."""
+    the target; with a perfect annotator the verdict of both kinds follows the oracle."""
     from rrc_jax.data.toy.task import ALPHABET
     from rrc_jax.data.toy.world import grm_examples
     from rrc_jax.models.char_tokenizer import make_char_tokenizer
 
     tok = make_char_tokenizer(ALPHABET)
-    example = grm_examples(SortTask(), tok, np.random.default_rng(0))
+    example = grm_examples(WorldSettings(annotator=Annotator()), tok)
     kinds = {"think:": 0, "verdict: ": 0}
     for _ in range(300):
         question, target = example()
@@ -72,7 +73,47 @@ def test_grm_learns_the_reasoning_and_the_direct_template():
             kinds["think:"] += 1
         digits, a, b = (line.split(": ")[1] for line in q.splitlines()[:3])
         assert parse_verdict(t) == ("A" if oracle_quality(digits[:-1], a) >= oracle_quality(digits[:-1], b) else "B")
+        assert not is_held_out(digits[:-1])
     assert 30 < kinds["verdict: "] < 90 and kinds["think:"] > 200
+
+
+def test_the_annotator_miscounts_favours_a_and_credits_padding():
+    """The toy world's annotator (`TOY_ANNOTATOR`) against the oracle on its own pair stream: wrong on a sixth of
+    the pairs of unequal quality and more often on close ones; position A wins more than half of the ties; and a
+    padded response (extra digits) beats its unpadded self about half the time."""
+    from rrc_jax.data.toy.world import annotated_pairs
+
+    settings = WorldSettings()
+    pairs = annotated_pairs(settings)
+    wrong, close_wrong, ties_a = [], [], []
+    for _ in range(6000):
+        digits, a, b, judgment = next(pairs)
+        qa, qb = oracle_quality(digits, a), oracle_quality(digits, b)
+        verdict = parse_verdict(judgment)
+        if qa == qb:
+            ties_a.append(verdict == "A")
+            continue
+        wrong.append(verdict != ("A" if qa > qb else "B"))
+        if abs(qa - qb) * len(digits) < 1.5:
+            close_wrong.append(wrong[-1])
+    assert 0.1 < np.mean(wrong) < 0.25 and np.mean(close_wrong) > np.mean(wrong) + 0.05
+    assert np.mean(ties_a) > 0.6
+    rng, task = np.random.default_rng(0), SortTask()
+    padded = []
+    for _ in range(2000):
+        d = task.prompt(rng)
+        right = "".join(sorted(d))
+        padded.append(parse_verdict(settings.annotator.judgment(d, right + "9", right, rng)) == "A")
+    assert 0.4 < np.mean(padded) < 0.75  # credited half the time, then the position bias on close calls
+    assert oracle_quality(d, right + "9") < oracle_quality(d, right)
+
+
+def test_evaluation_prompts_are_a_split_no_model_trains_on():
+    rng, task = np.random.default_rng(0), SortTask()
+    train = {task.prompt(rng) for _ in range(3000)}
+    held = {task.prompt(rng, held_out=True) for _ in range(300)}
+    assert not train & held and all(is_held_out(d) for d in held) and not any(is_held_out(d) for d in train)
+    assert 0.08 < np.mean([is_held_out(str(i)) for i in range(1000, 10000)]) < 0.17  # an eighth of the prompts
 
 
 def test_the_pointwise_judge_learns_the_toy_score():

@@ -25,7 +25,7 @@ from rrc_jax.rl.anchors import load_anchors
 from rrc_jax.rl.trainer import Trainer, run
 
 REPO = Path(__file__).resolve().parents[1]
-EXTRA = {"drm": {}, "prc": {}, "scr": {"reward.scr.cara": True}, "agr": {},
+EXTRA = {"drm": {}, "prc": {}, "scr": {"reward.scr.cara": True}, "agr": {"rl.beta": 1e-3, "reward.judge.temperature": 1.0},  # the defaults
          # RM-R1's RLVR: the toy GRM trained as the policy on the toy task's preference questions
          "rlvr": {"models.policy": "toy:grm", "data.format": "pairs", "eval.judge_votes": 0, "rl.max_new_tokens": 20},
          # IRPO: the toy pointwise judge trained on pairs of pointwise questions; then its scores as rewards
@@ -71,6 +71,10 @@ def test_two_step_run_for_each_reward_kind(kind, finished):
         assert {"reward/pair_accuracy", "reward/score_std", "reward/format_ok"} <= set(rows[1])
     if kind == "scr":
         assert "judge/intransitive_triads" in rows[1]
+    if kind == "prc":  # the P(A) histogram: ten shares summing to one
+        assert sum(rows[1][f"prc/p_bin{k}"] for k in range(10)) == pytest.approx(1.0)
+    if kind != "irpo":  # reward fidelity against the oracle (kendall_tau is NaN when every group is flat)
+        assert 0 <= rows[1]["fidelity/advantage_error"] < 3 and "fidelity/kendall_tau" in rows[1]
     if kind == "rlvr":  # +1 / -1 rewards; oracle quality is the verdicts' accuracy
         assert -1 <= rows[1]["reward/mean"] <= 1 and 0 <= rows[1]["reward/verdict_accuracy"] <= 1
         assert rows[1]["reward/mean"] == pytest.approx(2 * rows[1]["oracle_quality"] - 1, abs=1e-6)
@@ -84,7 +88,8 @@ def test_config_validation_errors():
                                                                                  "reward.scr.ties"),
                                 ("rl.loss_aggregation", "sum", "rl.loss_aggregation"),
                                 ("rl.micro_batch_size", 5, "rl.micro_batch_size"), ("rl.top_p", 0.0, "rl.top_p"),
-                                ("reward.prc.reference", "frozen", "reward.prc.reference")]:
+                                ("reward.prc.reference", "frozen", "reward.prc.reference"),
+                                ("reward.scr.tournament", "swiss", "reward.scr.tournament")]:
         c = base_config("scr")
         *path, leaf = field.split(".")
         node = c
@@ -93,6 +98,13 @@ def test_config_validation_errors():
         node[leaf] = value
         with pytest.raises(ConfigError, match=match):
             validate(c)
+    c = base_config("scr")
+    c.reward.scr.cara, c.reward.scr.tournament = True, "knockout"
+    with pytest.raises(ConfigError, match="reward.scr.cara"):
+        validate(c)
+    c = base_config("pointwise")  # the judged win rate asks pairwise questions
+    with pytest.raises(ConfigError, match="eval.judge_votes"):
+        validate(c)
 
 
 def test_defaults_follow_the_papers_as_printed():

@@ -97,9 +97,9 @@ def preference_questions(config, tokenizer) -> tuple[PromptSet, PromptSet]:
 
         t = config.toy
         task = SortTask(t.min_len, t.max_len, t.noise)
-        rng = np.random.default_rng(30_000 + t.seed)  # disjoint from the world's and the RL prompts' draws
+        rng = np.random.default_rng(30_000 + t.seed)
         train = toy_preferences(task, t.train_prompts, rng, name="toy-train")
-        held = toy_preferences(task, d.eval_prompts, rng, exclude={p.prompt for p in train}, name="toy-eval")
+        held = toy_preferences(task, d.eval_prompts, rng, held_out=True, name="toy-eval")  # the evaluation split
     else:
         from rrc_jax.data.preferences import load_preferences
 
@@ -124,12 +124,11 @@ def toy_prompts(config) -> tuple[PromptSet, PromptSet]:
 
     t = config.toy
     task = SortTask(t.min_len, t.max_len, t.noise)
-    rng = np.random.default_rng(10_000 + t.seed)  # disjoint from the world's training draws
+    rng = np.random.default_rng(10_000 + t.seed)
     train_digits = [task.prompt(rng) for _ in range(t.train_prompts)]
-    seen = set(train_digits)
-    eval_digits = []
-    while len(eval_digits) < config.data.eval_prompts:  # held out: never a training prompt
-        d = task.prompt(rng)
+    eval_digits, seen = [], set()
+    while len(eval_digits) < config.data.eval_prompts:  # distinct prompts of the evaluation split (never trained on)
+        d = task.prompt(rng, held_out=True)
         if d not in seen:
             eval_digits.append(d)
             seen.add(d)

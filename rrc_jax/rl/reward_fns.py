@@ -49,6 +49,7 @@ from rrc_jax.inference.engine import JaxSampler
 from rrc_jax.inference.sampler import Sampler, SamplingParams, response_texts
 from rrc_jax.judge import Judge, JudgeConfig
 from rrc_jax.judge.judge import check_groups
+from rrc_jax.judge.tournaments import knockout, merge_sort
 from rrc_jax.judge.prompts import JudgeTemplate, get_template
 from rrc_jax.judge.verdicts import parse_score
 from rrc_jax.models import Decoder, prompt_ids
@@ -58,6 +59,10 @@ from rrc_jax.rl.anchors import AnchorStore
 from rrc_jax.rl.roles import Roles
 from rrc_jax.rm.examples import scored_ids
 from rrc_jax.sharding import host_row_multiple, host_rows, mesh_of, put_rows
+
+
+TOURNAMENTS = ("round_robin", "merge_sort", "knockout")  # how SCR orders a group (`reward.scr.tournament`)
+PRC_BINS = 10  # `prc/p_bin{k}`: the share of a step's P(A) in [k / 10, (k + 1) / 10)
 
 
 class RewardFn(Protocol):
@@ -248,29 +253,41 @@ class PRCReward(JudgeReward):
         p_a = self.judge.preference_prob([p for p in prompts for _ in range(m)], [o for g in responses for o in g],
                                          [r for r in refs for _ in range(m)], think=self.think)
         metrics = {"reward/prc_saturation": float(np.mean((p_a <= 0.1) | (p_a >= 0.9))), **self.judge_metrics()}
+        hist = np.histogram(p_a, bins=PRC_BINS, range=(0.0, 1.0))[0] / max(p_a.size, 1)  # Table 6's buckets, finer
+        metrics.update({f"prc/p_bin{k}": float(h) for k, h in enumerate(hist)})
         return np.asarray(prc_rewards(p_a.reshape(b, m))), metrics
 
 
 @register("scr")
 class SCRReward(JudgeReward):
     """SCR (Algorithm 1): every pair of a group judged V times; reward = majority win count x alpha (Eq. 16), or,
-    with `cara`, alpha x the position in the Kemeny-aggregated order (Eq. 21)."""
+    with `cara`, alpha x the position in the Kemeny-aggregated order (Eq. 21). With `tournament` 'merge_sort' or
+    'knockout' (beyond the paper) the group is ordered by an adaptive tournament instead of a round robin (fewer
+    questions) and rewarded by Eq. 21 on that order."""
 
     def __init__(self, judge: Judge, seed: int, *, votes: int, swap: bool, alpha: float, ties: str, cara: bool,
-                 cara_method: str):
+                 cara_method: str, tournament: str = "round_robin"):
         super().__init__(judge, seed)
+        if tournament not in TOURNAMENTS:
+            raise ConfigError(f"config.reward.scr.tournament: {tournament!r}; use {', '.join(TOURNAMENTS)}")
         self.votes, self.swap, self.alpha, self.ties, self.cara, self.cara_method = (
             votes, swap, alpha, ties, cara, cara_method)
+        self.tournament = tournament
 
     @classmethod
     def from_config(cls, config, ctx: RewardContext) -> SCRReward:
         s, j = config.reward.scr, config.reward.judge
         return cls(ctx.judge(), config.seed, votes=j.votes, swap=j.swap, alpha=s.alpha, ties=s.ties, cara=s.cara,
-                   cara_method=s.cara_method)
+                   cara_method=s.cara_method, tournament=s.tournament)
 
     def __call__(self, prompts, responses, prompt_index, step):
         _group_sizes(prompts, responses)
         self.start(step)
+        if self.tournament != "round_robin":
+            play = merge_sort if self.tournament == "merge_sort" else knockout
+            t = play(self.judge, prompts, responses, votes=self.votes, swap=self.swap)
+            return (self.alpha * t.rewards).astype(np.float32), {"judge/comparisons": float(t.queries.mean()),
+                                                                 **self.judge_metrics()}
         counts = self.judge.round_robin(prompts, responses, votes=self.votes, swap=self.swap)
         diag = scr_diagnostics(counts, votes=self.votes)
         metrics = {f"judge/{k}": float(np.mean(v)) for k, v in diag.items()}

@@ -48,6 +48,7 @@ from rrc_jax.judge.verdicts import parse_score
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import save_hf
 from rrc_jax.progress import Progress, say
+from rrc_jax.rl.fidelity import fidelity_metrics
 from rrc_jax.rl.grpo import group_advantages, grpo_objective
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer, token_logprobs
 from rrc_jax.rl.reward_fns import RewardContext, make_reward_fn, pair_correct, rollout_batch, step_seed
@@ -174,8 +175,9 @@ class Trainer:
         })
         if self.train_prompts.oracle is not None:
             oracle = self.train_prompts.oracle
-            metrics["oracle_quality"] = float(np.mean([[oracle(int(i), t) for t in group]
-                                                       for i, group in zip(prompt_index, texts)]))
+            quality = np.array([[oracle(int(i), t) for t in group] for i, group in zip(prompt_index, texts)])
+            metrics["oracle_quality"] = float(quality.mean())
+            metrics.update(fidelity_metrics(rewards, quality))  # how the rewards rank and weigh vs the oracle
         return distributed.reduce_metrics(metrics)
 
     # -- evaluation --------------------------------------------------------------------------------------

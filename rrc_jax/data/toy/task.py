@@ -13,8 +13,14 @@ sorted answer, then for each response its score (correct positions minus extra d
     B: 11345
     think: 11345 a2 b5 [[B]]  <- the judge's chain of thought and verdict
 
-Because the verdict follows the reasoning deterministically, P(verdict) saturates: PRC's probability collapse
-(Table 6) appears naturally.
+The toy GRM learns this judgment from an imperfect `Annotator` (DESIGN.md section 4), not from the oracle: it
+miscounts, favours position A on close calls and, half the time, credits a response's extra digits instead of
+deducting them (a bias toward longer answers a policy can exploit). Its written scores, not the true ones, decide
+its verdict, so the reasoning and the verdict stay consistent: P(verdict) saturates once the scores are written
+(PRC's probability collapse, Table 6), while the judgments vary from one sample to the next.
+
+Prompts are split once and for all: a fixed eighth of all digit strings (`is_held_out`) is only ever drawn for
+evaluation, the rest for every model's training and the RL prompts.
 
 The toy pointwise judge (IRPO's kind, `toy_pointwise` template) scores one response the same way:
 
@@ -26,10 +32,12 @@ The toy pointwise judge (IRPO's kind, `toy_pointwise` template) scores one respo
 from __future__ import annotations
 
 import dataclasses
+import zlib
 
 import numpy as np
 
 DIGITS = "0123456789"
+HELD_OUT_BUCKETS = 8  # one in 8 digit strings is an evaluation prompt only
 # Characters of every toy text: the task, the toy judge templates and their reasoning.
 ALPHABET = DIGITS + " \n>:[]ABabcdehiknorstv"
 
@@ -44,13 +52,23 @@ def parse_digits(text: str) -> str:
     return "".join(out)
 
 
+def is_held_out(digits: str) -> bool:
+    """Whether the prompt `digits` belongs to the evaluation split (a fixed hash bucket): never trained on."""
+    return zlib.crc32(digits.encode()) % HELD_OUT_BUCKETS == 0
+
+
+def _hits_extras(prompt_digits: str, response: str) -> tuple[int, int]:
+    """(positions of `response` that hold the sorted answer's digit, digits beyond the answer's length)."""
+    target = "".join(sorted(prompt_digits))
+    resp = parse_digits(response)
+    return sum(a == b for a, b in zip(target, resp)), max(0, len(resp) - len(target))
+
+
 def _score(prompt_digits: str, response: str) -> int:
     """Correct positions of `response` against the sorted answer, minus its digits beyond the answer's length
     (missing digits already cost their positions), at least 0."""
-    target = "".join(sorted(prompt_digits))
-    resp = parse_digits(response)
-    hits = sum(a == b for a, b in zip(target, resp))
-    return max(0, hits - max(0, len(resp) - len(target)))
+    hits, extras = _hits_extras(prompt_digits, response)
+    return max(0, hits - extras)
 
 
 def oracle_quality(prompt_digits: str, response: str) -> float:
@@ -68,6 +86,44 @@ def toy_judgment(prompt_digits: str, a: str, b: str) -> str:
     target = "".join(sorted(prompt_digits))
     sa, sb = _score(prompt_digits, a), _score(prompt_digits, b)
     return f" {target} a{sa} b{sb} [[{'A' if sa >= sb else 'B'}]]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Annotator:
+    """The imperfect annotator whose judgments the toy GRM (and, through its verdicts, the toy DRM) learns from.
+
+    Per judgment of a pair (A, B), in this order:
+    1. with probability `length_bias` it credits digits beyond the answer's length as right instead of deducting
+       them (for both responses): padding then wins against the judge while it costs oracle quality;
+    2. each written score is off by one, up or down, with probability `miscount` (at least 0);
+    3. on a close call (written scores within one), A's written score gains one with probability `position_bias`.
+    The verdict follows the written scores, ties to A. `Annotator()` (all zero) writes `toy_judgment` exactly; the
+    toy world's is `rrc_jax.config.TOY_ANNOTATOR`.
+    """
+
+    miscount: float = 0.0
+    position_bias: float = 0.0
+    length_bias: float = 0.0
+
+    def scores(self, prompt_digits: str, a: str, b: str, rng: np.random.Generator) -> tuple[int, int]:
+        """The written scores of A and B."""
+        credit = rng.random() < self.length_bias
+        written = []
+        for response in (a, b):
+            hits, extras = _hits_extras(prompt_digits, response)
+            s = hits + extras if credit else max(0, hits - extras)
+            if rng.random() < self.miscount:
+                s = max(0, s + (1 if rng.random() < 0.5 else -1))
+            written.append(s)
+        sa, sb = written
+        if abs(sa - sb) <= 1 and rng.random() < self.position_bias:
+            sa += 1
+        return sa, sb
+
+    def judgment(self, prompt_digits: str, a: str, b: str, rng: np.random.Generator) -> str:
+        """`' <sorted> a<written score> b<written score> [[A|B]]'`, the verdict following the written scores."""
+        sa, sb = self.scores(prompt_digits, a, b, rng)
+        return f" {''.join(sorted(prompt_digits))} a{sa} b{sb} [[{'A' if sa >= sb else 'B'}]]"
 
 
 def toy_score_judgment(prompt_digits: str, response: str) -> str:
@@ -102,10 +158,14 @@ class SortTask:
     noise: float = 0.3
     passes: tuple[float, ...] = (0.3, 0.3, 0.2, 0.2)
 
-    def prompt(self, rng: np.random.Generator) -> str:
-        """The digits of one prompt, e.g. `'31415'` (the policy sees `prompt_text(digits)`)."""
-        n = int(rng.integers(self.min_len, self.max_len + 1))
-        return "".join(rng.choice(list(DIGITS), n))
+    def prompt(self, rng: np.random.Generator, held_out: bool = False) -> str:
+        """The digits of one prompt of the training split (`held_out=False`) or of the evaluation split, e.g.
+        `'31415'` (the policy sees `prompt_text(digits)`)."""
+        while True:
+            n = int(rng.integers(self.min_len, self.max_len + 1))
+            digits = "".join(rng.choice(list(DIGITS), n))
+            if is_held_out(digits) == held_out:
+                return digits
 
     @staticmethod
     def prompt_text(digits: str) -> str:

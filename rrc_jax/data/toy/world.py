@@ -3,14 +3,16 @@
 `build_world(settings, cache_dir)` trains, on first use:
 
 - the **policy**: SFT on noisy demonstrations of the sorting task, so it starts mediocre and diverse;
-- the **GRM**: SFT (Eq. 2) on judge questions about pairs of demonstrations, A/B order random, four in five with
-  the `toy_pairwise_cot` template (imitating the toy judgment: sorted answer, the score of each response,
-  verdict), one in five with its direct-verdict variant `toy_pairwise_direct` (the verdict alone), so that PRC
-  without thinking has a judge trained for it;
-- the **DRM**: the same backbone size with a scalar value head, Bradley-Terry (Eq. 1) on the same kind of pairs;
+- the **GRM**: SFT (Eq. 2) on an imperfect annotator's judgments (`task.Annotator`: miscounts, position bias on
+  close calls, credit for padding) of pairs of demonstrations, four in five with the `toy_pairwise_cot` template
+  (sorted answer, the written score of each response, verdict), one in five with its direct-verdict variant
+  `toy_pairwise_direct` (the verdict alone), so that PRC without thinking has a judge trained for it;
+- the **DRM**: the GRM's backbone size with a scalar value head, Bradley-Terry (Eq. 1) on the *same* pairs with the
+  annotator's verdicts as labels (the paper's matched setting);
 
 and saves each as a Hugging Face directory (safetensors + config.json + the character tokenizer) under
-`cache_dir/<key>/`, where `key` hashes the settings. Later calls with the same settings reuse them.
+`cache_dir/<key>/`, where `key` hashes the settings. Later calls with the same settings reuse them. Every prompt
+they train on is of the training split (`task.is_held_out` is False): evaluation prompts are never seen.
 
 `build_pointwise(settings, spec, cache_dir)` trains, on first use and in a directory of its own (only IRPO runs
 need it), the toy **pointwise judge**: SFT on `toy_pointwise` judgments (the sorted answer, then the response's
@@ -24,7 +26,7 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import filelock
@@ -32,17 +34,18 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rrc_jax.config import TOY_MODELS
-from rrc_jax.data.toy.task import ALPHABET, DIGITS, SortTask, oracle_quality, toy_judgment, toy_score_judgment
+from rrc_jax.config import TOY_ANNOTATOR, TOY_MODELS
+from rrc_jax.data.toy.task import ALPHABET, DIGITS, Annotator, SortTask, oracle_quality, toy_score_judgment
 from rrc_jax.judge.prompts import direct_template, encode_text, get_template, render_parts
+from rrc_jax.judge.verdicts import parse_verdict
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer, prompt_ids, save_hf
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
 from rrc_jax.data.preferences import Preference
-from rrc_jax.rm.examples import drm_batches, grm_example, sft_batches
+from rrc_jax.rm.examples import drm_batches, sft_batches
 from rrc_jax.rm.fit import fit
 from rrc_jax.sharding import model_context
 
-VERSION = 5  # bump when the world's recipe changes, so stale caches are not reused
+VERSION = 6  # bump when the world's recipe changes, so stale caches are not reused
 JUDGE_TEMPLATE = get_template("toy_pairwise_cot")
 DIRECT_TEMPLATE = direct_template(JUDGE_TEMPLATE)
 DIRECT_SHARE = 0.2  # of the GRM's examples; 1500 steps keep 1200 steps' worth of reasoning examples
@@ -71,6 +74,7 @@ class WorldSettings:
     policy: ModelSpec = ModelSpec(**TOY_MODELS["policy"])
     grm: ModelSpec = ModelSpec(**TOY_MODELS["grm"])
     drm: ModelSpec = ModelSpec(**TOY_MODELS["drm"])
+    annotator: Annotator = Annotator(**TOY_ANNOTATOR)
     seed: int = 0
 
     @classmethod
@@ -78,7 +82,8 @@ class WorldSettings:
         """The settings of a trainer config's `toy` group (`rrc_jax.config.base_config`)."""
         spec = lambda role: ModelSpec.from_config(toy, role)
         return cls(task=SortTask(toy.min_len, toy.max_len, toy.noise), policy=spec("policy"), grm=spec("grm"),
-                   drm=spec("drm"), seed=toy.seed)
+                   drm=spec("drm"), annotator=Annotator(toy.miscount, toy.position_bias, toy.length_bias),
+                   seed=toy.seed)
 
     def key(self) -> str:
         blob = json.dumps({"version": VERSION, **dataclasses.asdict(self)}, sort_keys=True)
@@ -111,9 +116,10 @@ def _response(task: SortTask, digits: str, rng: np.random.Generator) -> str:
     return out
 
 
-def _pair(task: SortTask, rng: np.random.Generator) -> tuple[str, str, str]:
-    """A prompt and two distinct responses to it (possibly of equal quality)."""
-    digits = task.prompt(rng)
+def _pair(task: SortTask, rng: np.random.Generator, held_out: bool = False) -> tuple[str, str, str]:
+    """A prompt (of the training split, or the evaluation split) and two distinct responses to it (possibly of
+    equal quality)."""
+    digits = task.prompt(rng, held_out)
     a = _response(task, digits, rng)
     b = _response(task, digits, rng)
     while b == a:
@@ -121,95 +127,110 @@ def _pair(task: SortTask, rng: np.random.Generator) -> tuple[str, str, str]:
     return digits, a, b
 
 
-def toy_preferences(task: SortTask, n: int, rng: np.random.Generator, exclude: set[str] = frozenset(),
+def toy_preferences(task: SortTask, n: int, rng: np.random.Generator, held_out: bool = False,
                     name: str = "toy") -> list[Preference]:
-    """`n` preference pairs of the toy task whose responses differ in oracle quality (the better one chosen), on
-    prompts whose text is not in `exclude`; `key` `f"{name}:{i}"`."""
+    """`n` preference pairs of the toy task whose responses differ in oracle quality (the better one chosen, by the
+    oracle), on prompts of the training split or, with `held_out`, of the evaluation split; `key` `f"{name}:{i}"`."""
     out: list[Preference] = []
     while len(out) < n:
-        digits, a, b = _pair(task, rng)
+        digits, a, b = _pair(task, rng, held_out)
         qa, qb = oracle_quality(digits, a), oracle_quality(digits, b)
-        if qa != qb and task.prompt_text(digits) not in exclude:
+        if qa != qb:
             chosen, rejected = (a, b) if qa > qb else (b, a)
             out.append(Preference(task.prompt_text(digits), chosen, rejected, key=f"{name}:{len(out)}"))
     return out
 
 
-def train_policy(settings: WorldSettings, tokenizer, rng) -> Decoder:
+def _question_ids(tokenizer, template, digits: str, **items: str) -> list[int]:
+    """The ids of a toy judge question about the prompt `digits` (`template` rendered as the judge renders it)."""
+    prefix, suffix = render_parts(tokenizer, template, SortTask.prompt_text(digits), **items)
+    return encode_text(tokenizer, prefix + suffix, first=True)
+
+
+def _target_ids(tokenizer, text: str) -> list[int]:
+    return encode_text(tokenizer, text, first=False) + [int(tokenizer.eos_token_id)]
+
+
+def train_policy(settings: WorldSettings, tokenizer) -> Decoder:
     task, spec = settings.task, settings.policy
     model = Decoder(model_config(spec, len(tokenizer)), rngs=nnx.Rngs(settings.seed))
-    eos = int(tokenizer.eos_token_id)
+    rng = np.random.default_rng([settings.seed, 0])
 
     def example():
         digits = task.prompt(rng)
-        return (prompt_ids(tokenizer, task.prompt_text(digits)),
-                list(tokenizer(task.demonstration(digits, rng), add_special_tokens=False)["input_ids"]) + [eos])
+        return prompt_ids(tokenizer, task.prompt_text(digits)), _target_ids(tokenizer, task.demonstration(digits, rng))
 
     fit(model, sft_batches(example, spec.batch_size, 0), kind="sft", steps=spec.steps,
         learning_rate=spec.learning_rate, desc="toy policy (SFT)")
     return model
 
 
-def grm_examples(task: SortTask, tokenizer, rng: np.random.Generator):
-    """The GRM's SFT example factory: `() -> (question ids, judgment ids + EOS)` for a random pair, with the
-    reasoning template (the toy judgment) or, one time in `DIRECT_SHARE`, its direct-verdict variant (the
+def annotated_pairs(settings: WorldSettings) -> Iterator[tuple[str, str, str, str]]:
+    """The endless stream `(digits, a, b, judgment)` that the GRM and the DRM both learn from, the same for the same
+    settings: a training-split pair of responses shown as A and B, and the annotator's judgment of it."""
+    rng = np.random.default_rng([settings.seed, 1])
+    while True:
+        digits, a, b = _pair(settings.task, rng)
+        yield digits, a, b, settings.annotator.judgment(digits, a, b, rng)
+
+
+def grm_examples(settings: WorldSettings, tokenizer):
+    """The GRM's SFT example factory: `() -> (question ids, judgment ids + EOS)`, the next annotated pair with the
+    reasoning template (the annotator's judgment) or, one time in `DIRECT_SHARE`, its direct-verdict variant (the
     judgment's verdict alone)."""
+    pairs = annotated_pairs(settings)
+    rng = np.random.default_rng([settings.seed, 2])  # which examples use the direct template
 
     def example():
-        digits, a, b = _pair(task, rng)
-        chosen, rejected = (a, b) if oracle_quality(digits, a) >= oracle_quality(digits, b) else (b, a)
-        pref = Preference(task.prompt_text(digits), chosen, rejected)
+        digits, a, b, judgment = next(pairs)
         direct = rng.random() < DIRECT_SHARE
-        return grm_example(tokenizer, DIRECT_TEMPLATE if direct else JUDGE_TEMPLATE, pref, rng,
-                           judgment=lambda x, y, _: toy_judgment(digits, x, y)[-5:] if direct
-                           else toy_judgment(digits, x, y))
+        return (_question_ids(tokenizer, DIRECT_TEMPLATE if direct else JUDGE_TEMPLATE, digits, a=a, b=b),
+                _target_ids(tokenizer, judgment[-5:] if direct else judgment))
 
     return example
 
 
-def train_grm(settings: WorldSettings, tokenizer, rng) -> Decoder:
+def train_grm(settings: WorldSettings, tokenizer) -> Decoder:
     spec = settings.grm
     model = Decoder(model_config(spec, len(tokenizer)), rngs=nnx.Rngs(settings.seed + 1))
-    fit(model, sft_batches(grm_examples(settings.task, tokenizer, rng), spec.batch_size, 0), kind="sft",
+    fit(model, sft_batches(grm_examples(settings, tokenizer), spec.batch_size, 0), kind="sft",
         steps=spec.steps, learning_rate=spec.learning_rate, desc="toy GRM (Eq. 2)")
+    return model
+
+
+def train_drm(settings: WorldSettings, tokenizer) -> Decoder:
+    """Bradley-Terry on the GRM's pairs (`annotated_pairs`), the annotator's verdict choosing the preferred one."""
+    spec = settings.drm
+    model = Decoder(model_config(spec, len(tokenizer), value_head=True), rngs=nnx.Rngs(settings.seed + 2))
+    pairs = annotated_pairs(settings)
+
+    def pref():
+        digits, a, b, judgment = next(pairs)
+        return Preference(SortTask.prompt_text(digits), *((a, b) if parse_verdict(judgment) == "A" else (b, a)))
+
+    fit(model, drm_batches(tokenizer, pref, spec.batch_size, 0), kind="bt", steps=spec.steps,
+        learning_rate=spec.learning_rate, desc="toy DRM (Eq. 1)")
     return model
 
 
 def pointwise_examples(task: SortTask, tokenizer, rng: np.random.Generator):
     """The pointwise judge's SFT example factory: `() -> (question ids, judgment ids + EOS)` for one random
     response (a demonstration, possibly padded) rendered with `toy_pointwise`, the target its toy score judgment."""
-    eos = int(tokenizer.eos_token_id)
 
     def example():
         digits = task.prompt(rng)
         response = _response(task, digits, rng)
-        prefix, suffix = render_parts(tokenizer, POINTWISE_TEMPLATE, task.prompt_text(digits), response=response)
-        return (encode_text(tokenizer, prefix + suffix, first=True),
-                encode_text(tokenizer, toy_score_judgment(digits, response), first=False) + [eos])
+        return (_question_ids(tokenizer, POINTWISE_TEMPLATE, digits, response=response),
+                _target_ids(tokenizer, toy_score_judgment(digits, response)))
 
     return example
 
 
-def train_pointwise(task: SortTask, spec: ModelSpec, seed: int, tokenizer, rng) -> Decoder:
+def train_pointwise(task: SortTask, spec: ModelSpec, seed: int, tokenizer) -> Decoder:
     model = Decoder(model_config(spec, len(tokenizer)), rngs=nnx.Rngs(seed + 3))
+    rng = np.random.default_rng([seed, 3])
     fit(model, sft_batches(pointwise_examples(task, tokenizer, rng), spec.batch_size, 0), kind="sft",
         steps=spec.steps, learning_rate=spec.learning_rate, desc="toy pointwise judge (SFT)")
-    return model
-
-
-def train_drm(settings: WorldSettings, tokenizer, rng) -> Decoder:
-    task, spec = settings.task, settings.drm
-    model = Decoder(model_config(spec, len(tokenizer), value_head=True), rngs=nnx.Rngs(settings.seed + 2))
-
-    def pref():
-        while True:
-            digits, a, b = _pair(task, rng)
-            qa, qb = oracle_quality(digits, a), oracle_quality(digits, b)
-            if qa != qb:
-                return Preference(task.prompt_text(digits), *((a, b) if qa > qb else (b, a)))
-
-    fit(model, drm_batches(tokenizer, pref, spec.batch_size, 0), kind="bt", steps=spec.steps,
-        learning_rate=spec.learning_rate, desc="toy DRM (Eq. 1)")
     return model
 
 
@@ -237,9 +258,9 @@ def build_world(settings: WorldSettings, cache_dir: str | Path) -> World:
     root = Path(cache_dir).expanduser() / f"toy-{settings.key()}"
 
     def build(root: Path) -> None:
-        tokenizer, rng = make_char_tokenizer(ALPHABET), np.random.default_rng(settings.seed)
+        tokenizer = make_char_tokenizer(ALPHABET)
         for name, train in (("policy", train_policy), ("grm", train_grm), ("drm", train_drm)):
-            save_hf(train(settings, tokenizer, rng), root / name, tokenizer=tokenizer)
+            save_hf(train(settings, tokenizer), root / name, tokenizer=tokenizer)
 
     _build_once(root, "the toy world", dataclasses.asdict(settings), build)
     return World(root, root / "policy", root / "grm", root / "drm")
@@ -254,7 +275,7 @@ def build_pointwise(settings: WorldSettings, spec: ModelSpec, cache_dir: str | P
 
     def build(root: Path) -> None:
         tokenizer = make_char_tokenizer(ALPHABET)
-        model = train_pointwise(settings.task, spec, settings.seed, tokenizer, np.random.default_rng(settings.seed))
+        model = train_pointwise(settings.task, spec, settings.seed, tokenizer)
         save_hf(model, root / "pointwise", tokenizer=tokenizer)
 
     _build_once(root, "the toy pointwise judge", blob, build)

@@ -1,0 +1,77 @@
+"""The study's command line.
+
+    python -m rrc_jax.study --config=study.py [--quick] [--config.shard=0/2 --config.constructions=agr,prc ...]
+
+Runs this shard's unfinished runs (`rrc_jax.study.runs`), audits the toy judge once (`out/audit.json`), and writes
+the report from every summary present (`rrc_jax.study.report`): `out/report.md`, `out/study.json`, the PNGs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from rrc_jax.config import run_cli
+from rrc_jax.errors import exit_on_user_error
+
+CONFIG = config_flags.DEFINE_config_file("config", None, "the study config (study.py, or a path)", lock_config=True)
+QUICK = flags.DEFINE_bool("quick", False, "fewer seeds and steps (study.py:quick's sizes), into out/workdir _quick")
+
+
+def audit_judge(study) -> dict:
+    """The toy GRM's imperfection (`rrc_jax.data.toy.audit`) as the study's runs ask it, cached in
+    `out/audit.json`."""
+    path = Path(study.out) / "audit.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    from rrc_jax.data.toy.audit import audit
+    from rrc_jax.data.toy.task import SortTask
+    from rrc_jax.inference import JaxSampler
+    from rrc_jax.judge import Judge, JudgeConfig
+    from rrc_jax.rl.roles import Roles
+    from rrc_jax.study.runs import plan, trainer_config
+
+    config = trainer_config(study, *plan(study)[0])
+    roles, j, t = Roles(config), config.reward.judge, config.toy
+    judge = Judge(JaxSampler(roles.model("grm"), roles.tokenizer("grm")), roles.tokenizer("grm"), JudgeConfig(
+        template=j.template, max_new_tokens=j.max_new_tokens, temperature=j.temperature, seed=0))
+    result = {"temperature": j.temperature, **audit(judge, SortTask(t.min_len, t.max_len, t.noise),
+                                                    pairs=study.audit_pairs, groups=study.audit_groups)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def run_study(study) -> Path:
+    from rrc_jax.study.report import write_report
+    from rrc_jax.study.runs import run_all
+
+    summaries = run_all(study)
+    if not study.report:
+        return Path(study.out)
+    report = write_report(summaries, Path(study.out), audit_judge(study))
+    print(f"study: {len(summaries)} run summaries; report in {report}", file=sys.stderr)
+    return report
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if CONFIG.value is None:
+        raise app.UsageError("--config is required, e.g. --config=study.py")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    study = CONFIG.value
+    if QUICK.value:
+        from rrc_jax.configs.study import quick
+
+        study = quick(study.copy_and_resolve_references())
+    exit_on_user_error(run_study, study)
+
+
+if __name__ == "__main__":
+    run_cli(main)

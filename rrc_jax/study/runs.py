@@ -1,0 +1,149 @@
+"""The study's runs: every reward construction (`CONSTRUCTIONS`) x seeds, each a trainer run on the toy world, and
+the per-run summary the report is built from.
+
+A run is `(construction, seed)`; its trainer workdir is `workdir/<construction>/seed<k>` (checkpoints: an
+interrupted run resumes) and its summary `out/runs/<construction>-seed<k>.json` (small; a run with a summary is
+never repeated, so a study resumes where it stopped, across sessions). Runs are split across processes by
+`shard = INDEX/COUNT`: run i belongs to shard i % COUNT.
+
+Every run uses the trainer's defaults (the toy world, KL on) with the judge asked once per question (`votes=1`, the
+paper's single query) unless the construction votes; seeds change the policy's sampling, the judge's sampling and
+the prompt order, not the toy world (one world, built once).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from rrc_jax.config import base_config, validate
+from rrc_jax.errors import ConfigError
+
+# name -> (reward kind, trainer overrides)
+CONSTRUCTIONS: dict[str, tuple[str, dict]] = {
+    "drm": ("drm", {}),
+    "prc": ("prc", {}),
+    "prc_direct": ("prc", {"reward.prc.think": False}),
+    "scr": ("scr", {}),
+    "scr_vote4": ("scr", {"reward.judge.votes": 4}),
+    "scr_vote8": ("scr", {"reward.judge.votes": 8}),
+    "scr_cara": ("scr", {"reward.scr.cara": True}),
+    "scr_cara_exact": ("scr", {"reward.scr.cara": True, "reward.scr.cara_method": "exact"}),
+    "merge_sort": ("scr", {"reward.scr.tournament": "merge_sort"}),
+    "knockout": ("scr", {"reward.scr.tournament": "knockout"}),
+    "agr": ("agr", {}),
+    "agr_vote4": ("agr", {"reward.judge.votes": 4}),
+    "agr_vote8": ("agr", {"reward.judge.votes": 8}),
+    "agr_refresh": ("agr", {"reward.agr.refresh_every": 10}),
+}
+
+# the per-step series a summary keeps (those a run logged)
+SERIES = ("reward/mean", "oracle_quality", "fidelity/kendall_tau", "fidelity/advantage_error", "judge/questions",
+          "judge/tokens", "time/rollout", "time/reward", "time/update", "reward/prc_saturation", "kl",
+          "response_length", "eval/oracle_quality", "eval/oracle_quality_se",
+          *(f"prc/p_bin{k}" for k in range(10)))
+
+
+def constructions(spec: str) -> list[str]:
+    """The names picked by `spec` ('all', or a comma-separated list of `CONSTRUCTIONS` keys)."""
+    if spec == "all":
+        return list(CONSTRUCTIONS)
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CONSTRUCTIONS]
+    if unknown or not names:
+        raise ConfigError(f"config.constructions: unknown {unknown or spec!r}; use 'all' or some of "
+                          f"{', '.join(CONSTRUCTIONS)}")
+    return names
+
+
+def parse_shard(shard: str) -> tuple[int, int]:
+    try:
+        index, count = (int(x) for x in shard.split("/"))
+    except ValueError:
+        index, count = -1, 0
+    if not 0 <= index < count:
+        raise ConfigError(f"config.shard: {shard!r}; use INDEX/COUNT with 0 <= INDEX < COUNT, e.g. 0/2")
+    return index, count
+
+
+def parse_overrides(text: str, like) -> dict:
+    """`"FIELD=VALUE,..."` as a flat dict, each value cast to the type of `like`'s field (a trainer config)."""
+    out = {}
+    flat = {k: v for k, v in _flatten(like)}
+    for item in (x for x in text.split(",") if x.strip()):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in flat:
+            raise ConfigError(f"config.overrides: {item.strip()!r}; give FIELD=VALUE with a trainer config field")
+        kind = type(flat[key])
+        out[key] = (value.strip() in ("True", "true", "1")) if kind is bool else kind(value.strip())
+    return out
+
+
+def _flatten(config, prefix=""):
+    for k, v in config.items():
+        if hasattr(v, "items"):
+            yield from _flatten(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def plan(study) -> list[tuple[str, int]]:
+    """Every run of the study, in a fixed order (constructions, then seeds)."""
+    return [(name, seed) for name in constructions(study.constructions) for seed in range(study.seeds)]
+
+
+def trainer_config(study, name: str, seed: int):
+    """The trainer config of run (`name`, `seed`)."""
+    kind, overrides = CONSTRUCTIONS[name]
+    c = base_config(kind)
+    c.update_from_flattened_dict({
+        "workdir": str(Path(study.workdir) / name / f"seed{seed}"), "seed": seed, "steps": study.steps,
+        "eval.every": study.eval_every, "data.eval_prompts": study.eval_prompts, "reward.judge.votes": 1,
+        "checkpoint.save_every": max(study.eval_every, 5), **overrides})
+    c.update_from_flattened_dict(parse_overrides(study.overrides, c))
+    validate(c)
+    return c
+
+
+def summary_path(study, name: str, seed: int) -> Path:
+    return Path(study.out) / "runs" / f"{name}-seed{seed}.json"
+
+
+def summarize(workdir: Path, name: str, seed: int, config) -> dict:
+    """A finished run's summary: its construction, seed, the fields that define it, and `SERIES` by step."""
+    rows: dict[int, dict] = {}
+    for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows.setdefault(row["step"], {}).update(row)
+    series = {k: {str(s): r[k] for s, r in sorted(rows.items()) if k in r and _finite(r[k])} for k in SERIES}
+    return {"construction": name, "seed": seed, "kind": config.reward.kind, "steps": config.steps,
+            "votes": config.reward.judge.votes, "beta": config.rl.beta,
+            "judge_temperature": config.reward.judge.temperature,
+            "series": {k: v for k, v in series.items() if v}}
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def run_all(study) -> list[Path]:
+    """Run this shard's unfinished runs (one after another) and write each summary; returns every summary path of
+    the study that exists afterwards."""
+    from rrc_jax.rl.trainer import run
+
+    index, count = parse_shard(study.shard)
+    runs = plan(study)
+    mine = [r for i, r in enumerate(runs) if i % count == index]
+    for k, (name, seed) in enumerate(mine):
+        path = summary_path(study, name, seed)
+        if path.is_file():
+            continue
+        print(f"study: run {k + 1}/{len(mine)} of shard {index}/{count}: {name}, seed {seed}", file=sys.stderr)
+        config = trainer_config(study, name, seed)
+        workdir = run(config)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summarize(Path(workdir), name, seed, config)) + "\n")
+    return [p for p in (summary_path(study, n, s) for n, s in runs) if p.is_file()]

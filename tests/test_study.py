@@ -1,0 +1,84 @@
+"""The reproduction study: statistics over seeds by hand, and a smoke run of the command on the tiny toy world
+(one construction, one seed, two steps) that resumes without repeating a run."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import TINY_RUN
+from rrc_jax.configs.study import get_config
+from rrc_jax.errors import ConfigError
+from rrc_jax.study.report import aggregate, interval, run_metrics, supported_orderings
+from rrc_jax.study.runs import run_all
+
+
+def summary(name, seed, evals, rewards, tau=0.5, tokens=100.0):
+    return {"construction": name, "seed": seed, "kind": name, "steps": 4, "votes": 1, "beta": 1e-3,
+            "judge_temperature": 1.0, "series": {
+                "eval/oracle_quality": {str(s): q for s, q in evals.items()},
+                "eval/oracle_quality_se": {str(s): 0.01 for s in evals},
+                "reward/mean": {str(i + 1): r for i, r in enumerate(rewards)},
+                "fidelity/kendall_tau": {"1": tau, "2": tau}, "judge/tokens": {"1": tokens, "2": tokens}}}
+
+
+def test_intervals_use_students_t():
+    mean, half, n = interval([0.5, 0.6, 0.7])
+    assert mean == pytest.approx(0.6) and n == 3
+    assert half == pytest.approx(4.303 * 0.1 / math.sqrt(3))  # t(0.975, 2) x sd / sqrt(n)
+    assert math.isnan(interval([0.4])[1]) and interval([float("nan")])[2] == 0
+
+
+def test_run_metrics_flag_reward_hacking():
+    hacked = run_metrics(summary("drm", 0, {0: 0.5, 2: 0.9, 4: 0.4}, [0.1, 0.2, 0.5, 0.9]))
+    assert hacked["final"] == 0.4 and hacked["peak"] == 0.9 and hacked["peak_step"] == 2 and hacked["hacked"] == 1
+    honest = run_metrics(summary("agr", 0, {0: 0.5, 2: 0.7, 4: 0.8}, [0.1, 0.2, 0.5, 0.9]))
+    assert honest["hacked"] == 0 and honest["kendall_tau"] == 0.5 and honest["judge_tokens"] == 100
+
+
+def test_aggregate_states_only_the_orderings_its_intervals_support():
+    runs = [summary("agr", s, {0: 0.5, 4: q}, [0, 1]) for s, q in enumerate([0.90, 0.91, 0.92])]
+    runs += [summary("prc", s, {0: 0.5, 4: q}, [0, 1], tokens=50.0) for s, q in enumerate([0.80, 0.81, 0.79])]
+    runs += [summary("scr", s, {0: 0.5, 4: q}, [0, 1]) for s, q in enumerate([0.70, 0.95, 0.80])]
+    result = aggregate(runs)
+    assert result["orderings"] == ["agr > prc"]  # scr's interval overlaps both
+    agr = result["constructions"]["agr"]
+    assert agr["final"]["mean"] == pytest.approx(0.91) and agr["cost_vs_prc"] == pytest.approx(2.0)
+    assert agr["curve"]["4"]["n"] == 3 and agr["seeds"] == [0, 1, 2]
+    assert supported_orderings({"a": {"final": {"mean": 0.9, "ci95": float("nan")}},
+                                "b": {"final": {"mean": 0.1, "ci95": 0.01}}}) == []  # one seed: no claim
+
+
+def test_study_command_runs_reports_and_resumes(tmp_path, toy_cache):
+    overrides = ",".join(f"{k}={v}" for k, v in {**TINY_RUN, "toy.cache_dir": toy_cache}.items()
+                         if k not in ("steps", "eval.every", "data.eval_prompts"))
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "rrc_jax.study", "--config=study.py", f"--config.out={out}",
+            f"--config.workdir={tmp_path / 'work'}", "--config.constructions=prc", "--config.seeds=1",
+            "--config.steps=2", "--config.eval_every=2", "--config.eval_prompts=16", "--config.audit_pairs=8",
+            "--config.audit_groups=2", f"--config.overrides={overrides}"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["prc-seed0.json"]
+    result = json.loads((out / "study.json").read_text())
+    assert set(result["constructions"]) == {"prc"} and result["runs"] == 1
+    assert 0 <= result["audit"]["error_rate"] <= 1 and 0 <= result["audit"]["intransitive_triad_rate"] <= 1
+    prc = json.loads((out / "runs" / "prc-seed0.json").read_text())
+    assert prc["votes"] == 1 and prc["judge_temperature"] == 0.0 and prc["beta"] == 0.0  # TINY_RUN's overrides
+    assert set(prc["series"]["eval/oracle_quality"]) == {"0", "2"} and "fidelity/advantage_error" in prc["series"]
+    assert "prc/p_bin9" in prc["series"] and "reward/prc_saturation" in prc["series"]
+    report = (out / "report.md").read_text()
+    assert "| prc |" in report and "prc_histogram.png" in report
+    for png in ("quality_vs_step.png", "fidelity.png", "cost_vs_quality.png", "prc_histogram.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    stamp = (out / "runs" / "prc-seed0.json").stat().st_mtime_ns
+    study = get_config()  # again, in process: every run has its summary, so none is repeated
+    study.update_from_flattened_dict({"out": str(out), "workdir": str(tmp_path / "work"), "seeds": 1,
+                                      "constructions": "prc", "overrides": overrides})
+    assert len(run_all(study)) == 1 and (out / "runs" / "prc-seed0.json").stat().st_mtime_ns == stamp
+    study.constructions = "agr,nope"
+    with pytest.raises(ConfigError, match="nope"):
+        run_all(study)
