@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY_RUN
 from rrc_jax.configs.study import get_config
 from rrc_jax.errors import ConfigError
-from rrc_jax.study.report import aggregate, interval, run_metrics, supported_orderings
+from rrc_jax.study.report import aggregate, interval, run_metrics, supported_orderings, write_report
 from rrc_jax.study.runs import run_all
 
 
@@ -52,33 +52,50 @@ def test_aggregate_states_only_the_orderings_its_intervals_support():
                                 "b": {"final": {"mean": 0.1, "ci95": 0.01}}}) == []  # one seed: no claim
 
 
+def test_report_writes_the_table_and_every_plot(tmp_path):
+    runs = [summary("agr", s, {0: 0.5, 4: q}, [0, 1]) for s, q in enumerate([0.90, 0.91, 0.92])]
+    prc = summary("prc", 0, {0: 0.5, 4: 0.8}, [0, 1], tokens=50.0)
+    prc["series"].update({f"prc/p_bin{k}": {"1": 0.5 if k in (0, 9) else 0.0} for k in range(10)})
+    paths = []
+    for i, s in enumerate(runs + [prc]):
+        paths.append(tmp_path / f"run{i}.json")
+        paths[-1].write_text(json.dumps(s))
+    report = write_report(paths, tmp_path / "out", audit={"error_rate": 0.2, "close_error_rate": 0.3,
+                                                          "position_inconsistency": 0.25,
+                                                          "intransitive_triad_rate": 0.1})
+    text = report.read_text()
+    assert "| agr | 0.910 ± 0.025 |" in text and "| prc | 0.800 |" in text and "error rate 0.200" in text
+    for png in ("quality_vs_step.png", "fidelity.png", "cost_vs_quality.png", "prc_histogram.png"):
+        assert (tmp_path / "out" / png).read_bytes()[:4] == b"\x89PNG" and f"]({png})" in text
+    result = json.loads((tmp_path / "out" / "study.json").read_text())
+    assert result["constructions"]["prc"]["prc_histogram"][0] == 0.5 and result["runs"] == 4
+
+
 def test_study_command_runs_reports_and_resumes(tmp_path, toy_cache):
     overrides = ",".join(f"{k}={v}" for k, v in {**TINY_RUN, "toy.cache_dir": toy_cache}.items()
                          if k not in ("steps", "eval.every", "data.eval_prompts"))
     out = tmp_path / "out"
     args = [sys.executable, "-m", "rrc_jax.study", "--config=study.py", f"--config.out={out}",
-            f"--config.workdir={tmp_path / 'work'}", "--config.constructions=prc", "--config.seeds=1",
+            f"--config.workdir={tmp_path / 'work'}", "--config.constructions=drm", "--config.seeds=1",
             "--config.steps=2", "--config.eval_every=2", "--config.eval_prompts=16", "--config.audit_pairs=8",
             "--config.audit_groups=2", f"--config.overrides={overrides}"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert sorted(p.name for p in (out / "runs").iterdir()) == ["prc-seed0.json"]
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["drm-seed0.json"]
     result = json.loads((out / "study.json").read_text())
-    assert set(result["constructions"]) == {"prc"} and result["runs"] == 1
+    assert set(result["constructions"]) == {"drm"} and result["runs"] == 1
     assert 0 <= result["audit"]["error_rate"] <= 1 and 0 <= result["audit"]["intransitive_triad_rate"] <= 1
-    prc = json.loads((out / "runs" / "prc-seed0.json").read_text())
-    assert prc["votes"] == 1 and prc["judge_temperature"] == 0.0 and prc["beta"] == 0.0  # TINY_RUN's overrides
-    assert set(prc["series"]["eval/oracle_quality"]) == {"0", "2"} and "fidelity/advantage_error" in prc["series"]
-    assert "prc/p_bin9" in prc["series"] and "reward/prc_saturation" in prc["series"]
-    report = (out / "report.md").read_text()
-    assert "| prc |" in report and "prc_histogram.png" in report
-    for png in ("quality_vs_step.png", "fidelity.png", "cost_vs_quality.png", "prc_histogram.png"):
+    drm = json.loads((out / "runs" / "drm-seed0.json").read_text())
+    assert drm["kind"] == "drm" and drm["beta"] == 0.0  # TINY_RUN's override
+    assert set(drm["series"]["eval/oracle_quality"]) == {"0", "2"} and "fidelity/advantage_error" in drm["series"]
+    assert "| drm |" in (out / "report.md").read_text()
+    for png in ("quality_vs_step.png", "fidelity.png", "cost_vs_quality.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
-    stamp = (out / "runs" / "prc-seed0.json").stat().st_mtime_ns
+    stamp = (out / "runs" / "drm-seed0.json").stat().st_mtime_ns
     study = get_config()  # again, in process: every run has its summary, so none is repeated
     study.update_from_flattened_dict({"out": str(out), "workdir": str(tmp_path / "work"), "seeds": 1,
-                                      "constructions": "prc", "overrides": overrides})
-    assert len(run_all(study)) == 1 and (out / "runs" / "prc-seed0.json").stat().st_mtime_ns == stamp
+                                      "constructions": "drm", "overrides": overrides})
+    assert len(run_all(study)) == 1 and (out / "runs" / "drm-seed0.json").stat().st_mtime_ns == stamp
     study.constructions = "agr,nope"
     with pytest.raises(ConfigError, match="nope"):
         run_all(study)
