@@ -99,3 +99,11 @@ def test_study_command_runs_reports_and_resumes(tmp_path, toy_cache):
     study.constructions = "agr,nope"
     with pytest.raises(ConfigError, match="nope"):
         run_all(study)
+
+
+def test_quick_is_fewer_seeds_and_steps_in_folders_of_its_own():
+    from rrc_jax.configs.study import quick
+
+    full, small = get_config(), quick(get_config())
+    assert (small.seeds, small.steps) < (full.seeds, full.steps) and small.out == full.out + "_quick"
+    assert small.overrides == "toy.train_prompts=256" and get_config("quick").to_dict() == small.to_dict()

@@ -1,7 +1,7 @@
 """The reproduction study: every reward construction on the toy world, several seeds each, one report.
 
     python -m rrc_jax.study --config=study.py          # 14 constructions x 5 seeds x 40 steps
-    python -m rrc_jax.study --config=study.py --quick  # 2 seeds x 8 steps: the smoke version
+    python -m rrc_jax.study --config=study.py --quick  # 2 seeds x 5 steps: the smoke version
     python -m rrc_jax.study --config=study.py --config.shard=1/2   # this process's half of the runs
 
 Runs already finished (a summary in `out/runs/`) are not repeated; an interrupted run resumes from its checkpoint.
@@ -33,7 +33,9 @@ def get_config(arg: str = ""):
 
 
 def quick(c):
-    """The smoke version of a study config (`:quick`, or `--quick`): 2 seeds of 8 steps, into its own folders."""
+    """The smoke version of a study config (`:quick`, or `--quick`): 2 seeds of 5 steps on 64 held-out prompts and
+    256 training prompts (fewer AGR anchors to make), into its own folders."""
     c.out, c.workdir = f"{c.out}_quick", f"{c.workdir}_quick"
-    c.seeds, c.steps, c.eval_every, c.eval_prompts = 2, 8, 4, 128
+    c.seeds, c.steps, c.eval_every, c.eval_prompts = 2, 5, 5, 64
+    c.overrides = ",".join(x for x in ("toy.train_prompts=256", c.overrides) if x)
     return c
