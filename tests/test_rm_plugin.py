@@ -1,7 +1,7 @@
 """Each reward-model recipe's export, plugged into the main job as its reward model, raises the policy's held-out
 oracle quality: on the full-size toy world (its default cache, built on first use), so this module is slow:
 
-    pytest -m slow -n 0 tests/test_rm_plugin.py     # about 15 minutes on 2 cores once the toy world is built
+    pytest -m slow -n 0 tests/test_rm_plugin.py     # about 18 minutes on 2 cores once the toy world is built
 
 The recipes run at their toy defaults (`rmr1_rlvr.py` and `irpo.py` for 10 steps); the main job then runs 10 steps
 of its recipe-matched config (AGR for the pairwise GRMs, the pointwise reward for IRPO's judge, DRM for the DRM),
