@@ -22,6 +22,7 @@ from rrc_jax.rewards.tournament import AGR_TIES, SCR_TIES
 from rrc_jax.rl.grpo import AGGREGATIONS
 
 BUILTIN_REWARDS = ("drm", "prc", "scr", "agr", "pointwise", "rlvr", "irpo")
+TOURNAMENTS = ("round_robin", "merge_sort", "knockout")  # how SCR orders a group (`reward.scr.tournament`)
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 # The toy world's models (DESIGN.md section 4): width, depth and training steps of each tiny Llama-style decoder.
@@ -182,8 +183,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
         _bad("reward.agr.ties", f"{r.agr.ties!r}: use {', '.join(map(repr, AGR_TIES))}")
     if r.scr.cara_method not in CARA_METHODS:
         _bad("reward.scr.cara_method", f"{r.scr.cara_method!r}: use {' or '.join(map(repr, CARA_METHODS))}")
-    if r.scr.tournament not in ("round_robin", "merge_sort", "knockout"):
-        _bad("reward.scr.tournament", f"{r.scr.tournament!r}: use 'round_robin', 'merge_sort' or 'knockout'")
+    if r.scr.tournament not in TOURNAMENTS:
+        _bad("reward.scr.tournament", f"{r.scr.tournament!r}: use {', '.join(map(repr, TOURNAMENTS))}")
     if r.scr.cara and r.scr.tournament != "round_robin":
         _bad("reward.scr.cara", f"CARA aggregates a round robin's counts; reward.scr.tournament="
                                 f"{r.scr.tournament!r} orders the group itself: use one or the other")

@@ -41,7 +41,7 @@ from etils import epath
 from flax import nnx
 
 from rrc_jax import distributed
-from rrc_jax.config import is_plugin
+from rrc_jax.config import TOURNAMENTS, is_plugin
 from rrc_jax.data.batches import pad_sequences, round_up
 from rrc_jax.data.prompts import PromptSet
 from rrc_jax.errors import ConfigError
@@ -61,7 +61,6 @@ from rrc_jax.rm.examples import scored_ids
 from rrc_jax.sharding import host_row_multiple, host_rows, mesh_of, put_rows
 
 
-TOURNAMENTS = ("round_robin", "merge_sort", "knockout")  # how SCR orders a group (`reward.scr.tournament`)
 PRC_BINS = 10  # `prc/p_bin{k}`: the share of a step's P(A) in [k / 10, (k + 1) / 10)
 
 
