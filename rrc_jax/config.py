@@ -11,6 +11,8 @@ Where a default departs from the papers, the field's comment says so (README "De
 
 from __future__ import annotations
 
+import difflib
+import runpy
 import sys
 from pathlib import Path
 
@@ -116,6 +118,12 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
 
     c.checkpoint = ml_collections.ConfigDict(dict(save_every=10, keep=2))
     c.eval = ml_collections.ConfigDict(dict(every=10, judge_votes=2))
+    # What a run shows (README "Reading a run"): `samples_every` steps (and step 1), `samples_prompts` prompts with
+    # every response, reward, advantage and judgment to workdir/samples/step_N.jsonl (0 = never); a warning when a
+    # step's judge abstains on more than `abstain_alarm` of its questions or when every group's reward is flat for
+    # `flat_alarm_steps` steps in a row; TensorBoard event files; Weights & Biases (`wandb` installed) if `wandb`.
+    c.log = ml_collections.ConfigDict(dict(samples_every=10, samples_prompts=4, abstain_alarm=0.5,
+                                           flat_alarm_steps=3, tensorboard=True, wandb=False, wandb_project="rrc-jax"))
     # Device mesh (-1: the remaining devices); parameters over fsdp / tensor, batches over data x fsdp.
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
     # Multi-host start-up (`rrc_jax.distributed`): automatic on Cloud TPU VMs; elsewhere give all three, or set
@@ -234,6 +242,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if c.eval.every < 0 or c.eval.judge_votes < 0:
         _bad("eval", "every and judge_votes must be >= 0 (every 0 = only at start and end; judge_votes 0 = no "
                      "judged win rate)")
+    if c.log.samples_every < 0 or c.log.samples_prompts < 0 or c.log.flat_alarm_steps < 0:
+        _bad("log", "samples_every, samples_prompts and flat_alarm_steps must be >= 0 (0 = off)")
+    if not 0 <= c.log.abstain_alarm <= 1:
+        _bad("log.abstain_alarm", f"{c.log.abstain_alarm} must be in [0, 1] (a share of the judge's questions)")
     for name in ("policy", "grm", "drm"):
         if not getattr(c.models, name):
             _bad(f"models.{name}", "empty; give a Hugging Face directory or 'toy'")
@@ -286,12 +298,99 @@ def resolve_config_argv(argv: list[str]) -> list[str]:
     return out
 
 
+def load_config_file(value: str) -> ml_collections.ConfigDict:
+    """The config of `--config=FILE[:ARG]` (`get_config(ARG)`); a `ConfigError` naming the file when it does not
+    load."""
+    path, _, arg = value.partition(":")
+    try:
+        get_config = runpy.run_path(path)["get_config"]
+        return get_config(arg) if arg else get_config()
+    except KeyError:
+        raise ConfigError(f"--config={value}: the file defines no get_config()") from None
+    except Exception as e:  # a config file is the user's code: any failure is theirs to fix
+        where = f" (line {e.lineno})" if isinstance(e, SyntaxError) else ""
+        raise ConfigError(f"--config={value} does not load{where}: {type(e).__name__}: {e}") from None
+
+
+def _leaves(config, prefix: str = "") -> dict:
+    out = {}
+    for k, v in config.items():
+        if isinstance(v, ml_collections.ConfigDict):
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _overrides(argv: list[str]) -> list[tuple[str, str]]:
+    """`(key, value)` of every `--config.KEY=VALUE` (or `--config.KEY VALUE`) in `argv`."""
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--config."):
+            key, sep, value = arg[len("--config."):].partition("=")
+            if not sep and i + 1 < len(argv):
+                value, i = argv[i + 1], i + 1
+            out.append((key, value))
+        i += 1
+    return out
+
+
+def _parses_as(value: str, like) -> bool:
+    """Whether the command-line text `value` is a valid value for a field whose default is `like`."""
+    if isinstance(like, bool):
+        return value.lower() in ("true", "false", "1", "0")
+    if isinstance(like, (int, float)):
+        try:
+            (float if isinstance(like, float) else int)(value)
+        except ValueError:
+            return False
+    return True
+
+
+def check_config_argv(argv: list[str]) -> None:
+    """A `ConfigError` naming the first problem of a command line's config before anything runs: a `--config` file
+    that does not load, an unknown `--config.KEY` (with the nearest valid key) or a value of the wrong type."""
+    files = [a[len("--config="):] for a in argv if a.startswith("--config=")]
+    files += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
+    if not files:
+        return
+    leaves = _leaves(load_config_file(files[-1]))
+    for key, value in _overrides(argv):
+        if key not in leaves:
+            raise ConfigError(f"--config.{key}: no such field; {_nearest(key, leaves)}")
+        if not _parses_as(value, leaves[key]):
+            raise ConfigError(f"--config.{key}={value}: not {_a(type(leaves[key]).__name__)} (default "
+                              f"{leaves[key]!r})")
+
+
+def _nearest(key: str, leaves) -> str:
+    """A hint for an unknown config key: the field of the same name elsewhere, else the nearest spelling, else the
+    fields of its group."""
+    group, _, name = key.rpartition(".")
+    siblings = sorted({k[len(group) + 1:].split(".")[0] for k in leaves if k.startswith(f"{group}.")} if group
+                      else {k.split(".")[0] for k in leaves})
+    near = [k for k in leaves if k.split(".")[-1] == name]
+    near = near or [f"{group}.{n}" if group else n for n in difflib.get_close_matches(name, siblings, n=1)]
+    near = near or ([] if siblings else difflib.get_close_matches(key, leaves, n=1, cutoff=0.6))
+    if near:
+        return f"did you mean --config.{near[0]}?"
+    return f"config.{group} has {', '.join(siblings)}" if group else f"the fields are {', '.join(siblings)}"
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[0] in "aeiou" else f"a {noun}"
+
+
 def run_cli(main, argv: list[str] | None = None) -> None:
-    """Run an absl `main` with `--config` resolved; a `ConfigError` there is printed as one line."""
+    """Run an absl `main` with `--config` resolved and checked (`check_config_argv`): a config mistake is printed
+    as one line `error: ...` and exits with status 2, before any flag parsing or model loading."""
     from absl import app
 
     try:
         argv = resolve_config_argv(sys.argv if argv is None else argv)
+        check_config_argv(argv)
     except ConfigError as e:
-        sys.exit(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     app.run(main, argv=argv)

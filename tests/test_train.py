@@ -116,9 +116,19 @@ def test_defaults_follow_the_papers_as_printed():
 
 
 def test_unknown_key_and_missing_model_stop_startup(tmp_path, toy_cache):
-    out = subprocess.run(cli_args(tmp_path, toy_cache, **{"reward.bogus": 1}), capture_output=True, text=True,
+    for key, value, line in [
+            ("reward.judge.votez", 2, "error: --config.reward.judge.votez: no such field; did you mean "
+                                      "--config.reward.judge.votes?"),
+            ("rl.learning_rate", "abc", "error: --config.rl.learning_rate=abc: not a float (default 0.0002)")]:
+        out = subprocess.run(cli_args(tmp_path, toy_cache, **{key: value}), capture_output=True, text=True,
+                             timeout=300, cwd=REPO)
+        assert out.returncode == 2 and out.stderr.strip() == line  # one line, before anything loads
+    bad = tmp_path / "broken.py"
+    bad.write_text("def get_config(:\n")
+    out = subprocess.run([sys.executable, "-m", "rrc_jax.train", f"--config={bad}"], capture_output=True, text=True,
                          timeout=300, cwd=REPO)
-    assert out.returncode != 0 and "bogus" in out.stderr
+    assert out.returncode == 2 and out.stderr.startswith(f"error: --config={bad} does not load (line 1)")
+    assert len(out.stderr.strip().splitlines()) == 1
     out = subprocess.run(cli_args(tmp_path / "w", toy_cache, **{"models.grm": str(tmp_path / "nope")}),
                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode != 0
@@ -185,7 +195,88 @@ def test_nan_update_is_skipped_and_counted(tmp_path, toy_cache, monkeypatch):
     rows = read_metrics(run(tiny_config("drm", tmp_path, toy_cache)))
     updates = 4 * 4 // 8
     assert rows[1]["skipped_updates"] == 0
-    assert rows[2]["skipped_updates"] == updates and np.isnan(rows[2]["loss"])
+    assert rows[2]["skipped_updates"] == updates and rows[2]["loss"] is None  # NaN is written as null
+
+
+@pytest.mark.parametrize("kind", ["scr", "agr", "prc"])
+def test_sample_dump_reproduces_the_rewards(kind, finished):
+    """samples/step_1.jsonl holds each dumped prompt's responses with their rewards and every judgment behind them:
+    the rewards recomputed from the dumped verdicts with the rewards library are the ones the step trained on."""
+    from rrc_jax.rewards import agr_rewards, cara_rewards, prc_rewards
+
+    workdir = finished(kind)
+    config = json.loads((workdir / "config.json").read_text())
+    records = [json.loads(line) for line in (workdir / "samples" / "step_1.jsonl").read_text().splitlines()]
+    assert len(records) == min(config["log"]["samples_prompts"], config["rl"]["prompts_per_step"])
+    assert sorted((workdir / "samples").iterdir())[0].name == "step_1.jsonl"
+    m, votes = config["rl"]["group_size"], config["reward"]["judge"]["votes"]
+    for rec in records:
+        logged = np.array([r["reward"] for r in rec["responses"]], np.float32)
+        assert [r["i"] for r in rec["responses"]] == list(range(m)) and rec["prompt"]
+        js = rec["judgments"]
+        if kind == "scr":  # every pair i < j, `votes` times; CARA on the counts
+            assert len(js) == m * (m - 1) // 2 * votes
+            counts = np.zeros((1, m, m), np.int32)
+            for j in js:
+                if j["winner"] is not None:
+                    won, lost = (j["i"], j["j"]) if j["winner"] == "a" else (j["j"], j["i"])
+                    counts[0, won, lost] += 1
+            s = config["reward"]["scr"]
+            recomputed = cara_rewards(counts, alpha=s["alpha"], method=s["cara_method"])[0]
+        elif kind == "agr":  # every response against every anchor of its prompt
+            n = config["reward"]["agr"]["n_anchors"]
+            assert len(rec["anchors"]) == n and len(js) == m * n * votes
+            wins, losses = np.zeros((1, m, n), np.int32), np.zeros((1, m, n), np.int32)
+            for j in js:
+                if j["winner"] is not None:
+                    (wins if j["winner"] == "a" else losses)[0, j["i"], j["anchor"]] += 1
+            a = config["reward"]["agr"]
+            recomputed = np.asarray(agr_rewards(wins, losses, alpha=a["alpha"], ties=a["ties"]))[0]
+        else:  # PRC: P(A) of each response against the reference
+            assert isinstance(rec["reference"], str) and sorted(j["i"] for j in js) == list(range(m))
+            p_a = np.zeros((1, m), np.float32)
+            for j in js:
+                p_a[0, j["i"]] = j["p_a"]
+            recomputed = np.asarray(prc_rewards(p_a))[0]
+        np.testing.assert_allclose(recomputed, logged, atol=1e-6)
+        for j in js:
+            assert "text" in j and (kind == "prc" or j["verdict"] in ("A", "B", None))
+
+
+def test_an_abstaining_judge_raises_the_alarms_and_metrics_stay_strict_json(tmp_path, toy_cache, monkeypatch,
+                                                                             capsys):
+    """A judge that never gives a verdict: the abstention alarm and the flat-reward alarm fire once each, every
+    step is counted as zero-signal, every metrics line is strict JSON (no bare NaN), and the non-interactive
+    progress bar writes whole lines, not redraws."""
+    from rrc_jax.judge import judge as judge_lib
+
+    monkeypatch.setattr(judge_lib, "parse_verdict", lambda text: None)
+    workdir = run(tiny_config("scr", tmp_path, toy_cache, **{"log.flat_alarm_steps": 2}))
+    err = capsys.readouterr().err
+    assert err.count("warning: step 1: the judge abstained on 100% of its") == 1
+    assert err.count("warning: every group's reward was flat for 2 steps in a row") == 1
+    assert "\r" not in err and sum("train" in line for line in err.splitlines()) <= 4
+
+    def strict(constant):
+        raise ValueError(f"bare {constant} in metrics.jsonl")
+
+    rows = [json.loads(line, parse_constant=strict) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r for r in rows}
+    assert steps[1]["reward/zero_signal"] == steps[2]["reward/zero_signal"] == 1.0
+    assert steps[2]["judge/abstain_rate"] == 1.0 and steps[2]["fidelity/kendall_tau"] is None
+
+
+def test_greedy_repeated_votes_warn():
+    from rrc_jax.rl.alarms import config_warnings
+
+    c = base_config("scr")
+    c.reward.judge.temperature, c.reward.judge.votes = 0.0, 4
+    (warning,) = config_warnings(c, uses_judge=True)
+    assert "reward.judge.votes=4 with a greedy judge" in warning and "reward.judge.votes=2" in warning
+    c.reward.judge.votes = 2  # with swap, the two A/B orders: two distinct greedy votes
+    assert config_warnings(c, uses_judge=True) == [] and config_warnings(c, uses_judge=False) == []
+    c.reward.judge.temperature, c.reward.judge.votes = 1.0, 8
+    assert config_warnings(c, uses_judge=True) == []
 
 
 def test_rollout_logprobs_are_at_the_sampling_temperature(tmp_path, toy_cache, monkeypatch):

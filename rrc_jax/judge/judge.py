@@ -9,6 +9,11 @@ the call; reusing the shared prefix is the sampler's business. A question whose 
 prefix / suffix boundary is sent whole (its own prefix) and counted in `reuse_fallbacks`. Verdicts are parsed on
 the host and scattered into integer count tensors with `np.add.at`, each question carrying its own prompt index.
 
+Tracing: while `judge.trace` is a list (the trainer sets one on the steps whose samples it dumps), every judgment
+appends one record: `prompt` (the caller's prompt index), the caller's `tags` of its pair or response (e.g. SCR's
+`i`, `j`; AGR's `i`, `anchor`), and the judgment's `text` with what was read from it (`vote`, `swapped`, `verdict`
+as shown and `winner` in the caller's order for pairwise votes; `p_a` for PRC; `score` for pointwise questions).
+
 A/B swapping (beyond the paper, against position bias): with `swap=True` the V votes of a pair alternate between
 the two orders. Which order vote 0 uses alternates across pairs (`orders`): for SCR by the parity of
 `b + i + j`, for AGR of `b + i + k`. With odd V one order gets the extra vote, and this choice keeps it from
@@ -122,6 +127,7 @@ class Judge:
         self.template = get_template(self.config.template)
         self._direct = self.config.direct_template
         self.metrics = JudgeMetrics()
+        self.trace: list[dict] | None = None  # a list: every judgment is recorded there (module docstring)
         self._calls = 0
 
     @property
@@ -150,6 +156,13 @@ class Judge:
         self._calls = 0
 
     # -- low level: questions -> the sampler ------------------------------------------------------------
+
+    def _record(self, owners: Sequence[int], tags: Sequence[dict] | None, rows: Sequence[dict]) -> None:
+        """Append one trace record per judgment (`rows[q]`, about prompt `owners[q]`, with `tags[q]`) when
+        tracing."""
+        if self.trace is not None:
+            self.trace.extend({"prompt": int(o), **(tags[q] if tags is not None else {}), **row}
+                              for q, (o, row) in enumerate(zip(owners, rows)))
 
     def _next_key(self) -> jax.Array:
         self._calls += 1
@@ -195,12 +208,12 @@ class Judge:
     # -- pairwise votes --------------------------------------------------------------------------------
 
     def pair_votes(self, prompts: Sequence[str], owners: Sequence[int], firsts: Sequence[str],
-                   seconds: Sequence[str], votes: int, swap: bool, orders: Sequence[int] | None = None
-                   ) -> tuple[PairVotes, list[Vote]]:
+                   seconds: Sequence[str], votes: int, swap: bool, orders: Sequence[int] | None = None,
+                   tags: Sequence[dict] | None = None) -> tuple[PairVotes, list[Vote]]:
         """Votes `[K]` for K pairs (prompt `owners[k]`, `firsts[k]` vs `seconds[k]`), each asked `votes` times.
 
         With `swap`, vote v of pair k shows it reversed iff `v + orders[k]` is odd (default `orders[k] = k % 2`);
-        without, never."""
+        without, never. `tags[k]`: what a trace record of pair k says about it (default `{"pair": k}`)."""
         template = self.template
         if template.kind != "pairwise":
             raise ValueError(f"judge template {template.name!r} is {template.kind}; pairwise questions need a "
@@ -233,6 +246,10 @@ class Judge:
             self.metrics.swap_consistent += int((both & (first_wins[i[:, 0]] == first_wins[i[:, 1]])).sum())
         log = [Vote(int(p), q % votes, s, t, v, None if v is None else ("a" if w else "b"))
                for q, (p, s, t, v, w) in enumerate(zip(pair_of, swapped, texts, verdicts, first_wins))]
+        tags = [{"pair": p} for p in range(k)] if tags is None else tags
+        self._record(q_owners, [tags[x.pair] for x in log], [
+            {"vote": x.vote, "swapped": x.swapped, "text": x.text, "verdict": x.verdict, "winner": x.winner}
+            for x in log])
         return PairVotes(wins, losses, abstains), log
 
     def compare(self, prompts: Sequence[str], a: Sequence[str], b: Sequence[str], votes: int = 1,
@@ -265,7 +282,8 @@ class Judge:
         c = np.zeros((len(prompts), m, m), np.int32)
         g, i, j = (np.array(x, np.int64) for x in zip(*pairs)) if pairs else (np.zeros(0, np.int64),) * 3
         pv, _ = self.pair_votes(prompts, g, [responses[x][y] for x, y in zip(g, i)],
-                                [responses[x][y] for x, y in zip(g, j)], votes, swap, orders=(g + i + j) % 2)
+                                [responses[x][y] for x, y in zip(g, j)], votes, swap, orders=(g + i + j) % 2,
+                                tags=[{"i": int(x), "j": int(y)} for x, y in zip(i, j)])
         np.add.at(c, (g, i, j), pv.wins)
         np.add.at(c, (g, j, i), pv.losses)
         return c
@@ -284,7 +302,8 @@ class Judge:
         g, i, k = (x.ravel() for x in np.meshgrid(np.arange(len(prompts)), np.arange(m), np.arange(n),
                                                     indexing="ij"))
         pv, _ = self.pair_votes(prompts, g, [responses[x][y] for x, y in zip(g, i)],
-                                [anchors[x][y] for x, y in zip(g, k)], votes, swap, orders=(g + i + k) % 2)
+                                [anchors[x][y] for x, y in zip(g, k)], votes, swap, orders=(g + i + k) % 2,
+                                tags=[{"i": int(x), "anchor": int(y)} for x, y in zip(i, k)])
         shape = (len(prompts), m, n)
         return pv.wins.reshape(shape), pv.losses.reshape(shape)
 
@@ -304,8 +323,8 @@ class Judge:
             out.append(ids[-1])
         return out[0], out[1]
 
-    def preference_prob(self, prompts: Sequence[str], a: Sequence[str], b: Sequence[str], think: bool = True
-                        ) -> np.ndarray:
+    def preference_prob(self, prompts: Sequence[str], a: Sequence[str], b: Sequence[str], think: bool = True,
+                        tags: Sequence[dict] | None = None) -> np.ndarray:
         """P(A) `[K]` float32 for K pairs, read at the verdict position (PRC, Eq. 5: `a` is the candidate o, `b` the
         reference o_ref).
 
@@ -314,7 +333,7 @@ class Judge:
         counted as `forced_verdicts`) ending in "[[" is read once more, and P(A) is the softmax over the
         log-probabilities of the "A" and "B" tokens (`verdict_token_ids`) at the next position.
         think=False: the same read directly after the prompt of `direct_template` plus its `verdict_prefix`.
-        The reasoning is re-tokenized from its text."""
+        The reasoning is re-tokenized from its text. `tags[k]`: what a trace record of pair k says about it."""
         if not len(prompts) == len(a) == len(b):
             raise ValueError(f"preference_prob: prompts, a and b must have equal lengths, got {len(prompts)}, "
                              f"{len(a)}, {len(b)}")
@@ -348,14 +367,17 @@ class Judge:
             read.append((owner, list(suffix) + encode_text(self.tokenizer, tail, first=False)))
         logp = self.sampler.next_token_logprobs(prefixes, read, [token_a, token_b])
         self.metrics.seconds += time.perf_counter() - t0
-        return (1.0 / (1.0 + np.exp(logp[:, 1] - logp[:, 0]))).astype(np.float32)  # softmax over {A, B}
+        p_a = (1.0 / (1.0 + np.exp(logp[:, 1] - logp[:, 0]))).astype(np.float32)  # softmax over {A, B}
+        self._record(owners, tags, [{"text": t, "p_a": float(p)} for t, p in zip(texts, p_a)])
+        return p_a
 
     # -- pointwise (IRPO) --------------------------------------------------------------------------------
 
-    def score(self, prompts: Sequence[str], responses: Sequence[Sequence[str]], template="irpo_pointwise"
-              ) -> np.ndarray:
+    def score(self, prompts: Sequence[str], responses: Sequence[Sequence[str]], template="irpo_pointwise",
+              tags: Sequence[dict] | None = None) -> np.ndarray:
         """Pointwise scores `[B, m]` float32 (NaN where unparseable, counted as abstains) with a pointwise
-        template (default IRPO Appendix A)."""
+        template (default IRPO Appendix A). `tags[b * m + i]`: what a trace record of response i of prompt b says
+        about it (default `{"i": i}`)."""
         template = get_template(template)
         if template.kind != "pointwise":
             raise ValueError(f"score() needs a pointwise template, got {template.name!r} ({template.kind})")
@@ -365,4 +387,6 @@ class Judge:
         texts = self._complete(template, prompts, owners, items)[0]
         scores = [parse_score(t) for t in texts]
         self.metrics.abstains += sum(s is None for s in scores)
+        self._record(owners, [{"i": q % m} for q in range(len(texts))] if tags is None else tags,
+                     [{"text": t, "score": s} for t, s in zip(texts, scores)])
         return np.array([math.nan if s is None else s for s in scores], np.float32).reshape(len(prompts), m)

@@ -37,7 +37,8 @@ def _duel(judge: Judge, prompts, responses, duels, votes, swap) -> list[bool]:
     g = [d[0] for d in duels]
     pv, _ = judge.pair_votes(prompts, g, [responses[b][i] for b, i, _ in duels],
                              [responses[b][j] for b, _, j in duels], votes, swap,
-                             orders=[(b + i + j) % 2 for b, i, j in duels])
+                             orders=[(b + i + j) % 2 for b, i, j in duels],
+                             tags=[{"i": i, "j": j} for _, i, j in duels])
     return list(pv.wins >= pv.losses)
 
 

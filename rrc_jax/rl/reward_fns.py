@@ -14,7 +14,9 @@ its state (its judge, anchors, cached references, its own tokenizer) and reads i
 | `rlvr`| `RLVRReward` | +1 for the judge question's correct verdict, else -1 (RM-R1 Eq. 8) | `data.format` |
 | `irpo`| `IRPOReward` | a pointwise score against the paired group's (IRPO intergroup) + format | `reward.irpo` |
 
-The judge kinds share `reward.judge` (template, votes, swap, sampling). A user's reward plugs in without editing
+The judge kinds share `reward.judge` (template, votes, swap, sampling); while the trainer traces a step
+(`Judge.trace`), their judgments are recorded with the response indices they concern, and `sample_notes[b]` holds
+what prompt b's responses were compared against (PRC's reference, AGR's anchors). A user's reward plugs in without editing
 the package: `reward.kind = "MODULE:NAME"` imports NAME from MODULE (on `PYTHONPATH`). NAME may be
 
 - a plain function `f(prompts: list[str], responses: list[list[str]])` returning rewards `[B, m]` (array-like) or
@@ -200,6 +202,7 @@ class JudgeReward:
 
     def __init__(self, judge: Judge, seed: int):
         self.judge, self.seed = judge, seed
+        self.sample_notes: list[dict] = []  # per prompt of the last call: what its responses were compared against
 
     def start(self, step: int) -> None:
         self.judge.reset_metrics()
@@ -249,8 +252,10 @@ class PRCReward(JudgeReward):
         b, m = _group_sizes(prompts, responses)
         refs = self.references(prompts, prompt_index)
         self.start(step)
+        self.sample_notes = [{"reference": r} for r in refs]
         p_a = self.judge.preference_prob([p for p in prompts for _ in range(m)], [o for g in responses for o in g],
-                                         [r for r in refs for _ in range(m)], think=self.think)
+                                         [r for r in refs for _ in range(m)], think=self.think,
+                                         tags=[{"prompt": q // m, "i": q % m} for q in range(b * m)])
         metrics = {"reward/prc_saturation": float(np.mean((p_a <= 0.1) | (p_a >= 0.9))), **self.judge_metrics()}
         hist = np.histogram(p_a, bins=PRC_BINS, range=(0.0, 1.0))[0] / max(p_a.size, 1)  # Table 6's buckets, finer
         metrics.update({f"prc/p_bin{k}": float(h) for k, h in enumerate(hist)})
@@ -324,8 +329,9 @@ class AGRReward(JudgeReward):
         if k and step > 1 and (step - 1) % k == 0:
             self.store.generate(self.ctx.policy, seed=step)
         self.start(step)
-        wins, losses = self.judge.vs_anchors(prompts, responses, self.store[prompt_index], votes=self.votes,
-                                             swap=self.swap)
+        anchors = self.store[prompt_index]
+        self.sample_notes = [{"anchors": list(a)} for a in anchors]
+        wins, losses = self.judge.vs_anchors(prompts, responses, anchors, votes=self.votes, swap=self.swap)
         diag = agr_diagnostics(wins, losses, votes=self.votes)
         metrics = {f"judge/{k}": float(np.mean(v)) for k, v in diag.items()}
         rewards = np.asarray(agr_rewards(wins, losses, alpha=self.alpha, ties=self.ties))
@@ -355,7 +361,9 @@ class PointwiseReward(JudgeReward):
         self.start(step)
         v = self.votes
         scores = self.judge.score(prompts, [[o for o in g for _ in range(v)] for g in responses],
-                                  template=self.judge.template).reshape(b, m, v)
+                                  template=self.judge.template,
+                                  tags=[{"i": q % (m * v) // v, "vote": q % v} for q in range(b * m * v)]
+                                  ).reshape(b, m, v)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a response, or a group, with no score at all
             rewards = np.nanmean(scores, axis=2)

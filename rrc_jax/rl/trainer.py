@@ -9,7 +9,9 @@ One step (`Trainer.step`):
 5. log-probabilities of the rollouts under the policy before the update (pi_theta_old) and, with `rl.beta > 0`,
    under the frozen reference, all at the sampling temperature; then `rl.mu` passes of minibatch updates of the
    GRPO loss by the learner (one jitted, donated step each; non-finite updates skipped and counted);
-6. metrics, read back from the device once.
+6. metrics, read back from the device once; on `log.samples_every` steps (and step 1) a few prompts' responses,
+   rewards, advantages and judgments to `workdir/samples/step_N.jsonl` (`rrc_jax.rl.samples`); alarms when the
+   step carried no signal (`rrc_jax.rl.alarms`).
 
 `Trainer.run` adds evaluation (step 0, every `eval.every` steps and the last), metrics files, Orbax checkpoints
 (resumed automatically; Ctrl-C or SIGTERM, how Cloud TPU preempts a VM, saves one after the current step and
@@ -48,11 +50,13 @@ from rrc_jax.judge.verdicts import parse_score
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import save_hf
 from rrc_jax.progress import Progress, say
+from rrc_jax.rl.alarms import Alarms, config_warnings, signal_metrics
 from rrc_jax.rl.fidelity import fidelity_metrics
 from rrc_jax.rl.grpo import group_advantages, grpo_objective
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer, token_logprobs
 from rrc_jax.rl.reward_fns import RewardContext, make_reward_fn, pair_correct, rollout_batch, step_seed
 from rrc_jax.rl.roles import Roles
+from rrc_jax.rl.samples import sample_records, samples_due, write_samples
 from rrc_jax.sharding import bytes_per_device, constrain, host_row_multiple, mesh_from_config, put_rows
 
 
@@ -97,6 +101,9 @@ class Trainer:
                               f"group_size = {rows} rollouts, which must be a multiple of {multiple} (the batch shards "
                               "on its devices); change rl.prompts_per_step or the mesh")
         self._eval_references: list[str] | None = None
+        self.alarms = Alarms(config.log.abstain_alarm, config.log.flat_alarm_steps, str(self.workdir))
+        for warning in config_warnings(config, self.context.has_judge):
+            say(warning)
 
     def memory(self) -> dict[str, int]:
         """Bytes per device (the most on any device) of the loaded models' parameters and of the optimizer state,
@@ -159,12 +166,21 @@ class Trainer:
         prompts = [self.train_prompts.texts[i] for i in prompt_index]
         texts, batch = self.rollouts(prompts, jax.random.fold_in(key, 0))
         t1 = time.perf_counter()
-        rewards, metrics = self.reward_fn(prompts, texts, prompt_index, step)
+        dump = samples_due(step, self.config.log.samples_every) and distributed.is_main()
+        judge = self.context.judge() if dump and self.context.has_judge else None
+        if judge is not None:
+            judge.trace = []
+        try:
+            rewards, metrics = self.reward_fn(prompts, texts, prompt_index, step)
+        finally:
+            trace = judge.trace if judge is not None else []
+            if judge is not None:
+                judge.trace = None
         rewards = np.asarray(rewards, np.float32)
+        advantages = np.asarray(group_advantages(rewards))
         t2 = time.perf_counter()
-        metrics = dict(metrics)
-        metrics.update(self.update(batch, np.asarray(group_advantages(rewards)).reshape(-1),
-                                   jax.random.fold_in(key, 1)))
+        metrics = {**metrics, **signal_metrics(rewards)}
+        metrics.update(self.update(batch, advantages.reshape(-1), jax.random.fold_in(key, 1)))
         t3 = time.perf_counter()
         metrics.update({
             "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(axis=1).mean()),
@@ -173,12 +189,20 @@ class Trainer:
             "time/rollout": t1 - t0, "time/reward": t2 - t1, "time/update": t3 - t2,
             "tokens_per_second": int(batch["loss_mask"].sum()) / max(t1 - t0, 1e-9),
         })
+        quality = None
         if self.train_prompts.oracle is not None:
             oracle = self.train_prompts.oracle
             quality = np.array([[oracle(int(i), t) for t in group] for i, group in zip(prompt_index, texts)])
             metrics["oracle_quality"] = float(quality.mean())
             metrics.update(fidelity_metrics(rewards, quality))  # how the rewards rank and weigh vs the oracle
-        return distributed.reduce_metrics(metrics)
+        if dump:
+            write_samples(self.workdir, step, sample_records(
+                step, prompts, prompt_index, texts, rewards, advantages, judgments=trace,
+                notes=getattr(self.reward_fn, "sample_notes", []), quality=quality,
+                limit=self.config.log.samples_prompts))
+        metrics = distributed.reduce_metrics(metrics)
+        self.alarms.check(step, metrics)
+        return metrics
 
     # -- evaluation --------------------------------------------------------------------------------------
 
@@ -238,7 +262,8 @@ class Trainer:
             say(f"resumed from the checkpoint of step {start} in {ckpt.directory}")
         if distributed.is_main():
             (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
-        logger = MetricsLogger(workdir, resume_step=start)
+        logger = MetricsLogger(workdir, resume_step=start, tensorboard=config.log.tensorboard, wandb=config.log.wandb,
+                               wandb_project=config.log.wandb_project, config=config.to_dict(), name=workdir.name)
         stop = StopSignals()
         try:
             if start == 0:
