@@ -4,7 +4,8 @@
                                --top_k=K --seed=S --system=TEXT --dtype=bfloat16]
 
 Only the continuation text goes to stdout; logs go to stderr. The prompt is rendered with the tokenizer's chat
-template when it has one, else used as is (`rrc_jax.models.format_prompt`).
+template when it has one, else used as is (`rrc_jax.models.format_prompt`). Generation ends at a stop token: the
+model's (`generation_config.json`'s `eos_token_id` when there is one, else `config.json`'s) or the tokenizer's EOS.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 Pre-norm transformer: token embedding -> L x [RMSNorm -> GQA self-attention with RoPE -> residual,
 RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied to the embedding or not) and, optionally,
-a scalar value head (the DRM's Bradley-Terry score, Eq. 1).
+a scalar value head (the DRM's Bradley-Terry score, Eq. 1). A sequence-classification checkpoint
+(`LlamaForSequenceClassification` / `Qwen2ForSequenceClassification`: a `score` head, no LM head) is a decoder with
+the value head only (`lm_head=False`).
 
 Family differences are configuration, not code: Qwen2 has biases on q/k/v (`qkv_bias`), Llama may have
 biases on all four attention projections (`attention_bias`) and on the MLP (`mlp_bias`); Llama 3.1+ uses the
@@ -33,6 +35,8 @@ from rrc_jax import sharding
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+CAUSAL_LM = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}  # `architectures` in config.json
+SEQUENCE_CLASSIFIER = {"llama": "LlamaForSequenceClassification", "qwen2": "Qwen2ForSequenceClassification"}
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a query with no visible key gives no NaN
 ACTIVATION = ("batch", "length", "embed")  # logical axes of the residual stream [B, T, E] (`sharding.constrain`)
 
@@ -60,6 +64,7 @@ class DecoderConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     value_head: bool = False
+    lm_head: bool = True  # False: a sequence classifier (the value head only), which gives no logits
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
@@ -100,8 +105,6 @@ class DecoderConfig:
         rope_theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
         rope_type = rope.pop("rope_type", rope.pop("type", "default")) or "default"
         heads = hf["num_attention_heads"]
-        eos = hf.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
         is_qwen = model_type == "qwen2"
         if is_qwen and hf.get("use_sliding_window"):
             raise ValueError("Qwen2 sliding-window attention (use_sliding_window=true) is not supported")
@@ -123,16 +126,18 @@ class DecoderConfig:
             qkv_bias=True if is_qwen else bool(hf.get("attention_bias", False)),
             o_bias=False if is_qwen else bool(hf.get("attention_bias", False)),
             mlp_bias=False if is_qwen else bool(hf.get("mlp_bias", False)),
+            lm_head=not is_sequence_classifier(hf),
             bos_token_id=hf.get("bos_token_id"),
-            eos_token_ids=eos_ids,
+            eos_token_ids=token_ids(hf.get("eos_token_id")),
             pad_token_id=hf.get("pad_token_id"),
         )
         kwargs.update(overrides)
         return cls(**kwargs)
 
     def to_hf(self) -> dict[str, Any]:
-        """A `config.json` dict that transformers loads as `LlamaForCausalLM` / `Qwen2ForCausalLM`."""
-        arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[self.model_type]
+        """A `config.json` dict that transformers loads as `LlamaForCausalLM` / `Qwen2ForCausalLM`, or, with a value
+        head, as `LlamaForSequenceClassification` / `Qwen2ForSequenceClassification` with one label (the score)."""
+        arch = (SEQUENCE_CLASSIFIER if self.value_head else CAUSAL_LM)[self.model_type]
         rope = {"rope_type": self.rope_type, "rope_theta": self.rope_theta, **dict(self.rope_scaling)}
         if "original_max_position_embeddings" in rope:
             rope["original_max_position_embeddings"] = int(rope["original_max_position_embeddings"])
@@ -151,7 +156,21 @@ class DecoderConfig:
         )
         if self.model_type == "llama":
             hf.update(attention_bias=self.qkv_bias, mlp_bias=self.mlp_bias)
+        if self.value_head:
+            hf.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
         return hf
+
+
+def token_ids(value: int | list[int] | None) -> tuple[int, ...]:
+    """A Hugging Face token-id field (`eos_token_id`: None, one id or a list of ids) as a tuple of ids."""
+    if value is None:
+        return ()
+    return tuple(int(t) for t in value) if isinstance(value, (list, tuple)) else (int(value),)
+
+
+def is_sequence_classifier(hf: dict[str, Any]) -> bool:
+    """Whether a `config.json` dict is a `*ForSequenceClassification` checkpoint (a `score` head, no LM head)."""
+    return any(str(a).endswith("ForSequenceClassification") for a in hf.get("architectures") or ())
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -637,6 +656,15 @@ def last_valid_index(mask: jax.Array) -> jax.Array:
     return jnp.where(mask.any(axis=1), t - 1 - jnp.argmax(mask[:, ::-1], axis=1), 0)
 
 
+def score_index(input_ids: jax.Array, mask: jax.Array, pad_token_id: int | None) -> jax.Array:
+    """Index `[B]` of the token a sequence classifier scores in `input_ids [B, T]`: the last real token (`mask`)
+    that is not `pad_token_id`, as transformers' `*ForSequenceClassification` picks it (its rightmost non-pad
+    token), so a row ending in real tokens equal to the pad id (a pad id that is also EOS) is scored before them.
+    With no pad id, the last real token."""
+    mask = mask.astype(bool)
+    return last_valid_index(mask if pad_token_id is None else mask & (input_ids != pad_token_id))
+
+
 class Decoder(nnx.Module):
     """Llama / Qwen2 decoder. `model(input_ids, attention_mask=mask)` -> logits `[B, T, V]` (float32)."""
 
@@ -649,7 +677,7 @@ class Decoder(nnx.Module):
         self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
         self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
-        if not cfg.tie_word_embeddings:
+        if cfg.lm_head and not cfg.tie_word_embeddings:
             self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
         if cfg.value_head:
             self.value_head = ScalarHead(cfg.hidden_size, param_dtype=pd, rngs=rngs)
@@ -699,6 +727,9 @@ class Decoder(nnx.Module):
 
     def logits_from_hidden(self, h: jax.Array) -> jax.Array:
         """LM-head logits `[..., V]` (float32) of hidden states `[..., E]`."""
+        if not self.cfg.lm_head:
+            raise ValueError("this model is a sequence classifier (a score head, no LM head): it scores sequences "
+                             "(values) but gives no logits and cannot generate; use a causal LM checkpoint")
         w = self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
         logits = jnp.dot(h, w.astype(h.dtype), preferred_element_type=jnp.float32).astype(jnp.float32)
         return sharding.constrain(logits, ("batch",) + (None,) * (logits.ndim - 2) + ("vocab",))
@@ -710,13 +741,15 @@ class Decoder(nnx.Module):
         return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask))
 
     def values(self, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
-        """Scalar value-head scores `[B]` read at each row's last real token (the DRM reward, Eq. 1)."""
+        """Scalar value-head scores `[B]` (the DRM reward, Eq. 1) of `input_ids [B, T]`, read at each row's last
+        real token that is not the pad id (`score_index`, as transformers' sequence classifiers)."""
         if not self.cfg.value_head:
             raise ValueError("this model has no value head; build it with DecoderConfig(value_head=True)")
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, bool)
         h = self.hidden_states(input_ids, attention_mask)
-        last = jnp.take_along_axis(h, last_valid_index(attention_mask)[:, None, None], axis=1)[:, 0]
+        index = score_index(input_ids, attention_mask, self.cfg.pad_token_id)
+        last = jnp.take_along_axis(h, index[:, None, None], axis=1)[:, 0]
         return self.value_head(last)
 
     def token_logprobs(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,

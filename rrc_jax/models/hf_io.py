@@ -4,7 +4,10 @@
 `model.safetensors.index.json`) one tensor at a time: each tensor is memory-mapped, converted to our layout and
 dtype, placed on its device(s) and released before the next, so host RAM never holds a second copy of the model.
 `save_hf(model, dir)` writes `config.json` and safetensors shards that transformers loads as
-`LlamaForCausalLM` / `Qwen2ForCausalLM`.
+`LlamaForCausalLM` / `Qwen2ForCausalLM` (with `generation_config.json`) or, for a model with a value head (a DRM),
+as `LlamaForSequenceClassification` / `Qwen2ForSequenceClassification`; such sequence-classification checkpoints
+made by transformers (a `score` head, no `lm_head`) load back as DRMs. Stop tokens come from
+`generation_config.json`'s `eos_token_id` when there is one (as transformers' `generate`), else from `config.json`.
 
 Tokenizers come from the same directory through `AutoTokenizer`; `prompt_ids` renders a user prompt with the
 tokenizer's chat template when it has one and uses the raw text otherwise (the documented fallback).
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +31,8 @@ from safetensors import safe_open
 from safetensors.numpy import save as safetensors_bytes
 
 from rrc_jax import sharding
-from rrc_jax.models.decoder import Decoder, DecoderConfig
+from rrc_jax.errors import ConfigError
+from rrc_jax.models.decoder import Decoder, DecoderConfig, is_sequence_classifier, token_ids
 
 Combine = Callable[[list[np.ndarray]], np.ndarray]  # HF tensors -> our parameter
 Split = Callable[[np.ndarray], list[np.ndarray]]  # our parameter -> HF tensors
@@ -69,7 +74,7 @@ def _tensor_map(cfg: DecoderConfig) -> dict[tuple[Any, ...], tuple[tuple[str, ..
         ("embed",): (("model.embed_tokens.weight",), *_IDENT),
         ("final_norm", "scale"): (("model.norm.weight",), *_IDENT),
     }
-    if not cfg.tie_word_embeddings:
+    if cfg.lm_head and not cfg.tie_word_embeddings:
         m[("lm_head",)] = (("lm_head.weight",), *_T)
     if cfg.value_head:
         m[("value_head", "kernel")] = (("score.weight",), lambda ws: ws[0][0], lambda w: [w[None]])
@@ -112,6 +117,23 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
     return json.loads(cfg_file.read_text())
 
 
+def _num_labels(hf: dict[str, Any]) -> int:
+    """The number of outputs of a sequence classifier's `score` head, from its `config.json` dict."""
+    return len(hf["id2label"]) if hf.get("id2label") else int(hf.get("num_labels", 2))
+
+
+def _generation_stop_tokens(path: Path) -> tuple[int, ...] | None:
+    """The stop tokens of `path/generation_config.json` (its `eos_token_id`: one id or a list), None without one."""
+    file = path / "generation_config.json"
+    if not file.is_file():
+        return None
+    try:
+        return token_ids(json.loads(file.read_text()).get("eos_token_id"))
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{file}: not a JSON object whose eos_token_id is a token id or a list of ids ({e}); "
+                          "fix or delete the file") from e
+
+
 def _tensor_files(path: Path) -> dict[str, Path]:
     """HF tensor name -> the safetensors file holding it (`model.safetensors` or the shards of its index)."""
     index = path / "model.safetensors.index.json"
@@ -126,22 +148,37 @@ def _tensor_files(path: Path) -> dict[str, Path]:
 
 
 def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str | None = None,
-            value_head: bool | None = None, mesh: jax.sharding.Mesh | None = None) -> Decoder:
-    """Load a Llama / Qwen2 checkpoint from a local Hugging Face directory.
+            value_head: bool | None = None, pad_token_id: int | None = None,
+            mesh: jax.sharding.Mesh | None = None) -> Decoder:
+    """Load a Llama / Qwen2 checkpoint (causal LM or sequence classifier) from a local Hugging Face directory.
 
     Args:
-      path: directory with `config.json` and `model.safetensors` or a sharded `model.safetensors.index.json`.
+      path: directory with `config.json` and `model.safetensors` or a sharded `model.safetensors.index.json`;
+        its `generation_config.json`, when present, gives the stop tokens (`cfg.eos_token_ids`).
       dtype: compute dtype (`float32`, `bfloat16`).
       param_dtype: parameter dtype (defaults to `dtype`).
       value_head: add a scalar value head (loaded from `score.weight` when present, else zero-initialized).
-        Default: present iff the checkpoint has `score.weight`.
+        Default: present iff the checkpoint has `score.weight` (a `*ForSequenceClassification` with one label).
+      pad_token_id: the pad id when `config.json` names none. A value head scores the last token that is not
+        padding (`Decoder.values`), and `save_hf` writes this id, so a DRM trained from a checkpoint without one
+        scores the same before and after export.
       mesh: shard parameters over this mesh by their logical axes (`rrc_jax.sharding`); None = default device.
     """
     path = Path(path)
-    cfg = DecoderConfig.from_hf(read_hf_config(path), dtype=dtype, param_dtype=param_dtype or dtype)
+    hf = read_hf_config(path)
+    if is_sequence_classifier(hf) and _num_labels(hf) != 1:
+        raise ConfigError(f"{path / 'config.json'}: a sequence classifier with {_num_labels(hf)} labels; a reward "
+                          "model scores with one (num_labels=1, score.weight of shape [1, hidden_size])")
+    cfg = DecoderConfig.from_hf(hf, dtype=dtype, param_dtype=param_dtype or dtype)
+    stop = _generation_stop_tokens(path)
+    cfg = cfg.replace(eos_token_ids=cfg.eos_token_ids if stop is None else stop,
+                      pad_token_id=cfg.pad_token_id if cfg.pad_token_id is not None else pad_token_id)
     files = _tensor_files(path)
     if value_head is None:
         value_head = "score.weight" in files
+    if not (value_head or cfg.lm_head):
+        raise ConfigError(f"{path}: a sequence-classification checkpoint (a score head, no lm_head) loads only as a "
+                          "reward model (value_head=True, the DRM); give a causal LM checkpoint here")
     cfg = cfg.replace(value_head=value_head)
     with sharding.model_context(mesh):
         model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
@@ -189,12 +226,24 @@ def save_hf(model: Decoder, path: str | os.PathLike, *, dtype: str | None = None
             max_shard_bytes: int = 5 * 2**30) -> None:
     """Write `config.json` and safetensors (sharded with an index above `max_shard_bytes`) to `path`.
 
+    A causal LM also gets `generation_config.json` (BOS, pad, and as `eos_token_id` the stop tokens its samplers
+    use: the model's EOS ids and the tokenizer's, `rrc_jax.inference.stop_tokens`). A model with a value head (a
+    DRM) is written as a sequence classifier: `score.weight [1, E]`, no LM head, and a `pad_token_id` (the model's,
+    else the tokenizer's), which transformers needs to find the scored token.
+
     Every process must call it (parameters sharded across hosts are gathered); process 0 writes. `path` may be a
     `gs://` URI (etils `epath`). `dtype` casts the saved tensors (default: the parameter dtype). A `tokenizer` is
-    saved alongside.
+    saved alongside (without the load-time options transformers leaves in `tokenizer_config.json`).
     """
     path = epath.Path(path)
     cfg = model.cfg
+    tokenizer_pad = getattr(tokenizer, "pad_token_id", None)
+    if cfg.pad_token_id is None and tokenizer_pad is not None:
+        cfg = cfg.replace(pad_token_id=int(tokenizer_pad))
+    if cfg.value_head and cfg.pad_token_id is None:
+        raise ValueError(f"save_hf({path}): the reward model has no pad id, which a sequence-classification "
+                         "checkpoint needs; load it with load_hf(..., pad_token_id=ID) or pass a tokenizer that "
+                         "has a pad token")
     out_dtype = np.dtype(jax.numpy.dtype(dtype)) if dtype else cfg.params_dtype
     writer = jax.process_index() == 0
     if writer:
@@ -202,9 +251,13 @@ def save_hf(model: Decoder, path: str | os.PathLike, *, dtype: str | None = None
         hf = cfg.to_hf()
         hf["dtype"] = str(np.dtype(out_dtype))
         (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+        if not cfg.value_head:
+            (path / "generation_config.json").write_text(json.dumps(_generation_config(cfg, tokenizer), indent=2)
+                                                         + "\n")
         if tokenizer is not None:
             _save_tokenizer(tokenizer, path)
-    shards = list(_shards(model, out_dtype, max_shard_bytes))
+    shards = list(_shards(model, cfg.replace(lm_head=cfg.lm_head and not cfg.value_head), out_dtype,
+                          max_shard_bytes))
     if not writer:
         return
     if len(shards) == 1:
@@ -221,23 +274,40 @@ def save_hf(model: Decoder, path: str | os.PathLike, *, dtype: str | None = None
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
-def _save_tokenizer(tokenizer, path: epath.Path) -> None:
-    """`tokenizer.save_pretrained` into `path`, through a local directory when `path` is a URI."""
-    if "://" not in str(path):
-        tokenizer.save_pretrained(str(path))
-        return
-    import tempfile
+def _generation_config(cfg: DecoderConfig, tokenizer: Any) -> dict[str, Any]:
+    """The `generation_config.json` dict of a causal LM: BOS, pad and its stop tokens as `eos_token_id`."""
+    from rrc_jax.inference.sampler import stop_tokens  # local: inference imports models
 
+    stop = list(stop_tokens(cfg.eos_token_ids, tokenizer))
+    return {"bos_token_id": cfg.bos_token_id, "eos_token_id": stop[0] if len(stop) == 1 else (stop or None),
+            "pad_token_id": cfg.pad_token_id}
+
+
+LOAD_TIME_TOKENIZER_KEYS = ("local_files_only", "is_local")  # how a tokenizer was loaded, not what it is
+
+
+def _save_tokenizer(tokenizer, path: epath.Path) -> None:
+    """`tokenizer.save_pretrained` into `path` (through a local directory, so `path` may be a URI), with the
+    load-time options (`LOAD_TIME_TOKENIZER_KEYS`) that transformers copies into `tokenizer_config.json` removed."""
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save_pretrained(tmp)
-        for f in Path(tmp).iterdir():
-            (path / f.name).write_bytes(f.read_bytes())
+        config = Path(tmp) / "tokenizer_config.json"
+        if config.is_file():
+            kept = {k: v for k, v in json.loads(config.read_text()).items() if k not in LOAD_TIME_TOKENIZER_KEYS}
+            config.write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n")
+        for f in sorted(Path(tmp).rglob("*")):
+            if f.is_file():
+                target = path / str(f.relative_to(tmp))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(f.read_bytes())
 
 
-def _shards(model: Decoder, out_dtype, max_bytes: int) -> Iterator[dict[str, np.ndarray]]:
+def _shards(model: Decoder, cfg: DecoderConfig, out_dtype, max_bytes: int) -> Iterator[dict[str, np.ndarray]]:
+    """Safetensors shards (name -> array) of at most `max_bytes` each (a larger tensor alone) of the tensors that
+    `cfg` (the model's, as written) maps."""
     shard: dict[str, np.ndarray] = {}
     size = 0
-    for target, (names, _, split) in _tensor_map(model.cfg).items():
+    for target, (names, _, split) in _tensor_map(cfg).items():
         for name, w in zip(names, split(sharding.to_host(_variable(model, target).value))):
             w = np.ascontiguousarray(w.astype(out_dtype))
             if shard and size + w.nbytes > max_bytes:
@@ -263,20 +333,29 @@ def load_tokenizer(path: str | os.PathLike):
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
-def format_prompt(tokenizer, text: str, system: str | None = None) -> str:
-    """The text the model sees for a user prompt.
+def format_prompt(tokenizer, text: str | list[dict], system: str | None = None) -> str:
+    """The text the model sees for a user prompt, or for a whole conversation (`text` a list of `{role, content}`
+    messages ending with a user turn: system message and earlier turns included).
 
-    With a chat template: `[system,] user` messages rendered with `add_generation_prompt=True`.
-    Without one (base models, the toy world): the fallback is `text` itself, unchanged (a `system` string, if
-    given, is prepended followed by a blank line).
+    With a chat template: `[system,] user` messages (or the conversation) rendered with
+    `add_generation_prompt=True`. Without one (base models, the toy world): the fallback is `text` itself,
+    unchanged (a `system` string, if given, is prepended followed by a blank line; a conversation reads as
+    `rrc_jax.data.sources.render_conversation` writes it).
     """
-    if getattr(tokenizer, "chat_template", None):
+    if isinstance(text, list):
+        messages = ([{"role": "system", "content": system}] if system else []) + list(text)
+    else:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+    if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if isinstance(text, list):
+        from rrc_jax.data.sources import render_conversation
+
+        return render_conversation([(m["role"], m["content"]) for m in messages])
     return f"{system}\n\n{text}" if system else text
 
 
-def prompt_ids(tokenizer, text: str, system: str | None = None) -> list[int]:
+def prompt_ids(tokenizer, text: str | list[dict], system: str | None = None) -> list[int]:
     """Token ids of `format_prompt(...)`: special tokens come from the chat template when there is one, else from
     the tokenizer's own `add_special_tokens` (e.g. Llama's BOS)."""
     templated = bool(getattr(tokenizer, "chat_template", None))

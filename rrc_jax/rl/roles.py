@@ -1,8 +1,9 @@
 """The models of a run, by role (`policy`, `reference`, `grm`, `drm`), resolved and loaded on first use only.
 
-A role names a Hugging Face directory or `toy` (`config.models.*`); the toy world is built (or read from its
-cache) the first time a toy role is asked for. A run asks only for the roles it needs: an AGR run on real
-checkpoints never resolves the DRM, so it never builds the toy world for it. `init_from` (another run's
+A role names a Hugging Face directory or `toy` (`config.models.*`): a causal LM, or for the DRM also a
+`LlamaForSequenceClassification` / `Qwen2ForSequenceClassification` reward model (a `score` head). The toy world is
+built (or read from its cache) the first time a toy role is asked for. A run asks only for the roles it needs: an
+AGR run on real checkpoints never resolves the DRM, so it never builds the toy world for it. `init_from` (another run's
 checkpoints) sets the policy's parameters and, unless `models.reference` names its own directory, the reference's
 too, so that the KL target, PRC's 'initial' references, AGR's anchors and the eval baseline are the policy a run
 starts from.
@@ -15,6 +16,8 @@ from pathlib import Path
 from rrc_jax import distributed
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder, load_hf, load_tokenizer
+from rrc_jax.models.decoder import is_sequence_classifier
+from rrc_jax.models.hf_io import read_hf_config
 from rrc_jax.progress import say
 
 ROLES = ("policy", "reference", "grm", "drm")
@@ -36,6 +39,10 @@ class Roles:
         m = self.config.models
         return {"policy": m.policy, "reference": m.reference or m.policy, "grm": m.grm, "drm": m.drm}[role]
 
+    def _field(self, role: str) -> str:
+        """The `config.models` field that names `role`'s model (the reference defaults to the policy's)."""
+        return "policy" if role == "reference" and not self.config.models.reference else role
+
     def path(self, role: str) -> Path:
         """The Hugging Face directory of `role` (the toy world's, built on first use, for `toy`; `toy:<name>`
         names one of the toy models (`TOY_NAMES`) for any role, e.g. the toy GRM as the policy of RLVR, the toy
@@ -52,10 +59,8 @@ class Roles:
         else:
             path = Path(name).expanduser()
         if not (path / "config.json").is_file():
-            field = "reference" if role == "reference" and self.config.models.reference else (
-                "policy" if role == "reference" else role)
-            raise ConfigError(f"config.models.{field}: {path} is not a Hugging Face model directory (no config.json); "
-                              "give a local checkpoint directory or 'toy'")
+            raise ConfigError(f"config.models.{self._field(role)}: {path} is not a Hugging Face model directory (no "
+                              "config.json); give a local checkpoint directory or 'toy'")
         return path
 
     def _toy(self, which: str) -> Path:
@@ -82,12 +87,16 @@ class Roles:
         return self._tokenizers[role]
 
     def model(self, role: str) -> Decoder:
-        """The model of `role`, loaded once (the DRM with its value head; the policy and, by default, the
-        reference from `init_from` when it is set). Every model computes in `models.dtype`; the frozen ones are
-        stored in it too, the policy's parameters stay float32 (master weights)."""
+        """The model of `role`, loaded once (the DRM with its value head, a sequence classifier's `score.weight`;
+        the policy and, by default, the reference from `init_from` when it is set). Every model computes in
+        `models.dtype`; the frozen ones are stored in it too, the policy's parameters stay float32 (master weights)."""
         if role not in self._models:
-            dtype = self.config.models.dtype
-            model = load_hf(self.path(role), dtype=dtype, param_dtype="float32" if role == "policy" else dtype,
+            path, dtype = self.path(role), self.config.models.dtype
+            if role != "drm" and is_sequence_classifier(read_hf_config(path)):
+                raise ConfigError(f"config.models.{self._field(role)}: {path} is a sequence-classification reward "
+                                  "model (a score head, no LM head); it can be config.models.drm only, give a "
+                                  "causal LM here")
+            model = load_hf(path, dtype=dtype, param_dtype="float32" if role == "policy" else dtype,
                             value_head=role == "drm" or None, mesh=self.mesh)
             if self._from_init(role):
                 from rrc_jax.checkpoint import Checkpointer
