@@ -163,6 +163,11 @@ def rm_config(kind: str) -> ml_collections.ConfigDict:
     # centering term (both 0 / off = Eq. 1 exactly).
     c.train = ml_collections.ConfigDict(dict(steps=spec["steps"], batch_size=64, learning_rate=3e-3,
                                              margin=False, center_coef=0.0))
+    # As the GRPO trainer's: every step's metrics to workdir/metrics.jsonl, TensorBoard and, with `wandb`, W&B; Orbax
+    # checkpoints every `save_every` steps (0 = only at the end) and at the last, the `keep` latest kept, resumed by
+    # rerunning the same command.
+    c.log = ml_collections.ConfigDict(dict(tensorboard=True, wandb=False, wandb_project="rrc-jax"))
+    c.checkpoint = ml_collections.ConfigDict(dict(save_every=100, keep=2))
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
     c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0, process_id=-1))
     c.lock()

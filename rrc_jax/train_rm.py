@@ -11,8 +11,12 @@ by Bradley-Terry (Eq. 1), and judges trained by GRPO (RM-R1's RLVR, IRPO). The c
 With `data.path = "toy"` (default) the pairs are the toy world's: the GRM learns both the toy judge's reasoning
 template and its direct-verdict variant as the toy world's GRM does, from the oracle's judgments unless
 `toy.miscount` / `toy.position_bias` / `toy.length_bias` set an imperfect annotator (the DRM learns its verdicts);
-the result is evaluated on `toy.eval_pairs` pairs of evaluation-split prompts (`workdir/eval.json`). Any other `data.path` is a preference
-dataset (`rrc_jax.data.preferences`) and `rrc_jax.rm.recipes` fine-tunes `model.init` on it.
+the result is evaluated on `toy.eval_pairs` pairs of evaluation-split prompts (`workdir/eval.json`). Any other
+`data.path` is a preference dataset (`rrc_jax.data.preferences`) and `rrc_jax.rm.recipes` fine-tunes `model.init` on
+it. Both keep their run as the GRPO trainer does (`rrc_jax.rm.fit`): every step's metrics in `workdir/metrics.jsonl`
+and TensorBoard (W&B with `log.wandb`), the held-out evaluation in the last step's line, a progress bar, checkpoints
+every `checkpoint.save_every` steps and at the last; rerunning the same command resumes from the latest checkpoint
+(exactly: the same final parameters as an uninterrupted run), and Ctrl-C or SIGTERM saves one and exits.
 
 RLVR and IRPO are GRPO runs whose policy is the judge: their configs are trainer configs (`rrc_jax.config.base_config`,
 with `reward.kind` 'rlvr' or 'irpo'), run by `rrc_jax.rl.trainer` exactly as `python -m rrc_jax.train` would.
@@ -20,7 +24,6 @@ with `reward.kind` 'rlvr' or 'irpo'), run by `rrc_jax.rl.trainer` exactly as `py
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -50,7 +53,8 @@ def run_rm(config) -> Path:
     from rrc_jax.data.toy.task import ALPHABET, Annotator, SortTask
     from rrc_jax.models import save_hf
     from rrc_jax.models.char_tokenizer import make_char_tokenizer
-    from rrc_jax.rm.recipes import held_out_accuracy
+    from rrc_jax.rm.fit import recording
+    from rrc_jax.rm.recipes import held_out_metrics
     from rrc_jax.sharding import mesh_from_config, model_context
 
     if config.kind not in ("grm", "drm"):
@@ -69,20 +73,16 @@ def run_rm(config) -> Path:
     settings = world.WorldSettings(task=task, grm=spec, drm=spec, seed=config.seed,
                                    annotator=Annotator(t.miscount, t.position_bias, t.length_bias))
     tokenizer = make_char_tokenizer(ALPHABET)
-    with jax.set_mesh(mesh), model_context(mesh):  # parameters, optimizer state and batches over the mesh
+    # held out: pairs on evaluation-split prompts, labelled by the oracle, judged greedily with the toy template
+    held_out = world.toy_preferences(task, t.eval_pairs, np.random.default_rng(40_000 + config.seed),
+                                     held_out=True, name="toy-eval")
+    toy_judge = config.copy_and_resolve_references()
+    toy_judge.judge.template, toy_judge.judge.max_new_tokens = "toy_pairwise_cot", 24
+    evaluate = lambda model: held_out_metrics(toy_judge, model, tokenizer, held_out)
+    # parameters, optimizer state and batches over the mesh; metrics, checkpoints and resume in the workdir
+    with jax.set_mesh(mesh), model_context(mesh), recording(config, evaluate=evaluate):
         model = (world.train_grm if config.kind == "grm" else world.train_drm)(settings, tokenizer)
-        # held out: pairs on evaluation-split prompts, labelled by the oracle, judged greedily with the toy template
-        held_out = world.toy_preferences(task, t.eval_pairs, np.random.default_rng(40_000 + config.seed),
-                                         held_out=True, name="toy-eval")
-        toy_judge = config.copy_and_resolve_references()
-        toy_judge.judge.template, toy_judge.judge.max_new_tokens = "toy_pairwise_cot", 24
-        result = held_out_accuracy(toy_judge, model, tokenizer, held_out)
-    workdir = Path(config.workdir).expanduser()
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "eval.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    print(f"held-out toy pairs: accuracy {result['accuracy']:.3f} ({result['examples']} pairs, both A/B orders)",
-          file=sys.stderr)
-    out = workdir / "hf_export"
+    out = Path(config.workdir).expanduser() / "hf_export"
     save_hf(model, out, tokenizer=tokenizer)
     return out
 

@@ -1,8 +1,11 @@
 """Reward-model recipes on preference data: GRM SFT (Eq. 2) and DRM Bradley-Terry (Eq. 1) fine-tuning a Hugging Face
-checkpoint on a pairs file (held-out split, over-long examples dropped and counted, margin and centering), and
-RLVR's pieces (judge questions with known verdicts, the +1 / -1 reward of RM-R1 Eq. 8)."""
+checkpoint on a pairs file (held-out split, over-long examples dropped and counted, margin and centering; the run's
+metrics, TensorBoard, checkpoints and exact resume after SIGTERM), and RLVR's pieces (judge questions with known
+verdicts, the +1 / -1 reward of RM-R1 Eq. 8)."""
 
 import json
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -59,7 +62,25 @@ def rm(kind, workdir, data, init, **overrides):
 
 
 def metrics(workdir):
-    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    """The rows of `metrics.jsonl`, strict JSON (a bare NaN fails)."""
+
+    def refuse(constant):
+        raise ValueError(f"bare {constant} in metrics.jsonl")
+
+    return [json.loads(line, parse_constant=refuse) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def tensorboard_steps(workdir, tag):
+    """The steps TensorBoard shows for `tag` (the real reader, purge events honoured)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(workdir / "tensorboard"))
+    accumulator.Reload()
+    return [e.step for e in accumulator.Scalars(tag)]
+
+
+def parameters(path):
+    return {k: np.asarray(v) for k, v in nnx.to_flat_state(nnx.state(load_hf(path), nnx.Param))}
 
 
 def test_grm_sft_on_a_pairs_file(tmp_path, tiny_hf):
@@ -70,20 +91,52 @@ def test_grm_sft_on_a_pairs_file(tmp_path, tiny_hf):
     assert counts["data/rows"] == 32 and counts["data/pairs"] == 32
     assert counts["data/held_out_examples"] == 2  # 5% of 32 keys, rounded up
     assert counts["data/too_long_dropped"] == 2 and counts["data/train_examples"] == 28
-    assert [r["step"] for r in rows] == [0, 1, 2, 3, 3] and all(np.isfinite(r["loss"]) for r in rows[1:4])
-    assert rows[4]["eval/examples"] == 2 and 0 <= rows[4]["eval/accuracy"] <= 1  # held out, both orders
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and all(np.isfinite(r["loss"]) for r in rows[1:])
+    for key in ("grad_norm", "lr", "examples_per_second", "skipped"):
+        assert all(np.isfinite(r[key]) for r in rows[1:]), key
+    assert rows[3]["eval/examples"] == 2 and 0 <= rows[3]["eval/accuracy"] <= 1  # held out, both orders, last step
     assert json.loads((tmp_path / "grm" / "eval.json").read_text())["examples"] == 2
+    assert tensorboard_steps(tmp_path / "grm", "loss") == [1, 2, 3]
+    assert tensorboard_steps(tmp_path / "grm", "eval/accuracy") == [3]
+    assert sorted(p.name for p in (tmp_path / "grm" / "checkpoints").iterdir()) == ["3"]  # the last step's
     model = load_hf(out)
     assert not model.cfg.value_head and (out / "tokenizer.json").is_file()
 
 
-def test_drm_bradley_terry_with_margin_and_centering(tmp_path, tiny_hf):
+def test_drm_bradley_terry_with_margin_and_centering_resumes_exactly(tmp_path, tiny_hf, monkeypatch):
+    """An uninterrupted run, and one stopped by SIGTERM after step 2 then rerun: the rerun resumes from step 2's
+    checkpoint (parameters, optimizer state and the batch order) and ends with the same parameters; each step is
+    logged once."""
+    from rrc_jax.metrics import MetricsLogger
+
     data = pairs_file(tmp_path / "pairs.jsonl", long=0)
-    out = run_rm(rm("drm", tmp_path / "drm", data, tiny_hf, **{"train.margin": True, "train.center_coef": 0.01}))
+    config = lambda workdir: rm("drm", workdir, data, tiny_hf, **{"train.margin": True, "train.center_coef": 0.01,
+                                                                   "checkpoint.save_every": 0})
+    out = run_rm(config(tmp_path / "drm"))
     rows = metrics(tmp_path / "drm")
     assert rows[0]["data/too_long_dropped"] == 0 and "accuracy" in rows[1]
     assert rows[-1]["eval/examples"] == 2 and 0 <= rows[-1]["eval/accuracy"] <= 1
     assert load_hf(out).cfg.value_head  # a value head added to the causal LM and exported as score.weight
+
+    log = MetricsLogger.log
+
+    def preempted_at_step_2(self, step, row):
+        log(self, step, row)
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # noted by the loop, which checkpoints step 2 and exits
+
+    monkeypatch.setattr(MetricsLogger, "log", preempted_at_step_2)
+    with pytest.raises(SystemExit) as stopped:
+        run_rm(config(tmp_path / "resumed"))
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert [r["step"] for r in metrics(tmp_path / "resumed")] == [0, 1, 2]
+    monkeypatch.setattr(MetricsLogger, "log", log)
+    resumed = run_rm(config(tmp_path / "resumed"))
+    assert [r["step"] for r in metrics(tmp_path / "resumed")] == [0, 1, 2, 3]
+    expected, got = parameters(out), parameters(resumed)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=str(name))
 
 
 def test_a_dataset_needs_a_model_to_fine_tune(tmp_path):

@@ -28,8 +28,6 @@ files.
 from __future__ import annotations
 
 import math
-import signal
-import sys
 import time
 
 import jax
@@ -39,7 +37,7 @@ from etils import epath
 from flax import nnx
 
 from rrc_jax import distributed
-from rrc_jax.checkpoint import Checkpointer
+from rrc_jax.checkpoint import Checkpointer, StopSignals
 from rrc_jax.config import validate
 from rrc_jax.data.batches import completion_batch, length_bucket
 from rrc_jax.data.prompts import load_prompts, prompt_batches, prompt_tokens
@@ -256,10 +254,7 @@ class Trainer:
         workdir.mkdir(parents=True, exist_ok=True)
         ckpt = Checkpointer(workdir / "checkpoints", save_every=config.checkpoint.save_every,
                             keep=config.checkpoint.keep)
-        start = 0
-        if ckpt.latest_step() is not None:
-            start = ckpt.restore(self.learner, self.batches)
-            say(f"resumed from the checkpoint of step {start} in {ckpt.directory}")
+        start = ckpt.resume(self.learner, self.batches)
         if distributed.is_main():
             (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
         logger = MetricsLogger(workdir, resume_step=start, tensorboard=config.log.tensorboard, wandb=config.log.wandb,
@@ -276,13 +271,7 @@ class Trainer:
                     logger.log(step, metrics)
                     bar.update(1, reward=metrics["reward/mean"], **({"oracle": metrics["oracle_quality"]}
                                                                      if "oracle_quality" in metrics else {}))
-                    signum = stop.agreed()
-                    ckpt.maybe_save(step, self.learner, self.batches, force=step == config.steps or bool(signum))
-                    if signum:
-                        ckpt.wait()
-                        say(f"interrupted ({signal.Signals(signum).name}): checkpoint of step {step} saved in "
-                            f"{ckpt.directory}")
-                        sys.exit(128 + signum)
+                    ckpt.end_step(step, self.learner, self.batches, stop, last=step == config.steps)
             ckpt.wait()
             save_hf(self.policy, workdir / "hf_export", tokenizer=self.tokenizer)
             say(f"exported the policy to {workdir / 'hf_export'}")
@@ -291,28 +280,6 @@ class Trainer:
             logger.close()
             ckpt.close()
         return workdir
-
-
-class StopSignals:
-    """SIGINT (Ctrl-C) and SIGTERM (a preempted Cloud TPU VM) noted instead of raised, so the loop finishes its step,
-    saves a checkpoint and exits with 128 + the signal's number. `agreed()` is the signal any host got (0 if none):
-    every host stops after the same step."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.received = 0
-        self._previous = {s: signal.signal(s, self._note) for s in self.SIGNALS}
-
-    def _note(self, signum, _frame) -> None:
-        self.received = self.received or signum
-
-    def agreed(self) -> int:
-        return int(distributed.host_concat(np.asarray([self.received])).max())
-
-    def restore(self) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
 
 
 def run(config) -> epath.Path:

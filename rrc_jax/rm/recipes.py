@@ -10,10 +10,11 @@
 
 `train_on_preferences(config)` loads the data (`rrc_jax.data.preferences`), holds out `data.eval_path` or a
 `data.eval_fraction` of its examples (whole RM-Bench rows), drops examples longer than `data.max_tokens`
-(counted), trains for `train.steps` steps, writes `metrics.jsonl` (the data counts at step 0, the losses after,
-and the held-out evaluation in a last line of the last step: `eval/accuracy`, ... from `rrc_jax.rm.evaluation`,
-greedy, both A/B orders, also in `workdir/eval.json`), and saves `workdir/hf_export` with its tokenizer: the
-directory `train --config.models.grm=...` (or `models.drm`) takes.
+(counted), trains for `train.steps` steps, recording the run as `rrc_jax.rm.fit` does (`metrics.jsonl` and
+TensorBoard: the data counts at step 0, every step's losses after, and the held-out evaluation in the last step's
+line: `eval/accuracy`, ... from `rrc_jax.rm.evaluation`, greedy, both A/B orders, also in `workdir/eval.json`;
+checkpoints, resumed by rerunning the command), and saves `workdir/hf_export` with its tokenizer: the directory
+`train --config.models.grm=...` (or `models.drm`) takes.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from rrc_jax import distributed
 from rrc_jax.data.preferences import Preference, load_preferences
 from rrc_jax.errors import ConfigError
 from rrc_jax.judge.prompts import direct_template, get_template
-from rrc_jax.metrics import MetricsLogger
+from rrc_jax.progress import say
 from rrc_jax.rm.examples import drm_batches, grm_example, scored_ids, sft_batches
-from rrc_jax.rm.fit import fit
+from rrc_jax.rm.fit import fit, recording
 from rrc_jax.rm.losses import bt_loss
 
 
@@ -123,21 +125,23 @@ def train_on_preferences(config, mesh) -> Path:
             loss, kind = functools.partial(bt_loss, center_coef=t.center_coef), "bt"
         counts.update({"data/train_examples": len(train) - too_long, "data/too_long_dropped": too_long,
                        "data/held_out_examples": len(held_out)})
-        logger = MetricsLogger(workdir)
-        try:
-            logger.log(0, counts)
+        evaluate = (lambda m: held_out_metrics(config, m, tokenizer, held_out)) if held_out else None
+        with recording(config, first=counts, evaluate=evaluate):
             fit(model, batches, kind=kind, steps=t.steps, learning_rate=t.learning_rate, loss=loss,
-                desc=f"{config.kind.upper()} ({'Eq. 2' if kind == 'sft' else 'Eq. 1'})",
-                log=lambda step, metrics: logger.log(step + 1, metrics))
-            if held_out:
-                result = held_out_accuracy(config, model, tokenizer, held_out)
-                logger.log(t.steps, {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))})
-                (workdir / "eval.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        finally:
-            logger.close()
+                desc=f"{config.kind.upper()} ({'Eq. 2' if kind == 'sft' else 'Eq. 1'})")
         out = workdir / "hf_export"
         save_hf(model, out, tokenizer=tokenizer)
     return out
+
+
+def held_out_metrics(config, model, tokenizer, prefs: Sequence[Preference]) -> dict[str, float]:
+    """`held_out_accuracy`, written to `workdir/eval.json` (process 0), as the `eval/*` metrics of the last step."""
+    result = held_out_accuracy(config, model, tokenizer, prefs)
+    path = Path(config.workdir).expanduser() / "eval.json"
+    if distributed.is_main():
+        path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    say(f"held out: accuracy {result['accuracy']:.3f} on {result['examples']} pairs ({path})")
+    return {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
 
 
 def held_out_accuracy(config, model, tokenizer, prefs: Sequence[Preference]) -> dict:
