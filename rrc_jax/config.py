@@ -54,12 +54,14 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     # bfloat16 weights are mostly rounded away.
     c.models = ml_collections.ConfigDict(dict(policy="toy", reference="", grm="toy", drm="toy", dtype="float32"))
 
-    # Prompts: "toy" or a local jsonl / json / parquet file with one prompt per row in `field`. With a preference
+    # Prompts: "toy" or a source with one prompt per row in `field` (a string or chat messages): a jsonl / json /
+    # csv (optionally .gz) or parquet file, a save_to_disk folder, or a Hub name org/name (its `split`). Held out:
+    # `eval_path`, else the last tenth of the rows, at most `eval_prompts` (0: no held-out split). With a preference
     # `format` (helpsteer3, rmbench, judgebench, pairs: rrc_jax.data.preferences; "toy" gives the toy task's
     # pairs), every preference becomes a judge question in `reward.judge.template` whose correct verdict is known:
     # the prompts of RLVR (reward.kind='rlvr'), which trains the policy as a judge.
-    c.data = ml_collections.ConfigDict(dict(path="toy", field="prompt", format="", eval_path="", eval_prompts=256,
-                                            max_prompt_tokens=512))
+    c.data = ml_collections.ConfigDict(dict(path="toy", field="prompt", split="train", format="", eval_path="",
+                                            eval_prompts=256, max_prompt_tokens=512))
 
     c.toy = ml_collections.ConfigDict(dict(
         cache_dir="~/.cache/rrc_jax", seed=0, min_len=4, max_len=6, noise=0.3, train_prompts=2048,
@@ -234,8 +236,25 @@ def validate(c: ml_collections.ConfigDict) -> None:
         _bad("rl.loss_aggregation", f"{rl.loss_aggregation!r} is not one of {', '.join(AGGREGATIONS)}")
     if rl.lr_schedule not in ("constant", "cosine"):
         _bad("rl.lr_schedule", f"{rl.lr_schedule!r}: use 'constant' or 'cosine'")
-    if not 0 <= rl.eps_low < 1 or rl.eps_high < 0:
-        _bad("rl.eps_low", "need 0 <= eps_low < 1 and eps_high >= 0")
+    if not 0 <= rl.eps_low < 1:
+        _bad("rl.eps_low", f"{rl.eps_low} must be in [0, 1) (the ratio's lower clip is 1 - eps_low)")
+    if rl.eps_high < 0:
+        _bad("rl.eps_high", f"{rl.eps_high} must be >= 0 (the ratio's upper clip is 1 + eps_high)")
+    for name in ("learning_rate", "grad_clip"):
+        if not getattr(rl, name) > 0:  # also NaN
+            _bad(f"rl.{name}", f"{getattr(rl, name)} must be > 0")
+    if rl.warmup_steps < 0:
+        _bad("rl.warmup_steps", f"{rl.warmup_steps} must be >= 0")
+    for name in ("scr", "agr"):
+        if not r[name].alpha > 0:
+            _bad(f"reward.{name}.alpha", f"{r[name].alpha} must be > 0 (the reward per win)")
+    if c.data.eval_prompts < 0 or c.data.max_prompt_tokens < 1:
+        _bad("data", f"eval_prompts={c.data.eval_prompts} must be >= 0 (0: no held-out split) and "
+                     f"max_prompt_tokens={c.data.max_prompt_tokens} >= 1")
+    t = c.toy
+    if t.train_prompts < 1 or not 1 <= t.min_len <= t.max_len:
+        _bad("toy", f"need train_prompts >= 1 and 1 <= min_len <= max_len, got {t.train_prompts}, {t.min_len}, "
+                    f"{t.max_len}")
     if rl.temperature <= 0:
         _bad("rl.temperature", "rollouts need temperature > 0 for diverse groups")
     if not 0 < rl.top_p <= 1:

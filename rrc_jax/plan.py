@@ -257,7 +257,7 @@ def param_shapes(cfg) -> dict[tuple, tuple[tuple[int, ...], tuple[str | None, ..
             layer["mlp", "down_bias"] = ((e,), ("embed",))
         out.update({("layers", n, *path): value for path, value in layer.items()})
     out["final_norm", "scale"] = ((e,), ("norm",))
-    if not cfg.tie_word_embeddings:
+    if cfg.lm_head and not cfg.tie_word_embeddings:  # a sequence-classification DRM has no LM head
         out["lm_head",] = ((e, v), ("embed", "vocab"))
     if cfg.value_head:
         out["value_head", "kernel"] = ((e,), ("embed",))

@@ -89,7 +89,11 @@ def test_config_validation_errors():
                                 ("rl.loss_aggregation", "sum", "rl.loss_aggregation"),
                                 ("rl.micro_batch_size", 5, "rl.micro_batch_size"), ("rl.top_p", 0.0, "rl.top_p"),
                                 ("reward.prc.reference", "frozen", "reward.prc.reference"),
-                                ("reward.scr.tournament", "swiss", "reward.scr.tournament")]:
+                                ("reward.scr.tournament", "swiss", "reward.scr.tournament"),
+                                ("rl.learning_rate", -1.0, "rl.learning_rate: -1.0 must be > 0"),
+                                ("rl.grad_clip", -1.0, "rl.grad_clip"), ("rl.eps_high", -0.1, "rl.eps_high"),
+                                ("rl.eps_low", 1.0, "rl.eps_low"), ("reward.agr.alpha", 0.0, "reward.agr.alpha"),
+                                ("data.eval_prompts", -1, "data"), ("toy.min_len", 9, "toy")]:
         c = base_config("scr")
         *path, leaf = field.split(".")
         node = c
@@ -448,25 +452,63 @@ def test_interrupt_saves_a_checkpoint_and_exits_cleanly(tmp_path, toy_cache, sig
     assert f"interrupted ({signal.Signals(signum).name}): checkpoint of step" in err
 
 
-def test_prompts_from_a_jsonl_file(tmp_path, toy_cache):
+def test_prompts_from_files_folders_and_conversations(tmp_path, toy_cache, capsys):
+    """The main job trains on a csv with held-out prompts from a .jsonl.gz; a save_to_disk folder and a jsonl of
+    chat conversations load too; the split is stated and can be turned off; a conversation reaches the policy whole
+    (system message included) through its chat template, while the judge reads it as one text."""
+    import gzip
+
+    import datasets
+
+    from rrc_jax.data.prompts import load_prompts, prompt_tokens
     from rrc_jax.data.toy import SortTask
+    from rrc_jax.models.char_tokenizer import make_char_tokenizer
 
     rng = np.random.default_rng(0)
     task = SortTask()
-    rows = [{"prompt": task.prompt_text(task.prompt(rng))} for _ in range(40)]
-    rows += [{"prompt": ""}, {"prompt": [{"role": "user", "content": "1234>"}]}]
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = tiny_config("drm", tmp_path / "w", toy_cache, **{"data.path": str(data)})
+    texts = [task.prompt_text(task.prompt(rng)) for _ in range(48)]
+    csv = tmp_path / "prompts.csv"
+    csv.write_text("prompt,source\n" + "".join(f"{t},toy\n" for t in texts[:40]) + ",empty\n")
+    held = tmp_path / "held.jsonl.gz"
+    with gzip.open(held, "wt") as f:
+        f.write("".join(json.dumps({"prompt": t}) + "\n" for t in texts[40:]))
+    config = tiny_config("drm", tmp_path / "w", toy_cache, **{"data.path": str(csv), "data.eval_path": str(held)})
     metrics = read_metrics(run(config))
     assert "reward/mean" in metrics[2] and "oracle_quality" not in metrics[2]  # no oracle for file prompts
-    trainer = Trainer(config)
-    train, ev = trainer.train_prompts, trainer.eval_prompts
-    assert len(train.texts) + len(ev.texts) == 41 and "1234>" in train.texts + ev.texts
-    assert len(ev.texts) == 4 and not set(train.ids) & set(ev.ids)
+    assert "data: 40 training rows from" in capsys.readouterr().err
+    train, ev = load_prompts(config)
+    assert train.texts == texts[:40] and ev.texts == texts[40:] and not set(train.ids) & set(ev.ids)
+
+    folder = tmp_path / "saved"
+    datasets.Dataset.from_dict({"prompt": texts}).save_to_disk(str(folder))
+    config.data.path, config.data.eval_path = str(folder), ""
+    train, ev = load_prompts(config)
+    assert train.texts + ev.texts == texts and len(ev.texts) == 4
+    assert "held out: 4, the last 4 rows of" in capsys.readouterr().err
+    config.data.eval_prompts = 0  # no held-out split
+    train, ev = load_prompts(config)
+    assert train.texts == texts and ev.texts == [] and "held out: 0, none" in capsys.readouterr().err
+
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "3 1 2"},
+            {"role": "assistant", "content": "1 2 3"}, {"role": "user", "content": "2 1"}]
+    rows = [{"prompt": chat}, {"prompt": [{"role": "user", "content": "9 8"}]}, {"prompt": ""},
+            {"prompt": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}]  # ends on no user
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps(r) + "\n" for r in rows * 5))
+    config.data.path = str(chats)
+    train, _ = load_prompts(config)
+    assert len(train.texts) == 10  # the empty prompt and the conversation without a final user turn are dropped
+    judge_view = "System: be brief\n\nUser: 3 1 2\n\nAssistant: 1 2 3\n\nUser: 2 1"
+    assert train.texts[:2] == [judge_view, "9 8"]
+    tok = make_char_tokenizer()
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    seen = tok.decode(prompt_tokens(tok, train, judge_view))
+    assert seen == "<system>be brief\n<user>3 1 2\n<assistant>1 2 3\n<user>2 1\n<assistant>"
+    assert tok.decode(prompt_tokens(tok, train, "9 8")) == "<user>9 8\n<assistant>"
     config.data.field = "question"
     with pytest.raises(ConfigError, match="config.data.field: .* has no field 'question'"):
-        Trainer(config)
+        load_prompts(config)
 
 
 def test_anchor_refresh_regenerates_from_the_policy(tmp_path, toy_cache, finished):
@@ -497,3 +539,21 @@ def test_train_rm_cli_exports_a_reward_model(tmp_path, config_file, kind):
         bad = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=600, cwd=tmp_path)
         last = bad.stderr.strip().splitlines()[-1]
         assert bad.returncode != 0 and last.startswith("error:") and message in last, last
+
+
+def test_a_second_trainer_on_a_locked_workdir_stops_with_one_line(tmp_path, toy_cache):
+    """The workdir lock (`rrc_jax.lock`): held by a live process, a second trainer exits with one line naming the
+    holder; a lock whose holder died is taken over."""
+    from rrc_jax.lock import WorkdirLock
+
+    workdir = tmp_path / "w"
+    with WorkdirLock(workdir):
+        out = subprocess.run(cli_args(workdir, toy_cache, kind="drm"), capture_output=True, text=True, timeout=300,
+                             cwd=REPO)
+    assert out.returncode == 1, out.stderr[-2000:]
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: {workdir} is in use by another trainer (host ") and f"pid {os.getpid()}" in line
+    (workdir / ".lock.owner").write_text("host gone pid 1 since then\n")  # a holder killed without releasing
+    with WorkdirLock(workdir) as lock:
+        assert f"pid {os.getpid()}" in lock.owner.read_text()
+    assert not (workdir / ".lock.owner").exists()

@@ -5,10 +5,10 @@ A `Preference` is one judged pair: `chosen` is better than `rejected` for `promp
 reads a file (or a saved dataset, or a hub dataset) with `datasets` and returns a `PreferenceSet`: the records, the
 source, and `counts` of what happened to every row.
 
-Sources (`path`): a local `.jsonl`, `.json` (a JSON list or JSON lines), `.jsonl.gz` / `.json.gz` or `.parquet`
-file; a folder written by `Dataset.save_to_disk` (a `DatasetDict`'s: its `split`); otherwise a Hugging Face Hub
-name `org/name`, loaded as `load_dataset(name, split=split)`. Types are those `datasets` infers for the whole file
-(a column mixing strings and lists reads as JSON values, row by row).
+Sources (`path`): a local file (jsonl / json / csv, optionally gzipped, or parquet), a `save_to_disk` folder or a
+Hugging Face Hub name, read by `rrc_jax.data.sources.read_rows` (a `DatasetDict`'s or a hub dataset's `split`).
+Types are those `datasets` infers for the whole file (a column mixing strings and lists reads as JSON values, row by
+row).
 
 Formats (the fields each reads; others are ignored; "text" is a non-empty str):
 
@@ -50,9 +50,8 @@ bad_rows_skipped + labels_dropped; pairs = len(prefs) (9 per RM-Bench row, 1 per
 from __future__ import annotations
 
 import dataclasses
-import re
-from pathlib import Path
 
+from rrc_jax.data.sources import read_rows, render_conversation
 from rrc_jax.errors import ConfigError
 
 
@@ -103,7 +102,7 @@ class PreferenceSet:
     counts: dict[str, int]
 
 
-class _BadRow(Exception):
+class BadRow(Exception):
     """A malformed row: which `field` and what is wrong with it (`problem`, worded to follow "field 'x' ")."""
 
     def __init__(self, field: str, problem: str):
@@ -111,13 +110,13 @@ class _BadRow(Exception):
         self.field, self.problem = field, problem
 
 
-def _bad_row_message(source: str, index: int, bad: _BadRow) -> str:
+def _bad_row_message(source: str, index: int, bad: BadRow) -> str:
     """The one wording of a malformed-row error (file, 0-based row, field, the fix)."""
     return (f"{source} row {index}: field {bad.field!r} {bad.problem}; fix the row, or set "
             f"data.skip_bad_rows=True to skip such rows (they are counted in bad_rows_skipped)")
 
 
-# --- field readers: a value of the right type or `_BadRow` --------------------------------------------------------
+# --- field readers: a value of the right type or `BadRow` --------------------------------------------------------
 
 
 def _text(value, field: str, *, optional: bool = False) -> str:
@@ -125,11 +124,11 @@ def _text(value, field: str, *, optional: bool = False) -> str:
     if value is None:
         if optional:
             return ""
-        raise _BadRow(field, "is missing")
+        raise BadRow(field, "is missing")
     if not isinstance(value, str):
-        raise _BadRow(field, f"must be a string, got {type(value).__name__} {value!r:.40}")
+        raise BadRow(field, f"must be a string, got {type(value).__name__} {value!r:.40}")
     if not value.strip() and not optional:
-        raise _BadRow(field, "is empty")
+        raise BadRow(field, "is empty")
     return value
 
 
@@ -138,45 +137,43 @@ def _int(value, field: str, lo: int, hi: int | None = None, *, optional: bool = 
     if value is None and optional:
         return 0
     if value is None:
-        raise _BadRow(field, "is missing")
+        raise BadRow(field, "is missing")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     span = f"{lo}..{hi}" if hi is not None else f">= {lo}"
     if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
-        raise _BadRow(field, f"must be an integer {span}, got {value!r:.40}")
+        raise BadRow(field, f"must be an integer {span}, got {value!r:.40}")
     return value
 
 
 def _texts(value, field: str, n: int, what: str) -> list[str]:
     """A list of exactly `n` non-empty strings (`what` names them in the error)."""
     if value is None:
-        raise _BadRow(field, "is missing")
+        raise BadRow(field, "is missing")
     if not isinstance(value, list) or len(value) != n:
         got = f"{len(value)} items" if isinstance(value, list) else type(value).__name__
-        raise _BadRow(field, f"must be a list of {n} {what}, got {got}")
+        raise BadRow(field, f"must be a list of {n} {what}, got {got}")
     return [_text(v, f"{field}[{i}]") for i, v in enumerate(value)]
 
 
-def _context_prompt(context) -> str:
+def context_text(context) -> str:
     """HelpSteer3's prompt text: a plain string as is; one user message, its content; a conversation, every turn as
     `"{Role}: {content}"`, blank-line separated, ending with the last (user) turn."""
     if context is None or isinstance(context, str):
         return _text(context, "context")
     if not isinstance(context, list) or not context:
-        raise _BadRow("context", "must be a string or a non-empty list of {role, content} messages")
+        raise BadRow("context", "must be a string or a non-empty list of {role, content} messages")
     turns = []
     for k, m in enumerate(context):
         if not isinstance(m, dict):
-            raise _BadRow(f"context[{k}]", f"must be a {{role, content}} message, got {type(m).__name__}")
+            raise BadRow(f"context[{k}]", f"must be a {{role, content}} message, got {type(m).__name__}")
         turns.append((_text(m.get("role"), f"context[{k}].role"),
                       _text(m.get("content"), f"context[{k}].content", optional=True)))
     if turns[-1][0] != "user":
-        raise _BadRow("context", f"must end with a user message (the responses answer it), ends with "
+        raise BadRow("context", f"must end with a user message (the responses answer it), ends with "
                                  f"{turns[-1][0]!r}")
     _text(turns[-1][1], f"context[{len(turns) - 1}].content")
-    if len(turns) == 1:
-        return turns[0][1]
-    return "\n\n".join(f"{role.capitalize()}: {content}" for role, content in turns)
+    return render_conversation(turns)
 
 
 def _annotator_rationale(annotators, overall: int) -> str:
@@ -184,12 +181,12 @@ def _annotator_rationale(annotators, overall: int) -> str:
     if annotators is None:
         return ""
     if not isinstance(annotators, list):
-        raise _BadRow("individual_preference", f"must be a list of {{score, reasoning}}, got "
+        raise BadRow("individual_preference", f"must be a list of {{score, reasoning}}, got "
                                                f"{type(annotators).__name__}")
     texts = []
     for k, a in enumerate(annotators):
         if not isinstance(a, dict):
-            raise _BadRow(f"individual_preference[{k}]", f"must be a {{score, reasoning}}, got {type(a).__name__}")
+            raise BadRow(f"individual_preference[{k}]", f"must be a {{score, reasoning}}, got {type(a).__name__}")
         score = _int(a.get("score"), f"individual_preference[{k}].score", -3, 3)
         reasoning = _text(a.get("reasoning"), f"individual_preference[{k}].reasoning", optional=True).strip()
         if reasoning and (score > 0) - (score < 0) == (overall > 0) - (overall < 0):
@@ -201,7 +198,7 @@ def _annotator_rationale(annotators, overall: int) -> str:
 
 
 def _helpsteer3_row(row: dict, key: str) -> RowResult:
-    prompt = _context_prompt(row.get("context"))
+    prompt = context_text(row.get("context"))
     r1, r2 = _text(row.get("response1"), "response1"), _text(row.get("response2"), "response2")
     overall = _int(row.get("overall_preference"), "overall_preference", -3, 3)
     rationale = _annotator_rationale(row.get("individual_preference"), overall)
@@ -247,64 +244,6 @@ _ROW_FNS = {"helpsteer3": _helpsteer3_row, "rmbench": _rmbench_row, "judgebench"
 _STRENGTHLESS = ("rmbench", "judgebench")  # formats whose preferences all have strength 0
 
 
-# --- reading a source into a `datasets.Dataset` ---------------------------------------------------------------------
-
-_WHERE = ("give a .jsonl / .json / .jsonl.gz / .parquet file, a Dataset.save_to_disk folder or a Hugging Face Hub "
-          "dataset name org/name")
-_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-
-
-def _file_kind(p: Path) -> str | None:
-    """The `datasets` builder of a local file ("json" / "parquet"), None for an unknown suffix."""
-    name = p.name.lower()
-    if name.endswith(".parquet"):
-        return "parquet"
-    if name.removesuffix(".gz").endswith((".jsonl", ".json")):
-        return "json"
-    return None
-
-
-def _looks_like_hub_name(path: str) -> bool:
-    return bool(_HUB_NAME.fullmatch(path)) and _file_kind(Path(path)) is None
-
-
-def _read(path: str, split: str):
-    """(the rows of `path` as a `datasets.Dataset`, the key prefix of its rows: the file or folder name, with
-    `[split]` when the source has splits)."""
-    import datasets
-    import pyarrow as pa
-
-    p = Path(path).expanduser()
-    if p.is_dir():
-        try:
-            ds = datasets.load_from_disk(str(p))
-        except FileNotFoundError as e:
-            raise ConfigError(f"{path} is a folder but not one written by Dataset.save_to_disk ({e}); "
-                              f"{_WHERE}") from e
-        if isinstance(ds, datasets.DatasetDict):
-            if split not in ds:
-                raise ConfigError(f"{path} has splits {', '.join(ds)}, not {split!r}; choose one of them")
-            return ds[split], f"{p.name}[{split}]"
-        return ds, p.name
-    if p.is_file():
-        kind = _file_kind(p)
-        if kind is None:
-            raise ConfigError(f"{path}: unknown file type; {_WHERE}")
-        try:
-            return datasets.load_dataset(kind, data_files=str(p), split="train"), p.name
-        except (datasets.exceptions.DatasetGenerationError, pa.ArrowException, StopIteration) as e:
-            cause = e.__cause__ or e
-            why = "no rows" if isinstance(cause, StopIteration) else f"{type(cause).__name__}: {cause}"
-            raise ConfigError(f"{path}: not readable as {kind} ({why})") from e
-    if not _looks_like_hub_name(path):
-        raise ConfigError(f"{path} does not exist; {_WHERE}")
-    try:
-        return datasets.load_dataset(path, split=split), f"{path}[{split}]"
-    except (datasets.exceptions.DatasetNotFoundError, ConnectionError, FileNotFoundError, ValueError) as e:
-        raise ConfigError(f"{path} is not a local file or folder, and the Hugging Face Hub did not provide it "
-                          f"(split {split!r}): {e}") from e
-
-
 def load_preferences(path: str, format: str, *, split: str = "train", skip_bad_rows: bool = False,
                      min_strength: int = 0, limit: int | None = None) -> PreferenceSet:
     """The preferences of `path` in `format` (one of `FORMATS`; module docstring), with what happened to each row.
@@ -324,7 +263,7 @@ def load_preferences(path: str, format: str, *, split: str = "train", skip_bad_r
                           f"(all 0), so every one would be dropped; set min_strength=0")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ConfigError(f"limit must be None or an integer >= 0, got {limit!r}")
-    ds, prefix = _read(path, split)
+    ds, prefix = read_rows(path, split)
     row_fn = _ROW_FNS[format]
     counts = dict.fromkeys(COUNTS, 0)
     prefs: list[Preference] = []
@@ -334,7 +273,7 @@ def load_preferences(path: str, format: str, *, split: str = "train", skip_bad_r
         counts["rows"] += 1
         try:
             made = row_fn(row, f"{prefix}:{index}")
-        except _BadRow as bad:
+        except BadRow as bad:
             if not skip_bad_rows:
                 raise ConfigError(_bad_row_message(path, index, bad)) from None
             counts["bad_rows_skipped"] += 1

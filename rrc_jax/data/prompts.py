@@ -1,17 +1,21 @@
 """Prompt sets for RL and the grain pipeline that serves them.
 
 `load_prompts(config)` returns the training and held-out `PromptSet`s: the toy task's (generated from
-`toy.seed`, with the oracle quality) or the rows of local files (`data.path`, `data.eval_path`; jsonl / json /
-parquet read with `datasets`, the prompt text in `data.field`; a chat-style list of `{role, content}` messages
-uses the last user message). Rows with no usable prompt are dropped and counted in the log.
+`toy.seed`, with the oracle quality) or the rows of a source (`data.path`, `data.eval_path`: a jsonl / json / csv
+file, optionally gzipped, a parquet file, a `save_to_disk` folder or a Hub dataset's `data.split`; read by
+`rrc_jax.data.sources.read_rows`), the prompt in `data.field`. A prompt is a string or a chat conversation (a list
+of `{role, content}` messages ending with a user turn): the policy sees the whole conversation, system message and
+earlier turns included, through its chat template (`PromptSet.chats`); a judge reads it as one text
+(`render_conversation`). Rows with no usable prompt are dropped and counted in the log.
 
 With `data.format` (a preference format, or `pairs` of the toy task), the prompts are judge questions instead
 (`preference_questions`): each preference rendered in `reward.judge.template`, its A/B order random, the oracle
 scoring a judgment 1 when its verdict is correct. RLVR (`reward.kind='rlvr'`) trains the policy on them as a judge.
 
 Held-out prompts: `data.eval_path` when given; otherwise the last tenth of the training file (at most
-`data.eval_prompts` rows), which needs at least 10 usable rows. Ids never collide: a file's prompts are numbered
-by their row among the usable ones, and a separate eval file's continue after the training file's.
+`data.eval_prompts` rows), which needs at least 10 usable rows; `data.eval_prompts=0` holds out nothing (no
+evaluation). The log states the split (how many rows, from where). Ids never collide: a file's prompts are
+numbered by their row among the usable ones, and a separate eval file's continue after the training file's.
 
 `prompt_batches(config, n)` yields `[prompts_per_step]` arrays of prompt indices: shuffled (per epoch, from the
 seed), repeated, sharded across hosts, with `get_state()` / `set_state()` for checkpoints.
@@ -21,13 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from pathlib import Path
 
 import grain
 import jax
 import numpy as np
 from absl import logging
 
+from rrc_jax.data.sources import read_rows
 from rrc_jax.errors import ConfigError
 
 MIN_SPLIT_ROWS = 10  # a training file split into train + held-out needs this many usable rows
@@ -44,14 +48,25 @@ class PromptSet:
     oracle: Callable[[int, str], float] | None = None
     rendered: bool = False
     paired: bool = False  # pointwise judge questions: 2k about a preference's chosen response, 2k + 1 its rejected
+    chats: dict[str, list[dict]] | None = None  # text -> the conversation it renders, for multi-turn prompts
+
+    def split(self, k: int) -> tuple[PromptSet, PromptSet]:
+        """(all but the last `k` prompts, the last `k`), each with its own conversations."""
+        n = len(self.texts)
+        head, tail = (PromptSet(self.ids[a:b], self.texts[a:b], self.oracle, self.rendered, self.paired, self.chats)
+                      for a, b in ((0, n - k), (n - k, n)))
+        return head, tail
 
 
 def prompt_tokens(tokenizer, prompts: PromptSet, text: str) -> list[int]:
-    """The token ids the policy sees for one of `prompts`' texts: as rendered, or in the chat template."""
+    """The token ids the policy sees for one of `prompts`' texts: as rendered, or in the chat template (the whole
+    conversation of a multi-turn prompt)."""
     from rrc_jax.judge.prompts import encode_text
     from rrc_jax.models import prompt_ids
 
-    return encode_text(tokenizer, text, first=True) if prompts.rendered else prompt_ids(tokenizer, text)
+    if prompts.rendered:
+        return encode_text(tokenizer, text, first=True)
+    return prompt_ids(tokenizer, (prompts.chats or {}).get(text, text))
 
 
 def judge_questions(prefs, tokenizer, template, seed: int, first_id: int = 0) -> PromptSet:
@@ -103,15 +118,13 @@ def preference_questions(config, tokenizer) -> tuple[PromptSet, PromptSet]:
     else:
         from rrc_jax.data.preferences import load_preferences
 
-        train = load_preferences(d.path, d.format).prefs
+        train = load_preferences(d.path, d.format, split=d.split).prefs
         if d.eval_path:
-            held = load_preferences(d.eval_path, d.format, limit=d.eval_prompts).prefs
+            held = load_preferences(d.eval_path, d.format, split=d.split, limit=d.eval_prompts).prefs
         else:
-            if len(train) < MIN_SPLIT_ROWS:
-                raise ConfigError(f"config.data.path: {d.path} has {len(train)} preferences; holding out a tenth "
-                                  f"needs at least {MIN_SPLIT_ROWS}. Add rows or give config.data.eval_path")
-            k = min(d.eval_prompts, len(train) // 10)
+            k = held_out_count(len(train), d)
             train, held = train[:len(train) - k], train[len(train) - k:]
+        say_split(len(train), len(held), d)
     if config.reward.kind == "irpo":
         return (pointwise_questions(train, tokenizer, template),
                 pointwise_questions(held, tokenizer, template, first_id=2 * len(train)))
@@ -140,44 +153,72 @@ def toy_prompts(config) -> tuple[PromptSet, PromptSet]:
     return make(train_digits, 0), make(eval_digits, len(train_digits))
 
 
-def _prompt_of(row: dict, field: str):
+def _prompt_of(row: dict, field: str) -> tuple[str, list[dict] | None] | None:
+    """(the prompt's text, its conversation when it has several turns) of a row, None when unusable: a non-empty
+    string, or `{role, content}` messages ending with a non-empty user turn."""
+    from rrc_jax.data.preferences import BadRow, context_text
+
     value = row.get(field)
-    if isinstance(value, list):  # chat messages: the last user turn
-        users = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
-        value = users[-1] if users else None
-    return value if isinstance(value, str) and value.strip() else None
+    try:
+        text = context_text(value)
+    except BadRow:
+        return None
+    chat = [{"role": m["role"], "content": m["content"] or ""} for m in value] if isinstance(value, list) else None
+    return text, chat if chat and len(chat) > 1 else None
 
 
-def file_prompts(path: str, field: str, limit: int | None = None, first_id: int = 0, setting: str = "data.path"
-                 ) -> PromptSet:
-    """The usable prompts of a local file, ids `first_id, first_id + 1, ...`; `setting` names the config field in
-    errors."""
-    from datasets import load_dataset
-
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise ConfigError(f"config.{setting}: {p} does not exist (give a local jsonl / json / parquet file)")
-    kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(p.suffix)
-    if kind is None:
-        raise ConfigError(f"config.{setting}: {p} must end in .jsonl, .json or .parquet")
-    ds = load_dataset(kind, data_files=str(p), split="train")
+def file_prompts(path: str, field: str, limit: int | None = None, first_id: int = 0, setting: str = "data.path",
+                 split: str = "train") -> PromptSet:
+    """The usable prompts of a source (module docstring), ids `first_id, first_id + 1, ...`; `setting` names the
+    config field in errors."""
+    try:
+        ds, name = read_rows(path, split)
+    except ConfigError as e:
+        raise ConfigError(f"config.{setting}: {e}") from None
     if field not in ds.column_names:
-        raise ConfigError(f"config.data.field: {p} has no field {field!r}; its fields are "
+        raise ConfigError(f"config.data.field: {name} has no field {field!r}; its fields are "
                           f"{', '.join(ds.column_names)}")
-    texts, dropped = [], 0
+    texts, chats, dropped = [], {}, 0
     for row in ds:
-        text = _prompt_of(row, field)
-        if text is None:
+        got = _prompt_of(row, field)
+        if got is None:
             dropped += 1
-        else:
-            texts.append(text)
+            continue
+        texts.append(got[0])
+        if got[1]:
+            chats[got[0]] = got[1]
         if limit and len(texts) >= limit:
             break
     if dropped:
-        logging.warning("%s: dropped %d rows with an empty or malformed %r", p, dropped, field)
+        logging.warning("%s: dropped %d rows with an empty or malformed %r", name, dropped, field)
     if not texts:
-        raise ConfigError(f"config.{setting}: {p} has no usable prompt in field {field!r}")
-    return PromptSet(list(range(first_id, first_id + len(texts))), texts)
+        raise ConfigError(f"config.{setting}: {name} has no usable prompt in field {field!r}")
+    return PromptSet(list(range(first_id, first_id + len(texts))), texts, chats=chats or None)
+
+
+def held_out_count(n: int, data) -> int:
+    """How many of `n` training rows are held out when there is no `data.eval_path`: a tenth, at most
+    `data.eval_prompts` (0: none)."""
+    if not data.eval_prompts:
+        return 0
+    if n < MIN_SPLIT_ROWS:
+        raise ConfigError(f"config.data.path: {data.path} has {n} usable rows; holding out a tenth for evaluation "
+                          f"needs at least {MIN_SPLIT_ROWS}. Add rows, give config.data.eval_path, or set "
+                          "config.data.eval_prompts=0 (no evaluation)")
+    return min(data.eval_prompts, n // 10)
+
+
+def say_split(n_train: int, n_held: int, data) -> None:
+    """State where the held-out rows came from (process 0)."""
+    from rrc_jax.progress import say
+
+    if data.eval_path:
+        where = f"from {data.eval_path}"
+    elif n_held:
+        where = f"the last {n_held} rows of {data.path} (set data.eval_path, or data.eval_prompts=0 for none)"
+    else:
+        where = "none (data.eval_prompts=0): no held-out evaluation"
+    say(f"data: {n_train} training rows from {data.path}; held out: {n_held}, {where}")
 
 
 def load_prompts(config, tokenizer=None) -> tuple[PromptSet, PromptSet]:
@@ -188,16 +229,14 @@ def load_prompts(config, tokenizer=None) -> tuple[PromptSet, PromptSet]:
         return preference_questions(config, tokenizer)
     if d.path == "toy":
         return toy_prompts(config)
-    train = file_prompts(d.path, d.field)
+    train = file_prompts(d.path, d.field, split=d.split)
     if d.eval_path:
-        return train, file_prompts(d.eval_path, d.field, limit=d.eval_prompts, first_id=len(train.texts),
-                                   setting="data.eval_path")
-    n = len(train.texts)
-    if n < MIN_SPLIT_ROWS:
-        raise ConfigError(f"config.data.path: {d.path} has {n} usable prompts; holding out a tenth for evaluation "
-                          f"needs at least {MIN_SPLIT_ROWS}. Add prompts or give config.data.eval_path")
-    k = min(d.eval_prompts, n // 10)  # the tail of the training file, ids after the training ones
-    return PromptSet(train.ids[:n - k], train.texts[:n - k]), PromptSet(train.ids[n - k:], train.texts[n - k:])
+        held = file_prompts(d.eval_path, d.field, limit=d.eval_prompts, first_id=len(train.texts),
+                            setting="data.eval_path", split=d.split)
+    else:  # the tail of the training file, ids after the training ones
+        train, held = train.split(held_out_count(len(train.texts), d))
+    say_split(len(train.texts), len(held.texts), d)
+    return train, held
 
 
 def prompt_batches(config, n: int, paired: bool = False):

@@ -16,23 +16,22 @@ import numpy as np
 from etils import epath
 
 from rrc_jax import distributed
-from rrc_jax.data.prompts import PromptSet
+from rrc_jax.data.prompts import PromptSet, prompt_tokens
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.sampler import Sampler, SamplingParams, response_texts
-from rrc_jax.models import prompt_ids
 from rrc_jax.progress import Progress, say
 
 
-def generate_anchors(sampler: Sampler, tokenizer, prompts: Sequence[str], n: int, params: SamplingParams,
+def generate_anchors(sampler: Sampler, tokenizer, ids: Sequence[list[int]], n: int, params: SamplingParams,
                      seed: int = 0, batch_size: int = 256) -> list[list[str]]:
-    """`n` sampled responses of the sampler's model for each prompt: `[len(prompts)][n]` texts. On several hosts
-    each passes its own prompts (`batch_size` rows a call over all hosts) and gets its own anchors."""
+    """`n` sampled responses of the sampler's model for each prompt (`ids`: its tokens as the policy sees it):
+    `[len(ids)][n]` texts. On several hosts each passes its own prompts (`batch_size` rows a call over all hosts)
+    and gets its own anchors."""
     if n < 1:
         raise ValueError(f"n_anchors={n} must be >= 1")
-    ids = [prompt_ids(tokenizer, p) for p in prompts]
     per_call = max(1, batch_size // n // jax.process_count())
     out: list[list[str]] = []
-    with Progress(len(prompts) * n, "anchors") as bar:
+    with Progress(len(ids) * n, "anchors") as bar:
         for start in range(0, int(distributed.host_max(len(prompts))), per_call):  # as many calls on every host
             chunk = ids[start:start + per_call]
             texts = response_texts(tokenizer, sampler.generate(chunk, n, params,
@@ -103,8 +102,9 @@ class AnchorStore:
         """(Re)generate every prompt's anchors with `sampler` (each host its `distributed.host_block` of the
         prompts; every host then holds them all) and write the file."""
         own = distributed.host_block(len(self.prompts.texts))
-        mine = generate_anchors(sampler, self.tokenizer, [self.prompts.texts[i] for i in own], self.n, self.params,
-                                seed)
+        mine = generate_anchors(sampler, self.tokenizer,
+                                [prompt_tokens(self.tokenizer, self.prompts, self.prompts.texts[i]) for i in own],
+                                self.n, self.params, seed)
         flat = distributed.gather_texts([a for group in mine for a in group])
         texts = [flat[i * self.n:(i + 1) * self.n] for i in range(len(self.prompts.texts))]
         save_anchors(self.path, self.prompts.ids, self.prompts.texts, texts)

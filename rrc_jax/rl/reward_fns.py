@@ -45,7 +45,7 @@ from flax import nnx
 from rrc_jax import distributed
 from rrc_jax.config import TOURNAMENTS, is_plugin
 from rrc_jax.data.batches import pad_sequences, round_up
-from rrc_jax.data.prompts import PromptSet
+from rrc_jax.data.prompts import PromptSet, prompt_tokens
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.engine import JaxSampler
 from rrc_jax.inference.sampler import Sampler, SamplingParams, response_texts
@@ -54,7 +54,7 @@ from rrc_jax.judge.judge import check_groups
 from rrc_jax.judge.tournaments import knockout, merge_sort
 from rrc_jax.judge.prompts import JudgeTemplate, get_template
 from rrc_jax.judge.verdicts import parse_score
-from rrc_jax.models import Decoder, prompt_ids
+from rrc_jax.models import Decoder
 from rrc_jax.rewards import (agr_diagnostics, agr_rewards, auc_rewards, cara_rewards, format_reward, prc_rewards,
                              preference_strength, rule_rewards, scr_diagnostics, scr_rewards)
 from rrc_jax.rl.anchors import AnchorStore
@@ -124,9 +124,11 @@ class RewardContext:
                 seed=self.config.seed))
         return self._judge
 
-    def greedy_texts(self, sampler: Sampler, prompts: Sequence[str]) -> list[str]:
-        """The greedy response of `sampler`'s model to each prompt."""
-        ids = [prompt_ids(self.tokenizer, p) for p in prompts]
+    def greedy_texts(self, sampler: Sampler, prompts: Sequence[str], prompt_set: PromptSet | None = None
+                     ) -> list[str]:
+        """The greedy response of `sampler`'s model to each of `prompts` (texts of `prompt_set`, default the
+        training prompts), rendered as the policy sees them (`prompt_tokens`)."""
+        ids = [prompt_tokens(self.tokenizer, prompt_set or self.train, p) for p in prompts]
         return response_texts(self.tokenizer, sampler.generate(ids, 1, self.greedy_params))
 
 

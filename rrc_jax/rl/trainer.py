@@ -44,6 +44,7 @@ from rrc_jax.data.prompts import load_prompts, prompt_batches, prompt_tokens
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.engine import JaxSampler
 from rrc_jax.inference.sampler import response_texts
+from rrc_jax.lock import WorkdirLock
 from rrc_jax.judge.verdicts import parse_score
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import save_hf
@@ -233,7 +234,7 @@ class Trainer:
         v = self.config.eval.judge_votes
         if self.context.has_judge and v:
             if self._eval_references is None:
-                self._eval_references = self.context.greedy_texts(self.context.reference(), prompts)
+                self._eval_references = self.context.greedy_texts(self.context.reference(), prompts, ev)
             judge = self.context.judge()
             judge.reseed(step_seed(self.config.seed, step, stream=1))
             pv = judge.compare(prompts, texts, self._eval_references, votes=v, swap=True)
@@ -283,5 +284,7 @@ class Trainer:
 
 
 def run(config) -> epath.Path:
-    """Train per `config`; returns the workdir."""
-    return Trainer(config).run()
+    """Train per `config`, holding its workdir against a second trainer (`rrc_jax.lock`); returns the workdir."""
+    validate(config)
+    with WorkdirLock(epath.Path(config.workdir).expanduser()):
+        return Trainer(config).run()

@@ -114,7 +114,7 @@ def train_on_preferences(config, mesh) -> Path:
     t = config.train
     with jax.set_mesh(mesh), model_context(mesh):
         model = load_hf(config.model.init, dtype=config.model.dtype, param_dtype="float32",  # master weights
-                        value_head=config.kind == "drm", mesh=mesh)
+                        value_head=config.kind == "drm", pad_token_id=pad, mesh=mesh)
         if config.kind == "grm":
             example, too_long = grm_examples(train, tokenizer, config.judge.template, config.judge.direct_share,
                                              config.data.max_tokens, rng)
