@@ -87,6 +87,11 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
         eps_high=0.2,
         beta=1e-3,               # KL coefficient to the frozen reference: RM-R1's and IRPO's (the paper gives none)
         loss_aggregation="seq_mean_token_mean",
+        # The divergence guard (rrc_jax.rl.guard): stop when more than this share of the last `guard_window` steps'
+        # updates were skipped (non-finite), or when the parameter norm grows `max_param_growth` times.
+        max_skipped_fraction=0.5,
+        guard_window=10,
+        max_param_growth=10.0,
     ))
 
     c.reward = ml_collections.ConfigDict(dict(
@@ -124,8 +129,12 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     # every response, reward, advantage and judgment to workdir/samples/step_N.jsonl (0 = never); a warning when a
     # step's judge abstains on more than `abstain_alarm` of its questions or when every group's reward is flat for
     # `flat_alarm_steps` steps in a row; TensorBoard event files; Weights & Biases (`wandb` installed) if `wandb`.
-    c.log = ml_collections.ConfigDict(dict(samples_every=10, samples_prompts=4, abstain_alarm=0.5,
+    # `abstain_abort` > 0 stops the run when the judge abstains on more than that share for `flat_alarm_steps` steps.
+    c.log = ml_collections.ConfigDict(dict(samples_every=10, samples_prompts=4, abstain_alarm=0.5, abstain_abort=0.0,
                                            flat_alarm_steps=3, tensorboard=True, wandb=False, wandb_project="rrc-jax"))
+    # A rerun resumes from the workdir's latest checkpoint; a change to the config that alters the optimization is
+    # refused (`config_changes`) unless `allow_changes`.
+    c.resume = ml_collections.ConfigDict(dict(allow_changes=False))
     # Device mesh (-1: the remaining devices); parameters over fsdp / tensor, batches over data x fsdp.
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
     # Multi-host start-up (`rrc_jax.distributed`): automatic on Cloud TPU VMs; elsewhere give all three, or set
@@ -268,8 +277,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
                      "judged win rate)")
     if c.log.samples_every < 0 or c.log.samples_prompts < 0 or c.log.flat_alarm_steps < 0:
         _bad("log", "samples_every, samples_prompts and flat_alarm_steps must be >= 0 (0 = off)")
-    if not 0 <= c.log.abstain_alarm <= 1:
-        _bad("log.abstain_alarm", f"{c.log.abstain_alarm} must be in [0, 1] (a share of the judge's questions)")
+    for name in ("abstain_alarm", "abstain_abort"):
+        if not 0 <= c.log[name] <= 1:
+            _bad(f"log.{name}", f"{c.log[name]} must be in [0, 1] (a share of the judge's questions)")
+    if not 0 <= rl.max_skipped_fraction <= 1 or rl.guard_window < 1 or not rl.max_param_growth > 1:
+        _bad("rl", f"the guard needs 0 <= max_skipped_fraction <= 1 (got {rl.max_skipped_fraction}), guard_window "
+                   f">= 1 (got {rl.guard_window}) and max_param_growth > 1 (got {rl.max_param_growth})")
     for name in ("policy", "grm", "drm"):
         if not getattr(c.models, name):
             _bad(f"models.{name}", "empty; give a Hugging Face directory or 'toy'")
@@ -293,6 +306,22 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if sizes.count(-1) > 1 or any(n == 0 or n < -1 for n in sizes):
         _bad("mesh", f"data={sizes[0]} fsdp={sizes[1]} tensor={sizes[2]}: sizes are >= 1, and at most one is -1 (the "
                      "remaining devices)")
+
+
+# Fields a resumed run may change freely: they do not alter the optimization (length, where and how it logs,
+# evaluates, checkpoints and shards, memory-only settings). A change to any other field is refused on resume.
+RESUMABLE_CHANGES = ("steps", "workdir", "eval.", "log.", "checkpoint.", "distributed.", "mesh.", "resume.",
+                     "toy.cache_dir", "reward.judge.max_batch", "reward.drm.max_batch", "rl.micro_batch_size",
+                     "rl.remat", "rl.logprob_chunk", "rl.max_skipped_fraction", "rl.guard_window",
+                     "rl.max_param_growth")
+
+
+def config_changes(saved: dict, new: dict) -> list[str]:
+    """`KEY: OLD -> NEW` for every field of two trainer configs (as JSON dicts) that differs and is not in
+    `RESUMABLE_CHANGES`. A field only one of them has (added or removed by an upgrade of rrc-jax) is not a change."""
+    a, b = _leaves(ml_collections.ConfigDict(saved)), _leaves(ml_collections.ConfigDict(new))
+    return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(a.keys() & b.keys())
+            if a[k] != b[k] and not k.startswith(RESUMABLE_CHANGES)]
 
 
 def resolve_config_file(value: str) -> str:

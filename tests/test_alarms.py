@@ -37,3 +37,50 @@ def test_flat_alarm_off():
     for step in range(1, 10):
         alarms.check(step, {"judge/abstain_rate": 1.0, "reward/zero_signal": 1.0})
     assert alarms.raised == set()
+
+
+def _guard(**rl):
+    import ml_collections
+    from flax import nnx
+
+    from rrc_jax.rl.guard import DivergenceGuard
+
+    model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+    rl = ml_collections.ConfigDict({"max_skipped_fraction": 0.5, "guard_window": 3, "max_param_growth": 10.0, **rl})
+    log = ml_collections.ConfigDict({"abstain_abort": 0.0, "flat_alarm_steps": 2})
+    return DivergenceGuard(rl, log, updates_per_step=2, steps=40, model=model), model
+
+
+def test_guard_stops_on_skipped_updates_over_its_window():
+    import pytest
+
+    from rrc_jax.errors import Diverged
+
+    guard, model = _guard()
+    for step, skipped in enumerate([2, 1, 0, 0, 2], start=1):  # windows: 3/6, 1/6, 2/6 of the updates
+        guard.check(step, {"skipped_updates": skipped}, model)
+    with pytest.raises(Diverged, match=r"step 6: 67% of the updates of the last 3 steps were skipped"):
+        guard.check(6, {"skipped_updates": 2}, model)
+
+
+def test_guard_stops_on_exploded_or_non_finite_parameters_and_an_abstaining_judge():
+    import jax.numpy as jnp
+    import pytest
+
+    from rrc_jax.errors import Diverged
+
+    guard, model = _guard()
+    guard.check(1, {}, model)
+    model.kernel.value = model.kernel.value * 11.0
+    with pytest.raises(Diverged, match="step 2: the policy's parameter norm grew"):
+        guard.check(2, {}, model)
+    model.kernel.value = model.kernel.value.at[0, 0].set(jnp.nan)
+    with pytest.raises(Diverged, match="step 3: the policy has non-finite parameters"):
+        guard.check(3, {}, model)
+    guard, model = _guard()
+    guard.abstain_abort = 0.9
+    guard.check(1, {"judge/abstain_rate": 0.95}, model)
+    guard.check(2, {"judge/abstain_rate": 0.5}, model)  # not in a row
+    guard.check(3, {"judge/abstain_rate": 0.95}, model)
+    with pytest.raises(Diverged, match="abstained on more than log.abstain_abort=0.9 of its questions for 2 steps"):
+        guard.check(4, {"judge/abstain_rate": 1.0}, model)

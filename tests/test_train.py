@@ -557,3 +557,28 @@ def test_a_second_trainer_on_a_locked_workdir_stops_with_one_line(tmp_path, toy_
     with WorkdirLock(workdir) as lock:
         assert f"pid {os.getpid()}" in lock.owner.read_text()
     assert not (workdir / ".lock.owner").exists()
+
+
+def test_resume_refuses_a_changed_config_and_a_diverging_run_stops_before_saving(tmp_path, toy_cache, finished):
+    """Resuming a finished 2-step run: with rl.group_size changed it is refused before any model loads; with
+    rl.learning_rate=1e30 and resume.allow_changes it explodes at step 3, stops with `Diverged`, and leaves the
+    step-2 checkpoint as the workdir's latest, no export, and both configs (the first one versioned)."""
+    import shutil
+
+    from rrc_jax.errors import Diverged
+
+    workdir = tmp_path / "w"
+    shutil.copytree(finished("drm"), workdir)
+    shutil.rmtree(workdir / "hf_export")
+    config = tiny_config("drm", workdir, toy_cache, **{"rl.group_size": 8, "steps": 3})
+    with pytest.raises(ConfigError, match=r"holds a checkpoint trained under another config; changed: "
+                                          r"rl.group_size: 4 -> 8\. .*--config.resume.allow_changes=True"):
+        run(config)
+    config = tiny_config("drm", workdir, toy_cache, **{"rl.learning_rate": 1e30, "steps": 3,
+                                                        "resume.allow_changes": True})
+    with pytest.raises(Diverged, match="step 3: the policy"):
+        run(config)
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
+    assert not (workdir / "hf_export").exists()
+    assert json.loads((workdir / "config.v1.json").read_text())["rl"]["learning_rate"] == 2e-4
+    assert json.loads((workdir / "config.json").read_text())["rl"]["learning_rate"] == 1e30

@@ -27,6 +27,7 @@ files.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -38,7 +39,7 @@ from flax import nnx
 
 from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer, StopSignals
-from rrc_jax.config import validate
+from rrc_jax.config import config_changes, validate
 from rrc_jax.data.batches import completion_batch, length_bucket
 from rrc_jax.data.prompts import load_prompts, prompt_batches, prompt_tokens
 from rrc_jax.errors import ConfigError
@@ -52,6 +53,7 @@ from rrc_jax.progress import Progress, say
 from rrc_jax.rl.alarms import Alarms, config_warnings, signal_metrics
 from rrc_jax.rl.fidelity import fidelity_metrics
 from rrc_jax.rl.grpo import group_advantages, grpo_objective
+from rrc_jax.rl.guard import DivergenceGuard
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer, token_logprobs
 from rrc_jax.rl.reward_fns import RewardContext, make_reward_fn, pair_correct, rollout_batch, step_seed
 from rrc_jax.rl.roles import Roles
@@ -257,7 +259,10 @@ class Trainer:
                             keep=config.checkpoint.keep)
         start = ckpt.resume(self.learner, self.batches)
         if distributed.is_main():
-            (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
+            save_config(workdir, config)
+        rl = config.rl
+        guard = DivergenceGuard(rl, config.log, rl.mu * (rl.prompts_per_step * rl.group_size // rl.minibatch_size),
+                                config.steps, self.policy)
         logger = MetricsLogger(workdir, resume_step=start, tensorboard=config.log.tensorboard, wandb=config.log.wandb,
                                wandb_project=config.log.wandb_project, config=config.to_dict(), name=workdir.name)
         stop = StopSignals()
@@ -272,6 +277,7 @@ class Trainer:
                     logger.log(step, metrics)
                     bar.update(1, reward=metrics["reward/mean"], **({"oracle": metrics["oracle_quality"]}
                                                                      if "oracle_quality" in metrics else {}))
+                    guard.check(step, metrics, self.policy)  # a failed step is never saved, nor exported
                     ckpt.end_step(step, self.learner, self.batches, stop, last=step == config.steps)
             ckpt.wait()
             save_hf(self.policy, workdir / "hf_export", tokenizer=self.tokenizer)
@@ -283,8 +289,34 @@ class Trainer:
         return workdir
 
 
+def save_config(workdir: epath.Path, config) -> None:
+    """`workdir/config.json`; a different one already there (a resume with `resume.allow_changes`) is kept as
+    `config.v<N>.json` first, so every version a run trained under stays."""
+    path, text = workdir / "config.json", config.to_json_best_effort(indent=2) + "\n"
+    if path.exists() and path.read_text() != text:
+        n = 1 + sum(1 for _ in workdir.glob("config.v*.json"))
+        path.rename(workdir / f"config.v{n}.json")
+    path.write_text(text)
+
+
+def check_resume(config, workdir: epath.Path) -> None:
+    """Before anything loads: a workdir holding a checkpoint is resumed only under the config it was trained with
+    (`rrc_jax.config.config_changes`), unless `resume.allow_changes`; a one-line `ConfigError` lists the changes."""
+    saved, checkpoints = workdir / "config.json", workdir / "checkpoints"
+    resuming = saved.exists() and checkpoints.exists() and any(p.name.isdigit() for p in checkpoints.iterdir())
+    changes = config_changes(json.loads(saved.read_text()), json.loads(config.to_json_best_effort())) \
+        if resuming else []
+    if distributed.main_value(np.asarray(bool(changes))) and not config.resume.allow_changes:
+        raise ConfigError(f"{workdir} holds a checkpoint trained under another config; changed: "
+                          f"{'; '.join(changes) or 'see process 0'}. Rerun with the saved flags, use another workdir, "
+                          "or pass --config.resume.allow_changes=True")
+
+
 def run(config) -> epath.Path:
-    """Train per `config`, holding its workdir against a second trainer (`rrc_jax.lock`); returns the workdir."""
+    """Train per `config`, holding its workdir against a second trainer (`rrc_jax.lock`) and resuming only under
+    the same config (`check_resume`); returns the workdir."""
     validate(config)
-    with WorkdirLock(epath.Path(config.workdir).expanduser()):
+    workdir = epath.Path(config.workdir).expanduser()
+    with WorkdirLock(workdir):
+        check_resume(config, workdir)
         return Trainer(config).run()

@@ -1,0 +1,76 @@
+"""The divergence guard: stop a run that has stopped training, before it saves or exports a broken model.
+
+Checked after every step, before its checkpoint (`Trainer._run`), so a step that fails is never saved and the
+workdir's latest checkpoint is the last good state:
+
+- **skipped updates**: more than `rl.max_skipped_fraction` of the optimizer updates of the last `rl.guard_window`
+  steps were skipped for a non-finite loss or gradient (judged once that many steps, or every step of a shorter
+  run, have run);
+- **exploded parameters**: a non-finite policy parameter, or a global parameter norm above `rl.max_param_growth`
+  times its value when the run (or its resume) started (`rl.learning_rate=1e30` gets there in one update);
+- **an abstaining judge** (off by default: `log.abstain_abort=0`): the judge abstained on more than
+  `log.abstain_abort` of its questions for `log.flat_alarm_steps` steps in a row (the alarm of `rrc_jax.rl.alarms`
+  warns either way).
+
+A tripped guard raises `Diverged` with one line naming the cause and the step; the command line prints it and
+exits non-zero, leaving no `hf_export`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from rrc_jax.errors import Diverged
+
+
+@jax.jit
+def _norm_and_finite(params) -> tuple[jax.Array, jax.Array]:
+    leaves = jax.tree.leaves(params)
+    return optax.global_norm(leaves), jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+def parameter_health(model: nnx.Module) -> tuple[float, bool]:
+    """(global norm, all finite) of a model's parameters, read back once."""
+    norm, finite = jax.device_get(_norm_and_finite(nnx.state(model, nnx.Param)))
+    return float(norm), bool(finite)
+
+
+class DivergenceGuard:
+    """`check(step, metrics, model)` after each step (module docstring). `updates_per_step`: optimizer updates a
+    step makes (`mu` x minibatches); `steps`: the run's length (a shorter run is judged over all its steps)."""
+
+    def __init__(self, rl, log, updates_per_step: int, steps: int, model: nnx.Module):
+        self.max_skipped, self.max_growth = rl.max_skipped_fraction, rl.max_param_growth
+        self.window = max(1, min(rl.guard_window, steps))
+        self.skipped: deque[int] = deque(maxlen=self.window)
+        self.updates_per_step = updates_per_step
+        self.abstain_abort, self.abstain_steps = log.abstain_abort, max(1, log.flat_alarm_steps)
+        self.abstaining = 0
+        self.initial_norm, _ = parameter_health(model)
+
+    def check(self, step: int, metrics: dict, model: nnx.Module) -> None:
+        """Raise `Diverged` when a guard trips at `step`."""
+        norm, finite = parameter_health(model)
+        if not finite:
+            raise Diverged(f"step {step}: the policy has non-finite parameters")
+        if norm > self.max_growth * self.initial_norm:
+            raise Diverged(f"step {step}: the policy's parameter norm grew from {self.initial_norm:.4g} to {norm:.4g} "
+                           f"(more than rl.max_param_growth={self.max_growth:g} times); lower rl.learning_rate")
+        self.skipped.append(int(metrics.get("skipped_updates", 0)))
+        if len(self.skipped) == self.window:
+            share = sum(self.skipped) / (self.window * self.updates_per_step)
+            if share > self.max_skipped:
+                raise Diverged(f"step {step}: {share:.0%} of the updates of the last {self.window} steps were skipped "
+                               f"for a non-finite loss or gradient (rl.max_skipped_fraction={self.max_skipped:g}); "
+                               "lower rl.learning_rate or check the rewards for NaN")
+        rate = metrics.get("judge/abstain_rate", math.nan)
+        self.abstaining = self.abstaining + 1 if self.abstain_abort and rate > self.abstain_abort else 0
+        if self.abstaining >= self.abstain_steps:
+            raise Diverged(f"step {step}: the judge abstained on more than log.abstain_abort={self.abstain_abort:g} "
+                           f"of its questions for {self.abstaining} steps in a row; read workdir/samples/")
