@@ -155,7 +155,7 @@ def expected_scr(b, p, resp, votes, swap):
 
 def test_scripted_judge_writes_its_script(model):
     judge = make_judge(model)
-    texts, _, _ = judge._complete(TEMPLATE, [PROMPTS[0]], [0, 0], [{"a": "α", "b": "β"}, {"a": "β", "b": "α"}])
+    texts, _ = judge._complete(TEMPLATE, [PROMPTS[0]], [0, 0], [{"a": "α", "b": "β"}, {"a": "β", "b": "α"}])
     want = [SCRIPTS[script_for(0, 0, 1)], SCRIPTS[script_for(0, 1, 0)]]
     assert texts == want and {t[-5:] for t in texts} == {"[[A]]", "[[B]]"}
 

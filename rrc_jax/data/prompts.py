@@ -6,7 +6,13 @@ file, optionally gzipped, a parquet file, a `save_to_disk` folder or a Hub datas
 `rrc_jax.data.sources.read_rows`), the prompt in `data.field`. A prompt is a string or a chat conversation (a list
 of `{role, content}` messages ending with a user turn): the policy sees the whole conversation, system message and
 earlier turns included, through its chat template (`PromptSet.chats`); a judge reads it as one text
-(`render_conversation`). Rows with no usable prompt are dropped and counted in the log.
+(`render_conversation`). Rows with no usable prompt are dropped and counted in the log. A malformed JSON line is
+an error naming the file and line, or with `data.skip_bad_rows=True` skipped and counted.
+
+Prompts too long for the models are dropped at load (`load_prompts(..., max_tokens)`, the trainer's
+`prompt_token_limit`: `data.max_prompt_tokens` at most, and what fits the policy's and the judge's contexts with
+their generation budgets), counted, with the first few rows in the log. Every set says what was left out of it in
+`PromptSet.counts` (`COUNTS`).
 
 With `data.format` (a preference format, or `pairs` of the toy task), the prompts are judge questions instead
 (`preference_questions`): each preference rendered in `reward.judge.template`, its A/B order random, the oracle
@@ -35,13 +41,24 @@ from rrc_jax.data.sources import read_rows
 from rrc_jax.errors import ConfigError
 
 MIN_SPLIT_ROWS = 10  # a training file split into train + held-out needs this many usable rows
+MAX_LISTED = 5  # rows (lines) named in a log line about dropped ones
+COUNTS = ("bad_rows_skipped", "unusable_dropped", "dropped_long")  # PromptSet.counts: malformed JSON lines skipped,
+# rows without a usable prompt, prompts longer than load_prompts' max_tokens
+JUDGE_TEMPLATE_SLACK = 32  # tokens a judge question may take beyond its template's measured text (chat markup, a
+# judge tokenizer that splits the texts it shows finer than the policy's)
+
+
+def _no_counts() -> dict[str, int]:
+    return dict.fromkeys(COUNTS, 0)
 
 
 @dataclasses.dataclass(frozen=True)
 class PromptSet:
     """Prompt `texts` with stable integer `ids`; `oracle(index, response) -> q` on the toy task (and for judge
     questions: 1 for the correct verdict), else None. `rendered`: the texts are the model's whole input already
-    (judge questions in their template and chat format), tokenized as they are (`prompt_tokens`)."""
+    (judge questions in their template and chat format), tokenized as they are (`prompt_tokens`). `rows`: each
+    prompt's 0-based row in its source, for messages (None: its id). `counts`: what was left out of the set, by
+    `COUNTS` (a split file's go with its training part)."""
 
     ids: list[int]
     texts: list[str]
@@ -49,13 +66,20 @@ class PromptSet:
     rendered: bool = False
     paired: bool = False  # pointwise judge questions: 2k about a preference's chosen response, 2k + 1 its rejected
     chats: dict[str, list[dict]] | None = None  # text -> the conversation it renders, for multi-turn prompts
+    rows: list[int] | None = None
+    counts: dict[str, int] = dataclasses.field(default_factory=_no_counts)
 
     def split(self, k: int) -> tuple[PromptSet, PromptSet]:
         """(all but the last `k` prompts, the last `k`), each with its own conversations."""
         n = len(self.texts)
-        head, tail = (PromptSet(self.ids[a:b], self.texts[a:b], self.oracle, self.rendered, self.paired, self.chats)
+        head, tail = (dataclasses.replace(self, ids=self.ids[a:b], texts=self.texts[a:b],
+                                          rows=None if self.rows is None else self.rows[a:b])
                       for a, b in ((0, n - k), (n - k, n)))
-        return head, tail
+        return head, dataclasses.replace(tail, counts=_no_counts())
+
+    def row(self, index: int) -> int:
+        """The source row of prompt `index` (its id when the set has no rows)."""
+        return self.ids[index] if self.rows is None else self.rows[index]
 
 
 def prompt_tokens(tokenizer, prompts: PromptSet, text: str) -> list[int]:
@@ -67,6 +91,12 @@ def prompt_tokens(tokenizer, prompts: PromptSet, text: str) -> list[int]:
     if prompts.rendered:
         return encode_text(tokenizer, text, first=True)
     return prompt_ids(tokenizer, (prompts.chats or {}).get(text, text))
+
+
+def _rows_of(prefs) -> list[int] | None:
+    """The source rows of preferences, from their keys `NAME:ROW` (None when a key has no row)."""
+    rows = [p.key.rpartition(":")[2] for p in prefs]
+    return [int(r) for r in rows] if all(r.isdigit() for r in rows) else None
 
 
 def judge_questions(prefs, tokenizer, template, seed: int, first_id: int = 0) -> PromptSet:
@@ -85,7 +115,8 @@ def judge_questions(prefs, tokenizer, template, seed: int, first_id: int = 0) ->
         texts.append("".join(render_parts(tokenizer, template, p.prompt, a=a, b=b)))
         answers.append("A" if chosen_first else "B")
     return PromptSet(list(range(first_id, first_id + len(texts))), texts,
-                     lambda i, judgment: float(parse_verdict(judgment) == answers[i]), rendered=True)
+                     lambda i, judgment: float(parse_verdict(judgment) == answers[i]), rendered=True,
+                     rows=_rows_of(prefs))
 
 
 def pointwise_questions(prefs, tokenizer, template, first_id: int = 0) -> PromptSet:
@@ -99,13 +130,16 @@ def pointwise_questions(prefs, tokenizer, template, first_id: int = 0) -> Prompt
                           "pointwise template (e.g. 'irpo_pointwise')")
     texts = ["".join(render_parts(tokenizer, template, p.prompt, response=r)) for p in prefs
              for r in (p.chosen, p.rejected)]
-    return PromptSet(list(range(first_id, first_id + len(texts))), texts, rendered=True, paired=True)
+    rows = _rows_of(prefs)
+    return PromptSet(list(range(first_id, first_id + len(texts))), texts, rendered=True, paired=True,
+                     rows=None if rows is None else [r for r in rows for _ in range(2)])
 
 
 def preference_questions(config, tokenizer) -> tuple[PromptSet, PromptSet]:
     """(training, held-out) judge questions of `config.data` in `data.format` (module docstring): the toy task's
     pairs (`data.path='toy'`, held-out prompts disjoint from the training ones) or a preference dataset's."""
     d, template = config.data, config.reward.judge.template
+    skipped = 0
     if d.path == "toy":
         from rrc_jax.data.toy.task import SortTask
         from rrc_jax.data.toy.world import toy_preferences
@@ -118,18 +152,23 @@ def preference_questions(config, tokenizer) -> tuple[PromptSet, PromptSet]:
     else:
         from rrc_jax.data.preferences import load_preferences
 
-        train = load_preferences(d.path, d.format, split=d.split).prefs
+        skip = bool(d.get("skip_bad_rows", False))
+        loaded = load_preferences(d.path, d.format, split=d.split, skip_bad_rows=skip)
+        train, skipped = loaded.prefs, loaded.counts["bad_rows_skipped"]
         if d.eval_path:
-            held = load_preferences(d.eval_path, d.format, split=d.split, limit=d.eval_prompts).prefs
+            held = load_preferences(d.eval_path, d.format, split=d.split, limit=d.eval_prompts,
+                                    skip_bad_rows=skip).prefs
         else:
             k = held_out_count(len(train), d)
             train, held = train[:len(train) - k], train[len(train) - k:]
         say_split(len(train), len(held), d)
     if config.reward.kind == "irpo":
-        return (pointwise_questions(train, tokenizer, template),
-                pointwise_questions(held, tokenizer, template, first_id=2 * len(train)))
-    return (judge_questions(train, tokenizer, template, config.seed),
-            judge_questions(held, tokenizer, template, config.seed + 1, first_id=len(train)))
+        train_q = pointwise_questions(train, tokenizer, template)
+        held_q = pointwise_questions(held, tokenizer, template, first_id=2 * len(train))
+    else:
+        train_q = judge_questions(train, tokenizer, template, config.seed)
+        held_q = judge_questions(held, tokenizer, template, config.seed + 1, first_id=len(train))
+    return dataclasses.replace(train_q, counts={**train_q.counts, "bad_rows_skipped": skipped}), held_q
 
 
 def toy_prompts(config) -> tuple[PromptSet, PromptSet]:
@@ -168,23 +207,32 @@ def _prompt_of(row: dict, field: str) -> tuple[str, list[dict] | None] | None:
 
 
 def file_prompts(path: str, field: str, limit: int | None = None, first_id: int = 0, setting: str = "data.path",
-                 split: str = "train") -> PromptSet:
+                 split: str = "train", skip_bad_rows: bool = False) -> PromptSet:
     """The usable prompts of a source (module docstring), ids `first_id, first_id + 1, ...`; `setting` names the
-    config field in errors."""
+    config field in errors. `skip_bad_rows`: malformed JSON lines are skipped (counted, named in the log) instead
+    of an error naming the first."""
+    bad: list[tuple[int, str]] | None = [] if skip_bad_rows else None
     try:
-        ds, name = read_rows(path, split)
+        ds, name = read_rows(path, split, bad_lines=bad)
     except ConfigError as e:
         raise ConfigError(f"config.{setting}: {e}") from None
+    if bad:
+        from rrc_jax.progress import say
+
+        listed = "; ".join(f"{name}:{line}: {why}" for line, why in bad[:MAX_LISTED])
+        more = "; ..." if len(bad) > MAX_LISTED else ""
+        say(f"data: skipped {len(bad)} malformed JSON lines of {name} ({listed}{more})")
     if field not in ds.column_names:
         raise ConfigError(f"config.data.field: {name} has no field {field!r}; its fields are "
                           f"{', '.join(ds.column_names)}")
-    texts, chats, dropped = [], {}, 0
-    for row in ds:
-        got = _prompt_of(row, field)
+    texts, chats, rows, dropped = [], {}, [], 0
+    for row, record in enumerate(ds):
+        got = _prompt_of(record, field)
         if got is None:
             dropped += 1
             continue
         texts.append(got[0])
+        rows.append(row)
         if got[1]:
             chats[got[0]] = got[1]
         if limit and len(texts) >= limit:
@@ -193,7 +241,8 @@ def file_prompts(path: str, field: str, limit: int | None = None, first_id: int 
         logging.warning("%s: dropped %d rows with an empty or malformed %r", name, dropped, field)
     if not texts:
         raise ConfigError(f"config.{setting}: {name} has no usable prompt in field {field!r}")
-    return PromptSet(list(range(first_id, first_id + len(texts))), texts, chats=chats or None)
+    return PromptSet(list(range(first_id, first_id + len(texts))), texts, chats=chats or None, rows=rows,
+                     counts={**_no_counts(), "bad_rows_skipped": len(bad or []), "unusable_dropped": dropped})
 
 
 def held_out_count(n: int, data) -> int:
@@ -202,7 +251,7 @@ def held_out_count(n: int, data) -> int:
     if not data.eval_prompts:
         return 0
     if n < MIN_SPLIT_ROWS:
-        raise ConfigError(f"config.data.path: {data.path} has {n} usable rows; holding out a tenth for evaluation "
+        raise ConfigError(f"config.data.path: {data.path} has {n} usable prompts; holding out a tenth for evaluation "
                           f"needs at least {MIN_SPLIT_ROWS}. Add rows, give config.data.eval_path, or set "
                           "config.data.eval_prompts=0 (no evaluation)")
     return min(data.eval_prompts, n // 10)
@@ -221,21 +270,100 @@ def say_split(n_train: int, n_held: int, data) -> None:
     say(f"data: {n_train} training rows from {data.path}; held out: {n_held}, {where}")
 
 
-def load_prompts(config, tokenizer=None) -> tuple[PromptSet, PromptSet]:
+def judge_template_tokens(template, tokenizer=None) -> int:
+    """What a judge question in `template` (and its direct variant, if any) adds to the texts it shows, generously:
+    its text rendered around empty ones, in `tokenizer`'s tokens (without one: in characters, more than the
+    tokens of any sub-word tokenizer), plus `JUDGE_TEMPLATE_SLACK`."""
+    from rrc_jax.judge.prompts import encode_text, get_template, render_parts
+
+    template = get_template(template)
+    most = 0
+    for t in (template,) + ((get_template(template.direct),) if template.direct is not None else ()):
+        empty = {"a": "", "b": ""} if t.kind == "pairwise" else {"response": ""}
+        text = "".join(render_parts(tokenizer, t, "", **empty))
+        most = max(most, len(text) if tokenizer is None else len(encode_text(tokenizer, text, first=True)))
+    return most + JUDGE_TEMPLATE_SLACK
+
+
+def prompt_token_limit(config, policy_context: int, judge_context: int | None = None, judge_tokenizer=None) -> int:
+    """The longest prompt a run takes (`load_prompts`' `max_tokens`): `data.max_prompt_tokens`, at most the
+    policy's context less `rl.max_new_tokens`, and with a judge (`judge_context`: its model's context) at most
+    that less what a question about the prompt adds: the judgment (`reward.judge.max_new_tokens`), the responses
+    shown (two of `rl.max_new_tokens` in a pairwise template, one in a pointwise one) and the template
+    (`judge_template_tokens`, measured with `judge_tokenizer` when given). A `ConfigError` when no prompt fits."""
+    from rrc_jax.judge.prompts import get_template
+
+    rl, judge = config.rl, config.reward.judge
+    limit = min(config.data.max_prompt_tokens, policy_context - rl.max_new_tokens)
+    why = f"the policy's context ({policy_context}) less rl.max_new_tokens={rl.max_new_tokens}"
+    if judge_context is not None:
+        template = get_template(judge.template)
+        shown = 2 if template.kind == "pairwise" else 1
+        fits = (judge_context - judge.max_new_tokens - shown * rl.max_new_tokens
+                - judge_template_tokens(template, judge_tokenizer))
+        if fits < limit:
+            limit, why = fits, (f"the judge's context ({judge_context}) less reward.judge.max_new_tokens="
+                                f"{judge.max_new_tokens}, {shown} x rl.max_new_tokens={rl.max_new_tokens} and the "
+                                f"template {template.name!r}")
+    if limit < 1:
+        raise ConfigError(f"config: no room for a prompt: {why} leaves {limit} tokens; lower the generation "
+                          "budgets or use models with a longer context")
+    return limit
+
+
+def drop_long(prompts: PromptSet, tokenizer, max_tokens: int, what: str) -> PromptSet:
+    """`prompts` without those of more than `max_tokens` tokens as the policy sees them (`prompt_tokens`; a
+    paired set's pairs go together), counted in `counts["dropped_long"]` and said with their first rows; its oracle
+    follows the prompts kept. `what` names the set in messages. A `ConfigError` when every prompt is too long."""
+    from rrc_jax.progress import say
+
+    long = np.array([len(prompt_tokens(tokenizer, prompts, t)) > max_tokens for t in prompts.texts], bool)
+    if prompts.paired:
+        long = long.reshape(-1, 2).any(axis=1).repeat(2)
+    if not long.any():
+        return prompts
+    if long.all():
+        raise ConfigError(f"config.data.max_prompt_tokens: all {len(long)} {what} are longer than {max_tokens} "
+                          "tokens (data.max_prompt_tokens, or what fits the policy's and the judge's contexts with "
+                          "their generation budgets); give shorter prompts, lower rl.max_new_tokens / "
+                          "reward.judge.max_new_tokens or use models with a longer context")
+    keep = np.flatnonzero(~long).tolist()
+    rows = list(dict.fromkeys(prompts.row(i) for i in np.flatnonzero(long)))
+    listed = ", ".join(map(str, rows[:MAX_LISTED])) + (", ..." if len(rows) > MAX_LISTED else "")
+    say(f"data: dropped {int(long.sum())} {what} longer than {max_tokens} tokens (rows {listed})")
+    oracle = prompts.oracle
+    if oracle is not None:
+        def oracle(i: int, response: str, _whole=prompts.oracle) -> float:  # indices of the kept prompts
+            return _whole(keep[i], response)
+    return dataclasses.replace(
+        prompts, ids=[prompts.ids[i] for i in keep], texts=[prompts.texts[i] for i in keep], oracle=oracle,
+        rows=None if prompts.rows is None else [prompts.rows[i] for i in keep],
+        counts={**prompts.counts, "dropped_long": prompts.counts.get("dropped_long", 0) + int(long.sum())})
+
+
+def load_prompts(config, tokenizer=None, max_tokens: int | None = None) -> tuple[PromptSet, PromptSet]:
     """(training prompts, held-out prompts) of `config.data` (module docstring); judge questions
-    (`preference_questions`, rendered for the policy's `tokenizer`) when `data.format` is set."""
+    (`preference_questions`, rendered for the policy's `tokenizer`) when `data.format` is set. `max_tokens`
+    (`prompt_token_limit`; needs the `tokenizer`): prompts longer than that are dropped (`drop_long`)."""
     d = config.data
+    if max_tokens is not None and tokenizer is None:
+        raise ValueError("load_prompts: max_tokens needs the policy's tokenizer (prompt lengths are in its tokens)")
     if d.format:
-        return preference_questions(config, tokenizer)
-    if d.path == "toy":
-        return toy_prompts(config)
-    train = file_prompts(d.path, d.field, split=d.split)
-    if d.eval_path:
-        held = file_prompts(d.eval_path, d.field, limit=d.eval_prompts, first_id=len(train.texts),
-                            setting="data.eval_path", split=d.split)
-    else:  # the tail of the training file, ids after the training ones
-        train, held = train.split(held_out_count(len(train.texts), d))
-    say_split(len(train.texts), len(held.texts), d)
+        train, held = preference_questions(config, tokenizer)
+    elif d.path == "toy":
+        train, held = toy_prompts(config)
+    else:
+        skip = bool(d.get("skip_bad_rows", False))
+        train = file_prompts(d.path, d.field, split=d.split, skip_bad_rows=skip)
+        if d.eval_path:
+            held = file_prompts(d.eval_path, d.field, limit=d.eval_prompts, first_id=len(train.texts),
+                                setting="data.eval_path", split=d.split, skip_bad_rows=skip)
+        else:  # the tail of the training file, ids after the training ones
+            train, held = train.split(held_out_count(len(train.texts), d))
+        say_split(len(train.texts), len(held.texts), d)
+    if max_tokens is not None:
+        train = drop_long(train, tokenizer, max_tokens, f"training prompts of {d.path}")
+        held = drop_long(held, tokenizer, max_tokens, f"held-out prompts of {d.eval_path or d.path}")
     return train, held
 
 

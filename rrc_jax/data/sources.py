@@ -9,13 +9,19 @@
 - otherwise a Hub name `org/name`, read as `load_dataset(name, split=split)` (needs the network, or the
   `datasets` cache).
 
-Types are those `datasets` infers for the whole file. `render_conversation` is how a chat conversation reads as
-one text (what a judge is shown of a multi-turn prompt).
+Types are those `datasets` infers for the whole file. A JSON file that `datasets` cannot read is scanned for
+where it is malformed: each line of JSON lines that is not one JSON object (blank lines are fine) is named as
+`FILE:LINE`; with a `bad_lines` list they are skipped instead (and listed there), the file's other rows read as
+usual. `render_conversation` is how a chat conversation reads as one text (what a judge is shown of a multi-turn
+prompt).
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
+import tempfile
 from pathlib import Path
 
 from rrc_jax.errors import ConfigError
@@ -38,9 +44,69 @@ def looks_like_hub_name(path: str) -> bool:
     return bool(_HUB_NAME.fullmatch(path)) and file_kind(Path(path)) is None
 
 
-def read_rows(path: str, split: str = "train"):
+def _open(p: Path):
+    return gzip.open(p, "rb") if p.name.lower().endswith(".gz") else open(p, "rb")
+
+
+def json_line_errors(p: Path) -> list[tuple[int, str]] | None:
+    """(1-based line, what is wrong) of each non-blank line of a JSON-lines file that is not one JSON object, read
+    as a stream; None when `p` is a JSON document instead (a `.json` file whose first line is not an object by
+    itself)."""
+    lines = p.name.lower().removesuffix(".gz").endswith(".jsonl")
+    bad: list[tuple[int, str]] = []
+    seen = False
+    with _open(p) as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                value = json.loads(raw.strip())
+                why = None if isinstance(value, dict) else f"a JSON {type(value).__name__}, not an object"
+            except json.JSONDecodeError as e:
+                why = f"{e.msg} at column {e.colno}"
+            except UnicodeDecodeError as e:
+                why = f"not UTF-8 ({e.reason} at byte {e.start})"
+            if why and not seen and not lines:
+                return None
+            seen = True
+            if why:
+                bad.append((n, why))
+    return bad
+
+
+def _json_document_error(p: Path) -> tuple[int, str] | None:
+    """(1-based line, what is wrong) of a malformed JSON document, None when it parses."""
+    with _open(p) as f:
+        try:
+            json.loads(f.read())
+        except json.JSONDecodeError as e:
+            return e.lineno, f"{e.msg} at column {e.colno}"
+        except UnicodeDecodeError as e:
+            return 1, f"not UTF-8 ({e.reason} at byte {e.start})"
+    return None
+
+
+def _good_json_lines(p: Path, bad: list[tuple[int, str]]):
+    """The rows of the JSON-lines file `p` without its `bad` lines, read by `datasets` from a temporary copy (held
+    in memory)."""
+    import datasets
+
+    skip = {n for n, _ in bad}
+    with tempfile.TemporaryDirectory() as tmp:
+        good = Path(tmp) / "rows.jsonl"
+        with _open(p) as f, open(good, "wb") as out:
+            for n, raw in enumerate(f, 1):
+                if n not in skip:
+                    out.write(raw.rstrip(b"\r\n") + b"\n")
+        return datasets.load_dataset("json", data_files=str(good), split="train", cache_dir=tmp,
+                                     keep_in_memory=True)
+
+
+def read_rows(path: str, split: str = "train", bad_lines: list[tuple[int, str]] | None = None):
     """(the rows of `path` as a `datasets.Dataset`, a name for them in messages: the file or folder name, with
-    `[split]` when the source has splits). A `ConfigError` naming `path` when it cannot be read."""
+    `[split]` when the source has splits). A `ConfigError` naming `path` when it cannot be read; one naming
+    `path:LINE` for a malformed line of JSON lines (or a malformed JSON document), unless `bad_lines` is a list:
+    then such lines are skipped and appended to it as (line, what is wrong)."""
     import datasets
     import pyarrow as pa
 
@@ -59,12 +125,32 @@ def read_rows(path: str, split: str = "train"):
         kind = file_kind(p)
         if kind is None:
             raise ConfigError(f"{path}: unknown file type; {WHERE}")
+        errors = (datasets.exceptions.DatasetGenerationError, pa.ArrowException, StopIteration)
         try:
             return datasets.load_dataset(kind, data_files=str(p), split="train"), p.name
-        except (datasets.exceptions.DatasetGenerationError, pa.ArrowException, StopIteration) as e:
-            cause = e.__cause__ or e
-            why = "no rows" if isinstance(cause, StopIteration) else f"{type(cause).__name__}: {cause}"
-            raise ConfigError(f"{path}: not readable as {kind} ({why})") from e
+        except errors as e:
+            failure = e
+        if kind == "json":  # where is it malformed?
+            bad = json_line_errors(p)
+            if bad is None:
+                where = _json_document_error(p)
+                if where is not None:
+                    raise ConfigError(f"{path}:{where[0]}: malformed JSON ({where[1]}); fix the file (rows are "
+                                      "skipped only in JSON lines, one object per line)") from failure
+            elif bad and bad_lines is None:
+                line, why = bad[0]
+                more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+                raise ConfigError(f"{path}:{line}: malformed JSON line ({why}){more}; fix it, or set "
+                                  "data.skip_bad_rows=True to skip such lines (they are counted)") from failure
+            elif bad:
+                bad_lines.extend(bad)
+                try:
+                    return _good_json_lines(p, bad), p.name
+                except errors as e:
+                    failure = e
+        cause = failure.__cause__ or failure
+        why = "no rows" if isinstance(cause, StopIteration) else f"{type(cause).__name__}: {cause}"
+        raise ConfigError(f"{path}: not readable as {kind} ({why})") from failure
     if not looks_like_hub_name(path):
         raise ConfigError(f"{path} does not exist; {WHERE}")
     try:
