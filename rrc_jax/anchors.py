@@ -23,10 +23,10 @@ def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from rrc_jax import distributed
-    from rrc_jax.data.prompts import load_prompts
     from rrc_jax.inference import JaxSampler
     from rrc_jax.rl.reward_fns import anchor_store
     from rrc_jax.rl.roles import Roles
+    from rrc_jax.rl.trainer import training_prompts
     from rrc_jax.sharding import mesh_from_config
 
     def remake(config):
@@ -35,7 +35,7 @@ def main(argv) -> None:
         mesh = mesh_from_config(config.mesh)
         with jax.set_mesh(mesh):
             roles = Roles(config, mesh)
-            train, _ = load_prompts(config)
+            train, _ = training_prompts(config, roles)
             reference = JaxSampler(roles.model("reference"), roles.tokenizer("reference"))
             anchor_store(config, train, roles.tokenizer("policy")).generate(reference, config.seed)
 

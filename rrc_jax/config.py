@@ -24,6 +24,7 @@ from rrc_jax.rewards.tournament import AGR_TIES, SCR_TIES
 from rrc_jax.rl.grpo import AGGREGATIONS
 
 BUILTIN_REWARDS = ("drm", "prc", "scr", "agr", "pointwise", "rlvr", "irpo")
+JUDGE_REWARDS = ("prc", "scr", "agr", "pointwise")  # the built-in rewards that ask the GRM
 TOURNAMENTS = ("round_robin", "merge_sort", "knockout")  # how SCR orders a group (`reward.scr.tournament`)
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -60,8 +61,11 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     # `format` (helpsteer3, rmbench, judgebench, pairs: rrc_jax.data.preferences; "toy" gives the toy task's
     # pairs), every preference becomes a judge question in `reward.judge.template` whose correct verdict is known:
     # the prompts of RLVR (reward.kind='rlvr'), which trains the policy as a judge.
+    # Prompts longer than `max_prompt_tokens`, or than what the policy's and the judge's contexts fit with their
+    # generation budgets, are dropped at load and counted (`data/dropped_long`); a malformed JSON line is an error
+    # naming file and line, or with `skip_bad_rows` skipped and counted.
     c.data = ml_collections.ConfigDict(dict(path="toy", field="prompt", split="train", format="", eval_path="",
-                                            eval_prompts=256, max_prompt_tokens=512))
+                                            eval_prompts=256, max_prompt_tokens=512, skip_bad_rows=False))
 
     c.toy = ml_collections.ConfigDict(dict(
         cache_dir="~/.cache/rrc_jax", seed=0, min_len=4, max_len=6, noise=0.3, train_prompts=2048,
@@ -314,6 +318,17 @@ RESUMABLE_CHANGES = ("steps", "workdir", "eval.", "log.", "checkpoint.", "distri
                      "toy.cache_dir", "reward.judge.max_batch", "reward.drm.max_batch", "rl.micro_batch_size",
                      "rl.remat", "rl.logprob_chunk", "rl.max_skipped_fraction", "rl.guard_window",
                      "rl.max_param_growth")
+
+
+def config_hash(config) -> str:
+    """A short hash of the fields that define a run's optimization (all but `RESUMABLE_CHANGES`), recorded in each
+    checkpoint's manifest."""
+    import hashlib
+    import json
+
+    leaves = {k: v for k, v in _leaves(ml_collections.ConfigDict(json.loads(config.to_json_best_effort()))).items()
+              if not k.startswith(RESUMABLE_CHANGES)}
+    return hashlib.sha256(json.dumps(leaves, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def config_changes(saved: dict, new: dict) -> list[str]:

@@ -409,20 +409,33 @@ def test_hf_export_matches_the_trained_policy(tmp_path, toy_cache, finished):
 
 
 def test_resume_after_sigkill_gives_identical_metrics(tmp_path, toy_cache):
-    """A 4-step run, and a command-line run SIGKILLed after its step-2 checkpoint then restarted with the same
-    command, log the same losses and rewards for steps 3-4."""
+    """A 4-step run, and a command-line run SIGKILLed three times just after logging step 3 (past its step-2
+    checkpoint) and restarted each time with the same command, log the same losses and rewards for steps 3-4, and
+    every step once: each restart drops the lines logged after the checkpoint it resumes (and takes over the lock
+    its killed predecessor left)."""
     overrides = {"steps": 4, "checkpoint.save_every": 2, "eval.every": 2}
     straight = run(tiny_config("agr", tmp_path / "straight", toy_cache, **overrides))  # also builds the toy world
     killed = tmp_path / "killed"
     cmd = cli_args(killed, toy_cache, **overrides)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
-    deadline = time.time() + 600
-    while not (killed / "checkpoints" / "2").is_dir() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert (killed / "checkpoints" / "2").is_dir() and not (killed / "checkpoints" / "4").exists()
-    subprocess.run(cmd, check=True, capture_output=True, timeout=600, cwd=REPO)
+    metrics = killed / "metrics.jsonl"
+
+    def logged_step_3_since(t0):
+        if not metrics.exists() or metrics.stat().st_mtime < t0:
+            return False
+        lines = metrics.read_text().splitlines()
+        return bool(lines) and json.loads(lines[-1])["step"] == 3
+
+    for _ in range(3):
+        t0 = time.time()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+        while not logged_step_3_since(t0) and proc.poll() is None and time.time() < t0 + 600:
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert (killed / "checkpoints" / "2").is_dir() and not (killed / "checkpoints" / "4").exists()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert "took over a stale lock" in out.stderr
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, 1, 2, 3, 4]
     a, b = read_metrics(straight), read_metrics(killed)
     for step in (3, 4):
         for key in ("loss", "policy_loss", "reward/mean", "reward/std", "oracle_quality"):

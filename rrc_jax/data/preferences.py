@@ -263,9 +263,11 @@ def load_preferences(path: str, format: str, *, split: str = "train", skip_bad_r
                           f"(all 0), so every one would be dropped; set min_strength=0")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ConfigError(f"limit must be None or an integer >= 0, got {limit!r}")
-    ds, prefix = read_rows(path, split)
+    bad_lines: list | None = [] if skip_bad_rows else None  # malformed JSON lines, skipped (file:line)
+    ds, prefix = read_rows(path, split, bad_lines=bad_lines)
     row_fn = _ROW_FNS[format]
     counts = dict.fromkeys(COUNTS, 0)
+    counts["bad_rows_skipped"] += len(bad_lines or [])
     prefs: list[Preference] = []
     for index, row in enumerate(ds):
         if limit is not None and index >= limit:

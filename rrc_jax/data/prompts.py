@@ -152,7 +152,7 @@ def preference_questions(config, tokenizer) -> tuple[PromptSet, PromptSet]:
     else:
         from rrc_jax.data.preferences import load_preferences
 
-        skip = bool(d.get("skip_bad_rows", False))
+        skip = d.skip_bad_rows
         loaded = load_preferences(d.path, d.format, split=d.split, skip_bad_rows=skip)
         train, skipped = loaded.prefs, loaded.counts["bad_rows_skipped"]
         if d.eval_path:
@@ -353,7 +353,7 @@ def load_prompts(config, tokenizer=None, max_tokens: int | None = None) -> tuple
     elif d.path == "toy":
         train, held = toy_prompts(config)
     else:
-        skip = bool(d.get("skip_bad_rows", False))
+        skip = d.skip_bad_rows
         train = file_prompts(d.path, d.field, split=d.split, skip_bad_rows=skip)
         if d.eval_path:
             held = file_prompts(d.eval_path, d.field, limit=d.eval_prompts, first_id=len(train.texts),

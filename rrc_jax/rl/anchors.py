@@ -32,7 +32,7 @@ def generate_anchors(sampler: Sampler, tokenizer, ids: Sequence[list[int]], n: i
     per_call = max(1, batch_size // n // jax.process_count())
     out: list[list[str]] = []
     with Progress(len(ids) * n, "anchors") as bar:
-        for start in range(0, int(distributed.host_max(len(prompts))), per_call):  # as many calls on every host
+        for start in range(0, int(distributed.host_max(len(ids))), per_call):  # as many calls on every host
             chunk = ids[start:start + per_call]
             texts = response_texts(tokenizer, sampler.generate(chunk, n, params,
                                                                rng=jax.random.fold_in(jax.random.key(seed), start)))

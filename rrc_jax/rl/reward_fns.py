@@ -214,7 +214,7 @@ class JudgeReward:
         s = self.judge.summary()
         return {"judge/questions": s["questions"], "judge/tokens": s["judge_tokens"],
                 "judge/abstain_rate": s["abstain_rate"], "judge/position_consistency": s["position_consistency"],
-                "judge/prefill_tokens_saved": s["prefill_tokens_saved"]}
+                "judge/prefill_tokens_saved": s["prefill_tokens_saved"], "judge/too_long": s["too_long"]}
 
 
 @register("prc")

@@ -39,9 +39,9 @@ from flax import nnx
 
 from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer, StopSignals
-from rrc_jax.config import config_changes, validate
+from rrc_jax.config import JUDGE_REWARDS, config_changes, config_hash, validate
 from rrc_jax.data.batches import completion_batch, length_bucket
-from rrc_jax.data.prompts import load_prompts, prompt_batches, prompt_tokens
+from rrc_jax.data.prompts import PromptSet, load_prompts, prompt_batches, prompt_token_limit, prompt_tokens
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.engine import JaxSampler
 from rrc_jax.inference.sampler import response_texts
@@ -85,7 +85,7 @@ class Trainer:
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
         self.sampler = JaxSampler(self.policy, self.tokenizer, max_batch=rollout_batch(rl))
-        self.train_prompts, self.eval_prompts = load_prompts(config, self.tokenizer)
+        self.train_prompts, self.eval_prompts = training_prompts(config, self.roles)
         self.context = RewardContext(config, self.roles, self.sampler, self.tokenizer, self.train_prompts)
         self.reward_fn = make_reward_fn(config, self.context)
         updates = config.steps * rl.mu * (rl.prompts_per_step * rl.group_size // rl.minibatch_size)
@@ -114,6 +114,11 @@ class Trainer:
         out["memory/params_bytes_per_device"] = bytes_per_device(params)
         out["memory/optimizer_bytes_per_device"] = bytes_per_device(self.learner.opt_state)
         return out
+
+    def data_counts(self) -> dict[str, int]:
+        """What loading the prompts dropped or skipped (`data/*` training, `data/eval_*` held-out)."""
+        return {**{f"data/{k}": v for k, v in self.train_prompts.counts.items()},
+                **{f"data/eval_{k}": v for k, v in self.eval_prompts.counts.items()}}
 
     def system(self) -> dict[str, int]:
         """The processes (hosts) and devices the run's mesh spans."""
@@ -256,7 +261,7 @@ class Trainer:
         config, workdir = self.config, self.workdir
         workdir.mkdir(parents=True, exist_ok=True)
         ckpt = Checkpointer(workdir / "checkpoints", save_every=config.checkpoint.save_every,
-                            keep=config.checkpoint.keep)
+                            keep=config.checkpoint.keep, config_hash=config_hash(config))
         start = ckpt.resume(self.learner, self.batches)
         if distributed.is_main():
             save_config(workdir, config)
@@ -268,7 +273,7 @@ class Trainer:
         stop = StopSignals()
         try:
             if start == 0:
-                logger.log(0, {**self.evaluate(0), **self.memory(), **self.system()})
+                logger.log(0, {**self.evaluate(0), **self.memory(), **self.system(), **self.data_counts()})
             with Progress(config.steps, "train", start=start) as bar:
                 for step in range(start + 1, config.steps + 1):
                     metrics = self.step(step)
@@ -287,6 +292,16 @@ class Trainer:
             logger.close()
             ckpt.close()
         return workdir
+
+
+def training_prompts(config, roles: Roles) -> tuple[PromptSet, PromptSet]:
+    """The (training, held-out) prompts of a trainer config, without those longer than what the policy's and, for a
+    judge reward, the judge's contexts fit with their generation budgets (`prompt_token_limit`)."""
+    judged = config.reward.kind in JUDGE_REWARDS
+    limit = prompt_token_limit(config, roles.model("policy").cfg.max_position_embeddings,
+                               roles.model("grm").cfg.max_position_embeddings if judged else None,
+                               roles.tokenizer("grm") if judged else None)
+    return load_prompts(config, roles.tokenizer("policy"), max_tokens=limit)
 
 
 def save_config(workdir: epath.Path, config) -> None:

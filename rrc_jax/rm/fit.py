@@ -31,6 +31,7 @@ from etils import epath
 
 from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer, Replay, StopSignals
+from rrc_jax.config import config_hash
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import Decoder
 from rrc_jax.progress import Progress
@@ -102,7 +103,8 @@ class _RunFiles:
         workdir = epath.Path(c.workdir).expanduser()
         workdir.mkdir(parents=True, exist_ok=True)
         self.run, self.learner, self.data = run, learner, data
-        self.ckpt = Checkpointer(workdir / "checkpoints", save_every=c.checkpoint.save_every, keep=c.checkpoint.keep)
+        self.ckpt = Checkpointer(workdir / "checkpoints", save_every=c.checkpoint.save_every, keep=c.checkpoint.keep,
+                                 config_hash=config_hash(c))
         stack.callback(self.ckpt.close)
         self.start = self.ckpt.resume(learner, data)
         if distributed.is_main():
