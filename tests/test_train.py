@@ -481,16 +481,18 @@ def test_prompts_from_files_folders_and_conversations(tmp_path, toy_cache, capsy
     task = SortTask()
     texts = [task.prompt_text(task.prompt(rng)) for _ in range(48)]
     csv = tmp_path / "prompts.csv"
-    csv.write_text("prompt,source\n" + "".join(f"{t},toy\n" for t in texts[:40]) + ",empty\n")
+    long = "1" * 299 + ">"  # 300 tokens: more than the toy policy's 256-token context fits
+    csv.write_text("prompt,source\n" + "".join(f"{t},toy\n" for t in texts[:40]) + ",empty\n" + f"{long},long\n")
     held = tmp_path / "held.jsonl.gz"
     with gzip.open(held, "wt") as f:
         f.write("".join(json.dumps({"prompt": t}) + "\n" for t in texts[40:]))
     config = tiny_config("drm", tmp_path / "w", toy_cache, **{"data.path": str(csv), "data.eval_path": str(held)})
     metrics = read_metrics(run(config))
     assert "reward/mean" in metrics[2] and "oracle_quality" not in metrics[2]  # no oracle for file prompts
-    assert "data: 40 training rows from" in capsys.readouterr().err
-    train, ev = load_prompts(config)
-    assert train.texts == texts[:40] and ev.texts == texts[40:] and not set(train.ids) & set(ev.ids)
+    assert metrics[0]["data/dropped_long"] == 1 and metrics[0]["data/unusable_dropped"] == 1
+    assert "data: 41 training rows from" in capsys.readouterr().err
+    train, ev = load_prompts(config)  # no length limit
+    assert train.texts == texts[:40] + [long] and ev.texts == texts[40:] and not set(train.ids) & set(ev.ids)
 
     folder = tmp_path / "saved"
     datasets.Dataset.from_dict({"prompt": texts}).save_to_disk(str(folder))
