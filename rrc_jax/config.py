@@ -265,8 +265,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
         _bad("data", f"eval_prompts={c.data.eval_prompts} must be >= 0 (0: no held-out split) and "
                      f"max_prompt_tokens={c.data.max_prompt_tokens} >= 1")
     t = c.toy
-    if t.train_prompts < 1 or not 1 <= t.min_len <= t.max_len:
-        _bad("toy", f"need train_prompts >= 1 and 1 <= min_len <= max_len, got {t.train_prompts}, {t.min_len}, "
+    if t.train_prompts < 0 or not 1 <= t.min_len <= t.max_len:
+        _bad("toy", f"need train_prompts >= 0 and 1 <= min_len <= max_len, got {t.train_prompts}, {t.min_len}, "
                     f"{t.max_len}")
     if rl.temperature <= 0:
         _bad("rl.temperature", "rollouts need temperature > 0 for diverse groups")

@@ -84,6 +84,26 @@ TINY_RUN = {
 }
 
 
+@pytest.fixture(scope="session", autouse=True)
+def xla_compilation_cache(tmp_path_factory):
+    """One persistent XLA compilation cache for the session: both xdist workers and every subprocess a test starts
+    (through the environment) reuse what another compiled; most of a tiny run's time is compiling. Cold at every
+    session (it lives in the session's temporary directory)."""
+    import os
+
+    import jax
+
+    root = tmp_path_factory.getbasetemp()
+    path = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "xla_cache"
+    path.mkdir(exist_ok=True)
+    settings = {"jax_compilation_cache_dir": str(path), "jax_persistent_cache_min_compile_time_secs": 0,
+                "jax_persistent_cache_min_entry_size_bytes": 0}
+    for name, value in settings.items():
+        os.environ[name.upper()] = str(value)
+        jax.config.update(name, value)
+    return path
+
+
 @pytest.fixture(scope="session")
 def toy_cache(tmp_path_factory):
     """The cache directory of the tests' tiny toy world, built once by the first test that needs it: with

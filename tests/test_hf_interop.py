@@ -182,3 +182,37 @@ def test_generate_cli_runs_on_save_hf_output_and_stops_on_generation_config_stop
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout == tok.decode(free[:at + 1], skip_special_tokens=True) + "\n"
     assert at + 1 < len(free)  # it stopped early
+
+
+def test_broken_checkpoints_are_one_line_errors_naming_the_file(tmp_path):
+    """A truncated safetensors file, a config.json without vocab_size, and NaN weights: each a `ConfigError` naming
+    the file, before any model is built from it."""
+    from safetensors.numpy import load_file, save_file
+
+    good = tmp_path / "good"
+    make_hf_model(next(iter(KINDS)), seed=1).save_pretrained(good)
+    load_hf(good)  # as written, it loads
+
+    def copy(name):
+        import shutil
+
+        return shutil.copytree(good, tmp_path / name)
+
+    truncated = copy("truncated")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+    with pytest.raises(ConfigError, match=f"^{weights}: .*(not a readable safetensors file|does not read)"):
+        load_hf(truncated)
+    no_vocab = copy("no_vocab")
+    cfg = json.loads((no_vocab / "config.json").read_text())
+    del cfg["vocab_size"]
+    (no_vocab / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=f"^{no_vocab / 'config.json'}: no vocab_size"):
+        load_hf(no_vocab)
+    nan = copy("nan")
+    tensors = load_file(nan / "model.safetensors")
+    name = next(k for k in tensors if k.endswith("mlp.down_proj.weight"))
+    tensors[name][0, 0] = np.nan
+    save_file(tensors, nan / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=f"^{nan / 'model.safetensors'}: tensor {name} holds NaN or inf"):
+        load_hf(nan)

@@ -181,8 +181,8 @@ def digit_sum(prompts, responses):
     assert "eval/win_rate_vs_reference" not in rows[2]
     for old, new, message in [("my_rewards:digit_sum", "my_rewards:nope", "has no 'nope'"),
                               ("--config=agr.py", "--config=nope.py", "error: --config=nope.py")]:
-        bad = subprocess.run([a.replace(old, new) for a in cmd], capture_output=True, text=True, timeout=300,
-                             cwd=tmp_path, env=env)
+        fresh = [a.replace(old, new).replace(str(tmp_path / "w"), str(tmp_path / "w2")) for a in cmd]  # new workdir
+        bad = subprocess.run(fresh, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
         assert bad.returncode != 0 and message in bad.stderr.strip().splitlines()[-1], bad.stderr[-500:]
 
 

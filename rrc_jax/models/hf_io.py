@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from etils import epath
 from flax import nnx
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save as safetensors_bytes
 
 from rrc_jax import sharding
@@ -105,6 +105,10 @@ def _variable(model: Decoder, path: tuple[Any, ...]) -> nnx.Variable:
     return obj
 
 
+REQUIRED_CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                        "num_attention_heads")
+
+
 def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
     """The `config.json` dict of a Hugging Face model directory (one-line error if there is none)."""
     path = Path(path)
@@ -114,7 +118,28 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{path} has no config.json; expected a Hugging Face model directory "
                                 "(config.json + model.safetensors)")
-    return json.loads(cfg_file.read_text())
+    try:
+        hf = json.loads(cfg_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{cfg_file}: not valid JSON ({e}); the download or copy may be incomplete") from None
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{cfg_file}: not a JSON object")
+    missing = [k for k in REQUIRED_CONFIG_KEYS if k not in hf]
+    if missing:
+        raise ConfigError(f"{cfg_file}: no {', '.join(missing)}; a Llama / Qwen2 config.json has "
+                          f"{', '.join(REQUIRED_CONFIG_KEYS)}")
+    return hf
+
+
+@contextlib.contextmanager
+def _safetensors(file: Path):
+    """`safe_open(file)`, a one-line `ConfigError` naming the file when it is not a complete safetensors file."""
+    try:
+        with safe_open(file, framework="numpy") as f:
+            yield f
+    except SafetensorError as e:
+        raise ConfigError(f"{file}: not a readable safetensors file ({e}); the download or copy may be "
+                          "incomplete") from None
 
 
 def _num_labels(hf: dict[str, Any]) -> int:
@@ -141,7 +166,7 @@ def _tensor_files(path: Path) -> dict[str, Path]:
         return {name: path / f for name, f in json.loads(index.read_text())["weight_map"].items()}
     single = path / "model.safetensors"
     if single.is_file():
-        with safe_open(single, framework="numpy") as f:
+        with _safetensors(single) as f:
             return dict.fromkeys(f.keys(), single)
     raise FileNotFoundError(f"{path} has no model.safetensors or model.safetensors.index.json; "
                             "convert the checkpoint to safetensors (transformers: save_pretrained(...))")
@@ -186,7 +211,7 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
     missing = [n for names, _, _ in tensors.values() for n in names if n not in files]
     if missing and missing != ["score.weight"]:  # (a lone missing score.weight: a fresh value head, zeros)
         where = next(iter(files.values())) if len(set(files.values())) == 1 else f"{path} (sharded checkpoint)"
-        raise ValueError(f"{where}: missing tensor {missing[0]}" +
+        raise ConfigError(f"{where}: missing tensor {missing[0]}" +
                          (f" and {len(missing) - 1} more" if len(missing) > 1 else "") +
                          "; the checkpoint does not match its config.json")
     with contextlib.ExitStack() as stack:
@@ -194,8 +219,12 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
 
         def read(name: str) -> np.ndarray:  # memory-mapped; released once converted and placed
             if files[name] not in opened:
-                opened[files[name]] = stack.enter_context(safe_open(files[name], framework="numpy"))
-            return opened[files[name]].get_tensor(name)
+                opened[files[name]] = stack.enter_context(_safetensors(files[name]))
+            try:
+                return opened[files[name]].get_tensor(name)
+            except SafetensorError as e:
+                raise ConfigError(f"{files[name]}: tensor {name} does not read ({e}); the file may be truncated or "
+                                  "corrupted") from None
 
         for target, (names, combine, _) in tensors.items():
             var = _variable(model, target)
@@ -203,6 +232,9 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
                 w = np.zeros(var.value.shape)
             else:
                 w = _convert(names, [read(n) for n in names], combine, var.value.shape, files[names[0]])
+            if np.issubdtype(w.dtype, np.inexact) and not np.isfinite(w).all():
+                raise ConfigError(f"{files[names[0]]}: tensor {', '.join(names)} holds NaN or inf values; the "
+                                  "checkpoint is broken (a diverged run, or a corrupted file)")
             w = w.astype(cfg.params_dtype)
             var.value = (jax.device_put(w, sharding.logical_to_sharding(var.sharding_names, mesh))
                          if mesh is not None else jax.device_put(w))
@@ -218,7 +250,7 @@ def _convert(names: tuple[str, ...], sources: list[np.ndarray], combine: Combine
         w = None
     if w is None or w.shape != shape:
         got = ", ".join(f"{n} {tuple(x.shape)}" for n, x in zip(names, sources))
-        raise ValueError(f"{file}: tensor {got} does not convert to the shape {shape} that config.json implies")
+        raise ConfigError(f"{file}: tensor {got} does not convert to the shape {shape} that config.json implies")
     return w
 
 
