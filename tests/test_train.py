@@ -147,6 +147,11 @@ def test_user_errors_are_one_line_and_internal_errors_keep_their_traceback():
 
     with pytest.raises(SystemExit, match="^error: config.rl.beta: -1 must be >= 0$"):
         exit_on_user_error(fail, ConfigError("config.rl.beta: -1 must be >= 0"))
+    from rrc_jax.errors import Diverged
+
+    with pytest.raises(SystemExit) as stopped:  # a run stopped by its divergence guard: one line, exit status 3
+        exit_on_user_error(fail, Diverged("step 3: the policy has non-finite parameters"))
+    assert stopped.value.code == 3
     with pytest.raises(ValueError, match="do not broadcast"):  # a bug, not a setting: the traceback stays
         exit_on_user_error(fail, ValueError("shapes (3,) and (4,) do not broadcast"))
 
