@@ -105,10 +105,6 @@ def _variable(model: Decoder, path: tuple[Any, ...]) -> nnx.Variable:
     return obj
 
 
-REQUIRED_CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                        "num_attention_heads")
-
-
 def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
     """The `config.json` dict of a Hugging Face model directory (one-line error if there is none)."""
     path = Path(path)
@@ -124,10 +120,6 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"{cfg_file}: not valid JSON ({e}); the download or copy may be incomplete") from None
     if not isinstance(hf, dict):
         raise ConfigError(f"{cfg_file}: not a JSON object")
-    missing = [k for k in REQUIRED_CONFIG_KEYS if k not in hf]
-    if missing:
-        raise ConfigError(f"{cfg_file}: no {', '.join(missing)}; a Llama / Qwen2 config.json has "
-                          f"{', '.join(REQUIRED_CONFIG_KEYS)}")
     return hf
 
 
@@ -194,7 +186,11 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
     if is_sequence_classifier(hf) and _num_labels(hf) != 1:
         raise ConfigError(f"{path / 'config.json'}: a sequence classifier with {_num_labels(hf)} labels; a reward "
                           "model scores with one (num_labels=1, score.weight of shape [1, hidden_size])")
-    cfg = DecoderConfig.from_hf(hf, dtype=dtype, param_dtype=param_dtype or dtype)
+    try:
+        cfg = DecoderConfig.from_hf(hf, dtype=dtype, param_dtype=param_dtype or dtype)
+    except KeyError as e:
+        raise ConfigError(f"{path / 'config.json'}: no {e.args[0]}; a Llama / Qwen2 config.json has vocab_size, "
+                          "hidden_size, intermediate_size, num_hidden_layers and num_attention_heads") from None
     stop = _generation_stop_tokens(path)
     cfg = cfg.replace(eos_token_ids=cfg.eos_token_ids if stop is None else stop,
                       pad_token_id=cfg.pad_token_id if cfg.pad_token_id is not None else pad_token_id)
