@@ -183,6 +183,7 @@ def rm_config(kind: str) -> ml_collections.ConfigDict:
     # rerunning the same command.
     c.log = ml_collections.ConfigDict(dict(tensorboard=True, wandb=False, wandb_project="rrc-jax"))
     c.checkpoint = ml_collections.ConfigDict(dict(save_every=100, keep=2))
+    c.resume = ml_collections.ConfigDict(dict(allow_changes=False))  # as the trainer's (`config_changes`)
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
     c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0, process_id=-1))
     c.lock()

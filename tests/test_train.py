@@ -562,9 +562,9 @@ def test_train_rm_cli_exports_a_reward_model(tmp_path, config_file, kind):
 
 
 def test_a_second_trainer_on_a_locked_workdir_stops_with_one_line(tmp_path, toy_cache):
-    """The workdir lock (`rrc_jax.lock`): held by a live process, a second trainer exits with one line naming the
+    """The workdir lock (`rrc_jax.workdir`): held by a live process, a second trainer exits with one line naming the
     holder; a lock whose holder died is taken over."""
-    from rrc_jax.lock import WorkdirLock
+    from rrc_jax.workdir import WorkdirLock
 
     workdir = tmp_path / "w"
     with WorkdirLock(workdir):

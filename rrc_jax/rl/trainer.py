@@ -27,7 +27,6 @@ files.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 
@@ -39,13 +38,13 @@ from flax import nnx
 
 from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer, StopSignals
-from rrc_jax.config import JUDGE_REWARDS, config_changes, config_hash, validate
+from rrc_jax.config import JUDGE_REWARDS, config_hash, validate
 from rrc_jax.data.batches import completion_batch, length_bucket
 from rrc_jax.data.prompts import PromptSet, load_prompts, prompt_batches, prompt_token_limit, prompt_tokens
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.engine import JaxSampler
 from rrc_jax.inference.sampler import response_texts
-from rrc_jax.lock import WorkdirLock
+from rrc_jax.workdir import WorkdirLock, check_resume, save_config
 from rrc_jax.judge.verdicts import parse_score
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import save_hf
@@ -263,8 +262,7 @@ class Trainer:
         ckpt = Checkpointer(workdir / "checkpoints", save_every=config.checkpoint.save_every,
                             keep=config.checkpoint.keep, config_hash=config_hash(config))
         start = ckpt.resume(self.learner, self.batches)
-        if distributed.is_main():
-            save_config(workdir, config)
+        save_config(workdir, config)
         rl = config.rl
         guard = DivergenceGuard(rl, config.log, rl.mu * (rl.prompts_per_step * rl.group_size // rl.minibatch_size),
                                 config.steps, self.policy)
@@ -304,32 +302,9 @@ def training_prompts(config, roles: Roles) -> tuple[PromptSet, PromptSet]:
     return load_prompts(config, roles.tokenizer("policy"), max_tokens=limit)
 
 
-def save_config(workdir: epath.Path, config) -> None:
-    """`workdir/config.json`; a different one already there (a resume with `resume.allow_changes`) is kept as
-    `config.v<N>.json` first, so every version a run trained under stays."""
-    path, text = workdir / "config.json", config.to_json_best_effort(indent=2) + "\n"
-    if path.exists() and path.read_text() != text:
-        n = 1 + sum(1 for _ in workdir.glob("config.v*.json"))
-        path.rename(workdir / f"config.v{n}.json")
-    path.write_text(text)
-
-
-def check_resume(config, workdir: epath.Path) -> None:
-    """Before anything loads: a workdir holding a checkpoint is resumed only under the config it was trained with
-    (`rrc_jax.config.config_changes`), unless `resume.allow_changes`; a one-line `ConfigError` lists the changes."""
-    saved, checkpoints = workdir / "config.json", workdir / "checkpoints"
-    resuming = saved.exists() and checkpoints.exists() and any(p.name.isdigit() for p in checkpoints.iterdir())
-    changes = config_changes(json.loads(saved.read_text()), json.loads(config.to_json_best_effort())) \
-        if resuming else []
-    if distributed.main_value(np.asarray(bool(changes))) and not config.resume.allow_changes:
-        raise ConfigError(f"{workdir} holds a checkpoint trained under another config; changed: "
-                          f"{'; '.join(changes) or 'see process 0'}. Rerun with the saved flags, use another workdir, "
-                          "or pass --config.resume.allow_changes=True")
-
-
 def run(config) -> epath.Path:
-    """Train per `config`, holding its workdir against a second trainer (`rrc_jax.lock`) and resuming only under
-    the same config (`check_resume`); returns the workdir."""
+    """Train per `config`, holding its workdir against a second trainer and resuming only under
+    the same config (`rrc_jax.workdir`); returns the workdir."""
     validate(config)
     workdir = epath.Path(config.workdir).expanduser()
     with WorkdirLock(workdir):

@@ -8,6 +8,8 @@ dataset alike) the loop keeps its run in `config.workdir` as the GRPO trainer ke
   (a non-finite update, not applied), `lr` and `examples_per_second` in `metrics.jsonl`, TensorBoard and, with
   `log.wandb`, W&B (`rrc_jax.metrics.MetricsLogger`); `first` at step 0 of a fresh run; `evaluate(model)`'s metrics
   in the last step's line;
+- the workdir held against a second writer, a resume refused under a changed config, `config.json` versioned
+  (`rrc_jax.workdir`);
 - Orbax checkpoints (`rrc_jax.checkpoint.Checkpointer`) every `checkpoint.save_every` steps and at the last, the
   `checkpoint.keep` latest kept; rerunning the same command resumes from the latest exactly: parameters, optimizer
   state and the batch iterator's position (`checkpoint.Replay`), so it ends with an uninterrupted run's parameters;
@@ -29,7 +31,6 @@ import jax
 import numpy as np
 from etils import epath
 
-from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer, Replay, StopSignals
 from rrc_jax.config import config_hash
 from rrc_jax.metrics import MetricsLogger
@@ -37,6 +38,7 @@ from rrc_jax.models import Decoder
 from rrc_jax.progress import Progress
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer
 from rrc_jax.rm.losses import LOSSES
+from rrc_jax.workdir import WorkdirLock, check_resume, save_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,12 +105,13 @@ class _RunFiles:
         workdir = epath.Path(c.workdir).expanduser()
         workdir.mkdir(parents=True, exist_ok=True)
         self.run, self.learner, self.data = run, learner, data
+        stack.enter_context(WorkdirLock(workdir))  # one writer; then resume only under the same config
+        check_resume(c, workdir)
         self.ckpt = Checkpointer(workdir / "checkpoints", save_every=c.checkpoint.save_every, keep=c.checkpoint.keep,
                                  config_hash=config_hash(c))
         stack.callback(self.ckpt.close)
         self.start = self.ckpt.resume(learner, data)
-        if distributed.is_main():
-            (workdir / "config.json").write_text(c.to_json_best_effort(indent=2) + "\n")
+        save_config(workdir, c)
         self.logger = MetricsLogger(workdir, resume_step=self.start, tensorboard=c.log.tensorboard, wandb=c.log.wandb,
                                     wandb_project=c.log.wandb_project, config=c.to_dict(), name=workdir.name)
         stack.callback(self.logger.close)

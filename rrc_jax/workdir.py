@@ -1,22 +1,30 @@
-"""One writer per workdir: a lock that stops a second trainer on the same workdir with one line.
+"""A run's workdir: one writer at a time, and the config it trains under.
 
 `WorkdirLock(workdir)` takes an exclusive OS file lock on `workdir/.lock` (`filelock`), held for the run and
 released when it ends or its process dies, so a lock left by a killed run is stale by construction and the next
 run takes it (saying so). The holder writes `host pid time` into `workdir/.lock.owner`, which the refusal names.
 Only process 0 writes a workdir, so only process 0 locks it. A remote workdir (`gs://...`) cannot be file-locked:
 the lock is skipped there, with one line saying so.
+
+`check_resume(config, workdir)` refuses, before anything loads, to resume a checkpoint under a config that changes
+the optimization (`rrc_jax.config.config_changes`) unless `resume.allow_changes`; `save_config` writes
+`config.json`, keeping a different earlier one as `config.v<N>.json`. The GRPO trainer and `train_rm` use all three.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
+
+import numpy as np
 
 import filelock
 from etils import epath
 
 from rrc_jax import distributed
+from rrc_jax.config import config_changes
 from rrc_jax.errors import ConfigError
 from rrc_jax.progress import say
 
@@ -54,3 +62,28 @@ class WorkdirLock:
         if self._lock is not None and self._lock.is_locked:
             self.owner.unlink(missing_ok=True)
             self._lock.release()
+
+
+def save_config(workdir: epath.Path, config) -> None:
+    """`workdir/config.json` (process 0); a different one already there (a resume with `resume.allow_changes`) is
+    kept as `config.v<N>.json` first, so every version a run trained under stays."""
+    if not distributed.is_main():
+        return
+    path, text = workdir / "config.json", config.to_json_best_effort(indent=2) + "\n"
+    if path.exists() and path.read_text() != text:
+        n = 1 + sum(1 for _ in workdir.glob("config.v*.json"))
+        path.rename(workdir / f"config.v{n}.json")
+    path.write_text(text)
+
+
+def check_resume(config, workdir: epath.Path) -> None:
+    """Before anything loads: a workdir holding a checkpoint is resumed only under the config it was trained with
+    (`config_changes`), unless `resume.allow_changes`; a one-line `ConfigError` lists the changes."""
+    saved, checkpoints = workdir / "config.json", workdir / "checkpoints"
+    resuming = saved.exists() and checkpoints.exists() and any(p.name.isdigit() for p in checkpoints.iterdir())
+    changes = config_changes(json.loads(saved.read_text()), json.loads(config.to_json_best_effort())) \
+        if resuming else []
+    if distributed.main_value(np.asarray(bool(changes))) and not config.resume.allow_changes:
+        raise ConfigError(f"{workdir} holds a checkpoint trained under another config; changed: "
+                          f"{'; '.join(changes) or 'see process 0'}. Rerun with the saved flags, use another workdir, "
+                          "or pass --config.resume.allow_changes=True")
