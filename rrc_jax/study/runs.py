@@ -36,7 +36,7 @@ CONSTRUCTIONS: dict[str, tuple[str, dict]] = {
     "agr": ("agr", {}),
     "agr_vote4": ("agr", {"reward.judge.votes": 4}),
     "agr_vote8": ("agr", {"reward.judge.votes": 8}),
-    "agr_refresh": ("agr", {"reward.agr.refresh_every": 10}),
+    "agr_refresh": ("agr", {"reward.agr.refresh_every": "steps/4"}),  # 4 refreshes a run (every 10 of 40 steps)
 }
 
 # the per-step series a summary keeps (those a run logged)
@@ -98,6 +98,7 @@ def plan(study) -> list[tuple[str, int]]:
 def trainer_config(study, name: str, seed: int):
     """The trainer config of run (`name`, `seed`)."""
     kind, overrides = CONSTRUCTIONS[name]
+    overrides = {k: max(1, study.steps // 4) if v == "steps/4" else v for k, v in overrides.items()}
     c = base_config(kind)
     c.update_from_flattened_dict({
         "workdir": str(Path(study.workdir) / name / f"seed{seed}"), "seed": seed, "steps": study.steps,
