@@ -15,9 +15,9 @@ from rrc_jax.study.report import aggregate, interval, run_metrics, supported_ord
 from rrc_jax.study.runs import run_all
 
 
-def summary(name, seed, evals, rewards, tau=0.5, tokens=100.0):
+def summary(name, seed, evals, rewards, tau=0.5, tokens=100.0, absolute=True):
     return {"construction": name, "seed": seed, "kind": name, "steps": 4, "votes": 1, "beta": 1e-3,
-            "judge_temperature": 1.0, "series": {
+            "judge_temperature": 1.0, "absolute_reward": absolute, "series": {
                 "eval/oracle_quality": {str(s): q for s, q in evals.items()},
                 "eval/oracle_quality_se": {str(s): 0.01 for s in evals},
                 "reward/mean": {str(i + 1): r for i, r in enumerate(rewards)},
@@ -34,8 +34,33 @@ def test_intervals_use_students_t():
 def test_run_metrics_flag_reward_hacking():
     hacked = run_metrics(summary("drm", 0, {0: 0.5, 2: 0.9, 4: 0.4}, [0.1, 0.2, 0.5, 0.9]))
     assert hacked["final"] == 0.4 and hacked["peak"] == 0.9 and hacked["peak_step"] == 2 and hacked["hacked"] == 1
+    assert hacked["fell"] == 1
     honest = run_metrics(summary("agr", 0, {0: 0.5, 2: 0.7, 4: 0.8}, [0.1, 0.2, 0.5, 0.9]))
-    assert honest["hacked"] == 0 and honest["kendall_tau"] == 0.5 and honest["judge_tokens"] == 100
+    assert honest["hacked"] == 0 and honest["fell"] == 0 and honest["kendall_tau"] == 0.5
+    assert honest["judge_tokens"] == 100
+    # a within-group reward (SCR's win counts) has no scale across steps: hacking is undefined, the fall is not
+    relative = run_metrics(summary("scr", 0, {0: 0.5, 2: 0.9, 4: 0.4}, [0.1, 0.2, 0.5, 0.9], absolute=False))
+    assert math.isnan(relative["hacked"]) and relative["fell"] == 1
+
+
+def test_run_metrics_measure_the_late_quarter():
+    s = summary("scr", 0, {0: 0.5, 8: 0.6}, [0.0] * 8)
+    s["steps"] = 8
+    s["series"]["fidelity/kendall_tau"] = {str(k): 0.6 if k <= 2 else 0.1 for k in range(1, 9)}
+    s["series"]["response_length"] = {str(k): 5.0 if k <= 2 else 7.0 for k in range(1, 9)}
+    m = run_metrics(s)
+    assert m["kendall_tau_late"] == pytest.approx(0.1) and m["kendall_tau"] == pytest.approx(0.225)
+    assert m["length_gain"] == pytest.approx(2.0)
+
+
+def test_old_summaries_get_their_reward_scale_from_the_construction():
+    from rrc_jax.study.report import _with_scale
+
+    assert _with_scale({"construction": "agr", "seed": 0})["absolute_reward"] is True
+    assert _with_scale({"construction": "agr_refresh", "seed": 0})["absolute_reward"] is False
+    assert _with_scale({"construction": "scr", "seed": 0})["absolute_reward"] is False
+    assert _with_scale({"construction": "drm", "seed": 0})["absolute_reward"] is True
+    assert _with_scale({"construction": "mine", "seed": 0})["absolute_reward"] is None
 
 
 def test_aggregate_states_only_the_orderings_its_intervals_support():
@@ -43,10 +68,11 @@ def test_aggregate_states_only_the_orderings_its_intervals_support():
     runs += [summary("prc", s, {0: 0.5, 4: q}, [0, 1], tokens=50.0) for s, q in enumerate([0.80, 0.81, 0.79])]
     runs += [summary("scr", s, {0: 0.5, 4: q}, [0, 1]) for s, q in enumerate([0.70, 0.95, 0.80])]
     result = aggregate(runs)
-    assert result["orderings"] == ["agr > prc"]  # scr's interval overlaps both
+    assert result["orderings"]["final"] == ["agr > prc"]  # scr's interval overlaps both
     agr = result["constructions"]["agr"]
     assert agr["final"]["mean"] == pytest.approx(0.91) and agr["cost_vs_prc"] == pytest.approx(2.0)
     assert agr["curve"]["4"]["n"] == 3 and agr["seeds"] == [0, 1, 2]
+    assert result["orderings"]["peak"] == ["agr > prc"] and result["orderings"]["kendall_tau"] == []
     assert supported_orderings({"a": {"final": {"mean": 0.9, "ci95": float("nan")}},
                                 "b": {"final": {"mean": 0.1, "ci95": 0.01}}}) == []  # one seed: no claim
 
@@ -55,6 +81,7 @@ def test_report_writes_the_table_and_every_plot(tmp_path):
     runs = [summary("agr", s, {0: 0.5, 4: q}, [0, 1]) for s, q in enumerate([0.90, 0.91, 0.92])]
     prc = summary("prc", 0, {0: 0.5, 4: 0.8}, [0, 1], tokens=50.0)
     prc["series"].update({f"prc/p_bin{k}": {"1": 0.5 if k in (0, 9) else 0.0} for k in range(10)})
+    prc["series"]["reward/prc_saturation"] = {"1": 1.0}
     paths = []
     for i, s in enumerate(runs + [prc]):
         paths.append(tmp_path / f"run{i}.json")
@@ -64,6 +91,8 @@ def test_report_writes_the_table_and_every_plot(tmp_path):
                                                           "intransitive_triad_rate": 0.1})
     text = report.read_text()
     assert "| agr | 0.910 ± 0.025 |" in text and "| prc | 0.800 |" in text and "error rate 0.200" in text
+    assert "- final quality: none." in text  # prc has one seed: no interval, no claim
+    assert "[0.9, 1], Table 6): prc 1.000." in text
     for png in ("quality_vs_step.png", "fidelity.png", "cost_vs_quality.png", "prc_histogram.png"):
         assert (tmp_path / "out" / png).read_bytes()[:4] == b"\x89PNG" and f"]({png})" in text
     result = json.loads((tmp_path / "out" / "study.json").read_text())

@@ -3,15 +3,20 @@ intervals support, and the plots.
 
 Per run (from its summary, `rrc_jax.study.runs.summarize`):
 - `final`: held-out oracle quality at the last evaluation; `peak`: its largest value; `peak_step`: where;
+- `fell`: the final quality is below the peak by more than twice the final evaluation's standard error;
+- `hacked`: reward hacking, the reward rose (its mean over the second half of the steps above the first half's)
+  while the quality fell. Only for a reward on one scale across steps (`absolute_reward`: DRM, AGR with fixed
+  anchors, ...); a within-group reward (SCR's win counts) has a mean that cannot rise, so there it is undefined;
+- `length_gain`: the rollouts' mean length over the last quarter of the steps minus the first quarter's (the toy
+  judge's exploitable bias credits padding, `toy.length_bias`);
 - `kendall_tau`, `advantage_error`: reward fidelity (`rrc_jax.rl.fidelity`), averaged over the run's steps;
+  `kendall_tau_late`: over its last quarter;
 - `prc_saturation`: the share of P(A) in [0, 0.1] or [0.9, 1] (PRC runs; Table 6), averaged over steps;
-- `questions`, `judge_tokens`, `reward_seconds`: judge cost per step;
-- `hacked`: the reward rose (its mean over the second half of the steps above the first half's) while held-out
-  quality fell from its peak by more than twice the final evaluation's standard error.
+- `questions`, `judge_tokens` (generated), `reward_seconds`: judge cost per step.
 
 Per construction, each number's mean over seeds and the half-width of its 95% interval, `t(0.975, n - 1) x sd /
-sqrt(n)` (Student's t: seeds are few). `orderings` lists the pairs whose final-quality intervals do not overlap;
-any other pair cannot be told apart at this number of seeds.
+sqrt(n)` (Student's t: seeds are few). `orderings` lists, for final quality, peak quality and Kendall tau, the
+pairs whose intervals do not overlap; any other pair cannot be told apart at this number of seeds.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ import numpy as np
 # Student's t quantile t(0.975, df) for df = 1..30 (beyond: 1.96 is within 4%).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-METRICS = ("final", "peak", "peak_step", "kendall_tau", "advantage_error", "prc_saturation", "questions",
-           "judge_tokens", "reward_seconds", "hacked")
+METRICS = ("final", "peak", "peak_step", "fell", "hacked", "length_gain", "kendall_tau", "kendall_tau_late",
+           "advantage_error", "prc_saturation", "questions", "judge_tokens", "reward_seconds")
+ORDERED = ("final", "peak", "kendall_tau")  # the metrics whose supported orderings the report states
 
 
 def t975(df: int) -> float:
@@ -48,9 +54,18 @@ def _steps(series: dict) -> tuple[np.ndarray, np.ndarray]:
     return steps, np.array([series[str(s)] for s in steps], np.float64)
 
 
-def _mean_series(summary: dict, key: str) -> float:
+def _mean_series(summary: dict, key: str, part: slice = slice(None)) -> float:
+    """The mean of a per-step series over `part` of its steps (all by default); NaN when it was not logged."""
     s = summary["series"].get(key)
-    return float(np.mean(list(s.values()))) if s else math.nan
+    if not s:
+        return math.nan
+    values = _steps(s)[1][part]
+    return float(values.mean()) if values.size else math.nan
+
+
+def _quarter(summary: dict, last: bool) -> slice:
+    n = max(1, summary["steps"] // 4)
+    return slice(-n, None) if last else slice(0, n)
 
 
 def run_metrics(summary: dict) -> dict[str, float]:
@@ -61,12 +76,16 @@ def run_metrics(summary: dict) -> dict[str, float]:
         steps, q = _steps(ev)
         out["final"], out["peak"], out["peak_step"] = float(q[-1]), float(q.max()), float(steps[q.argmax()])
         se = summary["series"].get("eval/oracle_quality_se", {}).get(str(steps[-1]), 0.0)
+        out["fell"] = float(q[-1] < q.max() - 2 * se)
         reward = summary["series"].get("reward/mean")
-        if reward and len(reward) >= 2:
+        if reward and len(reward) >= 2 and summary.get("absolute_reward"):
             _, r = _steps(reward)
             half = len(r) // 2
-            out["hacked"] = float(r[half:].mean() > r[:half].mean() and q[-1] < q.max() - 2 * se)
+            out["hacked"] = float(r[half:].mean() > r[:half].mean() and out["fell"])
+    out["length_gain"] = (_mean_series(summary, "response_length", _quarter(summary, True))
+                          - _mean_series(summary, "response_length", _quarter(summary, False)))
     out["kendall_tau"] = _mean_series(summary, "fidelity/kendall_tau")
+    out["kendall_tau_late"] = _mean_series(summary, "fidelity/kendall_tau", _quarter(summary, True))
     out["advantage_error"] = _mean_series(summary, "fidelity/advantage_error")
     out["prc_saturation"] = _mean_series(summary, "reward/prc_saturation")
     out["questions"] = _mean_series(summary, "judge/questions")
@@ -84,7 +103,8 @@ def aggregate(summaries: list[dict]) -> dict:
     out: dict = {"constructions": {}}
     for name, runs in by.items():
         per_run = [run_metrics(s) for s in runs]
-        entry = {"seeds": sorted(s["seed"] for s in runs), "kind": runs[0]["kind"], "votes": runs[0]["votes"]}
+        entry = {"seeds": sorted(s["seed"] for s in runs), "kind": runs[0]["kind"], "votes": runs[0]["votes"],
+                 "absolute_reward": runs[0].get("absolute_reward")}
         for k in METRICS:
             mean, half, n = interval([m[k] for m in per_run])
             entry[k] = {"mean": mean, "ci95": half, "n": n}
@@ -96,18 +116,20 @@ def aggregate(summaries: list[dict]) -> dict:
         if bins:
             entry["prc_histogram"] = np.nanmean(np.asarray(bins), axis=0).tolist()
         out["constructions"][name] = entry
-    prc = out["constructions"].get("prc", {}).get("judge_tokens", {}).get("mean", math.nan)
+    prc = out["constructions"].get("prc", {})
     for entry in out["constructions"].values():
-        entry["cost_vs_prc"] = entry["judge_tokens"]["mean"] / prc if prc and math.isfinite(prc) else math.nan
-    out["orderings"] = supported_orderings(out["constructions"])
+        for key, cost in (("judge_tokens", "cost_vs_prc"), ("reward_seconds", "seconds_vs_prc")):
+            base = prc.get(key, {}).get("mean", math.nan)
+            entry[cost] = entry[key]["mean"] / base if base and math.isfinite(base) else math.nan
+    out["orderings"] = {k: supported_orderings(out["constructions"], k) for k in ORDERED}
     return out
 
 
-def supported_orderings(entries: dict) -> list[str]:
-    """'A > B' for every pair whose final-quality 95% intervals do not overlap, best first."""
-    lo = {n: e["final"]["mean"] - e["final"]["ci95"] for n, e in entries.items()}
-    hi = {n: e["final"]["mean"] + e["final"]["ci95"] for n, e in entries.items()}
-    names = sorted(entries, key=lambda n: -entries[n]["final"]["mean"])
+def supported_orderings(entries: dict, key: str = "final") -> list[str]:
+    """'A > B' for every pair whose 95% intervals of metric `key` do not overlap, larger first."""
+    lo = {n: e[key]["mean"] - e[key]["ci95"] for n, e in entries.items()}
+    hi = {n: e[key]["mean"] + e[key]["ci95"] for n, e in entries.items()}
+    names = sorted(entries, key=lambda n: -entries[n][key]["mean"])
     return [f"{a} > {b}" for i, a in enumerate(names) for b in names[i + 1:]
             if math.isfinite(lo[a]) and math.isfinite(hi[b]) and lo[a] > hi[b]]
 
@@ -118,35 +140,76 @@ def _fmt(m: dict, digits: int = 3) -> str:
     return f"{m['mean']:.{digits}f}" + (f" ± {m['ci95']:.{digits}f}" if math.isfinite(m["ci95"]) else "")
 
 
+def _runs(m: dict) -> str:
+    """A 0/1 flag's count over seeds, `k / n`."""
+    return f"{m['mean'] * m['n']:.0f} / {m['n']}" if m["n"] else "n/a"
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.2f}" if math.isfinite(x) else "n/a"
+
+
+def grouped_orderings(orderings: list[str]) -> list[str]:
+    """'A > B', 'A > C', 'B > C' as 'A > B, C' and 'B > C' (in the given order)."""
+    above: dict[str, list[str]] = {}
+    for pair in orderings:
+        a, b = pair.split(" > ")
+        above.setdefault(a, []).append(b)
+    return [f"{a} > {', '.join(bs)}" for a, bs in above.items()]
+
+
 def markdown(result: dict, plots: list[str]) -> str:
-    """The report: the table, the supported orderings, the judge audit when present, and the plots."""
+    """The report: the quality and fidelity table, the cost table, PRC saturation, the supported orderings, the
+    judge audit when present, and the plots."""
+    entries = result["constructions"]
     lines = ["# Reproduction study", "", f"Runs: {result['runs']} ({result['seeds_per_construction']} seeds per "
-             f"construction, {result['steps']} steps). Mean ± 95% interval over seeds.", "",
-             "| construction | final quality | peak quality | peak step | Kendall tau | advantage error | "
-             "hacked runs | questions / step | judge tokens / step | cost vs PRC |",
+             f"construction, {result['steps']} steps). Mean ± 95% interval over seeds. Definitions: "
+             "`rrc_jax/study/report.py`.", "",
+             "| construction | final quality | peak quality | peak step | fell after peak | hacked | length gain | "
+             "Kendall tau | tau, last quarter | advantage error |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for name, e in result["constructions"].items():
-        h, cost = e["hacked"], e["cost_vs_prc"]
-        hacked = f"{h['mean'] * h['n']:.0f} / {h['n']}" if h["n"] else "n/a"
+    for name, e in entries.items():
         lines.append(
-            f"| {name} | {_fmt(e['final'])} | {_fmt(e['peak'])} | {_fmt(e['peak_step'], 0)} | "
-            f"{_fmt(e['kendall_tau'])} | {_fmt(e['advantage_error'])} | {hacked} | {_fmt(e['questions'], 0)} | "
-            f"{_fmt(e['judge_tokens'], 0)} | {f'{cost:.2f}' if math.isfinite(cost) else 'n/a'} |")
-    lines += ["", "Orderings the intervals support (final quality): "
-              + ("; ".join(result["orderings"]) if result["orderings"] else "none") + ".", ""]
+            f"| {name} | {_fmt(e['final'])} | {_fmt(e['peak'])} | {_fmt(e['peak_step'], 0)} | {_runs(e['fell'])} | "
+            f"{_runs(e['hacked'])} | {_fmt(e['length_gain'], 2)} | {_fmt(e['kendall_tau'])} | "
+            f"{_fmt(e['kendall_tau_late'])} | {_fmt(e['advantage_error'])} |")
+    lines += ["", "`hacked` (reward up while quality fell) is n/a where the reward has no fixed scale across steps "
+              "(within-group win counts, PRC against the current policy).", "",
+              "| construction | questions / step | judge tokens / step | reward seconds / step | tokens vs PRC | "
+              "seconds vs PRC |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, e in entries.items():
+        lines.append(f"| {name} | {_fmt(e['questions'], 0)} | {_fmt(e['judge_tokens'], 0)} | "
+                     f"{_fmt(e['reward_seconds'], 2)} | {_ratio(e['cost_vs_prc'])} | {_ratio(e['seconds_vs_prc'])} |")
+    saturated = [f"{n} {_fmt(e['prc_saturation'])}" for n, e in entries.items() if e["prc_saturation"]["n"]]
+    if saturated:
+        lines += ["", "PRC saturation (share of P(A) in [0, 0.1] or [0.9, 1], Table 6): " + "; ".join(saturated) + "."]
+    labels = {"final": "final quality", "peak": "peak quality", "kendall_tau": "Kendall tau"}
+    lines += ["", "Orderings the intervals support (the other pairs cannot be told apart):", ""]
+    for key, pairs in result["orderings"].items():
+        lines.append(f"- {labels.get(key, key)}: " + ("; ".join(grouped_orderings(pairs)) if pairs else "none") + ".")
     if result.get("audit"):
         a = result["audit"]
-        lines += ["The toy judge (`rrc_jax.data.toy.audit`): "
+        lines += ["", "The toy judge (`rrc_jax.data.toy.audit`): "
                   f"error rate {a['error_rate']:.3f} ({a['close_error_rate']:.3f} on close pairs), position "
                   f"inconsistency {a['position_inconsistency']:.3f}, intransitive triads "
-                  f"{a['intransitive_triad_rate']:.3f}.", ""]
-    lines += [f"![{p}]({p})" for p in plots]
+                  f"{a['intransitive_triad_rate']:.3f}."]
+    lines += [""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
 
 
+def _families(entries: dict) -> dict[str, list[str]]:
+    """Constructions by reward kind, the baselines (DRM, PRC) together: one panel each."""
+    out: dict[str, list[str]] = {}
+    for name, e in entries.items():
+        title = "baselines (DRM, PRC)" if e["kind"] in ("drm", "prc") else e["kind"].upper()
+        out.setdefault(title, []).append(name)
+    return out
+
+
 def plot(result: dict, out: Path) -> list[str]:
-    """The PNGs (file names, in `out`): quality vs step with 95% bands, reward fidelity, cost vs quality, and the
-    PRC probability histogram (when a PRC construction ran)."""
+    """The PNGs (file names, in `out`): quality vs step with 95% bands (a panel per reward kind, PRC dashed in
+    each for reference), reward fidelity, cost vs quality, and the PRC probability histogram (when a PRC
+    construction ran)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -154,38 +217,64 @@ def plot(result: dict, out: Path) -> list[str]:
 
     entries = result["constructions"]
     names = list(entries)
+    color = {n: plt.cm.tab20(i % 20) for i, n in enumerate(names)}  # one colour per construction in every plot
     files = []
 
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for name in names:
-        curve = entries[name]["curve"]
-        steps = np.array(sorted(int(s) for s in curve))
-        mean = np.array([curve[str(s)]["mean"] for s in steps])
-        half = np.nan_to_num(np.array([curve[str(s)]["ci95"] for s in steps]))
-        ax.plot(steps, mean, marker="o", ms=3, label=name)
-        ax.fill_between(steps, mean - half, mean + half, alpha=0.15)
-    ax.set(xlabel="step", ylabel="held-out oracle quality", title="Oracle quality (mean, 95% interval over seeds)")
-    ax.legend(fontsize=7, ncol=2)
+    def curve(name):
+        c = entries[name]["curve"]
+        steps = np.array(sorted(int(s) for s in c))
+        return (steps, np.array([c[str(s)]["mean"] for s in steps]),
+                np.nan_to_num(np.array([c[str(s)]["ci95"] for s in steps])))
+
+    families = _families(entries)
+    fig, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 4.5), sharey=True, squeeze=False)
+    for ax, (title, members) in zip(axes[0], families.items()):
+        if "prc" in entries and "prc" not in members:
+            steps, mean, _ = curve("prc")
+            ax.plot(steps, mean, "k--", lw=1, label="prc (reference)")
+        for name in members:
+            steps, mean, half = curve(name)
+            ax.plot(steps, mean, marker="o", ms=3, label=name, color=color[name])
+            ax.fill_between(steps, mean - half, mean + half, alpha=0.15, color=color[name])
+        ax.set(xlabel="step", title=title)
+        ax.legend(fontsize=7)
+    axes[0][0].set(ylabel="held-out oracle quality")
+    fig.suptitle("Held-out oracle quality (mean and 95% interval over seeds)")
     files.append(_save(fig, out / "quality_vs_step.png"))
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    for ax, key, label in ((axes[0], "kendall_tau", "Kendall tau (reward vs oracle, within group)"),
-                           (axes[1], "advantage_error", "advantage error (RMS vs oracle advantages)")):
-        means = [entries[n][key]["mean"] for n in names]
-        halves = np.nan_to_num([entries[n][key]["ci95"] for n in names])
-        ax.barh(names, means, xerr=halves, color="tab:blue", alpha=0.7)
-        ax.set(title=label)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.3 * len(names) + 2))
+    y = np.arange(len(names))
+    for ax, keys, label in ((axes[0], ("kendall_tau", "kendall_tau_late"),
+                             "Kendall tau, reward vs oracle within a group"),
+                            (axes[1], ("advantage_error",), "advantage error (RMS vs oracle advantages)")):
+        width = 0.8 / len(keys)
+        for k, (key, tag) in enumerate(zip(keys, ("whole run", "last quarter"))):
+            ax.barh(y + (k - (len(keys) - 1) / 2) * width, [entries[n][key]["mean"] for n in names], height=width,
+                    xerr=np.nan_to_num([entries[n][key]["ci95"] for n in names]), alpha=0.75,
+                    label=tag if len(keys) > 1 else None)
+        ax.set(title=label, yticks=y, yticklabels=names)
         ax.invert_yaxis()
+        if len(keys) > 1:
+            ax.legend(fontsize=8)
     files.append(_save(fig, out / "fidelity.png"))
 
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for name in names:
-        e = entries[name]
-        ax.errorbar(max(e["judge_tokens"]["mean"], 1.0), e["final"]["mean"],
-                    yerr=np.nan_to_num(e["final"]["ci95"]), fmt="o", capsize=3)
-        ax.annotate(name, (max(e["judge_tokens"]["mean"], 1.0), e["final"]["mean"]), fontsize=7)
-    ax.set(xscale="log", xlabel="judge tokens per step", ylabel="final held-out oracle quality",
-           title="Cost vs quality")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    for ax, key, label in ((axes[0], "questions", "judge questions per step"),
+                           (axes[1], "judge_tokens", "generated judge tokens per step")):
+        for name in names:
+            e = entries[name]
+            x = e[key]["mean"]
+            if not (math.isfinite(x) and x > 0):  # no judge (DRM), or a judge that generates nothing
+                ax.axhline(e["final"]["mean"], color="gray", ls=":", lw=1)
+                ax.annotate(f"{name} (none)", (0.01, e["final"]["mean"]), xycoords=("axes fraction", "data"),
+                            fontsize=7, va="bottom")
+                continue
+            ax.errorbar(x, e["final"]["mean"], yerr=np.nan_to_num(e["final"]["ci95"]), fmt="o", capsize=3,
+                        color=color[name])
+            ax.annotate(name, (x, e["final"]["mean"]), fontsize=7, xytext=(4, 2), textcoords="offset points")
+        ax.set(xscale="log", xlabel=label)
+    axes[0].set(ylabel="final held-out oracle quality")
+    fig.suptitle("Judge cost vs final quality (mean and 95% interval over seeds)")
     files.append(_save(fig, out / "cost_vs_quality.png"))
 
     hists = {n: e["prc_histogram"] for n, e in entries.items() if "prc_histogram" in e}
@@ -194,8 +283,8 @@ def plot(result: dict, out: Path) -> list[str]:
         width = 0.8 / len(hists)
         for k, (name, h) in enumerate(hists.items()):
             ax.bar(np.arange(10) / 10 + 0.05 + (k - (len(hists) - 1) / 2) * width / 10, h, width=width / 10,
-                   label=name)
-        ax.set(xlabel="P(A)", ylabel="share of judgments", title="PRC probabilities (Table 6)")
+                   label=name, color=color[name])
+        ax.set(xlabel="P(A)", ylabel="share of judgments", title="PRC probabilities (Table 6's buckets)")
         ax.legend()
         files.append(_save(fig, out / "prc_histogram.png"))
     return files
@@ -212,7 +301,7 @@ def _save(fig, path: Path) -> str:
 
 def write_report(summary_paths: list[Path], out: Path, audit: dict | None = None) -> Path:
     """`out/study.json` (every construction's statistics, the audit), the plots and `out/report.md`."""
-    summaries = [json.loads(Path(p).read_text()) for p in summary_paths]
+    summaries = [_with_scale(json.loads(Path(p).read_text())) for p in summary_paths]
     result = aggregate(summaries)
     per = {n: len(e["seeds"]) for n, e in result["constructions"].items()}
     result.update(runs=len(summaries), seeds_per_construction=min(per.values()) if per else 0,
@@ -222,3 +311,16 @@ def write_report(summary_paths: list[Path], out: Path, audit: dict | None = None
     (out / "study.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
     (out / "report.md").write_text(markdown(result, plots))
     return out / "report.md"
+
+
+def _with_scale(summary: dict) -> dict:
+    """A summary with `absolute_reward`; one written before that field gets it from its construction's trainer
+    config (None for a construction this version does not know)."""
+    if "absolute_reward" not in summary:
+        from rrc_jax.configs.study import get_config
+        from rrc_jax.study.runs import CONSTRUCTIONS, absolute_reward, trainer_config
+
+        name = summary["construction"]
+        summary["absolute_reward"] = (absolute_reward(trainer_config(get_config(), name, summary["seed"]))
+                                      if name in CONSTRUCTIONS else None)
+    return summary

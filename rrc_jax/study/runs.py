@@ -109,6 +109,16 @@ def trainer_config(study, name: str, seed: int):
     return c
 
 
+def absolute_reward(config) -> bool:
+    """Whether the run's reward keeps one scale across steps, so that its mean rising says the judge (or DRM) rates
+    the policy higher: the DRM, a pointwise judge, AGR against fixed anchors, PRC against the frozen initial
+    policy. Win counts within a group (SCR, tournaments, CARA) and PRC against the current policy are relative:
+    their mean says nothing of the kind."""
+    r = config.reward
+    return (r.kind in ("drm", "pointwise") or (r.kind == "agr" and r.agr.refresh_every == 0)
+            or (r.kind == "prc" and r.prc.reference == "initial"))
+
+
 def summary_path(study, name: str, seed: int) -> Path:
     return Path(study.out) / "runs" / f"{name}-seed{seed}.json"
 
@@ -122,7 +132,7 @@ def summarize(workdir: Path, name: str, seed: int, config) -> dict:
     series = {k: {str(s): r[k] for s, r in sorted(rows.items()) if k in r and _finite(r[k])} for k in SERIES}
     return {"construction": name, "seed": seed, "kind": config.reward.kind, "steps": config.steps,
             "votes": config.reward.judge.votes, "beta": config.rl.beta,
-            "judge_temperature": config.reward.judge.temperature,
+            "judge_temperature": config.reward.judge.temperature, "absolute_reward": absolute_reward(config),
             "series": {k: v for k, v in series.items() if v}}
 
 
