@@ -32,7 +32,8 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 METRICS = ("final", "peak", "peak_step", "fell", "hacked", "length_gain", "kendall_tau", "kendall_tau_late",
            "advantage_error", "prc_saturation", "questions", "judge_tokens", "reward_seconds")
-ORDERED = ("final", "peak", "kendall_tau")  # the metrics whose supported orderings the report states
+# the metrics whose supported orderings the report states, with their names in it
+ORDERED = {"final": "final quality", "peak": "peak quality", "kendall_tau": "Kendall tau"}
 
 
 def t975(df: int) -> float:
@@ -183,10 +184,9 @@ def markdown(result: dict, plots: list[str]) -> str:
     saturated = [f"{n} {_fmt(e['prc_saturation'])}" for n, e in entries.items() if e["prc_saturation"]["n"]]
     if saturated:
         lines += ["", "PRC saturation (share of P(A) in [0, 0.1] or [0.9, 1], Table 6): " + "; ".join(saturated) + "."]
-    labels = {"final": "final quality", "peak": "peak quality", "kendall_tau": "Kendall tau"}
     lines += ["", "Orderings the intervals support (the other pairs cannot be told apart):", ""]
     for key, pairs in result["orderings"].items():
-        lines.append(f"- {labels.get(key, key)}: " + ("; ".join(grouped_orderings(pairs)) if pairs else "none") + ".")
+        lines.append(f"- {ORDERED.get(key, key)}: " + ("; ".join(grouped_orderings(pairs)) if pairs else "none") + ".")
     if result.get("audit"):
         a = result["audit"]
         lines += ["", "The toy judge (`rrc_jax.data.toy.audit`): "
