@@ -171,9 +171,25 @@ def preference_questions(config, tokenizer) -> tuple[PromptSet, PromptSet]:
     return dataclasses.replace(train_q, counts={**train_q.counts, "bad_rows_skipped": skipped}), held_q
 
 
+def check_toy_eval_prompts(config) -> None:
+    """A `ConfigError` when `data.eval_prompts` asks for more distinct held-out toy prompts than the evaluation
+    split has (`held_out_prompt_count` of `toy.min_len`..`toy.max_len` digits): drawing them would never end."""
+    from rrc_jax.data.toy.task import held_out_prompt_count
+
+    t, want = config.toy, config.data.eval_prompts
+    most = held_out_prompt_count(t.min_len, t.max_len)
+    if want > most:
+        raise ConfigError(f"config.data.eval_prompts={want}: the toy task has only {most} distinct held-out prompts "
+                          f"({t.min_len}-{t.max_len} digits, toy.min_len / toy.max_len); set data.eval_prompts "
+                          f"<= {most} or raise toy.max_len")
+
+
 def toy_prompts(config) -> tuple[PromptSet, PromptSet]:
+    """(training, held-out) prompts of the toy task: `toy.train_prompts` drawn from the training split, and
+    `data.eval_prompts` distinct ones of the evaluation split (at most `check_toy_eval_prompts`' maximum)."""
     from rrc_jax.data.toy.task import SortTask, oracle_quality
 
+    check_toy_eval_prompts(config)
     t = config.toy
     task = SortTask(t.min_len, t.max_len, t.noise)
     rng = np.random.default_rng(10_000 + t.seed)

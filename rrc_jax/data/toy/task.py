@@ -20,7 +20,8 @@ its verdict, so the reasoning and the verdict stay consistent: P(verdict) satura
 (PRC's probability collapse, Table 6), while the judgments vary from one sample to the next.
 
 Prompts are split once and for all: a fixed eighth of all digit strings (`is_held_out`) is only ever drawn for
-evaluation, the rest for every model's training and the RL prompts.
+evaluation, the rest for every model's training and the RL prompts; `held_out_prompt_count` says how many distinct
+evaluation prompts there are (138,750 of 4-6 digits).
 
 The toy pointwise judge (IRPO's kind, `toy_pointwise` template) scores one response the same way:
 
@@ -55,6 +56,31 @@ def parse_digits(text: str) -> str:
 def is_held_out(digits: str) -> bool:
     """Whether the prompt `digits` belongs to the evaluation split (a fixed hash bucket): never trained on."""
     return zlib.crc32(digits.encode()) % HELD_OUT_BUCKETS == 0
+
+
+def held_out_prompt_count(min_len: int, max_len: int) -> int:
+    """How many distinct prompts of `min_len`..`max_len` digits the evaluation split has (`is_held_out`): the most
+    distinct held-out prompts a toy run can draw.
+
+    Exact without enumerating the strings: over strings of one length CRC-32 is affine in the input bits, so a
+    string's bucket (the CRC's low bits: `HELD_OUT_BUCKETS` is a power of two) is that of the all-zero string XOR
+    one term per position and digit; the count runs over the `HELD_OUT_BUCKETS` partial XORs, position by
+    position."""
+    mask = HELD_OUT_BUCKETS - 1
+    assert HELD_OUT_BUCKETS & mask == 0, "the split's buckets are the CRC's low bits"
+    total = 0
+    for n in range(min_len, max_len + 1):
+        zero = zlib.crc32(bytes(n))
+        ways = [1] + [0] * mask  # ways[s]: strings so far whose terms XOR to s
+        for i in range(n):
+            terms = [(zlib.crc32(bytes(i) + d.encode() + bytes(n - i - 1)) ^ zero) & mask for d in DIGITS]
+            nxt = [0] * HELD_OUT_BUCKETS
+            for s, w in enumerate(ways):
+                for t in terms:
+                    nxt[s ^ t] += w
+            ways = nxt
+        total += ways[zero & mask]  # bucket 0: the terms cancel the all-zero string's low bits
+    return total
 
 
 def _hits_extras(prompt_digits: str, response: str) -> tuple[int, int]:
