@@ -58,6 +58,35 @@ def first_step_again(resume_step: int | None) -> int | None:
     return resume_step + 1 if resume_step > 0 else 0
 
 
+def step_of(line: str) -> int | None:
+    """The `step` of a `metrics.jsonl` line, None when it is not a JSON object with an integer step (a line cut
+    short)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    step = row.get("step") if isinstance(row, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def lines_before(text: str, first: int, name: str) -> tuple[list[str], bool]:
+    """(the lines of a `metrics.jsonl` text logged before step `first`, each ending in a newline; whether its last
+    line was torn). A torn last line (not a metrics line: a write cut short by a full disk or a kill) is dropped; a
+    malformed line before it is a `ConfigError` naming `name:LINE`. Blank lines are dropped."""
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    kept, torn = [], False
+    for k, (n, line) in enumerate(lines):
+        step = step_of(line)
+        if step is None:
+            if k < len(lines) - 1:
+                raise ConfigError(f"{name}:{n}: not a metrics line (a JSON object with an integer step); delete "
+                                  "that line, or move the file away to start the log afresh")
+            torn = True
+        elif step < first:
+            kept.append(line + "\n")
+    return kept, torn
+
+
 def import_wandb():
     """The `wandb` module, or a `ConfigError` saying how to get it or turn it off."""
     try:
@@ -74,7 +103,8 @@ class MetricsLogger:
 
     Only process 0 writes. `resume_step`: a run resumed from the checkpoint of that step first drops the lines of
     later steps (logged after the checkpoint, before the run was killed), so that every step has one line, and
-    TensorBoard hides their events; 0 (no checkpoint yet) drops them all.
+    TensorBoard hides their events; 0 (no checkpoint yet) drops them all. A torn last line (`lines_before`) is
+    dropped and said.
     """
 
     def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True, resume_step: int | None = None,
@@ -92,8 +122,12 @@ class MetricsLogger:
             self.path.write_text((self.remote / "metrics.jsonl").read_text())
         first = first_step_again(resume_step)
         if first is not None and self.path.exists():
-            rows = [line for line in self.path.read_text().splitlines(keepends=True)
-                    if line.strip() and json.loads(line)["step"] < first]
+            text = self.path.read_bytes().decode("utf-8", errors="replace")  # a torn write may end mid-character
+            rows, torn = lines_before(text, first, str(self.path))
+            if torn:
+                from rrc_jax.progress import say
+
+                say(f"metrics: dropped the torn last line of {self.path} (a write cut short, e.g. by a full disk)")
             self.path.write_text("".join(rows))
         self._jsonl = open(self.path, "a")
         # tensorboardX names event files by the second and truncates an existing name: the suffix keeps a writer

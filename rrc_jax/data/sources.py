@@ -9,10 +9,11 @@
 - otherwise a Hub name `org/name`, read as `load_dataset(name, split=split)` (needs the network, or the
   `datasets` cache).
 
-Types are those `datasets` infers for the whole file. A JSON file that `datasets` cannot read is scanned for
-where it is malformed: each line of JSON lines that is not one JSON object (blank lines are fine) is named as
-`FILE:LINE`; with a `bad_lines` list they are skipped instead (and listed there), the file's other rows read as
-usual. `render_conversation` is how a chat conversation reads as one text (what a judge is shown of a multi-turn
+Types are those `datasets` infers for the whole file. A JSON file that `datasets` cannot read (or whose text is
+not UTF-8) is scanned for where it is malformed: each line of JSON lines that is not one JSON object in UTF-8
+(blank lines are fine) is named as `FILE:LINE`; with a `bad_lines` list they are skipped instead (and listed
+there), the file's other rows read as usual. A CSV file's first line that is not UTF-8 is named the same way; a
+file of blank lines is an error. `render_conversation` is how a chat conversation reads as one text (what a judge is shown of a multi-turn
 prompt).
 """
 
@@ -65,7 +66,7 @@ def json_line_errors(p: Path) -> list[tuple[int, str]] | None:
             except json.JSONDecodeError as e:
                 why = f"{e.msg} at column {e.colno}"
             except UnicodeDecodeError as e:
-                why = f"not UTF-8 ({e.reason} at byte {e.start})"
+                why = f"not UTF-8: {e.reason} at byte {e.start}"
             if why and not seen and not lines:
                 return None
             seen = True
@@ -77,27 +78,49 @@ def json_line_errors(p: Path) -> list[tuple[int, str]] | None:
 def _json_document_error(p: Path) -> tuple[int, str] | None:
     """(1-based line, what is wrong) of a malformed JSON document, None when it parses."""
     with _open(p) as f:
-        try:
-            json.loads(f.read())
-        except json.JSONDecodeError as e:
-            return e.lineno, f"{e.msg} at column {e.colno}"
-        except UnicodeDecodeError as e:
-            return 1, f"not UTF-8 ({e.reason} at byte {e.start})"
+        raw = f.read()
+    try:
+        json.loads(raw)
+    except json.JSONDecodeError as e:
+        return e.lineno, f"{e.msg} at column {e.colno}"
+    except UnicodeDecodeError as e:
+        return raw[:e.start].count(b"\n") + 1, f"not UTF-8: {e.reason} at byte {e.start}"
     return None
 
 
-def _good_json_lines(p: Path, bad: list[tuple[int, str]]):
+def _first_non_utf8_line(p: Path) -> tuple[int, str] | None:
+    """(1-based line, what is wrong) of the first line of a text file that is not UTF-8, None when all are."""
+    with _open(p) as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return n, f"not UTF-8: {e.reason} at byte {e.start}"
+    return None
+
+
+def _has_text(p: Path) -> bool:
+    """Whether a text file has a line that is not blank (read up to the first such line)."""
+    with _open(p) as f:
+        return any(raw.strip() for raw in f)
+
+
+def _good_json_lines(p: Path, bad: list[tuple[int, str]], path: str):
     """The rows of the JSON-lines file `p` without its `bad` lines, read by `datasets` from a temporary copy (held
-    in memory)."""
+    in memory); a `ConfigError` naming `path` when no line is left."""
     import datasets
 
     skip = {n for n, _ in bad}
     with tempfile.TemporaryDirectory() as tmp:
-        good = Path(tmp) / "rows.jsonl"
+        good, kept = Path(tmp) / "rows.jsonl", 0
         with _open(p) as f, open(good, "wb") as out:
             for n, raw in enumerate(f, 1):
-                if n not in skip:
+                if n not in skip and raw.strip():
                     out.write(raw.rstrip(b"\r\n") + b"\n")
+                    kept += 1
+        if not kept:
+            line, why = bad[0]
+            raise ConfigError(f"{path}: every line is malformed (line {line}: {why}); fix the file")
         return datasets.load_dataset("json", data_files=str(good), split="train", cache_dir=tmp,
                                      keep_in_memory=True)
 
@@ -125,9 +148,13 @@ def read_rows(path: str, split: str = "train", bad_lines: list[tuple[int, str]] 
         kind = file_kind(p)
         if kind is None:
             raise ConfigError(f"{path}: unknown file type; {WHERE}")
-        errors = (datasets.exceptions.DatasetGenerationError, pa.ArrowException, StopIteration)
+        if kind != "parquet" and not _has_text(p):
+            raise ConfigError(f"{path}: no rows (the file is empty or only blank lines); give a file with rows")
+        errors = (datasets.exceptions.DatasetGenerationError, pa.ArrowException, StopIteration, UnicodeDecodeError)
         try:
-            return datasets.load_dataset(kind, data_files=str(p), split="train"), p.name
+            ds = datasets.load_dataset(kind, data_files=str(p), split="train")
+            ds.data.table.validate(full=True)  # pyarrow's JSON reader keeps invalid UTF-8; it fails when read
+            return ds, p.name
         except errors as e:
             failure = e
         if kind == "json":  # where is it malformed?
@@ -145,9 +172,12 @@ def read_rows(path: str, split: str = "train", bad_lines: list[tuple[int, str]] 
             elif bad:
                 bad_lines.extend(bad)
                 try:
-                    return _good_json_lines(p, bad), p.name
+                    return _good_json_lines(p, bad, path), p.name
                 except errors as e:
                     failure = e
+        elif kind == "csv" and (where := _first_non_utf8_line(p)) is not None:
+            raise ConfigError(f"{path}:{where[0]}: {where[1]}; save the file as UTF-8 (data.skip_bad_rows skips "
+                              "lines of JSON lines only)") from failure
         cause = failure.__cause__ or failure
         why = "no rows" if isinstance(cause, StopIteration) else f"{type(cause).__name__}: {cause}"
         raise ConfigError(f"{path}: not readable as {kind} ({why})") from failure

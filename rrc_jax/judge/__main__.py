@@ -5,7 +5,9 @@
                             --dtype=bfloat16]
 
 Prints each vote's reasoning and verdict (with A/B swapping, every second vote shows the pair reversed; the winner
-is reported in the caller's terms, `a` or `b`) and the tally. Logs and errors go to stderr.
+is reported in the caller's terms, `a` or `b`) and the tally. Logs and errors go to stderr. When the question does
+not fit the judge's context with `--max_new_tokens`, the budget is lowered to what fits (said in one line); when
+every vote abstains, a `warning:` line says why (the tally counts the abstentions; it is not a score).
 """
 
 from __future__ import annotations
@@ -35,22 +37,35 @@ _MESH = flags.DEFINE_string("mesh", "1,-1,1", "Device mesh DATA,FSDP,TENSOR (-1:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _VOTES.value < 1:
+        sys.exit(f"error: --votes={_VOTES.value}: the pair needs at least one judgment; give --votes=1 or more")
     import jax
 
     from rrc_jax import distributed
     from rrc_jax.errors import ConfigError
     from rrc_jax.inference import JaxSampler
-    from rrc_jax.judge import Judge, JudgeConfig
+    from rrc_jax.judge import Judge, JudgeConfig, get_template
+    from rrc_jax.judge.judge import sampler_context_length
+    from rrc_jax.judge.prompts import question_length
     from rrc_jax.models import load_hf, load_tokenizer
+    from rrc_jax.progress import say
+    from rrc_jax.rm.evaluation import abstention_causes, fit_judgment_budget
     from rrc_jax.sharding import mesh_from_flag
 
     try:
         distributed.initialize()
         mesh = mesh_from_flag(_MESH.value)
-        config = JudgeConfig(template=_TEMPLATE.value, max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value,
-                             top_p=_TOP_P.value, top_k=_TOP_K.value, seed=_SEED.value)
+        template = get_template(_TEMPLATE.value)
         model, tokenizer = load_hf(_MODEL.value, dtype=_DTYPE.value, mesh=mesh), load_tokenizer(_MODEL.value)
-        judge = Judge(JaxSampler(model, tokenizer), tokenizer, config)
+        sampler = JaxSampler(model, tokenizer)
+        lengths = [question_length(tokenizer, template, _PROMPT.value, a=a, b=b)
+                   for a, b in ((_A.value, _B.value), (_B.value, _A.value))]
+        budget, note = fit_judgment_budget(_MAX_NEW.value, sampler_context_length(sampler), lengths)
+        if note:
+            say(note)
+        config = JudgeConfig(template=template, max_new_tokens=budget, temperature=_TEMPERATURE.value,
+                             top_p=_TOP_P.value, top_k=_TOP_K.value, seed=_SEED.value)
+        judge = Judge(sampler, tokenizer, config)
     except (ConfigError, FileNotFoundError, ValueError) as e:  # flags, template, checkpoint: the user's to fix
         sys.exit(f"error: {e}")
     with jax.set_mesh(mesh):
@@ -62,6 +77,9 @@ def main(argv: list[str]) -> None:
         print(f"--- verdict: {v.verdict or 'none (abstain)'}" + (f" -> {v.winner} wins" if v.winner else ""))
     print(f"tally: a {int(votes.wins[0])}, b {int(votes.losses[0])}, abstain {int(votes.abstains[0])}")
     logging.info("judge metrics: %s", judge.summary())
+    if votes.abstains[0] == _VOTES.value:  # the tally counts them; say why
+        say(f"warning: all {_VOTES.value} votes abstained ({abstention_causes(judge)}); raise --max_new_tokens or "
+            "use the template the judge was trained with (--template)")
 
 
 if __name__ == "__main__":

@@ -51,15 +51,35 @@ class JudgeTemplate:
     direct: str | JudgeTemplate | None = None
 
     def __post_init__(self):
-        if self.kind not in ("pairwise", "pointwise"):
-            raise ConfigError(f"template {self.name!r}: kind={self.kind!r}; use 'pairwise' or 'pointwise'")
-        if "{prompt}" not in self.context:
-            raise ConfigError(f"template {self.name!r}: context must contain '{{prompt}}'")
-        fields = ("{a}", "{b}") if self.kind == "pairwise" else ("{response}",)
-        missing = [f for f in fields if f not in self.item]
-        if missing:
-            raise ConfigError(f"template {self.name!r}: item must contain {', '.join(missing)} for "
-                              f"kind={self.kind!r}")
+        problem = template_problem({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        if problem:
+            raise ConfigError(f"template {self.name!r}: {problem}")
+
+
+_FIELD_TYPES = {  # field: (the types it may have, what it must be)
+    "name": ((str,), "a string"), "kind": ((str,), "'pairwise' or 'pointwise'"),
+    "system": ((str, type(None)), "a string or null"), "context": ((str,), "a string holding '{prompt}'"),
+    "item": ((str,), "a string holding the responses ('{a}' and '{b}', or '{response}')"),
+    "think": ((bool,), "true or false"), "verdict_prefix": ((str,), "a string"),
+    "direct": ((str, JudgeTemplate, type(None)), "a template name, a template or null")}
+
+
+def template_problem(fields: dict) -> str | None:
+    """What is wrong with a template's `fields` (`JudgeTemplate`'s, by name; absent ones are not checked), in words
+    that say the fix; None when nothing is."""
+    for name, value in fields.items():
+        types, what = _FIELD_TYPES[name]
+        if not isinstance(value, types):
+            return f"{name} must be {what}, got {value!r}"
+    kind, context, item = fields.get("kind"), fields.get("context", "{prompt}"), fields.get("item")
+    if kind not in ("pairwise", "pointwise"):
+        return f"kind={kind!r}; use 'pairwise' or 'pointwise'"
+    if "{prompt}" not in context:
+        return "context must contain '{prompt}'"
+    missing = [f for f in (("{a}", "{b}") if kind == "pairwise" else ("{response}",)) if f not in (item or "")]
+    if missing:
+        return f"item must contain {', '.join(missing)} for kind={kind!r}"
+    return None
 
 
 _PAIRWISE_SYSTEM = (
@@ -231,6 +251,9 @@ def _from_fields(fields, where: str, default_name: str) -> JudgeTemplate:
     fields = {"name": default_name, "system": None, **fields}
     if isinstance(fields.get("direct"), dict):
         fields["direct"] = _from_fields(fields["direct"], f"{where} (direct)", f"{fields['name']}_direct")
+    problem = template_problem(fields)
+    if problem:
+        raise ConfigError(f"judge template {where}: {problem}")
     return JudgeTemplate(**fields)
 
 
@@ -309,3 +332,10 @@ def encode_question(tokenizer, prefix_text: str, suffix_text: str, prefix_ids: l
     suffix = encode_text(tokenizer, suffix_text, first=False)
     full = encode_text(tokenizer, prefix_text + suffix_text, first=True)
     return EncodedQuestion(prefix, suffix, full, prefix + suffix == full)
+
+
+def question_length(tokenizer, template: JudgeTemplate, prompt: str, **item: str) -> int:
+    """The tokens of one question as the judge sends it (`render_parts`, `encode_question`): prefix plus suffix,
+    or the whole text when they do not split; the judgment not included."""
+    q = encode_question(tokenizer, *render_parts(tokenizer, template, prompt, **item))
+    return len(q.prefix) + len(q.suffix) if q.reusable else len(q.full)
