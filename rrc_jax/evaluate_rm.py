@@ -19,6 +19,11 @@ How the examples are asked:
 - pointwise: chosen and rejected are each scored `--votes` times (`--template`, default `irpo_pointwise`).
 - drm: the value head scores chosen and rejected once (`--max_batch` rows per model call).
 
+The judgment budget fits the judge's context: when no question fits it with `--max_new_tokens` (every one would
+abstain unasked), the budget is lowered to what fits the longest question, said in one line; when even that leaves
+no room it is an error naming `--max_new_tokens`. A result that measures nothing (every vote abstained, or no DRM
+score finite) is an error saying why, not a score (`--dump` is still written).
+
 Judge calls take `--chunk` examples at a time (a progress bar counts them); each call is batched by the sampler in
 `--max_batch` rows. Greedy decoding (`--temperature=0`, the default) gives V identical votes: use V > 1 only with
 a temperature > 0.
@@ -107,11 +112,14 @@ def run(args: Args) -> tuple[dict, list[dict]]:
     from rrc_jax.data.preferences import load_preferences
     from rrc_jax.errors import ConfigError
     from rrc_jax.inference import JaxSampler
-    from rrc_jax.judge import Judge, JudgeConfig
+    from rrc_jax.judge import Judge, JudgeConfig, get_template
+    from rrc_jax.judge.judge import sampler_context_length
+    from rrc_jax.judge.prompts import question_length
     from rrc_jax.models import load_hf, load_tokenizer
     from rrc_jax.progress import Progress, say
     from rrc_jax.rl.reward_fns import DRMReward
-    from rrc_jax.rm.evaluation import KINDS, evaluate, markdown_table
+    from rrc_jax.rm.evaluation import (KINDS, abstention_causes, evaluate, fit_judgment_budget, markdown_table,
+                                       nothing_scored, question_items)
     from rrc_jax.sharding import mesh_from_flag
 
     if args.kind not in KINDS:
@@ -142,10 +150,16 @@ def run(args: Args) -> tuple[dict, list[dict]]:
         drm = DRMReward(model, tokenizer, args.max_batch)
         say(f"scoring {n} pairs with the DRM: {2 * n} responses")
     else:
-        config = JudgeConfig(template=args.template or DEFAULT_TEMPLATES[args.kind],
-                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                             top_k=args.top_k, seed=args.seed)
-        judge = Judge(JaxSampler(model, tokenizer, max_batch=args.max_batch), tokenizer, config)
+        sampler = JaxSampler(model, tokenizer, max_batch=args.max_batch)
+        template = get_template(args.template or DEFAULT_TEMPLATES[args.kind])
+        lengths = [question_length(tokenizer, template, prompt, **item)
+                   for prompt, item in question_items(args.kind, data.prefs)]
+        budget, note = fit_judgment_budget(args.max_new_tokens, sampler_context_length(sampler), lengths)
+        if note:
+            say(note)
+        config = JudgeConfig(template=template, max_new_tokens=budget, temperature=args.temperature,
+                             top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+        judge = Judge(sampler, tokenizer, config)
         what = "orders x" if args.kind == "pairwise" else "responses x"
         say(f"judging {n} pairs: 2 {what} {args.votes} votes = {2 * n * args.votes} questions"
             + (f", then {2 * n} P(A) reads (--prc)" if args.prc else "")
@@ -156,6 +170,17 @@ def run(args: Args) -> tuple[dict, list[dict]]:
                                    think=args.think, chunk=args.chunk, progress=bar.update)
     if judge is not None:
         say(f"judge: {judge.summary()}")
+    if distributed.is_main() and args.dump:  # also when nothing was scored: the judgments say why
+        with open(args.dump, "w") as f:
+            for r in records:
+                f.write(json.dumps(_jsonable(r), ensure_ascii=False) + "\n")
+    why = nothing_scored(args.kind, result, records)
+    if why and judge is None:
+        raise ConfigError(f"{why}: no score to report; check the checkpoint (--model) and --dtype")
+    if why:
+        read = f"the judgments are in {args.dump}" if args.dump else "--dump=FILE writes the judgments"
+        raise ConfigError(f"{why} ({abstention_causes(judge)}): no score to report; raise --max_new_tokens if "
+                          f"judgments were cut, or use the template the judge was trained with (--template); {read}")
     if distributed.is_main():
         sys.stdout.write(markdown_table(result) + "\n")
         sys.stdout.flush()
@@ -163,10 +188,6 @@ def run(args: Args) -> tuple[dict, list[dict]]:
             with open(args.out, "w") as f:
                 json.dump(_jsonable({**result, "args": dataclasses.asdict(args)}), f, indent=2)
                 f.write("\n")
-        if args.dump:
-            with open(args.dump, "w") as f:
-                for r in records:
-                    f.write(json.dumps(_jsonable(r), ensure_ascii=False) + "\n")
     return result, records
 
 

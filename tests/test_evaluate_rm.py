@@ -296,18 +296,25 @@ def test_cli_run_on_tiny_checkpoints(tmp_path, capsys):
             {"prompt": "2 1", "chosen": "1 2", "rejected": "2 1", "domain": "sort"}]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out, dump = tmp_path / "result.json", tmp_path / "verdicts.jsonl"
-    result, records = run(Args(model=str(tmp_path / "judge"), data=str(data), format="pairs",
-                               template="toy_pairwise_cot", max_new_tokens=4, out=str(out), dump=str(dump)))
-    assert result["examples"] == 2 and len(records) == 2
-    assert capsys.readouterr().out.startswith("| metric | value |\n| --- | --- |\n| kind | pairwise |\n")
-    saved = json.loads(out.read_text())
-    assert saved["accuracy"] == result["accuracy"] and saved["args"]["format"] == "pairs"
+    # the random judge writes no verdict in 4 tokens: no score is reported, the dump says why
+    with pytest.raises(ConfigError, match=r"all 4 judge votes abstained \(0 did not fit .*, 4 were cut at "
+                                          r"--max_new_tokens=4, .*: no score to report") as e:
+        run(Args(model=str(tmp_path / "judge"), data=str(data), format="pairs", template="toy_pairwise_cot",
+                 max_new_tokens=4, out=str(out), dump=str(dump)))
+    assert "\n" not in str(e.value) and capsys.readouterr().out == "" and not out.exists()
     lines = [json.loads(x) for x in dump.read_text().splitlines()]
     assert [x["chosen"] for x in lines] == ["1 2 3", "1 2"]
     assert all(len(x["judgments"]) == 2 and {j["order"] for j in x["judgments"]} == {1, 2} for x in lines)
-    assert np.mean([x["correct"] for x in lines]) == result["accuracy"]
+    assert all(j["verdict"] is None for x in lines for j in x["judgments"])
 
-    result, records = run(Args(model=str(tmp_path / "drm"), data=str(data), format="pairs", kind="drm"))
+    result, records = run(Args(model=str(tmp_path / "drm"), data=str(data), format="pairs", kind="drm",
+                               out=str(out), dump=str(dump)))
+    assert result["examples"] == 2 and len(records) == 2
+    assert capsys.readouterr().out.startswith("| metric | value |\n| --- | --- |\n| kind | drm |\n")
+    saved = json.loads(out.read_text())
+    assert saved["accuracy"] == result["accuracy"] and saved["args"]["format"] == "pairs"
+    lines = [json.loads(x) for x in dump.read_text().splitlines()]
+    assert np.mean([x["correct"] for x in lines]) == result["accuracy"]
     drm = DRMReward(tiny_drm(), TOK)
     s = drm.scores([r["prompt"] for r in rows] * 2, [r["chosen"] for r in rows] + [r["rejected"] for r in rows])
     np.testing.assert_allclose([[r["score_chosen"], r["score_rejected"]] for r in records], s.reshape(2, 2).T,

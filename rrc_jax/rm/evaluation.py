@@ -243,6 +243,61 @@ def domain_accuracy(correct, domains: Sequence[str]) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------------------------
+# What fits the judge's context, and a result that measures nothing
+# ------------------------------------------------------------------------------------------------------------
+
+def question_items(kind: str, prefs: Sequence[Preference]) -> list[tuple[str, dict[str, str]]]:
+    """`(prompt, item)` of each question `evaluate` asks a judge of `kind` about `prefs`: both A/B orders of each
+    pair (pairwise), each response (pointwise)."""
+    if kind == "pairwise":
+        return [(p.prompt, {"a": a, "b": b}) for p in prefs for a, b in ((p.chosen, p.rejected),
+                                                                         (p.rejected, p.chosen))]
+    return [(p.prompt, {"response": r}) for p in prefs for r in (p.chosen, p.rejected)]
+
+
+def fit_judgment_budget(max_new_tokens: int, context: int | None, lengths: Sequence[int],
+                        flag: str = "--max_new_tokens") -> tuple[int, str | None]:
+    """(the judgment budget to judge with, a line saying why it differs from `max_new_tokens`, else None).
+
+    `max_new_tokens` while some question of `lengths` tokens fits the judge's `context` with it; when none does
+    (each would abstain unasked), what fits the longest question. A `ConfigError` naming `flag` when even that
+    leaves no room. `context` None (unknown): unchanged."""
+    from rrc_jax.errors import ConfigError
+
+    if context is None or not lengths or min(lengths) + max_new_tokens <= context:
+        return max_new_tokens, None
+    longest, shortest = max(lengths), min(lengths)
+    room = context - longest
+    if room < 1:
+        lower = (f"lower {flag} to at most {context - shortest} (longer questions are then skipped, as "
+                 "abstentions), " if context - shortest >= 1 else "")
+        raise ConfigError(f"{flag}={max_new_tokens}: no question fits the judge's {context}-token context with a "
+                          f"judgment that long, and the longest ({longest} tokens) leaves no room for one; {lower}"
+                          "give shorter examples or use a judge with a longer context")
+    return room, (f"judge: no question fits the judge's {context}-token context with {flag}={max_new_tokens}; "
+                  f"judging with {flag}={room} (the longest question takes {longest} tokens)")
+
+
+def abstention_causes(judge: Judge, flag: str = "--max_new_tokens") -> str:
+    """Why `judge`'s questions abstained, from its metrics: how many did not fit its context, how many were cut at
+    its judgment budget (the setting `flag`), how many had no parseable verdict or score."""
+    m, budget = judge.metrics, judge.config.max_new_tokens
+    other = max(0, m.abstains - m.too_long - m.truncated)
+    return (f"{m.too_long} did not fit the judge's {judge.context_length}-token context with {flag}={budget}, "
+            f"{m.truncated} were cut at {flag}={budget}, {other} had no parseable verdict or score")
+
+
+def nothing_scored(kind: str, result: dict, records: Sequence[dict]) -> str | None:
+    """Why `evaluate`'s `(result, records)` measure nothing, None when something was scored: every judge vote
+    abstained (pairwise, pointwise), or no DRM score is finite."""
+    if kind == "drm":
+        finite = [math.isfinite(r[k]) for r in records for k in ("score_chosen", "score_rejected")]
+        return None if any(finite) else f"every one of the DRM's {len(finite)} scores is NaN or infinite"
+    rate = result.get("abstain_rate", math.nan)
+    return None if rate < 1 else f"all {2 * result['examples'] * result['votes']} judge votes abstained"
+
+
+# ------------------------------------------------------------------------------------------------------------
 # The evaluation
 # ------------------------------------------------------------------------------------------------------------
 
