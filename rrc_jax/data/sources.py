@@ -13,8 +13,8 @@ Types are those `datasets` infers for the whole file. A JSON file that `datasets
 not UTF-8) is scanned for where it is malformed: each line of JSON lines that is not one JSON object in UTF-8
 (blank lines are fine) is named as `FILE:LINE`; with a `bad_lines` list they are skipped instead (and listed
 there), the file's other rows read as usual. A CSV file's first line that is not UTF-8 is named the same way; a
-file of blank lines is an error. `render_conversation` is how a chat conversation reads as one text (what a judge is shown of a multi-turn
-prompt).
+file of blank lines is an error. `render_conversation` is how a chat conversation reads as one text (what a judge
+is shown of a multi-turn prompt).
 """
 
 from __future__ import annotations
