@@ -6,7 +6,7 @@ step and exit).
 
 One composite item per saved step under `directory/<step>/`: `state` (a pytree of arrays: `params`, a pure dict
 of the policy's parameters; `opt`, the optimizer state's leaves; `step`), `data` (the grain iterator state, JSON)
-and `manifest` (JSON: the step, the caller's config hash, and per array of `state` its name, shape, dtype, whether
+and `manifest` (JSON: the step, the run's config and its hash (`rrc_jax.config.config_hash`), and per array of `state` its name, shape, dtype, whether
 it is finite and a checksum of its bits; a CRC-32 of `data`). The manifest is written by the same asynchronous
 save as the arrays and committed with them (Orbax finalizes a step directory as a whole), so it never describes a
 partial checkpoint. RNG keys are not stored: every random draw of step s derives from `fold_in(key(seed), s)`, so
@@ -36,8 +36,11 @@ every decision about a step is taken alike on every host).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import shutil
 import signal
 import sys
 import zlib
@@ -51,6 +54,7 @@ from etils import epath
 from flax import nnx
 
 from rrc_jax import distributed
+from rrc_jax.config import config_hash
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder
 from rrc_jax.progress import say
@@ -104,15 +108,15 @@ def _data_crc(data) -> int:
     return zlib.crc32(json.dumps(data, sort_keys=True).encode())
 
 
-def _manifest(step: int, state: dict, data, config_hash: str) -> dict:
+def _manifest(step: int, state: dict, data, config: dict | None) -> dict:
     digests = _digests(state)
     arrays = {}
     for path, x in jax.tree_util.tree_flatten_with_path(state)[0]:
         checksum, finite = digests[_name(path)]
         arrays[_name(path)] = {"shape": list(x.shape), "dtype": str(x.dtype), "checksum": checksum,
                                "finite": finite}
-    return {"format": MANIFEST_FORMAT, "step": step, "config_hash": config_hash, "data_crc32": _data_crc(data),
-            "arrays": arrays}
+    return {"format": MANIFEST_FORMAT, "step": step, "config_hash": config_hash(config) if config else "",
+            "config": config, "data_crc32": _data_crc(data), "arrays": arrays}
 
 
 def _some(names: list[str]) -> str:
@@ -152,6 +156,39 @@ def _why(error: BaseException) -> str:
     return line if len(line) <= 300 else line[:297] + "..."
 
 
+class CheckpointWriteError(ConfigError):
+    """A checkpoint that could not be written (a full disk, lost permissions: the storage's fault, reported in one
+    line). `last_saved` is the newest step on disk (None: none), the step a rerun resumes from."""
+
+    def __init__(self, step: int, directory, error: BaseException | str, last_saved: int | None):
+        chain, inner = [], error
+        for _ in range(20):
+            if inner is None or isinstance(inner, str):
+                break
+            chain.append(str(inner))
+            inner = inner.__cause__ or inner.__context__
+        text = " ".join(chain)
+        full = "No space left on device" in text or "os_error_code='28'" in text or "[Errno 28]" in text
+        cause = error if isinstance(error, str) else ("no space left on device (the disk is full)" if full
+                                                       else _why(error))
+        then = (f"the run resumes from the checkpoint of step {last_saved}" if last_saved is not None
+                else "the run starts over")
+        super().__init__(f"the checkpoint of step {step} could not be written to {directory}: {cause}; free space "
+                         f"there (or fix its permissions) and rerun: {then}")
+        self.last_saved = last_saved
+
+
+class _OrbaxErrors(logging.Filter):
+    """Drops Orbax's own error logs (a failed background save logs one traceback per thread): every such error
+    reaches the caller as an exception, which `Checkpointer` reports in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname)
+
+
+_ORBAX_ERRORS = _OrbaxErrors()
+
+
 class _Unusable(Exception):
     """A step that does not restore or does not pass the check; the message says why."""
 
@@ -174,20 +211,27 @@ def _move(src: epath.Path, dst: epath.Path) -> None:
 
 class Checkpointer:
     """Save every `save_every` steps (0: only when forced), keep the last `keep` (and the last `keep` finite ones),
-    resume from the latest usable one (module docstring). `config_hash` is recorded in each step's manifest."""
+    resume from the latest usable one (module docstring). `config` (the run's `ConfigDict`) is recorded, with its
+    hash, in each step's manifest: what `trained_config` reads back. `create=False` reads a directory that must
+    exist (another run's) without ever creating it."""
 
-    def __init__(self, directory: str | os.PathLike, save_every: int = 0, keep: int = 2, config_hash: str = ""):
+    def __init__(self, directory: str | os.PathLike, save_every: int = 0, keep: int = 2, config=None,
+                 create: bool = True):
         directory = epath.Path(directory).expanduser()
         self.directory = directory if "://" in str(directory) else directory.absolute()
         self.save_every = save_every
         self.keep = keep
-        self.config_hash = config_hash
+        self.config = json.loads(config.to_json_best_effort()) if config is not None else None
         # steps known to hold non-finite arrays (False) or checked / saved finite (True); others count as finite
         self._finite: dict[int, bool] = {}
         self._saved = False  # nothing is rotated before this checkpointer has saved (a failed resume deletes nothing)
-        options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True, enable_async_checkpointing=True)
+        options = ocp.CheckpointManagerOptions(max_to_keep=None, create=create, enable_async_checkpointing=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options,
                                              item_names=("state", "data", "manifest"))
+        self._in_flight: int | None = None  # the step whose asynchronous save may still be running
+        self._failed = False  # a save failed (and was reported)
+        if _ORBAX_ERRORS not in logging.getLogger("absl").filters:
+            logging.getLogger("absl").addFilter(_ORBAX_ERRORS)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -216,6 +260,18 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 - any read error is a fault of this step
             raise _Unusable(f"its manifest is unreadable ({_why(e)})") from e
 
+    def trained_config(self) -> dict | None:
+        """The config (as a JSON dict) recorded in the newest readable manifest that has one, None when no
+        checkpoint records one (none saved yet, or written before manifests held the config)."""
+        for step in self.steps():
+            try:
+                manifest = self.manifest(step)
+            except _Unusable:
+                continue
+            if manifest is not None and isinstance(manifest.get("config"), dict):
+                return manifest["config"]
+        return None
+
     def maybe_save(self, step: int, learner: Learner, data_iter, force: bool = False) -> bool:
         if not force and not (self.save_every and step % self.save_every == 0):
             return False
@@ -224,16 +280,59 @@ class Checkpointer:
             return True
         state = _state_tree(learner, step)
         data = json.loads(json.dumps(data_iter.get_state(), default=int))
-        manifest = _manifest(step, state, data, self.config_hash)
+        manifest = _manifest(step, state, data, self.config)
         non_finite = [name for name, a in manifest["arrays"].items() if not a["finite"]]
         self._finite[step] = not non_finite
         if non_finite:
             say(f"the checkpoint of step {step} holds non-finite values ({_some(non_finite)}); rotation keeps the "
                 f"last {self.keep} finite checkpoints besides it")
         self._saved = True
-        return self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
-            manifest=ocp.args.JsonSave(manifest)), force=True)
+        self._check_space(step, state)
+        self._in_flight = step
+        with self._writing():
+            return self.manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
+                manifest=ocp.args.JsonSave(manifest)), force=True)
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """Any failure of the save in flight (raised by Orbax when it starts, is waited for or checked) as a
+        one-line `CheckpointWriteError`."""
+        try:
+            yield
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001 - TensorStore, OS and Orbax errors alike: the storage failed
+            step, self._in_flight, self._failed = self._in_flight, None, True
+            raise CheckpointWriteError(step, self.directory, e, self._on_disk(exclude=step)) from None
+
+    def _check_space(self, step: int, state: dict) -> None:
+        """A `CheckpointWriteError` before the save starts when the local disk has less room than the checkpoint's
+        arrays take (their bytes, plus 64 KiB of metadata): a save that fails half-written makes Orbax's and
+        TensorStore's background threads print their own tracebacks, and leaves a partial directory behind."""
+        if "://" in str(self.directory):
+            return
+        need = sum(x.nbytes for x in jax.tree.leaves(state)) + 2**16
+        free = shutil.disk_usage(self.directory).free if self.directory.exists() else need
+        if distributed.main_value(np.asarray(free < need)):
+            self._failed = True
+            raise CheckpointWriteError(step, self.directory, f"no space left on device (the disk is full: "
+                                       f"{free / 2**20:.1f} MiB free, the checkpoint needs {need / 2**20:.1f} MiB)",
+                                       self._on_disk())
+
+    def _on_disk(self, exclude: int | None = None) -> int | None:
+        """The newest finished step directory (not `exclude`), None when there is none."""
+        if not self.directory.exists():
+            return None
+        steps = [int(p.name) for p in self.directory.iterdir() if p.name.isdigit() and int(p.name) != exclude]
+        return max(steps, default=None)
+
+    def check(self) -> None:
+        """Raise `CheckpointWriteError` now if the save in flight has already failed (before a step is logged, so
+        that no step past a failed save is)."""
+        if self._in_flight is not None:
+            with self._writing():
+                self.manager.check_for_errors()
 
     def _read(self, step: int, target: dict, params_only: bool = False) -> tuple[dict, object, dict | None]:
         """`step`'s state restored onto `target`'s shapes and shardings (`params_only`: `target` is `{"params":
@@ -361,8 +460,10 @@ class Checkpointer:
         return step
 
     def wait(self) -> None:
-        """Wait for the save in flight, then rotate (module docstring)."""
-        self.manager.wait_until_finished()
+        """Wait for the save in flight (a `CheckpointWriteError` if it failed), then rotate (module docstring)."""
+        with self._writing():
+            self.manager.wait_until_finished()
+        self._in_flight = None
         self._rotate()
 
     def _rotate(self) -> None:
@@ -378,6 +479,14 @@ class Checkpointer:
                 self._finite.pop(step, None)
 
     def close(self) -> None:
+        """Wait for the save in flight and rotate, then release Orbax's threads; after a failed save (already
+        reported), only the release."""
+        if self._failed:  # let Orbax's other background writes of the failed save end before its threads close
+            with contextlib.suppress(Exception):
+                self.manager.wait_until_finished()
+            with contextlib.suppress(Exception):
+                self.manager.close()
+            return
         try:
             self.wait()
         finally:

@@ -12,6 +12,7 @@ Where a default departs from the papers, the field's comment says so (README "De
 from __future__ import annotations
 
 import difflib
+import math
 import runpy
 import sys
 from pathlib import Path
@@ -133,8 +134,9 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     # every response, reward, advantage and judgment to workdir/samples/step_N.jsonl (0 = never); a warning when a
     # step's judge abstains on more than `abstain_alarm` of its questions or when every group's reward is flat for
     # `flat_alarm_steps` steps in a row; TensorBoard event files; Weights & Biases (`wandb` installed) if `wandb`.
-    # `abstain_abort` > 0 stops the run when the judge abstains on more than that share for `flat_alarm_steps` steps.
-    c.log = ml_collections.ConfigDict(dict(samples_every=10, samples_prompts=4, abstain_alarm=0.5, abstain_abort=0.0,
+    # `abstain_abort` (0 = off) stops the run, exit status 3, when the judge abstains on more than that share of its
+    # questions for `flat_alarm_steps` steps in a row: its rewards are then (nearly) all ties.
+    c.log = ml_collections.ConfigDict(dict(samples_every=10, samples_prompts=4, abstain_alarm=0.5, abstain_abort=0.9,
                                            flat_alarm_steps=3, tensorboard=True, wandb=False, wandb_project="rrc-jax"))
     # A rerun resumes from the workdir's latest checkpoint; a change to the config that alters the optimization is
     # refused (`config_changes`) unless `allow_changes`.
@@ -199,8 +201,17 @@ def is_plugin(kind: str) -> bool:
     return ":" in kind
 
 
+def check_finite(c: ml_collections.ConfigDict) -> None:
+    """A `ConfigError` naming the first float field of a config that is NaN or infinite (every comparison with NaN
+    is false, so a range check alone lets it through)."""
+    for key, value in _leaves(c).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            _bad(key, f"{value} is not a finite number")
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
     """Raise `ConfigError` naming the first inconsistent field of a trainer config and how to fix it."""
+    check_finite(c)
     if c.steps < 0:
         _bad("steps", f"{c.steps} must be >= 0")
     r, rl = c.reward, c.rl
@@ -313,31 +324,45 @@ def validate(c: ml_collections.ConfigDict) -> None:
                      "remaining devices)")
 
 
-# Fields a resumed run may change freely: they do not alter the optimization (length, where and how it logs,
-# evaluates, checkpoints and shards, memory-only settings). A change to any other field is refused on resume.
+# Fields a resumed run may change freely: they do not alter the optimization (where and how it logs, evaluates,
+# checkpoints and shards, memory-only settings; the run's length under a schedule that does not depend on it). A
+# change to any other field is refused on resume. Not here: `reward.judge.max_batch` (the judge's random draws
+# follow its chunks of questions) and, under a schedule that depends on it, `steps` (`resumable`).
 RESUMABLE_CHANGES = ("steps", "workdir", "eval.", "log.", "checkpoint.", "distributed.", "mesh.", "resume.",
-                     "toy.cache_dir", "reward.judge.max_batch", "reward.drm.max_batch", "rl.micro_batch_size",
-                     "rl.remat", "rl.logprob_chunk", "rl.max_skipped_fraction", "rl.guard_window",
-                     "rl.max_param_growth")
+                     "toy.cache_dir", "reward.drm.max_batch", "rl.micro_batch_size", "rl.remat", "rl.logprob_chunk",
+                     "rl.max_skipped_fraction", "rl.guard_window", "rl.max_param_growth")
+
+
+def resumable(leaves: dict) -> tuple[str, ...]:
+    """The prefixes of `RESUMABLE_CHANGES` for a config's flattened `leaves`: without `steps` when the learning
+    rate's schedule depends on the run's length (`rl.lr_schedule` 'cosine': a longer run would decay on another
+    curve from the resumed step on)."""
+    if leaves.get("rl.lr_schedule", "constant") != "constant":
+        return tuple(p for p in RESUMABLE_CHANGES if p != "steps")
+    return RESUMABLE_CHANGES
 
 
 def config_hash(config) -> str:
-    """A short hash of the fields that define a run's optimization (all but `RESUMABLE_CHANGES`), recorded in each
-    checkpoint's manifest."""
+    """A short hash of the fields that define a run's optimization (all but `resumable`'s) of a `ConfigDict` or its
+    JSON dict, recorded in each checkpoint's manifest."""
     import hashlib
     import json
 
-    leaves = {k: v for k, v in _leaves(ml_collections.ConfigDict(json.loads(config.to_json_best_effort()))).items()
-              if not k.startswith(RESUMABLE_CHANGES)}
-    return hashlib.sha256(json.dumps(leaves, sort_keys=True).encode()).hexdigest()[:16]
+    as_json = config if isinstance(config, dict) else json.loads(config.to_json_best_effort())
+    leaves = _leaves(ml_collections.ConfigDict(as_json))
+    exempt = resumable(leaves)
+    kept = {k: v for k, v in leaves.items() if not k.startswith(exempt)}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def config_changes(saved: dict, new: dict) -> list[str]:
-    """`KEY: OLD -> NEW` for every field of two trainer configs (as JSON dicts) that differs and is not in
-    `RESUMABLE_CHANGES`. A field only one of them has (added or removed by an upgrade of rrc-jax) is not a change."""
+    """`KEY: OLD -> NEW` for every field of two trainer configs (as JSON dicts) that differs and is not `resumable`
+    (by the saved config's schedule). A field only one of them has (added or removed by an upgrade of rrc-jax) is
+    not a change."""
     a, b = _leaves(ml_collections.ConfigDict(saved)), _leaves(ml_collections.ConfigDict(new))
+    exempt = resumable(a)
     return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(a.keys() & b.keys())
-            if a[k] != b[k] and not k.startswith(RESUMABLE_CHANGES)]
+            if a[k] != b[k] and not k.startswith(exempt)]
 
 
 def resolve_config_file(value: str) -> str:

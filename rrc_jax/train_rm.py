@@ -30,7 +30,7 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rrc_jax.config import run_cli
+from rrc_jax.config import check_finite, run_cli
 from rrc_jax.errors import ConfigError, exit_on_user_error
 
 CONFIG = config_flags.DEFINE_config_file("config", None, "a recipe: grm_sft.py, drm_bt.py, rmr1_distill.py, "
@@ -57,6 +57,7 @@ def run_rm(config) -> Path:
     from rrc_jax.rm.recipes import held_out_metrics
     from rrc_jax.sharding import mesh_from_config, model_context
 
+    check_finite(config)
     if config.kind not in ("grm", "drm"):
         raise ConfigError(f"config.kind: {config.kind!r}; use 'grm' (SFT on rationale + verdict) or 'drm' "
                           "(Bradley-Terry)")

@@ -7,8 +7,11 @@ Only process 0 writes a workdir, so only process 0 locks it. A remote workdir (`
 the lock is skipped there, with one line saying so.
 
 `check_resume(config, workdir)` refuses, before anything loads, to resume a checkpoint under a config that changes
-the optimization (`rrc_jax.config.config_changes`) unless `resume.allow_changes`; `save_config` writes
-`config.json`, keeping a different earlier one as `config.v<N>.json`. The GRPO trainer and `train_rm` use all three.
+the optimization (`rrc_jax.config.config_changes`) unless `resume.allow_changes`. What it compares against is the
+config recorded in the newest readable checkpoint manifest (`Checkpointer.trained_config`), so a deleted or damaged
+`config.json` never switches the check off; only checkpoints written before manifests held the config fall back to
+`config.json`. `save_config` writes `config.json`, keeping a different earlier one as `config.v<N>.json`. The GRPO
+trainer and `train_rm` use all three.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import filelock
 from etils import epath
 
 from rrc_jax import distributed
+from rrc_jax.checkpoint import Checkpointer
 from rrc_jax.config import config_changes
 from rrc_jax.errors import ConfigError
 from rrc_jax.progress import say
@@ -45,7 +49,7 @@ class WorkdirLock:
         if not self.local:
             say(f"note: {self.workdir} is remote and cannot be locked; run one trainer on it at a time")
             return self
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        check_writable(self.workdir)
         previous = self.owner.read_text().strip() if self.owner.exists() else ""
         try:
             self._lock.acquire()
@@ -64,13 +68,28 @@ class WorkdirLock:
             self._lock.release()
 
 
+def check_writable(workdir: epath.Path) -> None:
+    """Create `workdir` if needed; a one-line `ConfigError` when it is a file or cannot be written (a read-only
+    file system, no permission)."""
+    if workdir.exists() and not workdir.is_dir():
+        raise ConfigError(f"config.workdir: {workdir} is a file, not a directory; give a directory")
+    probe = workdir / ".write_test"
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"config.workdir: {workdir} cannot be written ({type(e).__name__}: {e.strerror or e}); "
+                          "give a writable directory") from None
+
+
 def save_config(workdir: epath.Path, config) -> None:
     """`workdir/config.json` (process 0); a different one already there (a resume with `resume.allow_changes`) is
     kept as `config.v<N>.json` first, so every version a run trained under stays."""
     if not distributed.is_main():
         return
     path, text = workdir / "config.json", config.to_json_best_effort(indent=2) + "\n"
-    if path.exists() and path.read_text() != text:
+    if path.exists() and path.read_bytes() != text.encode():
         n = 1 + sum(1 for _ in workdir.glob("config.v*.json"))
         path.rename(workdir / f"config.v{n}.json")
     path.write_text(text)
@@ -78,12 +97,34 @@ def save_config(workdir: epath.Path, config) -> None:
 
 def check_resume(config, workdir: epath.Path) -> None:
     """Before anything loads: a workdir holding a checkpoint is resumed only under the config it was trained with
-    (`config_changes`), unless `resume.allow_changes`; a one-line `ConfigError` lists the changes."""
-    saved, checkpoints = workdir / "config.json", workdir / "checkpoints"
-    resuming = saved.exists() and checkpoints.exists() and any(p.name.isdigit() for p in checkpoints.iterdir())
-    changes = config_changes(json.loads(saved.read_text()), json.loads(config.to_json_best_effort())) \
-        if resuming else []
+    (module docstring), unless `resume.allow_changes`; a one-line `ConfigError` lists the changes, or says why the
+    saved config cannot be read."""
+    checkpoints = workdir / "checkpoints"
+    resuming = checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
+    if not distributed.main_value(np.asarray(resuming)):
+        return
+    ckpt = Checkpointer(checkpoints, create=False)
+    try:
+        saved = ckpt.trained_config()
+    finally:
+        ckpt.manager.close()
+    saved = saved if saved is not None else _saved_config_file(workdir / "config.json")
+    changes = config_changes(saved, json.loads(config.to_json_best_effort()))
     if distributed.main_value(np.asarray(bool(changes))) and not config.resume.allow_changes:
         raise ConfigError(f"{workdir} holds a checkpoint trained under another config; changed: "
                           f"{'; '.join(changes) or 'see process 0'}. Rerun with the saved flags, use another workdir, "
                           "or pass --config.resume.allow_changes=True")
+
+
+def _saved_config_file(path: epath.Path) -> dict:
+    """`config.json` of a workdir whose checkpoints do not record their config; a one-line `ConfigError` when it is
+    missing or not a JSON object."""
+    try:
+        saved = json.loads(path.read_text())
+        if not isinstance(saved, dict):
+            raise ValueError(f"a JSON {type(saved).__name__}, not an object")
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} is unreadable ({type(e).__name__}: {e}) and the checkpoints beside it were written "
+                          "without their config, so this resume cannot be checked: restore the file, use another "
+                          "workdir, or pass --config.resume.allow_changes=True") from None
+    return saved

@@ -81,6 +81,7 @@ TINY_RUN = {
     "checkpoint.save_every": 2, "eval.judge_votes": 2,
     "rl.beta": 0.0,  # no KL reference in the tiny runs (it doubles their compile time); the AGR run keeps it
     "reward.judge.temperature": 0.0,  # the tiny judges decode greedily (shorter judgments); the AGR run samples
+    "log.abstain_abort": 0.0,  # the tiny judges (20 steps of SFT) abstain on most questions when they sample
 }
 
 

@@ -57,3 +57,22 @@ def test_chat_template_is_used_when_present(model_dir):
     ids = prompt_ids(tok, "hi", system="be brief")
     assert tok.decode(ids) == "<system>be brief\n<user>hi\n<assistant>"
     assert np.count_nonzero(np.array(ids) == 1) == 0  # no BOS added on top of the template
+
+
+def test_a_nan_temperature_is_one_line(model_dir):
+    """Issue 25 item 4: `--temperature=nan` passed `temperature < 0` and printed an empty text with exit 0."""
+    out = run_cli(f"--model={model_dir}", "--prompt=hi", "--temperature=nan")
+    assert out.returncode != 0 and out.stdout == ""
+    (line,) = out.stderr.strip().splitlines()[-1:]
+    assert line.startswith("error:") and "temperature=nan must be a finite number" in line
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_one_line(tmp_path):
+    """Issue 25 item 4: ids past the model's vocabulary would index past its embedding (clamped silently)."""
+    tok = make_char_tokenizer()
+    make_hf_model("qwen2_tied", vocab_size=len(tok) - 8).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    out = run_cli(f"--model={tmp_path}", "--prompt=hi")
+    assert out.returncode != 0 and out.stdout == ""
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith("error:") and f"the tokenizer has {len(tok)} ids but the model's vocabulary" in line

@@ -532,14 +532,15 @@ def test_prompts_from_files_folders_and_conversations(tmp_path, toy_cache, capsy
 
 
 def test_anchor_refresh_regenerates_from_the_policy(tmp_path, toy_cache, finished):
-    """Without refresh the anchors stay those of the reference; with `refresh_every=1` step 2 replaces them with
-    samples of the current policy."""
+    """Without refresh the anchors stay those of the reference; with `refresh_every=1` step 2 judges against
+    samples of the current policy, written to their own versioned file (the reference's file is left as it was)."""
     fixed = finished("agr")
     refreshed = tmp_path / "refreshed"
     rows = read_metrics(run(tiny_config("agr", refreshed, toy_cache, **{"reward.agr.refresh_every": 1})))
     assert np.isfinite(rows[2]["reward/mean"])
     a = (fixed / "anchors.jsonl").read_text().splitlines()
-    b = (refreshed / "anchors.jsonl").read_text().splitlines()
+    assert (refreshed / "anchors.jsonl").read_text().splitlines() == a  # the same reference, the same seed
+    b = (refreshed / "anchors_refreshed" / "step_2.jsonl").read_text().splitlines()
     assert len(a) == len(b) == 64 and a != b
 
 

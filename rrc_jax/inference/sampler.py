@@ -17,6 +17,7 @@ scripted Python. A sampler holds its model: the trainer's policy sampler sees ev
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
@@ -36,8 +37,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if not 0 <= self.temperature < math.inf:  # also NaN
+            raise ValueError(f"temperature={self.temperature} must be a finite number >= 0 (0 = greedy)")
         if self.top_k < 0:
             raise ValueError(f"top_k={self.top_k} must be >= 0 (0 = off)")
         if not 0 < self.top_p <= 1:

@@ -351,14 +351,22 @@ def _shards(model: Decoder, cfg: DecoderConfig, out_dtype, max_bytes: int) -> It
 # ----------------------------------------------------------------------------------------------------------
 
 def load_tokenizer(path: str | os.PathLike):
-    """`AutoTokenizer` from a local directory (never downloads)."""
+    """`AutoTokenizer` from a local directory (never downloads). In a model directory (one with `config.json`) a
+    tokenizer with more ids than the model's `vocab_size` is a one-line `ConfigError`: its high ids would index past
+    the embedding (XLA clamps them silently), and every judgment or rollout would be noise."""
     from transformers import AutoTokenizer
 
     path = Path(path)
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         raise FileNotFoundError(f"{path} has no tokenizer (tokenizer.json / tokenizer_config.json); save one with "
                                 "tokenizer.save_pretrained(dir)")
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    vocab = read_hf_config(path).get("vocab_size") if (path / "config.json").is_file() else None
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise ConfigError(f"{path}: the tokenizer has {len(tokenizer)} ids but the model's vocabulary (config.json "
+                          f"vocab_size) holds {vocab}; ids >= {vocab} have no embedding: pair the model with its own "
+                          "tokenizer")
+    return tokenizer
 
 
 def format_prompt(tokenizer, text: str | list[dict], system: str | None = None) -> str:

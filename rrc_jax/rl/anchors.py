@@ -2,8 +2,14 @@
 stored on disk with their prompt ids.
 
 File format: JSON lines `{"id": <prompt id>, "prompt": <text>, "anchors": [<text>, ...]}`, one per training prompt.
-`AnchorStore.generate` (re)writes it from a sampler (the reference policy, or the current policy when AGR refreshes
-its anchors, the review's suggestion 9(c)3) and `load` reads it.
+`AnchorStore.generate` (re)writes it from a sampler and `load` reads it.
+
+Refreshed anchors (AGR's `refresh_every = k`, beyond the paper: the review's suggestion 9(c)3) are versioned by the
+step they serve from: before steps k + 1, 2k + 1, ... the current policy's samples are written to
+`refreshed/step_<r>.jsonl` (`refresh_step` says which version step s uses), never over the reference's file. A run
+resumed from the checkpoint of step c (or falling back to an older one) reads the version that step c + 1 used, so
+it judges against exactly the anchors the uninterrupted run did; `prune_refreshed` deletes the versions no
+checkpoint on disk can need.
 """
 
 from __future__ import annotations
@@ -55,14 +61,43 @@ def save_anchors(path: str | os.PathLike, ids: Sequence[int], prompts: Sequence[
     tmp.replace(path)
 
 
+def refresh_step(step: int, every: int) -> int:
+    """The step whose refresh made the anchors that step `step` (1-based) judges against: the largest
+    `r = 1 + j * every <= step` with j >= 1, or 0 for the reference's anchors (no refresh yet, or `every` 0)."""
+    if every <= 0 or step <= every:
+        return 0
+    return 1 + (step - 1) // every * every
+
+
+def refreshed_path(directory: str | os.PathLike, step: int) -> epath.Path:
+    """The file of the anchors refreshed before step `step` (module docstring)."""
+    return epath.Path(directory) / f"step_{step}.jsonl"
+
+
+def prune_refreshed(directory: str | os.PathLike, keep: set[int]) -> None:
+    """Delete the refreshed anchor files of `directory` whose step is not in `keep` (process 0)."""
+    directory = epath.Path(directory)
+    if not distributed.is_main() or not directory.exists():
+        return
+    for path in directory.glob("step_*.jsonl"):
+        if path.stem[len("step_"):].isdigit() and int(path.stem[len("step_"):]) not in keep:
+            path.unlink()
+
+
 def load_anchors(path: str | os.PathLike, ids: Sequence[int], prompts: Sequence[str], n: int) -> list[list[str]]:
-    """Anchors `[len(ids)][n]` for the given prompt ids; a one-line `ConfigError` for a missing prompt, a changed
-    prompt text or too few anchors."""
+    """Anchors `[len(ids)][n]` for the given prompt ids; a one-line `ConfigError` for a line that is not an anchors
+    row (a truncated file: FILE:LINE), a missing prompt, a changed prompt text or too few anchors."""
     table = {}
     with epath.Path(path).open() as f:
-        for line in f:
-            row = json.loads(line)
-            table[int(row["id"])] = row
+        for number, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+                if not isinstance(row["prompt"], str) or not isinstance(row["anchors"], list):
+                    raise TypeError("prompt must be a string and anchors a list")
+                table[int(row["id"])] = row
+            except (ValueError, KeyError, TypeError) as e:
+                raise ConfigError(f"{path}:{number}: not an anchors row ({type(e).__name__}: {e}); the file is "
+                                  "damaged (truncated?): delete it to regenerate it") from None
     out = []
     for i, p in zip(ids, prompts):
         row = table.get(int(i))
@@ -94,23 +129,24 @@ class AnchorStore:
         self.prompts, self.n, self.tokenizer, self.params = prompts, n, tokenizer, params
         self.anchors: list[list[str]] | None = None
 
-    def load(self) -> None:
-        """Read the file (`load_anchors`)."""
-        self.anchors = load_anchors(self.path, self.prompts.ids, self.prompts.texts, self.n)
+    def load(self, path: str | os.PathLike | None = None) -> None:
+        """Read the file (`load_anchors`; `path`, default the store's)."""
+        self.anchors = load_anchors(path or self.path, self.prompts.ids, self.prompts.texts, self.n)
 
-    def generate(self, sampler: Sampler, seed: int = 0) -> None:
+    def generate(self, sampler: Sampler, seed: int = 0, path: str | os.PathLike | None = None) -> None:
         """(Re)generate every prompt's anchors with `sampler` (each host its `distributed.host_block` of the
-        prompts; every host then holds them all) and write the file."""
+        prompts; every host then holds them all) and write them to `path` (default the store's file)."""
+        path = epath.Path(path or self.path)
         own = distributed.host_block(len(self.prompts.texts))
         mine = generate_anchors(sampler, self.tokenizer,
                                 [prompt_tokens(self.tokenizer, self.prompts, self.prompts.texts[i]) for i in own],
                                 self.n, self.params, seed)
         flat = distributed.gather_texts([a for group in mine for a in group])
         texts = [flat[i * self.n:(i + 1) * self.n] for i in range(len(self.prompts.texts))]
-        save_anchors(self.path, self.prompts.ids, self.prompts.texts, texts)
+        save_anchors(path, self.prompts.ids, self.prompts.texts, texts)
         distributed.barrier("anchors written")  # other hosts may read the file next
         self.anchors = texts
-        say(f"wrote {len(texts)} x {self.n} anchors to {self.path}")
+        say(f"wrote {len(texts)} x {self.n} anchors to {path}")
 
     def __getitem__(self, prompt_index: np.ndarray) -> list[list[str]]:
         """The anchors `[B][n]` of prompts `prompt_index [B]` (indices into the prompt set)."""

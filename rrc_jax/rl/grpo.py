@@ -188,13 +188,21 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, eps_low
     )
 
 
+# How the learner combines the loss's metrics over micro-batches (`rrc_jax.rl.learner`): token means weighed by
+# their tokens, the token count summed, the ratio's extremes as extremes; `policy_loss` as the loss.
+METRIC_REDUCTIONS = {**{k: "num_tokens" for k in ("kl", "entropy", "clip_fraction", "clip_low_fraction",
+                                                  "clip_high_fraction", "ratio_mean")},
+                     "num_tokens": "sum", "ratio_min": "min", "ratio_max": "max"}
+
+
 def grpo_objective(*, temperature: float = 1.0, eps_low: float = 0.2, eps_high: float = 0.2, beta: float = 0.0,
                    aggregation: str = "seq_mean_token_mean", max_len: int | None = None, chunk_size: int = 128,
                    remat: bool = False):
     """The GRPO loss of a policy on a rollout batch, as a `rrc_jax.rl.learner` loss function.
 
     The batch holds `ids`, `mask`, `loss_mask` `[B, T]`, `advantages [B]`, `old_logp [B, T]` and, when `beta > 0`,
-    `ref_logp [B, T]`; every log-probability is of `softmax(logits / temperature)`, the distribution the rollouts
+    `ref_logp [B, T]`; without `old_logp` the batch is on-policy (each rollout's one update, the first after its
+    sampling) and pi_theta_old is the policy itself, `stop_gradient(logp)`, as in Eq. 4 with one inner iteration; every log-probability is of `softmax(logits / temperature)`, the distribution the rollouts
     were sampled from. `max_len` is Dr.GRPO's constant (the generation budget, `rl.max_new_tokens`). The metrics
     add the policy's mean token `entropy` and the learner's `weight` (`aggregation_weight`). `chunk_size` positions
     of the LM head at a time and `remat` (recompute each block in the backward pass) bound the memory of the
@@ -205,7 +213,8 @@ def grpo_objective(*, temperature: float = 1.0, eps_low: float = 0.2, eps_high: 
     def loss_fn(model, batch):
         logp, entropy = model.token_logprobs(batch["ids"], batch["mask"], return_entropy=True,
                                              temperature=temperature, chunk_size=chunk_size, remat=remat)
-        loss, metrics = grpo_loss(logp, batch["old_logp"], batch.get("ref_logp"), batch["advantages"],
+        old = batch["old_logp"] if "old_logp" in batch else jax.lax.stop_gradient(logp)  # on-policy: rho = 1
+        loss, metrics = grpo_loss(logp, old, batch.get("ref_logp"), batch["advantages"],
                                   batch["loss_mask"], eps_low=eps_low, eps_high=eps_high, beta=beta,
                                   aggregation=aggregation, max_len=max_len)
         w = batch["loss_mask"].astype(jnp.float32)
@@ -213,4 +222,5 @@ def grpo_objective(*, temperature: float = 1.0, eps_low: float = 0.2, eps_high: 
         metrics["weight"] = aggregation_weight(batch["loss_mask"], aggregation)
         return loss, metrics
 
+    loss_fn.reductions = METRIC_REDUCTIONS
     return loss_fn

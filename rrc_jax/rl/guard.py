@@ -8,9 +8,9 @@ workdir's latest checkpoint is the last good state:
   run, have run);
 - **exploded parameters**: a non-finite policy parameter, or a global parameter norm above `rl.max_param_growth`
   times its value when the run (or its resume) started (`rl.learning_rate=1e30` gets there in one update);
-- **an abstaining judge** (off by default: `log.abstain_abort=0`): the judge abstained on more than
-  `log.abstain_abort` of its questions for `log.flat_alarm_steps` steps in a row (the alarm of `rrc_jax.rl.alarms`
-  warns either way).
+- **an abstaining judge** (`log.abstain_abort`, 0.9 by default; 0 turns it off): the judge abstained on more than
+  `log.abstain_abort` of its questions for `log.flat_alarm_steps` steps in a row, so the rewards were (nearly) all
+  ties and the run learned nothing (the alarm of `rrc_jax.rl.alarms` warns from `log.abstain_alarm` on).
 
 A tripped guard raises `Diverged` with one line naming the cause and the step; the command line prints it and
 exits non-zero, leaving no `hf_export`.

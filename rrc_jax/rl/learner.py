@@ -2,9 +2,11 @@
 
 A loss function is `loss_fn(model, batch) -> (loss, metrics)`: a scalar loss to minimise and a dict of scalar
 metrics. `metrics` may hold `"weight"`, the denominator of the loss's mean over the batch (tokens, sequences,
-pairs); a minibatch split into micro-batches (`micro_batch_size`) then gets exactly the loss and gradient of the
-whole minibatch: the micro-batches' gradients, losses and metrics are accumulated weighted by it, in one
-`lax.scan` inside the step. Without `"weight"` micro-batches weigh by their rows.
+pairs); a minibatch split into micro-batches (`micro_batch_size`) then gets exactly the loss, gradient and metrics
+of the whole minibatch: the micro-batches' gradients and losses are accumulated weighted by it, in one `lax.scan`
+inside the step, and so is each metric unless the loss function's `reductions` attribute (a dict) names another
+way for it: `"sum"`, `"min"`, `"max"`, or the name of the metric that weighs its mean (a token mean weighed by the
+micro-batch's token count). Without `"weight"` micro-batches weigh by their rows.
 
 One `update(batch)` call is one jitted program: forward, backward, accumulation, the skip of a non-finite update
 (loss or gradient NaN / inf: parameters and optimizer state stay as they were, `skipped` = 1), the optax update.
@@ -62,23 +64,48 @@ def _weighted_loss_and_grads(params, rest, batch, *, graphdef, loss_fn):
     return weight, loss, metrics, grads
 
 
+def _accumulate(step, params, rest, micro, reductions: dict[str, str]):
+    """The loss, metrics and gradients of a minibatch from those of its micro-batches `micro` (`[n, rows, ...]`
+    arrays), each combined as the module docstring says."""
+    def init(name, shape):
+        fill = {"min": jnp.inf, "max": -jnp.inf}.get(reductions.get(name), 0.0)
+        return jnp.full(shape.shape, fill, shape.dtype)
+
+    def body(carry, mb):
+        total, loss_acc, grad_acc, sums, weights = carry
+        w, loss, metrics, grads = step(params, rest, mb)
+        sums, weights = dict(sums), dict(weights)
+        for name, v in metrics.items():
+            how = reductions.get(name)
+            if how == "sum":
+                sums[name] = sums[name] + v
+            elif how in ("min", "max"):
+                sums[name] = (jnp.minimum if how == "min" else jnp.maximum)(sums[name], v)
+            else:
+                mw = w if how is None else metrics[how]
+                sums[name], weights[name] = sums[name] + mw * v, weights[name] + mw
+        return (total + w, loss_acc + w * loss, jax.tree.map(lambda a, g: a + w * g, grad_acc, grads), sums,
+                weights), None
+
+    first = jax.tree.map(lambda x: x[0], micro)
+    _, loss_shape, metric_shapes, grad_shapes = jax.eval_shape(lambda mb: step(params, rest, mb), first)
+    zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
+    sums = {k: init(k, v) for k, v in metric_shapes.items()}
+    weights = {k: jnp.zeros((), jnp.float32) for k in metric_shapes if reductions.get(k) not in ("sum", "min", "max")}
+    (total, loss, grads, sums, weights), _ = jax.lax.scan(
+        body, (jnp.zeros((), jnp.float32), zeros(loss_shape), zeros(grad_shapes), sums, weights), micro)
+    mean = lambda a, t: jnp.where(t > 0, a / jnp.maximum(t, 1e-30), 0.0)
+    metrics = {k: mean(v, weights[k]) if k in weights else v for k, v in sums.items()}
+    return mean(loss, total), metrics, jax.tree.map(lambda g: mean(g, total), grads)
+
+
 def _update(params, opt_state, rest, batch, *, graphdef, tx, loss_fn, n_micro):
     step = functools.partial(_weighted_loss_and_grads, graphdef=graphdef, loss_fn=loss_fn)
     if n_micro == 1:
         _, loss, metrics, grads = step(params, rest, batch)
     else:
         micro = jax.tree.map(lambda x: x.reshape(n_micro, -1, *x.shape[1:]), batch)
-
-        def body(carry, mb):
-            total, acc = carry
-            w, *values = step(params, rest, mb)
-            return (total + w, jax.tree.map(lambda a, v: a + w * v, acc, tuple(values))), None
-
-        first = jax.tree.map(lambda x: x[0], micro)
-        shapes = jax.eval_shape(lambda mb: tuple(step(params, rest, mb)[1:]), first)
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-        (total, acc), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), micro)
-        loss, metrics, grads = jax.tree.map(lambda a: jnp.where(total > 0, a / jnp.maximum(total, 1e-30), 0.0), acc)
+        loss, metrics, grads = _accumulate(step, params, rest, micro, getattr(loss_fn, "reductions", {}))
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
@@ -109,7 +136,12 @@ class Learner:
         self.model = model
         self.micro_batch_size = micro_batch_size
         graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
-        self.opt_state = tx.init(params)  # each moment sharded like its parameter
+        # committed to the devices they are on, as the update's outputs are: otherwise the first call (uncommitted
+        # inputs) and every later one (committed) would be two programs, compiled twice
+        commit = lambda tree: jax.tree.map(lambda x: jax.device_put(x, x.sharding), tree)
+        params = commit(params)
+        nnx.update(model, params)
+        self.opt_state = commit(tx.init(params))  # each moment sharded like its parameter
         shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
         self._update = jax.jit(functools.partial(_update, graphdef=graphdef, tx=tx, loss_fn=loss_fn),
                                static_argnames=("n_micro",), donate_argnums=(0, 1),

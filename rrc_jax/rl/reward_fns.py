@@ -57,7 +57,7 @@ from rrc_jax.judge.verdicts import parse_score
 from rrc_jax.models import Decoder
 from rrc_jax.rewards import (agr_diagnostics, agr_rewards, auc_rewards, cara_rewards, format_reward, prc_rewards,
                              preference_strength, rule_rewards, scr_diagnostics, scr_rewards)
-from rrc_jax.rl.anchors import AnchorStore
+from rrc_jax.rl.anchors import AnchorStore, prune_refreshed, refresh_step, refreshed_path
 from rrc_jax.rl.roles import Roles
 from rrc_jax.rm.examples import scored_ids
 from rrc_jax.sharding import host_row_multiple, host_rows, mesh_of, put_rows
@@ -307,29 +307,60 @@ class AGRReward(JudgeReward):
     """AGR (Algorithm 2): each response judged V times against each of its prompt's n anchors; reward = anchors
     beaten by majority x alpha (Eq. 22). Anchors come from the reference policy, generated once into
     `anchors_path` (`rrc_jax.rl.anchors`); with `refresh_every = k > 0` they are regenerated from the current policy
-    before steps k + 1, 2k + 1, ... (beyond the paper)."""
+    before steps k + 1, 2k + 1, ... (beyond the paper) into versioned files under `refreshed_dir`, so that the
+    anchors of any step are those of its refresh (`refresh_step`), also in a resumed run."""
 
     def __init__(self, judge: Judge, seed: int, *, store: AnchorStore, votes: int, swap: bool, alpha: float,
-                 ties: str, refresh_every: int, ctx: RewardContext):
+                 ties: str, refresh_every: int, ctx: RewardContext, refreshed_dir: str | epath.Path = "",
+                 checkpoints: str | epath.Path = ""):
         super().__init__(judge, seed)
         self.store, self.votes, self.swap, self.alpha, self.ties = store, votes, swap, alpha, ties
         self.refresh_every, self.ctx = refresh_every, ctx
+        self.refreshed_dir = epath.Path(refreshed_dir or store.path.parent / "anchors_refreshed")
+        self.checkpoints = epath.Path(checkpoints) if checkpoints else None
         if not distributed.main_value(store.path.is_file()):  # every host decides as process 0 sees the file
             store.generate(ctx.reference(), seed)  # the reference is loaded only when anchors must be made
         store.load()
+        self.version = 0  # the refresh step whose anchors the store holds (0: the reference's)
 
     @classmethod
     def from_config(cls, config, ctx: RewardContext) -> AGRReward:
         a, j = config.reward.agr, config.reward.judge
+        workdir = epath.Path(config.workdir).expanduser()
         return cls(ctx.judge(), config.seed, store=anchor_store(config, ctx.train, ctx.tokenizer), votes=j.votes,
-                   swap=j.swap,
-                   alpha=a.alpha, ties=a.ties, refresh_every=a.refresh_every, ctx=ctx)
+                   swap=j.swap, alpha=a.alpha, ties=a.ties, refresh_every=a.refresh_every, ctx=ctx,
+                   refreshed_dir=workdir / "anchors_refreshed", checkpoints=workdir / "checkpoints")
+
+    def use_anchors(self, step: int) -> None:
+        """Hold the anchors step `step` judges against: the reference's, or those refreshed at `refresh_step`
+        (sampled from the current policy now when that is this step, read from their file when it is an earlier
+        one, as after a resume)."""
+        version = refresh_step(step, self.refresh_every)
+        if version == self.version:
+            return
+        if version == 0:
+            self.store.load()
+        elif version == step:
+            self.store.generate(self.ctx.policy, seed=step, path=refreshed_path(self.refreshed_dir, step))
+            self._prune(step)
+        else:
+            path = refreshed_path(self.refreshed_dir, version)
+            if not distributed.main_value(path.is_file()):
+                raise ConfigError(f"{path} is missing: step {step} judges against the anchors refreshed before step "
+                                  f"{version}, which a resumed run reads back; restore the file, or start the run over "
+                                  "in another workdir")
+            self.store.load(path)
+        self.version = version
+
+    def _prune(self, current: int) -> None:
+        """Delete the refreshed anchors that neither this step nor a resume from a checkpoint on disk uses."""
+        steps = ([int(p.name) for p in self.checkpoints.iterdir() if p.name.isdigit()]
+                 if self.checkpoints is not None and self.checkpoints.exists() else [])
+        prune_refreshed(self.refreshed_dir, {current} | {refresh_step(c + 1, self.refresh_every) for c in steps})
 
     def __call__(self, prompts, responses, prompt_index, step):
         _group_sizes(prompts, responses)
-        k = self.refresh_every
-        if k and step > 1 and (step - 1) % k == 0:
-            self.store.generate(self.ctx.policy, seed=step)
+        self.use_anchors(step)
         self.start(step)
         anchors = self.store[prompt_index]
         self.sample_notes = [{"anchors": list(a)} for a in anchors]

@@ -101,7 +101,10 @@ class Roles:
             if self._from_init(role):
                 from rrc_jax.checkpoint import Checkpointer
 
-                step = Checkpointer(self.config.init_from).restore_params(model)
+                if "://" not in self.config.init_from and not Path(self.config.init_from).expanduser().is_dir():
+                    raise ConfigError(f"config.init_from: {self.config.init_from} is not a directory; give another "
+                                      "run's checkpoints directory (its workdir/checkpoints)")
+                step = Checkpointer(self.config.init_from, create=False).restore_params(model)
                 say(f"initialized the {role} from {self.config.init_from} (step {step})")
             self._models[role] = model
             self.loaded.append(role)

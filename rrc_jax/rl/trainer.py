@@ -6,8 +6,9 @@ One step (`Trainer.step`):
 2. m rollouts per prompt from the policy sampler (`rl.temperature`, `rl.top_p`, `rl.max_new_tokens`);
 3. rewards `[B, m]` from the RewardFn (`reward.kind`), with its metrics;
 4. group advantages (Eq. 4);
-5. log-probabilities of the rollouts under the policy before the update (pi_theta_old) and, with `rl.beta > 0`,
-   under the frozen reference, all at the sampling temperature; then `rl.mu` passes of minibatch updates of the
+5. log-probabilities of the rollouts under the policy before the update (pi_theta_old; not computed when each
+   rollout gets exactly one update, `rl.mu = 1` with one minibatch per step: that update is on-policy) and, with
+   `rl.beta > 0`, under the frozen reference, all at the sampling temperature; then `rl.mu` passes of minibatch updates of the
    GRPO loss by the learner (one jitted, donated step each; non-finite updates skipped and counted);
 6. metrics, read back from the device once; on `log.samples_every` steps (and step 1) a few prompts' responses,
    rewards, advantages and judgments to `workdir/samples/step_N.jsonl` (`rrc_jax.rl.samples`); alarms when the
@@ -37,8 +38,8 @@ from etils import epath
 from flax import nnx
 
 from rrc_jax import distributed
-from rrc_jax.checkpoint import Checkpointer, StopSignals
-from rrc_jax.config import JUDGE_REWARDS, config_hash, validate
+from rrc_jax.checkpoint import Checkpointer, CheckpointWriteError, StopSignals
+from rrc_jax.config import JUDGE_REWARDS, validate
 from rrc_jax.data.batches import completion_batch, length_bucket
 from rrc_jax.data.prompts import PromptSet, load_prompts, prompt_batches, prompt_token_limit, prompt_tokens
 from rrc_jax.errors import ConfigError
@@ -149,10 +150,11 @@ class Trainer:
                           "advantages": np.asarray(advantages, np.float32)}, self.mesh)
         logprobs = lambda model: token_logprobs(model, data["ids"], data["mask"], rl.temperature,
                                                 micro_batch_size=rl.micro_batch_size, chunk_size=rl.logprob_chunk)
-        data["old_logp"] = logprobs(self.policy)
+        n = data["ids"].shape[0]
+        if rl.mu > 1 or rl.minibatch_size < n:
+            data["old_logp"] = logprobs(self.policy)  # else each rollout's one update is on-policy (grpo_objective)
         if rl.beta > 0:
             data["ref_logp"] = logprobs(self.roles.model("reference"))
-        n = data["ids"].shape[0]
         logs = []
         for epoch in range(rl.mu):
             order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), n))
@@ -260,7 +262,7 @@ class Trainer:
         config, workdir = self.config, self.workdir
         workdir.mkdir(parents=True, exist_ok=True)
         ckpt = Checkpointer(workdir / "checkpoints", save_every=config.checkpoint.save_every,
-                            keep=config.checkpoint.keep, config_hash=config_hash(config))
+                            keep=config.checkpoint.keep, config=config)
         start = ckpt.resume(self.learner, self.batches)
         save_config(workdir, config)
         rl = config.rl
@@ -277,6 +279,7 @@ class Trainer:
                     metrics = self.step(step)
                     if config.eval.every and step % config.eval.every == 0 or step == config.steps:
                         metrics.update(self.evaluate(step))
+                    ckpt.check()  # a save that failed (a full disk) stops the run before this step is logged
                     logger.log(step, metrics)
                     bar.update(1, reward=metrics["reward/mean"], **({"oracle": metrics["oracle_quality"]}
                                                                      if "oracle_quality" in metrics else {}))
@@ -285,6 +288,10 @@ class Trainer:
             ckpt.wait()
             save_hf(self.policy, workdir / "hf_export", tokenizer=self.tokenizer)
             say(f"exported the policy to {workdir / 'hf_export'}")
+        except CheckpointWriteError as e:  # keep no line of a step past the last checkpoint on disk
+            logger.close()
+            MetricsLogger(workdir, resume_step=e.last_saved or 0, tensorboard=False).close()  # as a resume would
+            raise
         finally:
             stop.restore()
             logger.close()

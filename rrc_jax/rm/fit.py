@@ -32,7 +32,6 @@ import numpy as np
 from etils import epath
 
 from rrc_jax.checkpoint import Checkpointer, Replay, StopSignals
-from rrc_jax.config import config_hash
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import Decoder
 from rrc_jax.progress import Progress
@@ -108,7 +107,7 @@ class _RunFiles:
         stack.enter_context(WorkdirLock(workdir))  # one writer; then resume only under the same config
         check_resume(c, workdir)
         self.ckpt = Checkpointer(workdir / "checkpoints", save_every=c.checkpoint.save_every, keep=c.checkpoint.keep,
-                                 config_hash=config_hash(c))
+                                 config=c)
         stack.callback(self.ckpt.close)
         self.start = self.ckpt.resume(learner, data)
         save_config(workdir, c)
