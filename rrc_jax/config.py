@@ -280,6 +280,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if t.train_prompts < 0 or not 1 <= t.min_len <= t.max_len:
         _bad("toy", f"need train_prompts >= 0 and 1 <= min_len <= max_len, got {t.train_prompts}, {t.min_len}, "
                     f"{t.max_len}")
+    if c.data.path == "toy" and not c.data.format:
+        from rrc_jax.data.prompts import check_toy_eval_prompts
+
+        check_toy_eval_prompts(c)  # before the toy world is built
     if rl.temperature <= 0:
         _bad("rl.temperature", "rollouts need temperature > 0 for diverse groups")
     if not 0 < rl.top_p <= 1:

@@ -49,6 +49,20 @@ def hf_checkpoint(request, tmp_path_factory):
     return request.param, path, model
 
 
+def console_tool(name: str) -> str | None:
+    """The path of console tool `name`: next to `sys.executable` (a virtual environment's scripts, found even when
+    its python runs without `PATH` pointing there), else on `PATH`; None when neither has it."""
+    import os
+    import shutil
+    import sys
+    from pathlib import Path
+
+    beside = Path(sys.executable).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(name)
+
+
 def cpu_devices_env(n: int = 8) -> dict:
     """The environment of a subprocess that sees `n` XLA host-platform (CPU) devices (mesh and multi-host tests)."""
     import os

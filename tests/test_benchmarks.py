@@ -7,24 +7,15 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import console_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
-
-
-def console_tool(name: str) -> str | None:
-    """The path of console tool `name`: next to `sys.executable` (a virtual environment's scripts, found even when
-    its python runs without `PATH` pointing there), else on `PATH`; None when neither has it."""
-    beside = Path(sys.executable).parent / name
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which(name)
 
 
 def test_device_script_dry_run_prints_tokens_per_second_and_mfu(tmp_path):

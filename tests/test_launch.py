@@ -5,26 +5,17 @@ watch re-creating a preempted slice), the remote launch and status commands run 
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import console_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "launch" / "tpu.sh"
 LOC = ["--name=rrc-v5p", "--zone=us-east5-a"]
-
-
-def console_tool(name: str) -> str | None:
-    """The path of console tool `name`: next to `sys.executable` (a virtual environment's scripts, found even when
-    its python runs without `PATH` pointing there), else on `PATH`; None when neither has it."""
-    beside = Path(sys.executable).parent / name
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which(name)
 
 
 STUB = """#!{python}

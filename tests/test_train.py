@@ -296,7 +296,8 @@ def test_rollout_logprobs_are_at_the_sampling_temperature(tmp_path, toy_cache, m
     real_objective = trainer_lib.grpo_objective
     monkeypatch.setattr(trainer_lib, "grpo_objective", lambda **kw: objectives.append(kw) or real_objective(**kw))
     trainer = Trainer(tiny_config("drm", tmp_path, toy_cache, **{"rl.temperature": 0.6, "rl.beta": 0.1,
-                                                               "rl.loss_aggregation": "seq_mean_token_sum_norm"}))
+                                                               "rl.loss_aggregation": "seq_mean_token_sum_norm",
+                                                               "rl.minibatch_size": 4}))  # 2 updates: old_logp
     assert objectives == [dict(temperature=0.6, eps_low=0.2, eps_high=0.2, beta=0.1,
                                aggregation="seq_mean_token_sum_norm", max_len=8, chunk_size=128, remat=False)]
     monkeypatch.setattr(trainer.learner, "update", lambda batch: seen.append(batch) or {"loss": 0.0, "skipped": 0})
