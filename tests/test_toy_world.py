@@ -1,6 +1,9 @@
 """The toy task's oracle and judgments, and the cached toy-world bootstrap (tiny step counts)."""
 
+import json
+
 import numpy as np
+import pytest
 
 from rrc_jax.data.toy import Annotator, SortTask, is_held_out, oracle_quality, parse_digits, toy_judgment
 from rrc_jax.data.toy.world import WorldSettings, build_world, load_world
@@ -146,3 +149,48 @@ def test_pointwise_judge_is_cached_apart_from_the_world(toy_cache):
     assert build_pointwise(settings, spec, toy_cache) == path
     assert (path / "model.safetensors").stat().st_mtime_ns == stamp
     assert path.parent != build_world(settings, toy_cache).root and spec.steps == 20
+
+
+def test_the_default_world_ships_checked_and_is_copied_not_trained(tmp_path, monkeypatch):
+    """Issue 25 item 8: the README's first command copies the packaged default world (checked by SHA-256) instead of
+    training it for 10 minutes; a damaged packaged file is a one-line error."""
+    import shutil
+
+    from rrc_jax.data.toy import world as world_lib
+    from rrc_jax.errors import ConfigError
+
+    settings = WorldSettings()
+    shipped = world_lib.packaged_world(settings)
+    assert shipped is not None and shipped.name == f"toy-{settings.key()}"
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the packaged world was trained again")
+
+    for name in ("train_policy", "train_grm", "train_drm"):
+        monkeypatch.setattr(world_lib, name, no_training)
+    world = build_world(settings, tmp_path / "cache")
+    assert world_lib._files(world.root) == json.loads((shipped / "world.json").read_text())["files"]
+    policy, grm, drm, tok = load_world(world)
+    assert drm.cfg.value_head and grm.cfg.hidden_size == 96 and len(tok) == policy.cfg.vocab_size
+
+    damaged = tmp_path / "package"
+    shutil.copytree(shipped, damaged / shipped.name)
+    blob = damaged / shipped.name / "grm" / "model.safetensors"
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 1
+    blob.write_bytes(bytes(data))
+    monkeypatch.setattr(world_lib, "PACKAGED", damaged)
+    with pytest.raises(ConfigError, match=r"the packaged toy world .* is damaged \(grm/model.safetensors differ"):
+        build_world(settings, tmp_path / "other_cache")
+
+
+@pytest.mark.slow
+def test_a_rebuild_reproduces_the_packaged_world(tmp_path):
+    """Issue 25 item 8: training the default world from scratch (10 minutes on 2 cores) gives the packaged weights
+    bit for bit on this machine's kind (XLA:CPU; another backend trains another, equally valid, world)."""
+    from rrc_jax.data.toy import world as world_lib
+
+    settings = WorldSettings()
+    rebuilt = build_world(settings, tmp_path, packaged=False)
+    expected = json.loads((world_lib.packaged_world(settings) / "world.json").read_text())["files"]
+    assert world_lib._files(rebuilt.root) == expected

@@ -14,6 +14,13 @@ and saves each as a Hugging Face directory (safetensors + config.json + the char
 `cache_dir/<key>/`, where `key` hashes the settings. Later calls with the same settings reuse them. Every prompt
 they train on is of the training split (`task.is_held_out` is False): evaluation prompts are never seen.
 
+The default world ships with the package (`rrc_jax/data/toy/built/toy-<key>/`, 3 MB: `package_world` wrote it):
+building it takes 10 minutes on 2 CPU cores, most of a first run's time. A world whose settings match a packaged
+one is copied from there into the cache instead of trained, after every file's SHA-256 is checked against the
+packaged `world.json` (a mismatch is an error: the package is damaged). The packaged world is what `build_world`
+trains (`tests/test_toy_world.py` rebuilds it and compares the weights, a slow test); `packaged=False` always
+trains.
+
 `build_pointwise(settings, spec, cache_dir)` trains, on first use and in a directory of its own (only IRPO runs
 need it), the toy **pointwise judge**: SFT on `toy_pointwise` judgments (the sorted answer, then the response's
 score), IRPO's starting point.
@@ -35,6 +42,7 @@ import numpy as np
 from flax import nnx
 
 from rrc_jax.config import TOY_ANNOTATOR, TOY_MODELS
+from rrc_jax.errors import ConfigError
 from rrc_jax.data.toy.task import ALPHABET, DIGITS, Annotator, SortTask, oracle_quality, toy_score_judgment
 from rrc_jax.judge.prompts import direct_template, encode_text, get_template, render_parts
 from rrc_jax.judge.verdicts import parse_verdict
@@ -253,16 +261,70 @@ def _build_once(root: Path, what: str, settings: dict, build: Callable[[Path], N
                                       "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
 
 
-def build_world(settings: WorldSettings, cache_dir: str | Path) -> World:
-    """The toy world's model directories, trained and cached on first use (progress on stderr)."""
+PACKAGED = Path(__file__).resolve().parent / "built"  # the packaged worlds (module docstring)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _files(root: Path) -> dict[str, str]:
+    """SHA-256 of every file under `root` but its `world.json`, by path relative to it."""
+    return {str(p.relative_to(root)): _sha256(p) for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != "world.json"}
+
+
+def packaged_world(settings: WorldSettings) -> Path | None:
+    """The packaged world of `settings`, checked file by file against its `world.json`; None when none ships."""
+    root = PACKAGED / f"toy-{settings.key()}"
+    if not (root / "world.json").is_file():
+        return None
+    expected = json.loads((root / "world.json").read_text()).get("files", {})
+    found = _files(root)
+    if not expected or found != expected:
+        bad = sorted(k for k in set(found) | set(expected) if found.get(k) != expected.get(k))
+        raise ConfigError(f"the packaged toy world {root} is damaged ({', '.join(bad[:3]) or 'no file list'} "
+                           "differ from its world.json); reinstall rrc-jax")
+    return root
+
+
+def package_world(settings: WorldSettings, cache_dir: str | Path) -> Path:
+    """Copy the built world of `settings` (trained if needed, never taken from the package) into the package,
+    with each file's SHA-256 in its `world.json`; returns the packaged directory. Run after a change to the
+    world's recipe (`VERSION`): `python -c "from rrc_jax.data.toy.world import *;
+    package_world(WorldSettings(), '/tmp/fresh_world')"`."""
+    import shutil
+
+    world = build_world(settings, cache_dir, packaged=False)
+    dest = PACKAGED / world.root.name
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(world.root, dest)
+    marker = json.loads((dest / "world.json").read_text())
+    marker.pop("seconds", None)  # of one build on one machine
+    marker["files"] = _files(dest)
+    (dest / "world.json").write_text(json.dumps(marker, indent=2) + "\n")
+    return dest
+
+
+def build_world(settings: WorldSettings, cache_dir: str | Path, packaged: bool = True) -> World:
+    """The toy world's model directories, trained (or, with `packaged`, copied from the package when it ships
+    this world) and cached on first use (progress on stderr)."""
     root = Path(cache_dir).expanduser() / f"toy-{settings.key()}"
+    shipped = packaged_world(settings) if packaged else None
 
     def build(root: Path) -> None:
+        if shipped is not None:
+            import shutil
+
+            for name in ("policy", "grm", "drm"):
+                shutil.copytree(shipped / name, root / name, dirs_exist_ok=True)
+            return
         tokenizer = make_char_tokenizer(ALPHABET)
         for name, train in (("policy", train_policy), ("grm", train_grm), ("drm", train_drm)):
             save_hf(train(settings, tokenizer), root / name, tokenizer=tokenizer)
 
-    _build_once(root, "the toy world", dataclasses.asdict(settings), build)
+    what = f"the toy world (copied from {shipped}, checked by SHA-256)" if shipped else "the toy world"
+    _build_once(root, what, dataclasses.asdict(settings), build)
     return World(root, root / "policy", root / "grm", root / "drm")
 
 
