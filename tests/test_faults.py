@@ -245,3 +245,18 @@ def test_a_full_disk_during_a_save_is_one_line_and_nothing_past_the_last_checkpo
     assert out.returncode == 0, out.stderr[-3000:]
     assert [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2,
                                                                                                            3, 4]
+
+
+def test_train_rm_reports_no_held_out_accuracy_from_nothing(tmp_path, monkeypatch, capsys):
+    """Item 7's rule for train_rm: a held-out evaluation whose every vote abstained gives no accuracy (it printed
+    0.5), says why, and writes `accuracy: null`."""
+    from rrc_jax.config import rm_config
+    from rrc_jax.rm import recipes
+
+    config = rm_config("grm")
+    config.workdir = str(tmp_path)
+    nothing = {"accuracy": 0.5, "examples": 4, "votes": 1, "abstain_rate": 1.0}
+    monkeypatch.setattr(recipes, "held_out_accuracy", lambda *args: (dict(nothing), []))
+    metrics = recipes.held_out_metrics(config, None, None, [])
+    assert "eval/accuracy" not in metrics and json.loads((tmp_path / "eval.json").read_text())["accuracy"] is None
+    assert "warning: held out: no accuracy (all 8 judge votes abstained) on 4 pairs" in capsys.readouterr().err

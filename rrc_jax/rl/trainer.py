@@ -247,8 +247,11 @@ class Trainer:
             judge.reseed(step_seed(self.config.seed, step, stream=1))
             pv = judge.compare(prompts, texts, self._eval_references, votes=v, swap=True)
             wins, losses = distributed.host_gather(pv.wins), distributed.host_gather(pv.losses)
-            metrics["eval/win_rate_vs_reference"] = float(np.mean((wins + 0.5 * (v - wins - losses)) / v))
-            metrics["eval/decided_win_rate_vs_reference"] = float(np.mean(wins / np.maximum(wins + losses, 1)))
+            decided = wins + losses > 0  # no rate from nothing: NaN (null) when every vote abstained
+            metrics["eval/win_rate_vs_reference"] = (float(np.mean((wins + 0.5 * (v - wins - losses)) / v))
+                                                     if decided.any() else math.nan)
+            metrics["eval/decided_win_rate_vs_reference"] = (float(np.mean(wins[decided] / (wins + losses)[decided]))
+                                                             if decided.any() else math.nan)
         return metrics
 
     # -- the loop ----------------------------------------------------------------------------------------

@@ -136,25 +136,31 @@ def train_on_preferences(config, mesh) -> Path:
 
 def held_out_metrics(config, model, tokenizer, prefs: Sequence[Preference]) -> dict[str, float]:
     """`held_out_accuracy`, written to `workdir/eval.json` (process 0), as the `eval/*` metrics of the last step."""
-    result = held_out_accuracy(config, model, tokenizer, prefs)
+    from rrc_jax.rm.evaluation import nothing_scored
+
+    result, records = held_out_accuracy(config, model, tokenizer, prefs)
+    why = nothing_scored("drm" if config.kind == "drm" else "pairwise", result, records)
+    if why:  # no accuracy from nothing: 0.5 would read as a coin-flip judge
+        result["accuracy"] = None
     path = Path(config.workdir).expanduser() / "eval.json"
     if distributed.is_main():
         path.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    say(f"held out: accuracy {result['accuracy']:.3f} on {result['examples']} pairs ({path})")
+    say(f"warning: held out: no accuracy ({why}) on {result['examples']} pairs ({path})" if why else
+        f"held out: accuracy {result['accuracy']:.3f} on {result['examples']} pairs ({path})")
     return {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
 
 
 def held_out_accuracy(config, model, tokenizer, prefs: Sequence[Preference]) -> dict:
-    """The trained model's figures on held-out preferences (`rrc_jax.rm.evaluation.evaluate`): the GRM judging
-    greedily in both A/B orders with its template, the DRM scoring both responses."""
+    """The trained model's figures on held-out preferences and their records (`rrc_jax.rm.evaluation.evaluate`):
+    the GRM judging greedily in both A/B orders with its template, the DRM scoring both responses."""
     from rrc_jax.inference import JaxSampler
     from rrc_jax.judge import Judge, JudgeConfig
     from rrc_jax.rl.reward_fns import DRMReward
     from rrc_jax.rm.evaluation import evaluate
 
     if config.kind == "drm":
-        return evaluate("drm", prefs, drm=DRMReward(model, tokenizer))[0]
+        return evaluate("drm", prefs, drm=DRMReward(model, tokenizer))
     judge = Judge(JaxSampler(model, tokenizer), tokenizer, JudgeConfig(
         template=config.judge.template, max_new_tokens=config.judge.max_new_tokens, temperature=0.0,
         seed=config.seed))
-    return evaluate("pairwise", prefs, judge=judge)[0]
+    return evaluate("pairwise", prefs, judge=judge)

@@ -243,7 +243,8 @@ def train_pointwise(task: SortTask, spec: ModelSpec, seed: int, tokenizer) -> De
 
 
 def _build_once(root: Path, what: str, settings: dict, build: Callable[[Path], None]) -> None:
-    """Run `build(root)` unless `root/world.json` says it ran: once per cache directory, even across processes
+    """Run `build(root)` unless `root/world.json` says it ran (saying `what` it does, e.g. "building the toy world"):
+    once per cache directory, even across processes
     (another process building the same `root` holds a file lock; this one waits, then reuses its result)."""
     marker = root / "world.json"
     if marker.is_file():
@@ -253,7 +254,7 @@ def _build_once(root: Path, what: str, settings: dict, build: Callable[[Path], N
         if marker.is_file():
             return
         root.mkdir(parents=True, exist_ok=True)
-        print(f"building {what} in {root} (first use; cached afterwards)", file=sys.stderr)
+        print(f"{what} into {root} (first use; cached afterwards)", file=sys.stderr)
         t0 = time.time()
         with jax.set_mesh(None), model_context(None):  # tiny models: trained on one device, whatever mesh is set
             build(root)
@@ -323,7 +324,7 @@ def build_world(settings: WorldSettings, cache_dir: str | Path, packaged: bool =
         for name, train in (("policy", train_policy), ("grm", train_grm), ("drm", train_drm)):
             save_hf(train(settings, tokenizer), root / name, tokenizer=tokenizer)
 
-    what = f"the toy world (copied from {shipped}, checked by SHA-256)" if shipped else "the toy world"
+    what = f"copying the packaged toy world (SHA-256 checked) from {shipped}" if shipped else "building the toy world"
     _build_once(root, what, dataclasses.asdict(settings), build)
     return World(root, root / "policy", root / "grm", root / "drm")
 
@@ -340,7 +341,7 @@ def build_pointwise(settings: WorldSettings, spec: ModelSpec, cache_dir: str | P
         model = train_pointwise(settings.task, spec, settings.seed, tokenizer)
         save_hf(model, root / "pointwise", tokenizer=tokenizer)
 
-    _build_once(root, "the toy pointwise judge", blob, build)
+    _build_once(root, "building the toy pointwise judge", blob, build)
     return root / "pointwise"
 
 
