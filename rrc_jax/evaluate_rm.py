@@ -111,14 +111,12 @@ def run(args: Args) -> tuple[dict, list[dict]]:
     from rrc_jax import distributed
     from rrc_jax.data.preferences import load_preferences
     from rrc_jax.errors import ConfigError
-    from rrc_jax.inference import JaxSampler
-    from rrc_jax.judge import Judge, JudgeConfig, get_template
-    from rrc_jax.judge.judge import sampler_context_length
+    from rrc_jax.judge import get_template
     from rrc_jax.judge.prompts import question_length
     from rrc_jax.models import load_hf, load_tokenizer
     from rrc_jax.progress import Progress, say
     from rrc_jax.rl.reward_fns import DRMReward
-    from rrc_jax.rm.evaluation import (KINDS, abstention_causes, evaluate, fit_judgment_budget, markdown_table,
+    from rrc_jax.rm.evaluation import (KINDS, abstention_causes, evaluate, fitted_judge, markdown_table,
                                        nothing_scored, question_items)
     from rrc_jax.sharding import mesh_from_flag
 
@@ -150,16 +148,11 @@ def run(args: Args) -> tuple[dict, list[dict]]:
         drm = DRMReward(model, tokenizer, args.max_batch)
         say(f"scoring {n} pairs with the DRM: {2 * n} responses")
     else:
-        sampler = JaxSampler(model, tokenizer, max_batch=args.max_batch)
         template = get_template(args.template or DEFAULT_TEMPLATES[args.kind])
         lengths = [question_length(tokenizer, template, prompt, **item)
                    for prompt, item in question_items(args.kind, data.prefs)]
-        budget, note = fit_judgment_budget(args.max_new_tokens, sampler_context_length(sampler), lengths)
-        if note:
-            say(note)
-        config = JudgeConfig(template=template, max_new_tokens=budget, temperature=args.temperature,
-                             top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-        judge = Judge(sampler, tokenizer, config)
+        judge = fitted_judge(model, tokenizer, template, lengths, args.max_new_tokens, max_batch=args.max_batch,
+                             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
         what = "orders x" if args.kind == "pairwise" else "responses x"
         say(f"judging {n} pairs: 2 {what} {args.votes} votes = {2 * n * args.votes} questions"
             + (f", then {2 * n} P(A) reads (--prc)" if args.prc else "")

@@ -20,6 +20,7 @@ import pytest
 from flax import nnx
 
 from conftest import make_hf_model
+from test_bad_rows import file_config
 from rrc_jax.config import base_config
 from rrc_jax.data.preferences import load_preferences
 from rrc_jax.data.prompts import load_prompts
@@ -142,13 +143,6 @@ def write_bytes(path: Path, lines: list[bytes]) -> Path:
     with opener(path, "wb") as f:
         f.write(b"".join(line + b"\n" for line in lines))
     return path
-
-
-def file_config(path, **data):
-    config = base_config("scr")
-    with config.unlocked():
-        config.data.update(dict(path=str(path), field="prompt", eval_prompts=0, **data))
-    return config
 
 
 def prompt_lines(bad_at: int = 2, n: int = 6) -> list[bytes]:

@@ -43,13 +43,11 @@ def main(argv: list[str]) -> None:
 
     from rrc_jax import distributed
     from rrc_jax.errors import ConfigError
-    from rrc_jax.inference import JaxSampler
-    from rrc_jax.judge import Judge, JudgeConfig, get_template
-    from rrc_jax.judge.judge import sampler_context_length
+    from rrc_jax.judge import get_template
     from rrc_jax.judge.prompts import question_length
     from rrc_jax.models import load_hf, load_tokenizer
     from rrc_jax.progress import say
-    from rrc_jax.rm.evaluation import abstention_causes, fit_judgment_budget
+    from rrc_jax.rm.evaluation import abstention_causes, fitted_judge
     from rrc_jax.sharding import mesh_from_flag
 
     try:
@@ -57,15 +55,10 @@ def main(argv: list[str]) -> None:
         mesh = mesh_from_flag(_MESH.value)
         template = get_template(_TEMPLATE.value)
         model, tokenizer = load_hf(_MODEL.value, dtype=_DTYPE.value, mesh=mesh), load_tokenizer(_MODEL.value)
-        sampler = JaxSampler(model, tokenizer)
         lengths = [question_length(tokenizer, template, _PROMPT.value, a=a, b=b)
                    for a, b in ((_A.value, _B.value), (_B.value, _A.value))]
-        budget, note = fit_judgment_budget(_MAX_NEW.value, sampler_context_length(sampler), lengths)
-        if note:
-            say(note)
-        config = JudgeConfig(template=template, max_new_tokens=budget, temperature=_TEMPERATURE.value,
+        judge = fitted_judge(model, tokenizer, template, lengths, _MAX_NEW.value, temperature=_TEMPERATURE.value,
                              top_p=_TOP_P.value, top_k=_TOP_K.value, seed=_SEED.value)
-        judge = Judge(sampler, tokenizer, config)
     except (ConfigError, FileNotFoundError, ValueError) as e:  # flags, template, checkpoint: the user's to fix
         sys.exit(f"error: {e}")
     with jax.set_mesh(mesh):

@@ -278,6 +278,23 @@ def fit_judgment_budget(max_new_tokens: int, context: int | None, lengths: Seque
                   f"judging with {flag}={room} (the longest question takes {longest} tokens)")
 
 
+def fitted_judge(model, tokenizer, template, lengths: Sequence[int], max_new_tokens: int, *, max_batch: int = 256,
+                 **sampling) -> Judge:
+    """A `Judge` of `template` on `model` whose judgment budget fits the model's context for questions of `lengths`
+    tokens (`fit_judgment_budget`, its note said); `sampling`: the rest of `JudgeConfig` (temperature, top_p,
+    top_k, seed)."""
+    from rrc_jax.inference import JaxSampler
+    from rrc_jax.judge import JudgeConfig
+    from rrc_jax.judge.judge import sampler_context_length
+    from rrc_jax.progress import say
+
+    sampler = JaxSampler(model, tokenizer, max_batch=max_batch)
+    budget, note = fit_judgment_budget(max_new_tokens, sampler_context_length(sampler), lengths)
+    if note:
+        say(note)
+    return Judge(sampler, tokenizer, JudgeConfig(template=template, max_new_tokens=budget, **sampling))
+
+
 def abstention_causes(judge: Judge, flag: str = "--max_new_tokens") -> str:
     """Why `judge`'s questions abstained, from its metrics: how many did not fit its context, how many were cut at
     its judgment budget (the setting `flag`), how many had no parseable verdict or score."""
