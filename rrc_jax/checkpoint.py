@@ -4,13 +4,13 @@ does around them: resume from the latest usable one (`Checkpointer.resume`), sav
 (`Checkpointer.end_step` with `StopSignals`: Ctrl-C or SIGTERM, how Cloud TPU preempts a VM, save after the current
 step and exit).
 
-One composite item per saved step under `directory/<step>/`: `state` (a pytree of arrays: `params`, a pure dict
-of the policy's parameters; `opt`, the optimizer state's leaves; `step`), `data` (the grain iterator state, JSON)
-and `manifest` (JSON: the step, the run's config and its hash (`rrc_jax.config.config_hash`), and per array of `state` its name, shape, dtype, whether
-it is finite and a checksum of its bits; a CRC-32 of `data`). The manifest is written by the same asynchronous
-save as the arrays and committed with them (Orbax finalizes a step directory as a whole), so it never describes a
-partial checkpoint. RNG keys are not stored: every random draw of step s derives from `fold_in(key(seed), s)`, so
-a resumed run draws exactly what an uninterrupted one would.
+One composite item per saved step under `directory/<step>/`: `state` (a pytree of arrays: `params`, a pure dict of
+the policy's parameters; `opt`, the optimizer state's leaves; `step`), `data` (the grain iterator state, JSON) and
+`manifest` (JSON: the step, the run's config and its hash (`rrc_jax.config.config_hash`), and per array of `state`
+its name, shape, dtype, whether it is finite and a checksum of its bits; a CRC-32 of `data`). The manifest is
+written by the same asynchronous save as the arrays and committed with them (Orbax finalizes a step directory as a
+whole), so it never describes a partial checkpoint. RNG keys are not stored: every random draw of step s derives
+from `fold_in(key(seed), s)`, so a resumed run draws exactly what an uninterrupted one would.
 
 Integrity. A restore checks every restored array finite and its checksum against the manifest (the checksum is an
 exact integer digest of the array's bits, `_digests`, so it does not depend on the mesh it is computed on). A step
@@ -54,7 +54,6 @@ from etils import epath
 from flax import nnx
 
 from rrc_jax import distributed
-from rrc_jax.config import config_hash
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder
 from rrc_jax.progress import say
@@ -108,15 +107,15 @@ def _data_crc(data) -> int:
     return zlib.crc32(json.dumps(data, sort_keys=True).encode())
 
 
-def _manifest(step: int, state: dict, data, config: dict | None) -> dict:
+def _manifest(step: int, state: dict, data, config: dict | None, config_hash: str) -> dict:
     digests = _digests(state)
     arrays = {}
     for path, x in jax.tree_util.tree_flatten_with_path(state)[0]:
         checksum, finite = digests[_name(path)]
         arrays[_name(path)] = {"shape": list(x.shape), "dtype": str(x.dtype), "checksum": checksum,
                                "finite": finite}
-    return {"format": MANIFEST_FORMAT, "step": step, "config_hash": config_hash(config) if config else "",
-            "config": config, "data_crc32": _data_crc(data), "arrays": arrays}
+    return {"format": MANIFEST_FORMAT, "step": step, "config_hash": config_hash, "config": config,
+            "data_crc32": _data_crc(data), "arrays": arrays}
 
 
 def _some(names: list[str]) -> str:
@@ -211,17 +210,18 @@ def _move(src: epath.Path, dst: epath.Path) -> None:
 
 class Checkpointer:
     """Save every `save_every` steps (0: only when forced), keep the last `keep` (and the last `keep` finite ones),
-    resume from the latest usable one (module docstring). `config` (the run's `ConfigDict`) is recorded, with its
-    hash, in each step's manifest: what `trained_config` reads back. `create=False` reads a directory that must
+    resume from the latest usable one (module docstring). `config` (the run's config as a JSON dict,
+    `rrc_jax.config.config_json`) and `config_hash` are recorded in each step's manifest: what `trained_config`
+    reads back. `create=False` reads a directory that must
     exist (another run's) without ever creating it."""
 
-    def __init__(self, directory: str | os.PathLike, save_every: int = 0, keep: int = 2, config=None,
-                 create: bool = True):
+    def __init__(self, directory: str | os.PathLike, save_every: int = 0, keep: int = 2,
+                 config: dict | None = None, config_hash: str = "", create: bool = True):
         directory = epath.Path(directory).expanduser()
         self.directory = directory if "://" in str(directory) else directory.absolute()
         self.save_every = save_every
         self.keep = keep
-        self.config = json.loads(config.to_json_best_effort()) if config is not None else None
+        self.config, self.config_hash = config, config_hash
         # steps known to hold non-finite arrays (False) or checked / saved finite (True); others count as finite
         self._finite: dict[int, bool] = {}
         self._saved = False  # nothing is rotated before this checkpointer has saved (a failed resume deletes nothing)
@@ -280,7 +280,7 @@ class Checkpointer:
             return True
         state = _state_tree(learner, step)
         data = json.loads(json.dumps(data_iter.get_state(), default=int))
-        manifest = _manifest(step, state, data, self.config)
+        manifest = _manifest(step, state, data, self.config, self.config_hash)
         non_finite = [name for name, a in manifest["arrays"].items() if not a["finite"]]
         self._finite[step] = not non_finite
         if non_finite:

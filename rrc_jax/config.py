@@ -280,10 +280,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if t.train_prompts < 0 or not 1 <= t.min_len <= t.max_len:
         _bad("toy", f"need train_prompts >= 0 and 1 <= min_len <= max_len, got {t.train_prompts}, {t.min_len}, "
                     f"{t.max_len}")
-    if c.data.path == "toy" and not c.data.format:
-        from rrc_jax.data.prompts import check_toy_eval_prompts
-
-        check_toy_eval_prompts(c)  # before the toy world is built
     if rl.temperature <= 0:
         _bad("rl.temperature", "rollouts need temperature > 0 for diverse groups")
     if not 0 < rl.top_p <= 1:
@@ -346,14 +342,20 @@ def resumable(leaves: dict) -> tuple[str, ...]:
     return RESUMABLE_CHANGES
 
 
+def config_json(config) -> dict:
+    """A config as the JSON dict `config.json` and checkpoint manifests hold."""
+    import json
+
+    return json.loads(config.to_json_best_effort())
+
+
 def config_hash(config) -> str:
     """A short hash of the fields that define a run's optimization (all but `resumable`'s) of a `ConfigDict` or its
     JSON dict, recorded in each checkpoint's manifest."""
     import hashlib
     import json
 
-    as_json = config if isinstance(config, dict) else json.loads(config.to_json_best_effort())
-    leaves = _leaves(ml_collections.ConfigDict(as_json))
+    leaves = _leaves(ml_collections.ConfigDict(config if isinstance(config, dict) else config_json(config)))
     exempt = resumable(leaves)
     kept = {k: v for k, v in leaves.items() if not k.startswith(exempt)}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]

@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from rrc_jax.checkpoint import Checkpointer, Replay
-from rrc_jax.config import base_config, config_hash
+from rrc_jax.config import base_config, config_hash, config_json
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder, DecoderConfig
 from rrc_jax.rl.grpo import grpo_objective
@@ -144,7 +144,7 @@ def test_non_finite_parameters_are_set_aside_and_a_state_from_another_step_misma
 def test_a_clean_round_trip_is_bit_identical_with_its_manifest(tmp_path):
     directory = tmp_path / "checkpoints"
     config = base_config("agr")
-    ckpt = Checkpointer(directory, keep=2, config=config)
+    ckpt = Checkpointer(directory, keep=2, config=config_json(config), config_hash=config_hash(config))
     learner, data = tiny_learner(), Replay(itertools.count())
     for _ in range(4):
         next(data)

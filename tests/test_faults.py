@@ -258,5 +258,5 @@ def test_train_rm_reports_no_held_out_accuracy_from_nothing(tmp_path, monkeypatc
     nothing = {"accuracy": 0.5, "examples": 4, "votes": 1, "abstain_rate": 1.0}
     monkeypatch.setattr(recipes, "held_out_accuracy", lambda *args: (dict(nothing), []))
     metrics = recipes.held_out_metrics(config, None, None, [])
-    assert "eval/accuracy" not in metrics and json.loads((tmp_path / "eval.json").read_text())["accuracy"] is None
+    assert math.isnan(metrics["eval/accuracy"]) and json.loads((tmp_path / "eval.json").read_text())["accuracy"] is None
     assert "warning: held out: no accuracy (all 8 judge votes abstained) on 4 pairs" in capsys.readouterr().err

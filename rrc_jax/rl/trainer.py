@@ -39,9 +39,9 @@ from flax import nnx
 
 from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer, CheckpointWriteError, StopSignals
-from rrc_jax.config import JUDGE_REWARDS, validate
+from rrc_jax.config import JUDGE_REWARDS, config_hash, config_json, validate
 from rrc_jax.data.batches import completion_batch, length_bucket
-from rrc_jax.data.prompts import PromptSet, load_prompts, prompt_batches, prompt_token_limit, prompt_tokens
+from rrc_jax.data.prompts import PromptSet, check_toy_eval_prompts, load_prompts, prompt_batches, prompt_token_limit, prompt_tokens
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.engine import JaxSampler
 from rrc_jax.inference.sampler import response_texts
@@ -265,7 +265,8 @@ class Trainer:
         config, workdir = self.config, self.workdir
         workdir.mkdir(parents=True, exist_ok=True)
         ckpt = Checkpointer(workdir / "checkpoints", save_every=config.checkpoint.save_every,
-                            keep=config.checkpoint.keep, config=config)
+                            keep=config.checkpoint.keep, config=config_json(config),
+                            config_hash=config_hash(config))
         start = ckpt.resume(self.learner, self.batches)
         save_config(workdir, config)
         rl = config.rl
@@ -305,6 +306,8 @@ class Trainer:
 def training_prompts(config, roles: Roles) -> tuple[PromptSet, PromptSet]:
     """The (training, held-out) prompts of a trainer config, without those longer than what the policy's and, for a
     judge reward, the judge's contexts fit with their generation budgets (`prompt_token_limit`)."""
+    if config.data.path == "toy" and not config.data.format:
+        check_toy_eval_prompts(config)  # before the models (the toy world) load
     judged = config.reward.kind in JUDGE_REWARDS
     limit = prompt_token_limit(config, roles.model("policy").cfg.max_position_embeddings,
                                roles.model("grm").cfg.max_position_embeddings if judged else None,

@@ -37,6 +37,7 @@ from rrc_jax.models import Decoder
 from rrc_jax.progress import Progress
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer
 from rrc_jax.rm.losses import LOSSES
+from rrc_jax.config import config_hash, config_json
 from rrc_jax.workdir import WorkdirLock, check_resume, save_config
 
 
@@ -107,7 +108,7 @@ class _RunFiles:
         stack.enter_context(WorkdirLock(workdir))  # one writer; then resume only under the same config
         check_resume(c, workdir)
         self.ckpt = Checkpointer(workdir / "checkpoints", save_every=c.checkpoint.save_every, keep=c.checkpoint.keep,
-                                 config=c)
+                                 config=config_json(c), config_hash=config_hash(c))
         stack.callback(self.ckpt.close)
         self.start = self.ckpt.resume(learner, data)
         save_config(workdir, c)

@@ -147,7 +147,8 @@ def held_out_metrics(config, model, tokenizer, prefs: Sequence[Preference]) -> d
         path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     say(f"warning: held out: no accuracy ({why}) on {result['examples']} pairs ({path})" if why else
         f"held out: accuracy {result['accuracy']:.3f} on {result['examples']} pairs ({path})")
-    return {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
+    metrics = {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
+    return {**metrics, "eval/accuracy": math.nan} if why else metrics  # null in metrics.jsonl
 
 
 def held_out_accuracy(config, model, tokenizer, prefs: Sequence[Preference]) -> dict:
