@@ -260,3 +260,15 @@ def test_train_rm_reports_no_held_out_accuracy_from_nothing(tmp_path, monkeypatc
     metrics = recipes.held_out_metrics(config, None, None, [])
     assert math.isnan(metrics["eval/accuracy"]) and json.loads((tmp_path / "eval.json").read_text())["accuracy"] is None
     assert "warning: held out: no accuracy (all 8 judge votes abstained) on 4 pairs" in capsys.readouterr().err
+
+
+def test_a_truncated_anchors_file_is_one_line_naming_its_line(tmp_path):
+    """Item 6: a truncated anchors file (a torn last line) was a JSON traceback."""
+    from rrc_jax.rl.anchors import load_anchors, save_anchors
+
+    path = tmp_path / "anchors.jsonl"
+    save_anchors(path, [0, 1], ["12>", "21>"], [["12", "21"], ["12", "12"]])
+    assert load_anchors(path, [0, 1], ["12>", "21>"], 2) == [["12", "21"], ["12", "12"]]
+    path.write_text(path.read_text()[:-15])
+    with pytest.raises(ConfigError, match=rf"{path}:2: not an anchors row .*truncated\?\): delete it to regenerate"):
+        load_anchors(path, [0, 1], ["12>", "21>"], 2)
