@@ -28,7 +28,7 @@ from etils import epath
 
 from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer
-from rrc_jax.config import config_changes
+from rrc_jax.config import config_changes, config_json
 from rrc_jax.errors import ConfigError
 from rrc_jax.progress import say
 
@@ -101,7 +101,7 @@ def check_resume(config, workdir: epath.Path) -> None:
     saved config cannot be read."""
     checkpoints = workdir / "checkpoints"
     resuming = checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
-    if not distributed.main_value(np.asarray(resuming)):
+    if config.resume.allow_changes or not distributed.main_value(np.asarray(resuming)):
         return
     ckpt = Checkpointer(checkpoints, create=False)
     try:
@@ -109,8 +109,8 @@ def check_resume(config, workdir: epath.Path) -> None:
     finally:
         ckpt.manager.close()
     saved = saved if saved is not None else _saved_config_file(workdir / "config.json")
-    changes = config_changes(saved, json.loads(config.to_json_best_effort()))
-    if distributed.main_value(np.asarray(bool(changes))) and not config.resume.allow_changes:
+    changes = config_changes(saved, config_json(config))
+    if distributed.main_value(np.asarray(bool(changes))):
         raise ConfigError(f"{workdir} holds a checkpoint trained under another config; changed: "
                           f"{'; '.join(changes) or 'see process 0'}. Rerun with the saved flags, use another workdir, "
                           "or pass --config.resume.allow_changes=True")
