@@ -29,7 +29,8 @@ JUDGE_REWARDS = ("prc", "scr", "agr", "pointwise")  # the built-in rewards that 
 TOURNAMENTS = ("round_robin", "merge_sort", "knockout")  # how SCR orders a group (`reward.scr.tournament`)
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
-# The toy world's models (DESIGN.md section 4): width, depth and training steps of each tiny Llama-style decoder.
+# The toy world's models (docs/design.md, the toy world): width, depth and training steps of each tiny Llama-style
+# decoder.
 # The DRM matches the GRM (backbone, steps, and the same pairs: the paper's matched setting).
 TOY_MODELS = {"policy": dict(hidden=64, layers=2, steps=500), "grm": dict(hidden=96, layers=3, steps=1500),
               "drm": dict(hidden=96, layers=3, steps=1500),
@@ -121,9 +122,9 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
                  anchors_path="",  # default workdir/anchors.jsonl
                  refresh_every=0),  # > 0: regenerate anchors from the current policy every k steps (beyond the paper)
         prc=dict(think=True,     # the judge reasons before the verdict; False: its direct-verdict template
-                 reference="current"),  # o_ref: the current policy's greedy response (seed 000 2.3), or 'initial'
+                 reference="current"),  # o_ref: the current policy's greedy response (RRC paper 2.3), or 'initial'
         drm=dict(max_batch=256),  # sequences per value-head call
-        # IRPO (seed 002): the intergroup reward of a pointwise judge's scores: 'median' (IRPO's default), 'mean',
+        # IRPO (its Section 3): the intergroup reward of a pointwise judge's scores: 'median' (IRPO's default), 'mean',
         # 'interval' (95% CI bounds), 'auc' or 'strength' (Eq. 5-6); plus the format reward (-0.5).
         irpo=dict(rule="median"),
     ))

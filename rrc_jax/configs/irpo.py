@@ -1,6 +1,7 @@
-"""IRPO (seed 002): a pointwise judge trained by GRPO. Every preference becomes two pointwise questions (its chosen
-and its rejected response, asked in the same step); each score is rewarded against the other group's scores
-(`reward.irpo.rule`, median by default) plus the format reward, and advantages stay within each group.
+"""IRPO ("IRPO: Scaling the Bradley-Terry Model via Reinforcement Learning"): a pointwise judge trained by GRPO.
+Every preference becomes two pointwise questions (its chosen and its rejected response, asked in the same step);
+each score is rewarded against the other group's scores (`reward.irpo.rule`, median by default) plus the format
+reward, and advantages stay within each group.
 
     python -m rrc_jax.train_rm --config=irpo.py          # the toy pointwise judge on the toy task's pairs
     python -m rrc_jax.train_rm --config=irpo.py:paper --config.models.policy=JUDGE_DIR \

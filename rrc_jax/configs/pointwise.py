@@ -1,4 +1,4 @@
-"""GRPO with a pointwise GRM's scores as rewards: how IRPO (seed 002) uses its judge, e.g. one trained by
+"""GRPO with a pointwise GRM's scores as rewards: how IRPO uses its judge, e.g. one trained by
 `irpo.py`. Each response is scored `reward.judge.votes` times with the pointwise template; reward = the mean score.
 
     python -m rrc_jax.train --config=configs/pointwise.py --config.models.grm=workdir/irpo/hf_export

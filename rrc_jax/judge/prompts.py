@@ -202,7 +202,7 @@ TEMPLATES: dict[str, JudgeTemplate] = {t.name: t for t in (
         "irpo_pointwise", "pointwise", _IRPO_SYSTEM,
         "# Task\n\nEvaluate the [Response] provided below based on the user's [Context].\n\n[Context]\n\n{prompt}\n\n",
         _IRPO_ITEM, think=True, verdict_prefix="<score>"),
-    # Toy world (DESIGN.md section 4: sort a list of digits): short, plain-ASCII, so the character tokenizer covers
+    # Toy world (docs/design.md, the toy world: sort a list of digits): short, plain-ASCII, so the character tokenizer covers
     # it and a tiny judge writes its own sorted list, a count of matching positions per response, then the verdict.
     JudgeTemplate(
         "toy_pairwise_cot", "pairwise", None, "sort: {prompt}\n", "A: {a}\nB: {b}\nthink:",

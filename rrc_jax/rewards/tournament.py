@@ -1,6 +1,6 @@
 """Win counting for Self-Competitive Ranking (SCR) and Anchor-Guided Ranking (AGR), on device.
 
-Votes are integer count tensors (DESIGN.md section 3):
+Votes are integer count tensors (docs/design.md, decisions):
 
 * SCR: ``c[b, i, j]`` = judge votes preferring response i over response j (i != j), ``[batch, group, group]``;
   ``c[b, i, j] + c[b, j, i] <= V``, the rest abstained. The diagonal is ignored.

@@ -221,7 +221,7 @@ class JudgeReward:
 class PRCReward(JudgeReward):
     """PRC (Eq. 5): `r(x, o) = P(A)` with o shown as A against the reference response o_ref as B.
 
-    `reference='current'` (default, as in seed 000 section 2.3): o_ref is the greedy response of the policy being
+    `reference='current'` (default, as in the RRC paper's section 2.3): o_ref is the greedy response of the policy being
     trained, regenerated each step. `reference='initial'`: the frozen reference policy's greedy response,
     generated once per prompt and cached. `think=False` reads P(A) directly after the judge template's
     direct-verdict variant (PRC "removing thinking")."""
@@ -438,7 +438,7 @@ def pair_correct(scores) -> np.ndarray:
 
 @register("irpo")
 class IRPOReward:
-    """IRPO (seed 002, Section 3): the policy is a pointwise judge. Each step holds whole pairs of questions (a
+    """IRPO (its Section 3): the policy is a pointwise judge. Each step holds whole pairs of questions (a
     preference's chosen response, then its rejected one: `PromptSet.paired`); each of the G scores of the chosen
     group is rewarded against the rejected group's scores and vice versa (`reward.irpo.rule`:
     `rrc_jax.rewards.irpo`), plus the format reward (-0.5 for a judgment without a parseable score, or without its

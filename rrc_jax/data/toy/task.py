@@ -13,7 +13,7 @@ sorted answer, then for each response its score (correct positions minus extra d
     B: 11345
     think: 11345 a2 b5 [[B]]  <- the judge's chain of thought and verdict
 
-The toy GRM learns this judgment from an imperfect `Annotator` (DESIGN.md section 4), not from the oracle: it
+The toy GRM learns this judgment from an imperfect `Annotator` (docs/design.md, the toy world), not from the oracle: it
 miscounts, favours position A on close calls and, half the time, credits a response's extra digits instead of
 deducting them (a bias toward longer answers a policy can exploit). Its written scores, not the true ones, decide
 its verdict, so the reasoning and the verdict stay consistent: P(verdict) saturates once the scores are written
