@@ -23,7 +23,7 @@ def main(argv) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from rrc_jax import distributed
-    from rrc_jax.inference import JaxSampler
+    from rrc_jax.inference import make_sampler
     from rrc_jax.rl.reward_fns import anchor_store
     from rrc_jax.rl.roles import Roles
     from rrc_jax.rl.trainer import training_prompts
@@ -36,7 +36,8 @@ def main(argv) -> None:
         with jax.set_mesh(mesh):
             roles = Roles(config, mesh)
             train, _ = training_prompts(config, roles)
-            reference = JaxSampler(roles.model("reference"), roles.tokenizer("reference"))
+            reference = make_sampler(roles.model("reference"), roles.tokenizer("reference"),
+                                     engine=config.inference.engine)
             anchor_store(config, train, roles.tokenizer("policy")).generate(reference, config.seed)
 
     exit_on_user_error(remake, CONFIG.value)

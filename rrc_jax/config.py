@@ -142,6 +142,8 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     # A rerun resumes from the workdir's latest checkpoint; a change to the config that alters the optimization is
     # refused (`config_changes`) unless `allow_changes`.
     c.resume = ml_collections.ConfigDict(dict(allow_changes=False))
+    # The inference engine every sampler of the run is built with (`rrc_jax.inference.factory.ENGINES`).
+    c.inference = ml_collections.ConfigDict(dict(engine="jax"))
     # Device mesh (-1: the remaining devices); parameters over fsdp / tensor, batches over data x fsdp.
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
     # Multi-host start-up (`rrc_jax.distributed`): automatic on Cloud TPU VMs; elsewhere give all three, or set
@@ -187,6 +189,7 @@ def rm_config(kind: str) -> ml_collections.ConfigDict:
     c.log = ml_collections.ConfigDict(dict(tensorboard=True, wandb=False, wandb_project="rrc-jax"))
     c.checkpoint = ml_collections.ConfigDict(dict(save_every=100, keep=2))
     c.resume = ml_collections.ConfigDict(dict(allow_changes=False))  # as the trainer's (`config_changes`)
+    c.inference = ml_collections.ConfigDict(dict(engine="jax"))  # as the trainer's: the held-out judge's sampler
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
     c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0, process_id=-1))
     c.lock()
@@ -317,6 +320,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
     if r.kind == "irpo" and rl.prompts_per_step % 2:
         _bad("rl.prompts_per_step", f"{rl.prompts_per_step}: IRPO asks about a preference's chosen and rejected "
                                     "responses in the same step, so it must be even")
+    from rrc_jax.inference.factory import check_engine
+
+    check_engine(c.inference.engine)
     if c.models.dtype not in ("float32", "bfloat16"):
         _bad("models.dtype", f"{c.models.dtype!r}: use 'float32' or 'bfloat16'")
     sizes = [c.mesh.data, c.mesh.fsdp, c.mesh.tensor]

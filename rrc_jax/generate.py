@@ -33,7 +33,7 @@ def main(argv: list[str]) -> None:
     import jax
 
     from rrc_jax import distributed
-    from rrc_jax.inference import JaxSampler, SamplingParams
+    from rrc_jax.inference import SamplingParams, make_sampler
     from rrc_jax.models import load_hf, load_tokenizer, prompt_ids
     from rrc_jax.sharding import mesh_from_flag
 
@@ -49,7 +49,7 @@ def main(argv: list[str]) -> None:
     try:
         params = SamplingParams(_TEMPERATURE.value, _TOP_K.value, _TOP_P.value, max_new_tokens=_MAX_NEW.value)
         with jax.set_mesh(mesh):
-            out = JaxSampler(model, tokenizer).generate([ids], 1, params, rng=_SEED.value)
+            out = make_sampler(model, tokenizer).generate([ids], 1, params, rng=_SEED.value)
     except ValueError as e:  # a sampling setting or a prompt too long for the model: the user's to change
         sys.exit(f"error: {e}")
     n = int(out.lengths[0])

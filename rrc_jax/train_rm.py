@@ -51,6 +51,7 @@ def run_rm(config) -> Path:
     from rrc_jax import distributed
     from rrc_jax.data.toy import world
     from rrc_jax.data.toy.task import ALPHABET, Annotator, SortTask
+    from rrc_jax.inference.factory import check_engine
     from rrc_jax.models import save_hf
     from rrc_jax.models.char_tokenizer import make_char_tokenizer
     from rrc_jax.rm.fit import recording
@@ -58,6 +59,7 @@ def run_rm(config) -> Path:
     from rrc_jax.sharding import mesh_from_config, model_context
 
     check_finite(config)
+    check_engine(config.inference.engine)
     if config.kind not in ("grm", "drm"):
         raise ConfigError(f"config.kind: {config.kind!r}; use 'grm' (SFT on rationale + verdict) or 'drm' "
                           "(Bradley-Terry)")

@@ -102,3 +102,32 @@ def test_stop_tokens_are_the_models_and_the_tokenizers(model):
     assert JaxSampler(model).stop_token_ids == (2,)
     with pytest.raises(ValueError, match="prefix index 5"):
         JaxSampler(model).complete([[1, 2]], [(5, [3])], GREEDY)
+
+
+def test_samplers_come_from_the_factory_and_take_new_weights(model):
+    """Issue 26 item 2 (the factory and the protocol's explicit weight sync): `make_sampler` builds the engine
+    named in `inference.engine` (an unknown one is a one-line error listing the known ones); the sampler states
+    its context length and pad id, and `update_weights` points it at other parameters."""
+    from rrc_jax.config import base_config, validate
+    from rrc_jax.errors import ConfigError
+    from rrc_jax.inference import make_sampler
+
+    sampler = make_sampler(model, max_batch=8)
+    assert isinstance(sampler, JaxSampler) and sampler.max_batch == 8
+    assert sampler.context_length == model.cfg.max_position_embeddings and sampler.pad_id == 0
+    with pytest.raises(ConfigError, match=r"config.inference.engine: 'vllm' is not an inference engine; known: jax"):
+        make_sampler(model, engine="vllm")
+    config = base_config("agr")
+    config.inference.engine = "vllm"
+    with pytest.raises(ConfigError, match="config.inference.engine: 'vllm'"):
+        validate(config)
+
+    prompts = [[1, 5, 6], [1, 7]]
+    before = sampler.generate(prompts, 1, GREEDY).tokens
+    with model_context(None):
+        other = nnx.state(Decoder(model.cfg, rngs=nnx.Rngs(9)), nnx.Param)
+        held = make_sampler(Decoder(model.cfg, rngs=nnx.Rngs(0)), max_batch=8)
+    held.update_weights(nnx.state(model, nnx.Param))  # the weights of `model`: the same greedy continuations
+    np.testing.assert_array_equal(held.generate(prompts, 1, GREEDY).tokens, before)
+    held.update_weights(other)
+    assert not np.array_equal(held.generate(prompts, 1, GREEDY).tokens, before)

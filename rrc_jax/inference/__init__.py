@@ -2,13 +2,15 @@
 
 * ``sampler``: `Sampler` (generate, complete shared prefixes, next-token log-probs), `SamplingParams`,
   `SampleOutput`, `SamplerStats`, `stop_tokens`, `response_texts`.
+* ``factory``: `make_sampler`, which builds every sampler of an engine named in `ENGINES` (`inference.engine`).
 * ``engine``: `JaxSampler`, the protocol on a `rrc_jax.models.Decoder` (prefix reuse, chunking).
 * ``sampling``: the engine's jit-compiled kernels (prefill, extend, decode, generate) over a `KVCache`.
 """
 
 from rrc_jax.inference.engine import JaxSampler
+from rrc_jax.inference.factory import ENGINES, make_sampler
 from rrc_jax.inference.sampler import (SampleOutput, Sampler, SamplerStats, SamplingParams, response_texts,
                                        stop_tokens)
 
-__all__ = ["JaxSampler", "SampleOutput", "Sampler", "SamplerStats", "SamplingParams", "response_texts",
+__all__ = ["ENGINES", "JaxSampler", "make_sampler", "SampleOutput", "Sampler", "SamplerStats", "SamplingParams", "response_texts",
            "stop_tokens"]

@@ -74,6 +74,18 @@ class JaxSampler:
         self.mesh = mesh_of(model)
 
     @property
+    def context_length(self) -> int:
+        """The most tokens (prompt plus continuation) the model's positions hold."""
+        return int(self.model.cfg.max_position_embeddings)
+
+    def update_weights(self, params) -> None:
+        """Point the held model at `params` (an `nnx.State` of its `nnx.Param`s): nothing moves when they are its
+        own, as when the learner updates the same model object in place."""
+        from flax import nnx
+
+        nnx.update(self.model, params)
+
+    @property
     def host_batch(self) -> int:
         """Most rows this host puts in one call: `max_batch` over the hosts."""
         return max(1, self.max_batch // jax.process_count())

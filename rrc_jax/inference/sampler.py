@@ -80,9 +80,20 @@ Suffix = tuple[int, Sequence[int]]  # (index into prefixes, token ids after that
 
 
 class Sampler(Protocol):
-    """See the module docstring. `rng` is a PRNG key or an int seed; a given key always gives the same result."""
+    """See the module docstring. `rng` is a PRNG key or an int seed; a given key always gives the same result.
+
+    What callers read: `pad_id` (written after a row's end), `stop_token_ids` (the default stop tokens),
+    `context_length` (the most tokens, prompt plus continuation, a row holds; None when unknown) and `stats`.
+    `update_weights(params)` is called by the trainer after each optimizer step with the policy's new parameters
+    (an `nnx.State` of `nnx.Param`s): an engine that holds its own copy of the weights syncs it there; one that
+    shares the learner's model object sees the update already."""
 
     stats: SamplerStats
+    pad_id: int
+    stop_token_ids: tuple[int, ...]
+    context_length: int | None
+
+    def update_weights(self, params) -> None: ...
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], group_size: int = 1,
                  params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0) -> SampleOutput: ...

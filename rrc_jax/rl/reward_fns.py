@@ -47,7 +47,7 @@ from rrc_jax.config import TOURNAMENTS, is_plugin
 from rrc_jax.data.batches import pad_sequences, round_up
 from rrc_jax.data.prompts import PromptSet, prompt_tokens
 from rrc_jax.errors import ConfigError
-from rrc_jax.inference.engine import JaxSampler
+from rrc_jax.inference.factory import make_sampler
 from rrc_jax.inference.sampler import Sampler, SamplingParams, response_texts
 from rrc_jax.judge import Judge, JudgeConfig
 from rrc_jax.judge.judge import check_groups
@@ -106,8 +106,9 @@ class RewardContext:
     def reference(self) -> Sampler:
         """A sampler of the frozen reference policy (`models.reference`, by default the initial policy)."""
         if self._reference is None:
-            self._reference = JaxSampler(self.roles.model("reference"), self.roles.tokenizer("reference"),
-                                         max_batch=rollout_batch(self.config.rl))
+            self._reference = make_sampler(self.roles.model("reference"), self.roles.tokenizer("reference"),
+                                           engine=self.config.inference.engine,
+                                           max_batch=rollout_batch(self.config.rl))
         return self._reference
 
     @property
@@ -119,7 +120,8 @@ class RewardContext:
         if self._judge is None:
             j = self.config.reward.judge
             grm, tok = self.roles.model("grm"), self.roles.tokenizer("grm")
-            self._judge = Judge(JaxSampler(grm, tok, max_batch=j.max_batch), tok, JudgeConfig(
+            sampler = make_sampler(grm, tok, engine=self.config.inference.engine, max_batch=j.max_batch)
+            self._judge = Judge(sampler, tok, JudgeConfig(
                 template=j.template, max_new_tokens=j.max_new_tokens, temperature=j.temperature,
                 seed=self.config.seed))
         return self._judge

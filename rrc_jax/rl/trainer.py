@@ -43,7 +43,7 @@ from rrc_jax.config import JUDGE_REWARDS, config_hash, config_json, validate
 from rrc_jax.data.batches import completion_batch, length_bucket
 from rrc_jax.data.prompts import PromptSet, check_toy_eval_prompts, load_prompts, prompt_batches, prompt_token_limit, prompt_tokens
 from rrc_jax.errors import ConfigError
-from rrc_jax.inference.engine import JaxSampler
+from rrc_jax.inference.factory import make_sampler
 from rrc_jax.inference.sampler import response_texts
 from rrc_jax.workdir import WorkdirLock, check_resume, save_config
 from rrc_jax.judge.verdicts import parse_score
@@ -84,7 +84,8 @@ class Trainer:
         self.roles = Roles(config, self.mesh)
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
-        self.sampler = JaxSampler(self.policy, self.tokenizer, max_batch=rollout_batch(rl))
+        self.sampler = make_sampler(self.policy, self.tokenizer, engine=config.inference.engine,
+                                    max_batch=rollout_batch(rl))
         self.train_prompts, self.eval_prompts = training_prompts(config, self.roles)
         self.context = RewardContext(config, self.roles, self.sampler, self.tokenizer, self.train_prompts)
         self.reward_fn = make_reward_fn(config, self.context)
@@ -160,6 +161,7 @@ class Trainer:
             order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), n))
             for start in range(0, n, rl.minibatch_size):
                 logs.append(self.learner.update(take_rows(data, jnp.asarray(order[start:start + rl.minibatch_size]))))
+        self.sampler.update_weights(self.learner.params)  # the rollout sampler samples the updated policy next
         logs = jax.device_get(logs)  # the step's one read-back
         out = {k: float(np.mean([log[k] for log in logs])) for k in logs[0] if k != "skipped"}
         out["skipped_updates"] = int(sum(log["skipped"] for log in logs))

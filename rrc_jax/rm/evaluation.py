@@ -283,12 +283,12 @@ def fitted_judge(model, tokenizer, template, lengths: Sequence[int], max_new_tok
     """A `Judge` of `template` on `model` whose judgment budget fits the model's context for questions of `lengths`
     tokens (`fit_judgment_budget`, its note said); `sampling`: the rest of `JudgeConfig` (temperature, top_p,
     top_k, seed)."""
-    from rrc_jax.inference import JaxSampler
+    from rrc_jax.inference import make_sampler
     from rrc_jax.judge import JudgeConfig
     from rrc_jax.judge.judge import sampler_context_length
     from rrc_jax.progress import say
 
-    sampler = JaxSampler(model, tokenizer, max_batch=max_batch)
+    sampler = make_sampler(model, tokenizer, max_batch=max_batch)
     budget, note = fit_judgment_budget(max_new_tokens, sampler_context_length(sampler), lengths)
     if note:
         say(note)

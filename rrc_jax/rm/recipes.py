@@ -154,14 +154,14 @@ def held_out_metrics(config, model, tokenizer, prefs: Sequence[Preference]) -> d
 def held_out_accuracy(config, model, tokenizer, prefs: Sequence[Preference]) -> dict:
     """The trained model's figures on held-out preferences and their records (`rrc_jax.rm.evaluation.evaluate`):
     the GRM judging greedily in both A/B orders with its template, the DRM scoring both responses."""
-    from rrc_jax.inference import JaxSampler
+    from rrc_jax.inference import make_sampler
     from rrc_jax.judge import Judge, JudgeConfig
     from rrc_jax.rl.reward_fns import DRMReward
     from rrc_jax.rm.evaluation import evaluate
 
     if config.kind == "drm":
         return evaluate("drm", prefs, drm=DRMReward(model, tokenizer))
-    judge = Judge(JaxSampler(model, tokenizer), tokenizer, JudgeConfig(
+    judge = Judge(make_sampler(model, tokenizer, engine=config.inference.engine), tokenizer, JudgeConfig(
         template=config.judge.template, max_new_tokens=config.judge.max_new_tokens, temperature=0.0,
         seed=config.seed))
     return evaluate("pairwise", prefs, judge=judge)
