@@ -17,7 +17,6 @@ from flax import nnx
 
 from rrc_jax.data.batches import pad_sequences
 from rrc_jax.data.preferences import Preference
-from rrc_jax.inference import SampleOutput, SamplerStats, SamplingParams
 from rrc_jax.judge import Judge, JudgeTemplate
 from rrc_jax.models import Decoder, DecoderConfig
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
@@ -26,6 +25,7 @@ from rrc_jax.rm.evaluation import (evaluate, judge_pairs, markdown_table, prc_bu
                                    score_correct, vote_counts)
 from rrc_jax.rm.examples import scored_ids
 from rrc_jax.sharding import model_context
+from rrc_jax.testing import TextSampler
 
 TOK = make_char_tokenizer()
 POINTWISE = JudgeTemplate("toy_pointwise", "pointwise", None, "sort: {prompt}\n", "R: {response}\nscore:", think=True)
@@ -39,31 +39,11 @@ def fields(text: str) -> tuple[str, str, str]:
     return prompt, text.split("\nA: ")[1].split("\n")[0], text.split("\nB: ")[1].split("\n")[0]
 
 
-class RuleSampler:
-    """A Sampler answering each question with `answer(prompt, a, b)` (P(A) = `prob(prompt, a, b)`)."""
-
-    def __init__(self, answer, prob=None):
-        self.answer, self.prob, self.stats, self.calls = answer, prob, SamplerStats(), 0
-
-    def _text(self, prefixes, owner, suffix):
-        return TOK.decode(list(prefixes[owner]) + list(suffix), skip_special_tokens=True)
-
-    def generate(self, prompt_ids, group_size=1, params=SamplingParams(), rng=0):
-        raise NotImplementedError("the judge never calls generate")
-
-    def complete(self, prefixes, suffixes, params=SamplingParams(), rng=0):
-        self.calls += 1
-        rows = [TOK(self.answer(*fields(self._text(prefixes, o, s))), add_special_tokens=False)["input_ids"]
-                [:params.max_new_tokens - 1] + [2] for o, s in suffixes]
-        tokens = np.zeros((len(rows), params.max_new_tokens), np.int32)
-        for i, r in enumerate(rows):
-            tokens[i, :len(r)] = r
-        lengths = np.array([len(r) for r in rows], np.int32)
-        return SampleOutput(tokens, np.zeros(tokens.shape, np.float32), lengths, np.zeros(len(rows), bool))
-
-    def next_token_logprobs(self, prefixes, suffixes, token_ids):
-        p = np.array([self.prob(*fields(self._text(prefixes, o, s))) for o, s in suffixes], np.float64)
-        return np.log(np.stack([p, 1 - p], axis=1)).astype(np.float32)
+def RuleSampler(answer, prob=None):
+    """The package's text sampler (`rrc_jax.testing`) answering each question with `answer(prompt, a, b)` (P(A) =
+    `prob(prompt, a, b)`)."""
+    logprobs = None if prob is None else lambda text, ids: np.log([prob(*fields(text)), 1 - prob(*fields(text))])
+    return TextSampler(TOK, lambda text: answer(*fields(text)), logprobs)
 
 
 def judge_of(answer, prob=None, template="toy_pairwise_cot"):
@@ -107,7 +87,7 @@ def test_always_a_judge(votes):
     assert result["accuracy"] == 0.5 and result["judgebench_accuracy"] == 0.0
     assert result["position_consistency"] == 0.0 and result["abstain_rate"] == 0.0
     np.testing.assert_array_equal(vote_counts(records), [[[votes, 0, 0], [0, votes, 0]]] * 4)
-    assert judge.sampler.calls == 1 and judge.metrics.questions == 2 * 4 * votes  # one batched call
+    assert judge.sampler.stats.calls == 1 and judge.metrics.questions == 2 * 4 * votes  # one batched call
     assert all(len(r["judgments"]) == 2 * votes for r in records)
     assert result["judge_tokens_per_pair"] == 2 * votes * 6  # "[[A]]" + EOS per judgment
 
@@ -138,7 +118,7 @@ def test_chunks_give_the_same_records_and_report_progress():
     seen = []
     judge = judge_of(answer)
     parts = evaluate("pairwise", prefs, judge=judge, votes=2, chunk=2, progress=seen.append)
-    assert seen == [2, 2, 1] and judge.sampler.calls == 3
+    assert seen == [2, 2, 1] and judge.sampler.stats.calls == 3
     assert parts == whole
 
 
@@ -218,7 +198,7 @@ def test_pointwise_mean_scores_ties_and_abstentions():
     assert records[0]["scores_chosen"] == [4.0, 4.0] and records[2]["scores_chosen"] == [None, None]
     assert result["accuracy"] == 0.5 and result["abstain_rate"] == 2 / 16
     assert "judgebench_accuracy" not in result and "position_consistency" not in result
-    assert judge.metrics.questions == 16 and judge.sampler.calls == 1
+    assert judge.metrics.questions == 16 and judge.sampler.stats.calls == 1
 
 
 def test_score_correct():

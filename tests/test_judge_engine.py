@@ -1,7 +1,7 @@
 """The judge against a scripted Sampler: vote tensors exact (swap order, abstentions, odd V, no mixing of prompts
 in a batch), query counts, tournaments, PRC probabilities, pointwise scores, metrics.
 
-`ScriptedSampler` implements the Sampler protocol in a few lines of Python: it reads each question's text and
+`ScriptedSampler` (the package's `rrc_jax.testing.TextSampler` over a table) reads each question's text and
 answers with a fixed judgment for what it sees: the prompt character (from `PROMPTS`), the first and the last
 response character (from `RESPONSES`), looked up in a table of scripts indexed by (prompt, first, second). For
 `next_token_logprobs` it continues the script from the text written after the end marker `§` that closes every
@@ -13,10 +13,10 @@ import math
 import numpy as np
 import pytest
 
-from rrc_jax.inference import SampleOutput, SamplerStats, SamplingParams
 from rrc_jax.judge import Judge, JudgeTemplate, knockout, merge_sort
 from rrc_jax.models.char_tokenizer import PRINTABLE, make_char_tokenizer
 from rrc_jax.rewards import order_rewards
+from rrc_jax.testing import TextSampler
 
 RESPONSES = "αβγδεζηθικλμνξοπ"  # 16 single-character responses / anchors
 PROMPTS = "①②③④⑤"
@@ -39,47 +39,27 @@ DIRECT_OF = [6, 6, 7, 7, 6, 6, 6, 7] + [6] * 10
 MAX_NEW = 40  # < len of script 5: it never stops
 
 
-class ScriptedSampler:
-    """The Sampler protocol over the scripted world; `stats.calls` counts `complete` calls."""
+def ScriptedSampler(table: np.ndarray) -> TextSampler:
+    """The package's text sampler (`rrc_jax.testing`) over the scripted world; `stats.calls` counts `complete`
+    calls."""
 
-    def __init__(self, table: np.ndarray):
-        self.table = table
-        self.stats = SamplerStats()
-
-    def _script(self, ids) -> tuple[list[int], int]:
+    def script(text: str) -> tuple[list[int], int]:
         """(the script's token ids + EOS, tokens already written after the question's end marker)."""
-        text = TOKENIZER.decode(list(ids), skip_special_tokens=True)
         end = max(text.rfind(END), text.rfind(END_DIRECT), text.rfind(END_POINT))
         shown = [c for c in text[:end] if c in RESPONSES]
         p = next(PROMPTS.index(c) for c in text if c in PROMPTS)
-        script = int(self.table[p, RESPONSES.index(shown[0]), RESPONSES.index(shown[-1])])
-        if text[end] == END_DIRECT:
-            script = DIRECT_OF[script]
-        return TOKENIZER(SCRIPTS[script], add_special_tokens=False)["input_ids"] + [2], len(text) - end - 1
+        k = int(table[p, RESPONSES.index(shown[0]), RESPONSES.index(shown[-1])])
+        k = DIRECT_OF[k] if text[end] == END_DIRECT else k
+        return TOKENIZER(SCRIPTS[k], add_special_tokens=False)["input_ids"] + [2], len(text) - end - 1
 
-    def generate(self, prompt_ids, group_size=1, params=SamplingParams(), rng=0):
-        raise NotImplementedError("the judge never calls generate")
-
-    def complete(self, prefixes, suffixes, params=SamplingParams(), rng=0):
-        n = params.max_new_tokens
-        tokens = np.zeros((len(suffixes), n), np.int32)
-        lengths = np.zeros(len(suffixes), np.int32)
-        for q, (owner, suffix) in enumerate(suffixes):
-            script, _ = self._script(list(prefixes[owner]) + list(suffix))
-            lengths[q] = min(len(script), n)
-            tokens[q, :lengths[q]] = script[:lengths[q]]
-        self.stats.calls += 1
-        self.stats.generated_tokens += int(lengths.sum())
-        return SampleOutput(tokens, np.zeros_like(tokens, np.float32), lengths, lengths == n)
-
-    def next_token_logprobs(self, prefixes, suffixes, token_ids):
-        out = np.zeros((len(suffixes), len(token_ids)), np.float32)
+    def logprobs(text: str, token_ids) -> list[float]:
+        ids, written = script(text)
+        nxt = ids[min(written, len(ids) - 1)]
         log_z = math.log(math.exp(4.0) + len(TOKENIZER) - 1)
-        for q, (owner, suffix) in enumerate(suffixes):
-            script, written = self._script(list(prefixes[owner]) + list(suffix))
-            nxt = script[min(written, len(script) - 1)]
-            out[q] = [(4.0 if t == nxt else 0.0) - log_z for t in token_ids]
-        return out
+        return [(4.0 if t == nxt else 0.0) - log_z for t in token_ids]
+
+    return TextSampler(TOKENIZER, lambda text: TOKENIZER.decode(script(text)[0], skip_special_tokens=True),
+                       logprobs, eos_id=2)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rrc_jax import testing
 from rrc_jax.config import base_config
 from rrc_jax.data.batches import pad_sequences
 from rrc_jax.data.prompts import PromptSet, load_prompts
 from rrc_jax.errors import ConfigError
-from rrc_jax.inference import SampleOutput, SamplerStats, SamplingParams
+from rrc_jax.inference import SamplingParams
 from rrc_jax.judge import Judge, get_template, load_template
 from rrc_jax.models import Decoder, DecoderConfig, prompt_ids
 from rrc_jax.models.char_tokenizer import PRINTABLE, make_char_tokenizer
@@ -22,35 +23,9 @@ from rrc_jax.sharding import model_context
 TOK = make_char_tokenizer()
 
 
-class TextSampler:
-    """A Sampler that answers every question with `answer(question text)` and records the questions."""
-
-    def __init__(self, answer=lambda text: "[[A]]"):
-        self.answer, self.questions, self.stats = answer, [], SamplerStats()
-
-    def _text(self, prefixes, owner, suffix):
-        return TOK.decode(list(prefixes[owner]) + list(suffix), skip_special_tokens=True)
-
-    def _out(self, texts, params):
-        rows = [TOK(t, add_special_tokens=False)["input_ids"][:params.max_new_tokens - 1] + [2] for t in texts]
-        tokens = np.zeros((len(rows), params.max_new_tokens), np.int32)
-        for i, r in enumerate(rows):
-            tokens[i, :len(r)] = r
-        lengths = np.array([len(r) for r in rows], np.int32)
-        return SampleOutput(tokens, np.zeros(tokens.shape, np.float32), lengths, np.zeros(len(rows), bool))
-
-    def generate(self, prompt_ids, group_size=1, params=SamplingParams(), rng=0):
-        texts = [self.answer(TOK.decode(p, skip_special_tokens=True)) for p in prompt_ids for _ in range(group_size)]
-        return self._out(texts, params)
-
-    def complete(self, prefixes, suffixes, params=SamplingParams(), rng=0):
-        texts = [self._text(prefixes, o, s) for o, s in suffixes]
-        self.questions += texts
-        return self._out([self.answer(t) for t in texts], params)
-
-    def next_token_logprobs(self, prefixes, suffixes, token_ids):
-        self.questions += [self._text(prefixes, o, s) for o, s in suffixes]
-        return np.tile(np.log([0.75, 0.25])[:len(token_ids)], (len(suffixes), 1)).astype(np.float32)
+def TextSampler(answer=lambda text: "[[A]]"):
+    """The package's text sampler (`rrc_jax.testing`) over the character tokenizer."""
+    return testing.TextSampler(TOK, answer)
 
 
 def judge_of(sampler, template="toy_pairwise_cot"):
