@@ -212,8 +212,7 @@ class Checkpointer:
     """Save every `save_every` steps (0: only when forced), keep the last `keep` (and the last `keep` finite ones),
     resume from the latest usable one (module docstring). `config` (the run's config as a JSON dict,
     `rrc_jax.config.config_json`) and `config_hash` are recorded in each step's manifest: what `trained_config`
-    reads back. `create=False` reads a directory that must
-    exist (another run's) without ever creating it."""
+    reads back. `create=False` reads a directory that must exist (another run's) without ever creating it."""
 
     def __init__(self, directory: str | os.PathLike, save_every: int = 0, keep: int = 2,
                  config: dict | None = None, config_hash: str = "", create: bool = True):
