@@ -155,6 +155,15 @@ def _why(error: BaseException) -> str:
     return line if len(line) <= 300 else line[:297] + "..."
 
 
+def steps_on_disk(directory: str | os.PathLike) -> list[int]:
+    """The finished step directories of a checkpoint directory (digit names; Orbax's temporary ones are not),
+    ascending; none when it does not exist. A listing of the storage, without Orbax."""
+    directory = epath.Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
 class CheckpointWriteError(ConfigError):
     """A checkpoint that could not be written (a full disk, lost permissions: the storage's fault, reported in one
     line). `last_saved` is the newest step on disk (None: none), the step a rerun resumes from."""
@@ -321,10 +330,7 @@ class Checkpointer:
 
     def _on_disk(self, exclude: int | None = None) -> int | None:
         """The newest finished step directory (not `exclude`), None when there is none."""
-        if not self.directory.exists():
-            return None
-        steps = [int(p.name) for p in self.directory.iterdir() if p.name.isdigit() and int(p.name) != exclude]
-        return max(steps, default=None)
+        return max((s for s in steps_on_disk(self.directory) if s != exclude), default=None)
 
     def check(self) -> None:
         """Raise `CheckpointWriteError` now if the save in flight has already failed (before a step is logged, so

@@ -27,7 +27,7 @@ import filelock
 from etils import epath
 
 from rrc_jax import distributed
-from rrc_jax.checkpoint import Checkpointer
+from rrc_jax.checkpoint import Checkpointer, steps_on_disk
 from rrc_jax.config import config_changes, config_json
 from rrc_jax.errors import ConfigError
 from rrc_jax.progress import say
@@ -100,7 +100,7 @@ def check_resume(config, workdir: epath.Path) -> None:
     (module docstring), unless `resume.allow_changes`; a one-line `ConfigError` lists the changes, or says why the
     saved config cannot be read."""
     checkpoints = workdir / "checkpoints"
-    resuming = checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
+    resuming = bool(steps_on_disk(checkpoints))
     if config.resume.allow_changes or not distributed.main_value(np.asarray(resuming)):
         return
     ckpt = Checkpointer(checkpoints, create=False)

@@ -43,6 +43,7 @@ from etils import epath
 from flax import nnx
 
 from rrc_jax import distributed
+from rrc_jax.checkpoint import steps_on_disk
 from rrc_jax.config import TOURNAMENTS, is_plugin
 from rrc_jax.data.batches import pad_sequences, round_up
 from rrc_jax.data.prompts import PromptSet, prompt_tokens
@@ -356,8 +357,7 @@ class AGRReward(JudgeReward):
 
     def _prune(self, current: int) -> None:
         """Delete the refreshed anchors that neither this step nor a resume from a checkpoint on disk uses."""
-        steps = ([int(p.name) for p in self.checkpoints.iterdir() if p.name.isdigit()]
-                 if self.checkpoints is not None and self.checkpoints.exists() else [])
+        steps = steps_on_disk(self.checkpoints) if self.checkpoints is not None else []
         prune_refreshed(self.refreshed_dir, {current} | {refresh_step(c + 1, self.refresh_every) for c in steps})
 
     def __call__(self, prompts, responses, prompt_index, step):
