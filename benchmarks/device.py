@@ -156,7 +156,7 @@ def peak_memory() -> int | None:
 def part_sampler(args) -> dict:
     import jax
 
-    from rrc_jax.inference.engine import JaxSampler
+    from rrc_jax.inference import make_sampler
     from rrc_jax.inference.sampler import SamplingParams
     from rrc_jax.models import save_hf
 
@@ -168,7 +168,7 @@ def part_sampler(args) -> dict:
     print(f"sampler: {n_params / 1e9:.3f}B params, bfloat16, saved to {args.ckpt_dir} in "
           f"{time.perf_counter() - t:.1f} s", flush=True)
     rows = args.prompts * args.group
-    sampler = JaxSampler(model, max_batch=rows)  # one chunk: every group in one call
+    sampler = make_sampler(model, max_batch=rows)  # one chunk: every group in one call
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, stop_token_ids=())
     ids = prompts(args)
     calls = iter(range(1 << 30))

@@ -97,7 +97,7 @@ def main() -> None:
     import jax
     import torch
 
-    from rrc_jax.inference import JaxSampler
+    from rrc_jax.inference import make_sampler
     from rrc_jax.judge import Judge, get_template, render_parts
     from rrc_jax.judge.prompts import encode_question
     from rrc_jax.models import load_hf
@@ -112,7 +112,7 @@ def main() -> None:
     anchors = [[random_text(rng, 40) for _ in range(args.n)] for _ in prompts]
 
     def judge(reuse: bool) -> Judge:
-        sampler = JaxSampler(model, tok, max_batch=args.max_batch, prefix_reuse=reuse, stop_token_ids=())
+        sampler = make_sampler(model, tok, max_batch=args.max_batch, prefix_reuse=reuse, stop_token_ids=())
         return Judge(sampler, tok, template="rrc_pairwise_cot", temperature=0.0, max_new_tokens=args.new_tokens)
 
     workloads = {

@@ -24,7 +24,7 @@ def main(argv) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from rrc_jax import distributed
     from rrc_jax.inference import make_sampler
-    from rrc_jax.rl.reward_fns import anchor_store
+    from rrc_jax.constructions.agr import anchor_store
     from rrc_jax.rl.roles import Roles
     from rrc_jax.rl.trainer import training_prompts
     from rrc_jax.sharding import mesh_from_config

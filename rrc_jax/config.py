@@ -19,14 +19,10 @@ from pathlib import Path
 
 import ml_collections
 
+from rrc_jax.constructions import reward_defaults, validate_reward
 from rrc_jax.errors import ConfigError
-from rrc_jax.rewards.kemeny import CARA_METHODS, MAX_EXACT_GROUP
-from rrc_jax.rewards.tournament import AGR_TIES, SCR_TIES
 from rrc_jax.rl.grpo import AGGREGATIONS
 
-BUILTIN_REWARDS = ("drm", "prc", "scr", "agr", "pointwise", "rlvr", "irpo")
-JUDGE_REWARDS = ("prc", "scr", "agr", "pointwise")  # the built-in rewards that ask the GRM
-TOURNAMENTS = ("round_robin", "merge_sort", "knockout")  # how SCR orders a group (`reward.scr.tournament`)
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 # The toy world's models (docs/design.md, the toy world): width, depth and training steps of each tiny Llama-style
@@ -100,34 +96,10 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
         max_param_growth=10.0,
     ))
 
-    c.reward = ml_collections.ConfigDict(dict(
-        kind=kind,               # drm | prc | scr | agr | pointwise | rlvr | irpo, or MODULE:FUNCTION (a plug-in)
-        # How the GRM is asked (SCR, AGR, PRC and the eval win rate).
-        judge=dict(
-            template="toy_pairwise_cot",  # a built-in name or a .json / .yaml template file
-            max_new_tokens=24,
-            temperature=1.0,     # the judge samples its reasoning: judgments vary, as a real GRM's do
-            max_batch=256,       # judge questions per model call
-            votes=2,             # V judgments per pair (voting@V)
-            swap=True,           # alternate the A/B order across votes (beyond the paper: position bias)
-        ),
-        scr=dict(alpha=0.1,      # Eq. 16 (the paper: 0.1)
-                 ties="zero",    # Eq. 16: a strict majority wins; 'half' gives a tie 0.5
-                 cara=False,     # Kemeny aggregation (Eq. 21)
-                 cara_method="greedy",  # Algorithm 1's greedy, or 'exact' (m <= 16)
-                 tournament="round_robin"),  # or 'merge_sort' / 'knockout': adaptive, fewer questions (Eq. 21)
-        agr=dict(alpha=0.1,      # Eq. 22
-                 ties="win",     # Algorithm 2 line 10: c_ik >= c_ki counts as a win
-                 n_anchors=8,    # n (the paper's main table: 8)
-                 anchors_path="",  # default workdir/anchors.jsonl
-                 refresh_every=0),  # > 0: regenerate anchors from the current policy every k steps (beyond the paper)
-        prc=dict(think=True,     # the judge reasons before the verdict; False: its direct-verdict template
-                 reference="current"),  # o_ref: the current policy's greedy response (RRC paper 2.3), or 'initial'
-        drm=dict(max_batch=256),  # sequences per value-head call
-        # IRPO (its Section 3): the intergroup reward of a pointwise judge's scores: 'median' (IRPO's default), 'mean',
-        # 'interval' (95% CI bounds), 'auc' or 'strength' (Eq. 5-6); plus the format reward (-0.5).
-        irpo=dict(rule="median"),
-    ))
+    # The reward construction (`reward.kind`: a kind of `rrc_jax.constructions.CONSTRUCTIONS`, or MODULE:NAME, a
+    # plug-in), how the GRM is asked (`reward.judge`, `JudgeSettings`) and each construction's own group
+    # (`reward.<kind>`): the defaults and their comments live with each construction's `Settings`.
+    c.reward = ml_collections.ConfigDict(dict(kind=kind, **reward_defaults()))
 
     c.checkpoint = ml_collections.ConfigDict(dict(save_every=10, keep=2))
     c.eval = ml_collections.ConfigDict(dict(every=10, judge_votes=2))
@@ -200,11 +172,6 @@ def _bad(field: str, msg: str):
     raise ConfigError(f"config.{field}: {msg}")
 
 
-def is_plugin(kind: str) -> bool:
-    """A `reward.kind` of the form MODULE:FUNCTION names a user's reward (`rrc_jax.rl.reward_fns`)."""
-    return ":" in kind
-
-
 def check_finite(c: ml_collections.ConfigDict) -> None:
     """A `ConfigError` naming the first float field of a config that is NaN or infinite (every comparison with NaN
     is false, so a range check alone lets it through)."""
@@ -218,37 +185,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     check_finite(c)
     if c.steps < 0:
         _bad("steps", f"{c.steps} must be >= 0")
-    r, rl = c.reward, c.rl
-    if r.kind not in BUILTIN_REWARDS and not is_plugin(r.kind):
-        _bad("reward.kind", f"{r.kind!r} is not one of {', '.join(BUILTIN_REWARDS)} or MODULE:FUNCTION")
-    if r.scr.ties not in SCR_TIES:
-        _bad("reward.scr.ties", f"{r.scr.ties!r}: use {' or '.join(map(repr, SCR_TIES))}")
-    if r.agr.ties not in AGR_TIES:
-        _bad("reward.agr.ties", f"{r.agr.ties!r}: use {', '.join(map(repr, AGR_TIES))}")
-    if r.scr.cara_method not in CARA_METHODS:
-        _bad("reward.scr.cara_method", f"{r.scr.cara_method!r}: use {' or '.join(map(repr, CARA_METHODS))}")
-    if r.scr.tournament not in TOURNAMENTS:
-        _bad("reward.scr.tournament", f"{r.scr.tournament!r}: use {', '.join(map(repr, TOURNAMENTS))}")
-    if r.scr.cara and r.scr.tournament != "round_robin":
-        _bad("reward.scr.cara", f"CARA aggregates a round robin's counts; reward.scr.tournament="
-                                f"{r.scr.tournament!r} orders the group itself: use one or the other")
-    if r.scr.cara and r.scr.cara_method == "exact" and rl.group_size > MAX_EXACT_GROUP:
-        _bad("reward.scr.cara_method", f"'exact' Kemeny needs rl.group_size <= {MAX_EXACT_GROUP}, got {rl.group_size}")
-    j = r.judge
-    if j.votes < 1:
-        _bad("reward.judge.votes", f"{j.votes} must be >= 1")
-    if j.votes > 1 and j.temperature == 0 and not j.swap:
-        _bad("reward.judge.votes", "greedy judging (judge.temperature=0) without swap gives V identical votes; set "
-                                   "reward.judge.temperature > 0 or reward.judge.swap=True or reward.judge.votes=1")
-    if j.max_new_tokens < 1 or j.max_batch < 1 or j.temperature < 0:
-        _bad("reward.judge", "max_new_tokens and max_batch must be >= 1 and temperature >= 0")
-    if r.agr.n_anchors < 1:
-        _bad("reward.agr.n_anchors", f"{r.agr.n_anchors} must be >= 1")
-    if r.agr.refresh_every < 0:
-        _bad("reward.agr.refresh_every", "must be >= 0 (0 = never)")
-    if r.prc.reference not in ("current", "initial"):
-        _bad("reward.prc.reference", f"{r.prc.reference!r}: use 'current' (the policy being trained, each step) or "
-                                     "'initial' (the frozen reference)")
+    rl = c.rl
+    validate_reward(c)
     if rl.group_size < 2:
         _bad("rl.group_size", f"{rl.group_size}: GRPO needs at least 2 responses per prompt")
     if rl.prompts_per_step < 1 or rl.mu < 1 or rl.max_new_tokens < 1:
@@ -274,9 +212,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
             _bad(f"rl.{name}", f"{getattr(rl, name)} must be > 0")
     if rl.warmup_steps < 0:
         _bad("rl.warmup_steps", f"{rl.warmup_steps} must be >= 0")
-    for name in ("scr", "agr"):
-        if not r[name].alpha > 0:
-            _bad(f"reward.{name}.alpha", f"{r[name].alpha} must be > 0 (the reward per win)")
     if c.data.eval_prompts < 0 or c.data.max_prompt_tokens < 1:
         _bad("data", f"eval_prompts={c.data.eval_prompts} must be >= 0 (0: no held-out split) and "
                      f"max_prompt_tokens={c.data.max_prompt_tokens} >= 1")
@@ -306,20 +241,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
     for name in ("policy", "grm", "drm"):
         if not getattr(c.models, name):
             _bad(f"models.{name}", "empty; give a Hugging Face directory or 'toy'")
-    if c.data.format and r.kind not in ("rlvr", "irpo") and not is_plugin(r.kind):
-        _bad("data.format", f"{c.data.format!r} makes the prompts judge questions, which only reward.kind='rlvr' or "
-                            "'irpo' (or a plug-in) scores; leave data.format empty for a prompt file")
-    if r.kind in ("rlvr", "irpo") and not c.data.format:
-        _bad("data.format", f"reward.kind={r.kind!r} trains a judge on preference questions: set data.format "
-                            "(helpsteer3, rmbench, judgebench or pairs; with data.path='toy', pairs)")
-    if r.kind == "pointwise" and c.eval.judge_votes:
-        _bad("eval.judge_votes", f"{c.eval.judge_votes}: the judged win rate asks pairwise questions, which a "
-                                 "pointwise judge does not answer; set 0 (configs/pointwise.py does)")
-    if r.kind == "irpo" and r.irpo.rule not in ("median", "mean", "interval", "auc", "strength"):
-        _bad("reward.irpo.rule", f"{r.irpo.rule!r}: use median, mean, interval, auc or strength")
-    if r.kind == "irpo" and rl.prompts_per_step % 2:
-        _bad("rl.prompts_per_step", f"{rl.prompts_per_step}: IRPO asks about a preference's chosen and rejected "
-                                    "responses in the same step, so it must be even")
     from rrc_jax.inference.factory import check_engine
 
     check_engine(c.inference.engine)

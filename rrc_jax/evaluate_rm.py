@@ -115,7 +115,7 @@ def run(args: Args) -> tuple[dict, list[dict]]:
     from rrc_jax.judge.prompts import question_length
     from rrc_jax.models import load_hf, load_tokenizer
     from rrc_jax.progress import Progress, say
-    from rrc_jax.rl.reward_fns import DRMReward
+    from rrc_jax.constructions.drm import DRMReward
     from rrc_jax.rm.evaluation import (KINDS, abstention_causes, evaluate, fitted_judge, markdown_table,
                                        nothing_scored, question_items)
     from rrc_jax.sharding import mesh_from_flag

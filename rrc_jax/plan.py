@@ -498,17 +498,15 @@ class Plan:
 
 
 def roles(config) -> dict[str, str]:
-    """The roles a run loads -> their model names (module docstring's rule)."""
-    m, r = config.models, config.reward
-    judge = r.kind in ("scr", "agr", "prc", "pointwise")
+    """The roles a run loads -> their model names: the policy, the reference for the KL (`rl.beta > 0`) and
+    whatever the reward construction declares (`Construction.roles`)."""
+    from rrc_jax.constructions import construction_class
+
+    m, needs = config.models, construction_class(config.reward.kind).roles(config)
     out = {"policy": m.policy}
-    if config.rl.beta > 0 or r.kind == "agr" or (r.kind == "prc" and r.prc.reference == "initial") or (
-            judge and config.eval.judge_votes > 0):
+    if config.rl.beta > 0 or "reference" in needs:
         out["reference"] = m.reference or m.policy
-    if judge:
-        out["grm"] = m.grm
-    if r.kind == "drm":
-        out["drm"] = m.drm
+    out.update({role: m[role] for role in ("grm", "drm") if role in needs})
     return out
 
 
@@ -524,20 +522,12 @@ def _template_tokens(config) -> tuple[int, int]:
     return prefix, -(-fixed(t.item) // rate)
 
 
-def _questions_per_prompt(config, kind: str) -> int:
-    """Judge questions about one prompt: a step's (`kind` scr, agr, prc) or the judged evaluation's ('eval')."""
-    r, m = config.reward, config.rl.group_size
-    return {"agr": m * r.agr.n_anchors * r.judge.votes, "scr": m * (m - 1) // 2 * r.judge.votes, "prc": m,
-            "pointwise": m * r.judge.votes,
-            "eval": config.eval.judge_votes}[kind]
-
-
 def _policy_rollouts(config, cfg, shape, dtype) -> list[Row]:
     """The rollout phase: the policy sampler's caches (a step's groups or the held-out greedy generation, the
     larger), its transients and the gathered weights of its decode loop."""
     from rrc_jax.data.batches import bucket_length, round_up
     from rrc_jax.models.decoder import ATTENTION_BLOCK
-    from rrc_jax.rl.reward_fns import rollout_batch
+    from rrc_jax.constructions import rollout_batch
 
     rl = config.rl
     n_new = rl.max_new_tokens
@@ -588,9 +578,12 @@ def _judging(config, cfg, shape, dtype) -> tuple[list[Row], str]:
     prefix = length_bucket(config.data.max_prompt_tokens + pre_tokens)
     suffix = length_bucket(2 * n_new + item_tokens)
     own = round_up(suffix + r.judge.max_new_tokens, ATTENTION_BLOCK)
+    from rrc_jax.constructions import construction_class
+
+    load = construction_class(r.kind).judge_load(config)
     best: list[Row] = []
-    for kind, prompts in ((r.kind, config.rl.prompts_per_step), ("eval", config.data.eval_prompts)):
-        q = _questions_per_prompt(config, kind)
+    for kind, q, prompts in ((r.kind, load.questions, config.rl.prompts_per_step),
+                             ("eval", config.eval.judge_votes, config.data.eval_prompts)):
         if not q or not prompts:
             continue
         p, m = judge_chunk(q, prompts, r.judge.max_batch)
@@ -610,7 +603,8 @@ def _judging(config, cfg, shape, dtype) -> tuple[list[Row], str]:
         if sum(x.bytes for x in out) > sum(x.bytes for x in best):
             best = out
     note = (f"judge questions estimated at {config.data.max_prompt_tokens} + {pre_tokens} prefix tokens (prompt + "
-            f"template), 2 x {n_new} + {item_tokens} suffix tokens, {r.judge.max_new_tokens} new tokens")
+            f"template), 2 x {n_new} + {item_tokens} suffix tokens, {r.judge.max_new_tokens} new tokens; "
+            f"{load.questions} questions and up to {load.tokens} judge tokens per prompt of a step")
     return best, note
 
 

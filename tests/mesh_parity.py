@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from rrc_jax.data.batches import completion_batch
-from rrc_jax.inference import JaxSampler, SamplingParams
+from rrc_jax.inference import SamplingParams, make_sampler
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, save_hf
 from rrc_jax.rl.grpo import grpo_objective
 from rrc_jax.rl.learner import Learner, make_optimizer, token_logprobs
@@ -52,7 +52,7 @@ def run(path, mesh, complete=False):
     with jax.set_mesh(mesh) if mesh is not None else nnx.use_eager_sharding(False):
         forward = nnx.jit(lambda m, x, mask: m(x, mask))
         logits = np.asarray(jax.device_get(forward(model, *put_batch((ids, np.ones_like(ids)), mesh))))
-        sampler = JaxSampler(model, max_batch=16)
+        sampler = make_sampler(model, max_batch=16)
         generated = sampler.generate([[1, 5, 6], [1, 7], [1, 9, 9, 9]], 4, GREEDY).tokens
         completed = sampler.complete([[1, 5, 6, 7], [1, 8]], [(0, [3, 4]), (1, []), (0, [9]), (1, [10, 11, 12])],
                                      GREEDY).tokens if complete else None

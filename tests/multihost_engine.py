@@ -15,12 +15,12 @@ import numpy as np
 from flax import nnx
 
 from rrc_jax import distributed
-from rrc_jax.inference import JaxSampler, SamplingParams
+from rrc_jax.inference import SamplingParams, make_sampler
 from rrc_jax.judge import Judge
 from rrc_jax.judge.tournaments import knockout, merge_sort
 from rrc_jax.models import Decoder, DecoderConfig
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
-from rrc_jax.rl.reward_fns import DRMReward
+from rrc_jax.constructions.drm import DRMReward
 from rrc_jax.sharding import make_mesh, model_context
 
 GREEDY = SamplingParams(0.0, max_new_tokens=6, stop_token_ids=())
@@ -57,16 +57,16 @@ def main(out: str, *dist: str) -> None:
     tokenizer = make_char_tokenizer()
     results = {}
     with jax.set_mesh(mesh):
-        sampler = JaxSampler(model, max_batch=16)
+        sampler = make_sampler(model, max_batch=16)
         gen = sampler.generate(prompts, 2, GREEDY)
         results["generate"] = gen.tokens.tolist()
         for reuse in (True, False):
-            done = JaxSampler(model, max_batch=8, prefix_reuse=reuse).complete(prefixes, suffixes, GREEDY)
+            done = make_sampler(model, max_batch=8, prefix_reuse=reuse).complete(prefixes, suffixes, GREEDY)
             results[f"complete_{reuse}"] = done.tokens.tolist()
             results[f"complete_{reuse}_logprobs"] = done.logprobs.tolist()
-        results["next_token"] = JaxSampler(model, max_batch=8).next_token_logprobs(prefixes, suffixes,
+        results["next_token"] = make_sampler(model, max_batch=8).next_token_logprobs(prefixes, suffixes,
                                                                                    [5, 9]).tolist()
-        judge = Judge(JaxSampler(model, tokenizer, max_batch=16), tokenizer, template="toy_pairwise_direct",
+        judge = Judge(make_sampler(model, tokenizer, max_batch=16), tokenizer, template="toy_pairwise_direct",
                       max_new_tokens=4, temperature=0.0)
         texts, responses = [g[0] for g in groups], [g[1] for g in groups]
         results["merge_sort"] = merge_sort(judge, texts, responses).order.tolist()

@@ -12,9 +12,10 @@ import pytest
 from flax import nnx
 
 from rrc_jax.config import base_config
+from rrc_jax.constructions import construction_class
 from rrc_jax.data.prompts import load_prompts, prompt_token_limit, prompt_tokens
 from rrc_jax.errors import ConfigError
-from rrc_jax.inference import JaxSampler, SampleOutput, SamplerStats
+from rrc_jax.inference import SampleOutput, SamplerStats, make_sampler
 from rrc_jax.judge import Judge, get_template, render_parts
 from rrc_jax.models import Decoder, DecoderConfig
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
@@ -94,7 +95,7 @@ def test_long_judge_questions_are_dropped_with_their_oracle(tmp_path, capsys):
     assert "longer than 200 tokens (rows 2)" in capsys.readouterr().err
     config.reward.kind = "irpo"
     config.reward.judge.template = "toy_pointwise"
-    train, _ = load_prompts(config, tok, max_tokens=200)
+    train, _ = load_prompts(config, tok, max_tokens=200, questions=construction_class("irpo").questions)
     assert train.paired and len(train.texts) == 22 and train.counts["dropped_long"] == 2
     assert train.rows == [r for r in range(12) if r != 2 for _ in range(2)]
 
@@ -117,7 +118,7 @@ def tiny():
 
 def judge_of(tiny, template="toy_pairwise_cot"):
     model, tok = tiny
-    judge = Judge(JaxSampler(model, tok, max_batch=8), tok, template=template, temperature=0.0, max_new_tokens=8)
+    judge = Judge(make_sampler(model, tok, max_batch=8), tok, template=template, temperature=0.0, max_new_tokens=8)
     assert judge.context_length == CONTEXT and judge.sampler.prefix_reuse
     return judge
 

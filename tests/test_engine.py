@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from rrc_jax.data.batches import bucket_length, pad_sequences
-from rrc_jax.inference import JaxSampler, SamplingParams
+from rrc_jax.inference import JaxSampler, SamplingParams, make_sampler
 from rrc_jax.inference.engine import prefix_chunks
 from rrc_jax.inference.sampling import generate
 from rrc_jax.models import Decoder, DecoderConfig
@@ -44,7 +44,7 @@ def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max
     max_batch 4 (each chunk prefills its own prefixes: prefix 1's questions span two chunks, so it is prefilled
     twice)."""
     prefixes, suffixes = questions()
-    sampler = JaxSampler(model, max_batch=max_batch, prefix_reuse=prefix_reuse)
+    sampler = make_sampler(model, max_batch=max_batch, prefix_reuse=prefix_reuse)
     out = sampler.complete(prefixes, suffixes, GREEDY)
     whole = [prefixes[o] + s for o, s in suffixes]
     ref = generate(model, whole, GREEDY)
@@ -61,7 +61,7 @@ def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max
 def test_chunks_pack_prompts_times_rows_within_max_batch(model):
     """Questions are packed P prefixes x M rows (powers of two, P * M <= max_batch); a prefix with more questions
     than max_batch spans chunks."""
-    sampler = JaxSampler(model, max_batch=8)
+    sampler = make_sampler(model, max_batch=8)
     owners = [0] * 4 + [1] * 11 + [2] * 2 + [3]
     chunks = list(prefix_chunks(list(range(len(owners))), owners, sampler.host_batch))
     assert [[len(g) for g in c] for c in chunks] == [[4], [8], [3, 2], [1]]
@@ -74,7 +74,7 @@ def test_chunks_pack_prompts_times_rows_within_max_batch(model):
 def test_next_token_logprobs_equal_the_forward_pass(model, prefix_reuse):
     prefixes, suffixes = questions(1)
     token_ids = [5, 9, 2]
-    lp = JaxSampler(model, max_batch=4, prefix_reuse=prefix_reuse).next_token_logprobs(prefixes, suffixes, token_ids)
+    lp = make_sampler(model, max_batch=4, prefix_reuse=prefix_reuse).next_token_logprobs(prefixes, suffixes, token_ids)
     whole = [prefixes[o] + s for o, s in suffixes]
     ids, mask = pad_sequences(whole, max(map(len, whole)), 0, "right")
     logp = np.asarray(jax.nn.log_softmax(model(jnp.asarray(ids), jnp.asarray(mask)), axis=-1))
@@ -84,8 +84,8 @@ def test_next_token_logprobs_equal_the_forward_pass(model, prefix_reuse):
 
 def test_generate_chunks_whole_groups(model):
     prompts = [[1, 7, 8], [1, 9], [1, 4, 4, 4, 5], [1, 30]]
-    one = JaxSampler(model, max_batch=64).generate(prompts, 3, GREEDY)
-    chunked_sampler = JaxSampler(model, max_batch=6)  # two groups of 3 per call
+    one = make_sampler(model, max_batch=64).generate(prompts, 3, GREEDY)
+    chunked_sampler = make_sampler(model, max_batch=6)  # two groups of 3 per call
     chunked = chunked_sampler.generate(prompts, 3, GREEDY)
     assert one.tokens.shape == (12, 10) and chunked_sampler.stats.calls == 2
     np.testing.assert_array_equal(one.tokens, chunked.tokens)
@@ -98,10 +98,10 @@ def test_stop_tokens_are_the_models_and_the_tokenizers(model):
         eos_token_id = 7
         pad_token_id = 0
 
-    assert JaxSampler(model, Tok()).stop_token_ids == (2, 7)
-    assert JaxSampler(model).stop_token_ids == (2,)
+    assert make_sampler(model, Tok()).stop_token_ids == (2, 7)
+    assert make_sampler(model).stop_token_ids == (2,)
     with pytest.raises(ValueError, match="prefix index 5"):
-        JaxSampler(model).complete([[1, 2]], [(5, [3])], GREEDY)
+        make_sampler(model).complete([[1, 2]], [(5, [3])], GREEDY)
 
 
 def test_samplers_come_from_the_factory_and_take_new_weights(model):
@@ -110,7 +110,6 @@ def test_samplers_come_from_the_factory_and_take_new_weights(model):
     its context length and pad id, and `update_weights` points it at other parameters."""
     from rrc_jax.config import base_config, validate
     from rrc_jax.errors import ConfigError
-    from rrc_jax.inference import make_sampler
 
     sampler = make_sampler(model, max_batch=8)
     assert isinstance(sampler, JaxSampler) and sampler.max_batch == 8

@@ -18,7 +18,7 @@ from rrc_jax.errors import ConfigError
 from rrc_jax.inference.sampling import SamplingParams, generate
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer, prompt_ids, save_hf
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
-from rrc_jax.rl.reward_fns import DRMReward
+from rrc_jax.constructions.drm import DRMReward
 from rrc_jax.rl.roles import Roles
 from rrc_jax.rm.examples import scored_ids
 

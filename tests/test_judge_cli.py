@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import make_hf_model
-from rrc_jax.inference import JaxSampler
+from rrc_jax.inference import make_sampler
 from rrc_jax.judge import Judge
 from rrc_jax.models import load_hf, load_tokenizer
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
@@ -30,7 +30,7 @@ def test_cli_prints_votes_and_tally(model_dir):
                   "--template=toy_pairwise_cot", "--max_new_tokens=10", "--temperature=0")
     assert out.returncode == 0, out.stderr[-2000:]
     tok = load_tokenizer(model_dir)
-    judge = Judge(JaxSampler(load_hf(model_dir), tok), tok, template="toy_pairwise_cot", max_new_tokens=10,
+    judge = Judge(make_sampler(load_hf(model_dir), tok), tok, template="toy_pairwise_cot", max_new_tokens=10,
                   temperature=0.0)
     votes, log = judge.explain(["sort 3 1 2"], ["1 2 3"], ["3 2 1"], votes=3)
     lines = out.stdout

@@ -17,7 +17,7 @@ from rrc_jax.data.prompts import judge_questions
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, save_hf
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
-from rrc_jax.rl.reward_fns import RLVRReward
+from rrc_jax.constructions.rlvr import RLVRReward
 from rrc_jax.rm.recipes import split_held_out
 from rrc_jax.sharding import model_context
 from rrc_jax.train_rm import run_rm
@@ -165,8 +165,8 @@ def test_judge_questions_know_their_verdict_and_rlvr_rewards_it():
         assert questions.oracle(i, f"think: [[{letter}]]") == 1.0
         assert questions.oracle(i, f"think: [[{other}]]") == 0.0 and questions.oracle(i, "no verdict") == 0.0
     reward = RLVRReward(questions)
-    rewards, logged = reward(questions.texts[:2], [[f"[[{letters[0]}]]", "?"], ["[[A]]", "[[B]]"]],
-                             np.array([0, 1]), step=1)
+    out = reward(questions.texts[:2], [[f"[[{letters[0]}]]", "?"], ["[[A]]", "[[B]]"]], np.array([0, 1]), step=1)
+    rewards, logged = out.rewards, out.metrics
     assert rewards[0].tolist() == [1.0, -1.0] and sorted(rewards[1].tolist()) == [-1.0, 1.0]
     assert logged["reward/verdict_accuracy"] == 0.5
 
@@ -174,7 +174,7 @@ def test_judge_questions_know_their_verdict_and_rlvr_rewards_it():
 def test_pointwise_pairs_and_the_irpo_reward():
     from rrc_jax.data.prompts import pointwise_questions
     from rrc_jax.rewards import rule_rewards
-    from rrc_jax.rl.reward_fns import IRPOReward, pair_correct
+    from rrc_jax.constructions.irpo import IRPOReward, chosen_scored_higher
 
     tokenizer = make_char_tokenizer()
     questions = pointwise_questions([Preference(f"q{i}", f"good{i}", f"bad{i}") for i in range(3)], tokenizer,
@@ -186,14 +186,15 @@ def test_pointwise_pairs_and_the_irpo_reward():
 
     ok = lambda s: f"<critique>fine</critique>\n<score>{s}</score>"
     responses = [[ok(8), ok(6), "no score"], [ok(5), ok(7), "<score>4</score>"]]  # chosen group, rejected group
-    rewards, logged = IRPOReward("median", "irpo_pointwise")(["c", "r"], responses, np.array([4, 5]), step=1)
+    out = IRPOReward("median", "irpo_pointwise")(["c", "r"], responses, np.array([4, 5]), step=1)
+    rewards, logged = out.rewards, out.metrics
     s_c, s_r = np.array([[8, 6, np.nan]], np.float32), np.array([[5, 7, 4]], np.float32)
     r_c, r_r = (np.asarray(x) for x in rule_rewards(s_c, s_r, "median"))
     np.testing.assert_allclose(rewards, np.concatenate([r_c, r_r]) + [[0, 0, -0.5], [0, 0, -0.5]])
     assert logged["reward/format_ok"] == pytest.approx(4 / 6) and logged["reward/pair_accuracy"] == 1.0  # 7 > 5.33
     with pytest.raises(ValueError, match="whole pairs"):
         IRPOReward("median", "irpo_pointwise")(["c", "r"], responses, np.array([5, 6]), step=1)
-    assert pair_correct([3, 1, 1, 3, 2, 2, np.nan, 1]).tolist() == [1.0, 0.0, 0.5, 0.5]
+    assert chosen_scored_higher([3, 1, 1, 3, 2, 2, np.nan, 1]).tolist() == [1.0, 0.0, 0.5, 0.5]
 
 
 def test_irpo_trains_a_pointwise_judge_on_pairs(tmp_path, tiny_hf):

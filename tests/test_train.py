@@ -384,7 +384,7 @@ def test_anchors_are_stored_and_reused(toy_cache, finished):
     stamp = path.stat().st_mtime_ns
     trainer = Trainer(config)
     assert path.stat().st_mtime_ns == stamp and "reference" not in trainer.roles.loaded  # read, not regenerated
-    assert trainer.reward_fn.store.anchors == load_anchors(path, [r["id"] for r in rows],
+    assert trainer.reward.store.anchors == load_anchors(path, [r["id"] for r in rows],
                                                            [r["prompt"] for r in rows], 2)
     with pytest.raises(ConfigError, match="different prompt"):
         load_anchors(path, [rows[0]["id"]], ["not the prompt"], 2)

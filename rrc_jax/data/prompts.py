@@ -135,14 +135,16 @@ def pointwise_questions(prefs, tokenizer, template, first_id: int = 0) -> Prompt
                      rows=None if rows is None else [r for r in rows for _ in range(2)])
 
 
-def preference_questions(config, tokenizer) -> tuple[PromptSet, PromptSet]:
+def preference_questions(config, tokenizer, questions: str = "pairwise") -> tuple[PromptSet, PromptSet]:
     """(training, held-out) judge questions of `config.data` in `data.format` (module docstring): the toy task's
-    pairs (`data.path='toy'`, held-out prompts disjoint from the training ones) or a preference dataset's."""
+    pairs (`data.path='toy'`, held-out prompts disjoint from the training ones) or a preference dataset's;
+    `questions` 'pairwise' (`judge_questions`) or 'pointwise' (`pointwise_questions`, in pairs), as the reward
+    construction asks (`Construction.questions`)."""
     d, template = config.data, config.reward.judge.template
     skipped = 0
     if d.path == "toy":
         from rrc_jax.data.toy.task import SortTask
-        from rrc_jax.data.toy.world import toy_preferences
+        from rrc_jax.data.toy.task import toy_preferences
 
         t = config.toy
         task = SortTask(t.min_len, t.max_len, t.noise)
@@ -162,7 +164,7 @@ def preference_questions(config, tokenizer) -> tuple[PromptSet, PromptSet]:
             k = held_out_count(len(train), d)
             train, held = train[:len(train) - k], train[len(train) - k:]
         say_split(len(train), len(held), d)
-    if config.reward.kind == "irpo":
+    if questions == "pointwise":
         train_q = pointwise_questions(train, tokenizer, template)
         held_q = pointwise_questions(held, tokenizer, template, first_id=2 * len(train))
     else:
@@ -357,15 +359,17 @@ def drop_long(prompts: PromptSet, tokenizer, max_tokens: int, what: str) -> Prom
         counts={**prompts.counts, "dropped_long": prompts.counts.get("dropped_long", 0) + int(long.sum())})
 
 
-def load_prompts(config, tokenizer=None, max_tokens: int | None = None) -> tuple[PromptSet, PromptSet]:
+def load_prompts(config, tokenizer=None, max_tokens: int | None = None, questions: str = "pairwise"
+                 ) -> tuple[PromptSet, PromptSet]:
     """(training prompts, held-out prompts) of `config.data` (module docstring); judge questions
-    (`preference_questions`, rendered for the policy's `tokenizer`) when `data.format` is set. `max_tokens`
+    (`preference_questions` of kind `questions`, rendered for the policy's `tokenizer`) when `data.format` is set.
+    `max_tokens`
     (`prompt_token_limit`; needs the `tokenizer`): prompts longer than that are dropped (`drop_long`)."""
     d = config.data
     if max_tokens is not None and tokenizer is None:
         raise ValueError("load_prompts: max_tokens needs the policy's tokenizer (prompt lengths are in its tokens)")
     if d.format:
-        train, held = preference_questions(config, tokenizer)
+        train, held = preference_questions(config, tokenizer, questions)
     elif d.path == "toy":
         train, held = toy_prompts(config)
     else:

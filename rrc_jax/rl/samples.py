@@ -41,7 +41,7 @@ def sample_records(step: int, prompts: Sequence[str], prompt_index: Sequence[int
       prompts, prompt_index: `[B]` the step's prompts and their indices in the training set.
       responses: `[B][m]` texts; `rewards`, `advantages`, `quality`: `[B, m]`.
       judgments: trace records, each with `prompt` (its index b among the B prompts).
-      notes: `[B]` dicts merged into each prompt's record (a reward's `sample_notes`).
+      notes: `[B]` dicts merged into each prompt's record (`RewardResult.notes`).
     """
     out = []
     for b in range(min(limit, len(prompts))):

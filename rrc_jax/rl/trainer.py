@@ -1,10 +1,11 @@
-"""The GRPO training loop. It sees a Sampler (the policy), a RewardFn and a Learner, nothing below them.
+"""The GRPO training loop. It sees a Sampler (the policy), a reward construction and a Learner, nothing below them.
 
 One step (`Trainer.step`):
 
 1. B prompt indices from the grain pipeline (shuffled, repeated, sharded per host, checkpointable);
 2. m rollouts per prompt from the policy sampler (`rl.temperature`, `rl.top_p`, `rl.max_new_tokens`);
-3. rewards `[B, m]` from the RewardFn (`reward.kind`), with its metrics;
+3. rewards `[B, m]` from the reward construction (`reward.kind`, `rrc_jax.constructions`), with its metrics and, on
+   the steps that dump samples, the judgments behind them;
 4. group advantages (Eq. 4);
 5. log-probabilities of the rollouts under the policy before the update (pi_theta_old; not computed when each
    rollout gets exactly one update, `rl.mu = 1` with one minibatch per step: that update is on-policy) and, with
@@ -39,14 +40,14 @@ from flax import nnx
 
 from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer, CheckpointWriteError, StopSignals
-from rrc_jax.config import JUDGE_REWARDS, config_hash, config_json, validate
+from rrc_jax.config import config_hash, config_json, validate
+from rrc_jax.constructions import RewardContext, construction_class, make_construction, rollout_batch
 from rrc_jax.data.batches import completion_batch, length_bucket
 from rrc_jax.data.prompts import PromptSet, check_toy_eval_prompts, load_prompts, prompt_batches, prompt_token_limit, prompt_tokens
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.factory import make_sampler
 from rrc_jax.inference.sampler import response_texts
 from rrc_jax.workdir import WorkdirLock, check_resume, save_config
-from rrc_jax.judge.verdicts import parse_score
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import save_hf
 from rrc_jax.progress import Progress, say
@@ -55,7 +56,6 @@ from rrc_jax.rl.fidelity import fidelity_metrics
 from rrc_jax.rl.grpo import group_advantages, grpo_objective
 from rrc_jax.rl.guard import DivergenceGuard
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer, token_logprobs
-from rrc_jax.rl.reward_fns import RewardContext, make_reward_fn, pair_correct, rollout_batch, step_seed
 from rrc_jax.rl.roles import Roles
 from rrc_jax.rl.samples import sample_records, samples_due, write_samples
 from rrc_jax.sharding import bytes_per_device, constrain, host_row_multiple, mesh_from_config, put_rows
@@ -69,7 +69,7 @@ def take_rows(batch: dict, rows: jax.Array) -> dict:
 
 class Trainer:
     """GRPO on `config` (`rrc_jax.config.base_config`): builds the roles it needs, the policy sampler, the reward
-    function and the learner."""
+    construction and the learner."""
 
     def __init__(self, config):
         validate(config)
@@ -88,7 +88,7 @@ class Trainer:
                                     max_batch=rollout_batch(rl))
         self.train_prompts, self.eval_prompts = training_prompts(config, self.roles)
         self.context = RewardContext(config, self.roles, self.sampler, self.tokenizer, self.train_prompts)
-        self.reward_fn = make_reward_fn(config, self.context)
+        self.reward = make_construction(config, self.context)
         updates = config.steps * rl.mu * (rl.prompts_per_step * rl.group_size // rl.minibatch_size)
         schedule = learning_rate_schedule(rl.learning_rate, kind=rl.lr_schedule, warmup_steps=rl.warmup_steps,
                                           total_steps=updates)
@@ -102,9 +102,8 @@ class Trainer:
             raise ConfigError(f"config.rl: each of the {jax.process_count()} hosts trains on prompts_per_step / hosts x "
                               f"group_size = {rows} rollouts, which must be a multiple of {multiple} (the batch shards "
                               "on its devices); change rl.prompts_per_step or the mesh")
-        self._eval_references: list[str] | None = None
         self.alarms = Alarms(config.log.abstain_alarm, config.log.flat_alarm_steps, str(self.workdir))
-        for warning in config_warnings(config, self.context.has_judge):
+        for warning in config_warnings(config, "grm" in construction_class(config.reward.kind).roles(config)):
             say(warning)
 
     def memory(self) -> dict[str, int]:
@@ -176,19 +175,11 @@ class Trainer:
         texts, batch = self.rollouts(prompts, jax.random.fold_in(key, 0))
         t1 = time.perf_counter()
         dump = samples_due(step, self.config.log.samples_every) and distributed.is_main()
-        judge = self.context.judge() if dump and self.context.has_judge else None
-        if judge is not None:
-            judge.trace = []
-        try:
-            rewards, metrics = self.reward_fn(prompts, texts, prompt_index, step)
-        finally:
-            trace = judge.trace if judge is not None else []
-            if judge is not None:
-                judge.trace = None
-        rewards = np.asarray(rewards, np.float32)
+        result = self.reward(prompts, texts, prompt_index, step, trace=dump)
+        rewards = result.rewards
         advantages = np.asarray(group_advantages(rewards))
         t2 = time.perf_counter()
-        metrics = {**metrics, **signal_metrics(rewards)}
+        metrics = {**result.metrics, **signal_metrics(rewards)}
         metrics.update(self.update(batch, advantages.reshape(-1), jax.random.fold_in(key, 1)))
         t3 = time.perf_counter()
         metrics.update({
@@ -206,8 +197,8 @@ class Trainer:
             metrics.update(fidelity_metrics(rewards, quality))  # how the rewards rank and weigh vs the oracle
         if dump:
             write_samples(self.workdir, step, sample_records(
-                step, prompts, prompt_index, texts, rewards, advantages, judgments=trace,
-                notes=getattr(self.reward_fn, "sample_notes", []), quality=quality,
+                step, prompts, prompt_index, texts, rewards, advantages, judgments=result.judgments,
+                notes=result.notes, quality=quality,
                 limit=self.config.log.samples_prompts))
         metrics = distributed.reduce_metrics(metrics)
         self.alarms.check(step, metrics)
@@ -216,11 +207,10 @@ class Trainer:
     # -- evaluation --------------------------------------------------------------------------------------
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """Greedy responses on the held-out prompts (each host its `distributed.host_block`): toy oracle quality
-        (mean and standard error; for judge questions the verdicts' accuracy, for IRPO's pointwise pairs the share
-        of pairs whose chosen response scores higher, a tie or a missing score a half); when the reward uses the
-        judge, the judged win rate against the reference policy's greedy responses (`eval.judge_votes` votes per
-        prompt, ties half)."""
+        """Greedy responses on the held-out prompts (each host its `distributed.host_block`, whole pairs of a paired
+        set), their length, and the reward construction's held-out metrics (`Construction.evaluate`: the toy
+        oracle's quality, the verdicts' accuracy of judge questions, IRPO's pair accuracy, the judged win rate
+        against the reference policy)."""
         ev = self.eval_prompts
         if not ev.texts:
             return {}
@@ -233,28 +223,8 @@ class Trainer:
         out = self.sampler.generate([prompt_tokens(self.tokenizer, ev, p) for p in prompts], 1,
                                     self.context.greedy_params)
         texts = response_texts(self.tokenizer, out)
-        metrics: dict[str, float] = {"eval/response_length": float(distributed.host_gather(out.lengths).mean())}
-        if ev.paired:  # a pointwise judge: its greedy scores of each pair's chosen and rejected responses
-            q = distributed.host_gather(pair_correct(np.array([parse_score(t) for t in texts], np.float64)))
-        elif ev.oracle is not None:
-            q = distributed.host_gather(np.array([ev.oracle(int(i), t) for i, t in zip(own, texts)], np.float64))
-        if ev.paired or ev.oracle is not None:
-            metrics["eval/oracle_quality"] = float(q.mean())
-            metrics["eval/oracle_quality_se"] = float(q.std(ddof=1) / math.sqrt(len(q))) if len(q) > 1 else 0.0
-        v = self.config.eval.judge_votes
-        if self.context.has_judge and v:
-            if self._eval_references is None:
-                self._eval_references = self.context.greedy_texts(self.context.reference(), prompts, ev)
-            judge = self.context.judge()
-            judge.reseed(step_seed(self.config.seed, step, stream=1))
-            pv = judge.compare(prompts, texts, self._eval_references, votes=v, swap=True)
-            wins, losses = distributed.host_gather(pv.wins), distributed.host_gather(pv.losses)
-            decided = wins + losses > 0  # no rate from nothing: NaN (null) when every vote abstained
-            metrics["eval/win_rate_vs_reference"] = (float(np.mean((wins + 0.5 * (v - wins - losses)) / v))
-                                                     if decided.any() else math.nan)
-            metrics["eval/decided_win_rate_vs_reference"] = (float(np.mean(wins[decided] / (wins + losses)[decided]))
-                                                             if decided.any() else math.nan)
-        return metrics
+        return {"eval/response_length": float(distributed.host_gather(out.lengths).mean()),
+                **self.reward.evaluate(ev, own, prompts, texts, step)}
 
     # -- the loop ----------------------------------------------------------------------------------------
 
@@ -306,15 +276,18 @@ class Trainer:
 
 
 def training_prompts(config, roles: Roles) -> tuple[PromptSet, PromptSet]:
-    """The (training, held-out) prompts of a trainer config, without those longer than what the policy's and, for a
-    judge reward, the judge's contexts fit with their generation budgets (`prompt_token_limit`)."""
+    """The (training, held-out) prompts of a trainer config (judge questions of the reward construction's kind
+    with `data.format`), without those longer than what the policy's and, for a reward that asks the GRM, the
+    judge's contexts fit with their generation budgets (`prompt_token_limit`)."""
     if config.data.path == "toy" and not config.data.format:
         check_toy_eval_prompts(config)  # before the models (the toy world) load
-    judged = config.reward.kind in JUDGE_REWARDS
+    construction = construction_class(config.reward.kind)
+    judged = "grm" in construction.roles(config)
     limit = prompt_token_limit(config, roles.model("policy").cfg.max_position_embeddings,
                                roles.model("grm").cfg.max_position_embeddings if judged else None,
                                roles.tokenizer("grm") if judged else None)
-    return load_prompts(config, roles.tokenizer("policy"), max_tokens=limit)
+    return load_prompts(config, roles.tokenizer("policy"), max_tokens=limit,
+                        questions=construction.questions or "pairwise")
 
 
 def run(config) -> epath.Path:

@@ -112,7 +112,7 @@ def score_pointwise(judge: Judge, prefs: Sequence[Preference], votes: int = 1) -
 
 
 def score_pairs(drm, prefs: Sequence[Preference]) -> list[dict]:
-    """Score chosen and rejected with a discriminative reward model (`rrc_jax.rl.reward_fns.DRMReward`, or anything
+    """Score chosen and rejected with a discriminative reward model (`rrc_jax.constructions.drm.DRMReward`, or anything
     with its `scores(prompts, responses) -> [K]`) in one call. Returns N records: the example's fields and
     `score_chosen`, `score_rejected`."""
     n = len(prefs)

@@ -156,7 +156,7 @@ def held_out_accuracy(config, model, tokenizer, prefs: Sequence[Preference]) -> 
     the GRM judging greedily in both A/B orders with its template, the DRM scoring both responses."""
     from rrc_jax.inference import make_sampler
     from rrc_jax.judge import Judge, JudgeConfig
-    from rrc_jax.rl.reward_fns import DRMReward
+    from rrc_jax.constructions.drm import DRMReward
     from rrc_jax.rm.evaluation import evaluate
 
     if config.kind == "drm":

@@ -198,10 +198,14 @@ def markdown(result: dict, plots: list[str]) -> str:
 
 
 def _families(entries: dict) -> dict[str, list[str]]:
-    """Constructions by reward kind, the baselines (DRM, PRC) together: one panel each."""
+    """Constructions by reward kind, the baselines (`Construction.baseline`: DRM, PRC) together: one panel each."""
+    from rrc_jax.constructions import CONSTRUCTIONS
+
+    baselines = [k for k, c in CONSTRUCTIONS.items() if c.baseline]
     out: dict[str, list[str]] = {}
     for name, e in entries.items():
-        title = "baselines (DRM, PRC)" if e["kind"] in ("drm", "prc") else e["kind"].upper()
+        title = (f"baselines ({', '.join(k.upper() for k in baselines)})" if e["kind"] in baselines
+                 else e["kind"].upper())
         out.setdefault(title, []).append(name)
     return out
 

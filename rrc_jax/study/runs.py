@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from rrc_jax.config import base_config, validate
+from rrc_jax.constructions import construction_class
 from rrc_jax.errors import ConfigError
 
 # name -> (reward kind, trainer overrides)
@@ -109,14 +110,12 @@ def trainer_config(study, name: str, seed: int):
     return c
 
 
-def absolute_reward(config) -> bool:
+def absolute_reward(config) -> bool | None:
     """Whether the run's reward keeps one scale across steps, so that its mean rising says the judge (or DRM) rates
     the policy higher: the DRM, a pointwise judge, AGR against fixed anchors, PRC against the frozen initial
     policy. Win counts within a group (SCR, tournaments, CARA) and PRC against the current policy are relative:
-    their mean says nothing of the kind."""
-    r = config.reward
-    return (r.kind in ("drm", "pointwise") or (r.kind == "agr" and r.agr.refresh_every == 0)
-            or (r.kind == "prc" and r.prc.reference == "initial"))
+    their mean says nothing of the kind (`Construction.absolute_scale`; None for a plug-in that does not say)."""
+    return construction_class(config.reward.kind).absolute_scale(config)
 
 
 def summary_path(study, name: str, seed: int) -> Path:

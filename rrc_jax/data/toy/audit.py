@@ -23,11 +23,11 @@ from rrc_jax.rewards import scr_diagnostics
 
 
 def _distinct_group(task: SortTask, digits: str, m: int, rng: np.random.Generator) -> list[str]:
-    from rrc_jax.data.toy.world import _response
+    from rrc_jax.data.toy.task import sample_response
 
     out: list[str] = []
     while len(out) < m:
-        r = _response(task, digits, rng)
+        r = sample_response(task, digits, rng)
         if r not in out:
             out.append(r)
     return out
@@ -36,7 +36,7 @@ def _distinct_group(task: SortTask, digits: str, m: int, rng: np.random.Generato
 def audit(judge: Judge, task: SortTask, *, pairs: int = 512, groups: int = 64, group_size: int = 6,
           seed: int = 0) -> dict[str, float]:
     """The judge's imperfection (module docstring) on `pairs` held-out pairs and `groups` held-out groups."""
-    from rrc_jax.data.toy.world import toy_preferences
+    from rrc_jax.data.toy.task import toy_preferences
     from rrc_jax.rm.evaluation import evaluate
 
     rng = np.random.default_rng([seed, 50])

@@ -37,6 +37,8 @@ import zlib
 
 import numpy as np
 
+from rrc_jax.data.preferences import Preference
+
 DIGITS = "0123456789"
 HELD_OUT_BUCKETS = 8  # one in 8 digit strings is an evaluation prompt only
 # Characters of every toy text: the task, the toy judge templates and their reasoning.
@@ -212,3 +214,37 @@ class SortTask:
                 elif len(out) > 1:
                     del out[i]
         return "".join(out)
+
+
+def sample_response(task: SortTask, digits: str, rng: np.random.Generator) -> str:
+    """A demonstration, padded with 1-3 stray digits one time in four, so that reward models learn that padding
+    costs (an RL policy tries it soon enough)."""
+    out = task.demonstration(digits, rng)
+    if rng.random() < 0.25:
+        out += "".join(rng.choice(list(DIGITS), int(rng.integers(1, 4))))
+    return out
+
+
+def sample_pair(task: SortTask, rng: np.random.Generator, held_out: bool = False) -> tuple[str, str, str]:
+    """A prompt (of the training split, or the evaluation split) and two distinct responses to it (possibly of
+    equal quality)."""
+    digits = task.prompt(rng, held_out)
+    a = sample_response(task, digits, rng)
+    b = sample_response(task, digits, rng)
+    while b == a:
+        b = sample_response(task, digits, rng)
+    return digits, a, b
+
+
+def toy_preferences(task: SortTask, n: int, rng: np.random.Generator, held_out: bool = False,
+                    name: str = "toy") -> list[Preference]:
+    """`n` preference pairs of the toy task whose responses differ in oracle quality (the better one chosen, by the
+    oracle), on prompts of the training split or, with `held_out`, of the evaluation split; `key` `f"{name}:{i}"`."""
+    out: list[Preference] = []
+    while len(out) < n:
+        digits, a, b = sample_pair(task, rng, held_out)
+        qa, qb = oracle_quality(digits, a), oracle_quality(digits, b)
+        if qa != qb:
+            chosen, rejected = (a, b) if qa > qb else (b, a)
+            out.append(Preference(task.prompt_text(digits), chosen, rejected, key=f"{name}:{len(out)}"))
+    return out

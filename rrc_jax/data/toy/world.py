@@ -43,7 +43,8 @@ from flax import nnx
 
 from rrc_jax.config import TOY_ANNOTATOR, TOY_MODELS
 from rrc_jax.errors import ConfigError
-from rrc_jax.data.toy.task import ALPHABET, DIGITS, Annotator, SortTask, oracle_quality, toy_score_judgment
+from rrc_jax.data.toy.task import (ALPHABET, DIGITS, Annotator, SortTask, oracle_quality, sample_pair, sample_response,
+                                   toy_preferences, toy_score_judgment)
 from rrc_jax.judge.prompts import direct_template, encode_text, get_template, render_parts
 from rrc_jax.judge.verdicts import parse_verdict
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer, prompt_ids, save_hf
@@ -115,40 +116,6 @@ def model_config(spec: ModelSpec, vocab_size: int, *, value_head: bool = False) 
                          value_head=value_head, bos_token_id=1, eos_token_ids=(2,), pad_token_id=0)
 
 
-def _response(task: SortTask, digits: str, rng: np.random.Generator) -> str:
-    """A demonstration, padded with 1-3 stray digits one time in four, so that reward models learn that padding
-    costs (an RL policy tries it soon enough)."""
-    out = task.demonstration(digits, rng)
-    if rng.random() < 0.25:
-        out += "".join(rng.choice(list(DIGITS), int(rng.integers(1, 4))))
-    return out
-
-
-def _pair(task: SortTask, rng: np.random.Generator, held_out: bool = False) -> tuple[str, str, str]:
-    """A prompt (of the training split, or the evaluation split) and two distinct responses to it (possibly of
-    equal quality)."""
-    digits = task.prompt(rng, held_out)
-    a = _response(task, digits, rng)
-    b = _response(task, digits, rng)
-    while b == a:
-        b = _response(task, digits, rng)
-    return digits, a, b
-
-
-def toy_preferences(task: SortTask, n: int, rng: np.random.Generator, held_out: bool = False,
-                    name: str = "toy") -> list[Preference]:
-    """`n` preference pairs of the toy task whose responses differ in oracle quality (the better one chosen, by the
-    oracle), on prompts of the training split or, with `held_out`, of the evaluation split; `key` `f"{name}:{i}"`."""
-    out: list[Preference] = []
-    while len(out) < n:
-        digits, a, b = _pair(task, rng, held_out)
-        qa, qb = oracle_quality(digits, a), oracle_quality(digits, b)
-        if qa != qb:
-            chosen, rejected = (a, b) if qa > qb else (b, a)
-            out.append(Preference(task.prompt_text(digits), chosen, rejected, key=f"{name}:{len(out)}"))
-    return out
-
-
 def _question_ids(tokenizer, template, digits: str, **items: str) -> list[int]:
     """The ids of a toy judge question about the prompt `digits` (`template` rendered as the judge renders it)."""
     prefix, suffix = render_parts(tokenizer, template, SortTask.prompt_text(digits), **items)
@@ -178,7 +145,7 @@ def annotated_pairs(settings: WorldSettings) -> Iterator[tuple[str, str, str, st
     settings: a training-split pair of responses shown as A and B, and the annotator's judgment of it."""
     rng = np.random.default_rng([settings.seed, 1])
     while True:
-        digits, a, b = _pair(settings.task, rng)
+        digits, a, b = sample_pair(settings.task, rng)
         yield digits, a, b, settings.annotator.judgment(digits, a, b, rng)
 
 
@@ -227,7 +194,7 @@ def pointwise_examples(task: SortTask, tokenizer, rng: np.random.Generator):
 
     def example():
         digits = task.prompt(rng)
-        response = _response(task, digits, rng)
+        response = sample_response(task, digits, rng)
         return (_question_ids(tokenizer, POINTWISE_TEMPLATE, digits, response=response),
                 _target_ids(tokenizer, toy_score_judgment(digits, response)))
 

@@ -1,4 +1,4 @@
-"""Reward functions against scripted samplers, without the toy world: position-balanced swapping, PRC's references,
+"""Reward constructions against scripted samplers, without the toy world: position-balanced swapping, PRC's references,
 the DRM's own tokenizer, PRC without thinking, templates from files, needed roles only, prompt files."""
 
 import json
@@ -17,7 +17,11 @@ from rrc_jax.judge import Judge, get_template, load_template
 from rrc_jax.models import Decoder, DecoderConfig, prompt_ids
 from rrc_jax.models.char_tokenizer import PRINTABLE, make_char_tokenizer
 from rrc_jax.rl.anchors import AnchorStore, save_anchors
-from rrc_jax.rl.reward_fns import AGRReward, DRMReward, PRCReward, RewardContext, SCRReward, make_reward_fn
+from rrc_jax.constructions import RewardContext, make_construction
+from rrc_jax.constructions.agr import AGRReward
+from rrc_jax.constructions.drm import DRMReward
+from rrc_jax.constructions.prc import PRCReward
+from rrc_jax.constructions.scr import SCRReward
 from rrc_jax.sharding import model_context
 
 TOK = make_char_tokenizer()
@@ -48,10 +52,10 @@ def test_always_a_judge_gives_scr_rewards_independent_of_response_index(votes, t
     scr = lambda judge: SCRReward(judge, 0, votes=votes, swap=True, alpha=1.0, ties=ties, cara=False,
                                   cara_method="greedy")
     prompts, responses = groups(1, 5)
-    r, _ = scr(judge_of(TextSampler()))(prompts, responses, np.arange(1), step=1)
+    r = scr(judge_of(TextSampler()))(prompts, responses, np.arange(1), step=1).rewards
     assert np.ptp(r) == 0, r
     prompts, responses = groups(2, 4)
-    r, _ = scr(judge_of(TextSampler()))(prompts, responses, np.arange(2), step=1)
+    r = scr(judge_of(TextSampler()))(prompts, responses, np.arange(2), step=1).rewards
     assert np.ptp(r.mean(axis=0)) == 0, r
 
 
@@ -65,7 +69,7 @@ def test_always_a_judge_gives_agr_rewards_independent_of_response_index(votes, t
         store = AnchorStore(path, train, n, TOK, SamplingParams())
         agr = AGRReward(judge_of(TextSampler()), 0, store=store, votes=votes, swap=True, alpha=1.0, ties="win",
                         refresh_every=0, ctx=None)
-        r, _ = agr(prompts, responses, np.arange(2), step=1)
+        r = agr(prompts, responses, np.arange(2), step=1).rewards
         if n % 2 == 0:
             assert np.ptp(r) == 0, (n, r)  # every response beats the same number of anchors
         assert np.ptp(r.mean(axis=0)) == 0, (n, r)
@@ -92,7 +96,8 @@ def test_prc_reference_is_the_current_policys_greedy_response():
     grm = TextSampler()
     prc = PRCReward(judge_of(grm), 0, think=True, reference="current", ctx=prc_context(policy))
     prompts = ["12>", "34>"]
-    r, metrics = prc(prompts, [["9", "8"], ["7", "6"]], np.array([0, 1]), step=1)
+    out = prc(prompts, [["9", "8"], ["7", "6"]], np.array([0, 1]), step=1)
+    r, metrics = out.rewards, out.metrics
     assert {shown_b(q) for q in grm.questions} == {"121", "341"}
     np.testing.assert_allclose(r, 0.75)
     assert metrics["reward/prc_saturation"] == 0.0
@@ -117,7 +122,7 @@ def test_prc_without_thinking_reads_the_configured_judges_direct_template():
     grm = TextSampler()
     prc = PRCReward(judge_of(grm), 0, think=False, reference="current", ctx=prc_context(TextSampler()))
     assert prc.template.name == "toy_pairwise_direct"
-    r, _ = prc(["12>"], [["9", "8"]], np.array([0]), step=1)
+    r = prc(["12>"], [["9", "8"]], np.array([0]), step=1).rewards
     assert all(q.endswith("verdict: [[") for q in grm.questions) and len(grm.questions) == 2
     np.testing.assert_allclose(r, 0.75)
     with pytest.raises(ConfigError, match="no direct-verdict variant"):
@@ -140,7 +145,8 @@ def test_scr_tournaments_rank_the_group_with_fewer_questions(tournament):
     reward = SCRReward(judge_of(sampler), seed=0, votes=1, swap=True, alpha=0.5, ties="zero", cara=False,
                        cara_method="greedy", tournament=tournament)
     responses = [["1", "1234", "12", "123"], ["55", "5", "5555", "555"]]
-    rewards, logged = reward(["1>", "5>"], responses, np.array([0, 1]), step=1)
+    out = reward(["1>", "5>"], responses, np.array([0, 1]), step=1)
+    rewards, logged = out.rewards, out.metrics
     assert rewards[0, 1] == 1.5 and rewards[1, 2] == 1.5  # the longest: alpha x (m - 1)
     if tournament == "merge_sort":  # a full order
         np.testing.assert_allclose(rewards, [[0.0, 1.5, 0.5, 1.0], [0.5, 0.0, 1.5, 1.0]])
@@ -152,7 +158,7 @@ def test_scr_tournaments_rank_the_group_with_fewer_questions(tournament):
 
 def test_pointwise_reward_is_the_mean_score_and_an_unscored_response_moves_nothing():
     """Scripted pointwise judge: the score is the response's length; a response 'x' is never scored (abstains)."""
-    from rrc_jax.rl.reward_fns import PointwiseReward
+    from rrc_jax.constructions.pointwise import PointwiseReward
 
     def answer(question):
         response = question.split("A: ")[1].split("\n")[0]
@@ -160,7 +166,8 @@ def test_pointwise_reward_is_the_mean_score_and_an_unscored_response_moves_nothi
 
     sampler = TextSampler(answer)
     reward = PointwiseReward(judge_of(sampler, "toy_pointwise"), seed=0, votes=2)
-    rewards, logged = reward(["1>", "2>"], [["1", "123", "x"], ["x", "x", "x"]], np.array([0, 1]), step=1)
+    out = reward(["1>", "2>"], [["1", "123", "x"], ["x", "x", "x"]], np.array([0, 1]), step=1)
+    rewards, logged = out.rewards, out.metrics
     np.testing.assert_allclose(rewards, [[1.0, 3.0, 2.0], [0.0, 0.0, 0.0]])  # 'x' gets its group's mean
     assert len(sampler.questions) == 2 * 3 * 2 and logged["judge/questions"] == 12
     assert logged["judge/abstain_rate"] == pytest.approx(8 / 12) and logged["reward/unscored_groups"] == 1.0
@@ -179,7 +186,7 @@ def test_drm_scores_with_its_own_tokenizer():
         drm = Decoder(cfg, rngs=nnx.Rngs(0))
     drm.value_head.kernel.value = np.random.default_rng(0).normal(size=16).astype(np.float32)
     prompts, responses = ["31415>", "9>"], [["11345", "4"], ["9", "99"]]
-    r, _ = DRMReward(drm, drm_tok)(prompts, responses, np.arange(2), step=1)
+    r = DRMReward(drm, drm_tok)(prompts, responses, np.arange(2), step=1).rewards
     rows = [prompt_ids(tok, p) + tok(o, add_special_tokens=False)["input_ids"] + [2]
             for tok in (drm_tok, TOK) for p, group in zip(prompts, responses) for o in group]
     ids, mask = pad_sequences(rows, max(map(len, rows)), 0, "right")
@@ -241,14 +248,14 @@ def wrong(prompts, responses):
     prompts, responses = groups(2, 3)
     for name, want in [("plain", 2.0), ("full", 5.0), ("Shaped", 0.0)]:
         config.reward.kind = f"plug:{name}"
-        r, _ = make_reward_fn(config, None)(prompts, responses, np.arange(2), 5)
+        r = make_construction(config, None)(prompts, responses, np.arange(2), 5).rewards
         np.testing.assert_array_equal(np.asarray(r), np.full((2, 3), want))
     config.reward.kind = "plug:wrong"
     with pytest.raises(ValueError, match=r"plug:wrong returned shape \(2,\)"):
-        make_reward_fn(config, None)(prompts, responses, np.arange(2), 1)
+        make_construction(config, None)(prompts, responses, np.arange(2), 1)
     config.reward.kind = "no_such_module:f"
     with pytest.raises(ConfigError, match="cannot import 'no_such_module'"):
-        make_reward_fn(config, None)
+        make_construction(config, None)
 
 
 def write_prompts(path, n):

@@ -1,0 +1,12 @@
+"""Reward constructions: the objects that turn a step's groups of responses into rewards, one module per kind
+(`registry.CONSTRUCTIONS`), each owning its kind (`base.Construction`). The math they use is in `rrc_jax.rewards`."""
+
+from rrc_jax.constructions.base import Construction, JudgeLoad, RewardResult, step_seed
+from rrc_jax.constructions.context import RewardContext, rollout_batch, rollout_params
+from rrc_jax.constructions.judged import JudgeConstruction, JudgeSettings
+from rrc_jax.constructions.registry import (CONSTRUCTIONS, construction_class, make_construction, reward_defaults,
+                                            validate_reward)
+
+__all__ = ["CONSTRUCTIONS", "Construction", "JudgeConstruction", "JudgeLoad", "JudgeSettings", "RewardContext",
+           "RewardResult", "construction_class", "make_construction", "reward_defaults", "rollout_batch",
+           "rollout_params", "step_seed"]

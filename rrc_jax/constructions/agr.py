@@ -1,0 +1,125 @@
+"""AGR (the RRC paper's Algorithm 2): each response judged against its prompt's reference anchors; the reward counts
+the anchors it beats (Eq. 22)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from etils import epath
+
+from rrc_jax import distributed
+from rrc_jax.checkpoint import steps_on_disk
+from rrc_jax.constructions.base import RewardResult, field_error, one_of
+from rrc_jax.constructions.context import rollout_params
+from rrc_jax.constructions.judged import JudgeConstruction
+from rrc_jax.data.prompts import PromptSet
+from rrc_jax.errors import ConfigError
+from rrc_jax.rewards import agr_diagnostics, agr_rewards
+from rrc_jax.rewards.tournament import AGR_TIES
+from rrc_jax.rl.anchors import AnchorStore, prune_refreshed, refresh_step, refreshed_path
+
+
+@dataclasses.dataclass(frozen=True)
+class AGRSettings:
+    alpha: float = 0.1  # Eq. 22
+    ties: str = "win"  # Algorithm 2 line 10: c_ik >= c_ki counts as a win
+    n_anchors: int = 8  # n (the paper's main table: 8)
+    anchors_path: str = ""  # default workdir/anchors.jsonl
+    refresh_every: int = 0  # > 0: regenerate anchors from the current policy every k steps (beyond the paper)
+
+    def __post_init__(self):
+        one_of("reward.agr", "ties", self.ties, AGR_TIES)
+        if not self.alpha > 0:
+            raise field_error("reward.agr", "alpha", f"{self.alpha} must be > 0 (the reward per win)")
+        if self.n_anchors < 1:
+            raise field_error("reward.agr", "n_anchors", f"{self.n_anchors} must be >= 1")
+        if self.refresh_every < 0:
+            raise field_error("reward.agr", "refresh_every", "must be >= 0 (0 = never)")
+
+
+def anchor_store(config, train: PromptSet, tokenizer) -> AnchorStore:
+    """The AGR anchors of a trainer config for its training prompts: `reward.agr.anchors_path` (default
+    `workdir/anchors.jsonl`), sampled like the rollouts."""
+    a = AGRReward.settings(config)
+    path = a.anchors_path or epath.Path(config.workdir).expanduser() / "anchors.jsonl"
+    return AnchorStore(path, train, a.n_anchors, tokenizer, rollout_params(config.rl))
+
+
+class AGRReward(JudgeConstruction):
+    """AGR (Algorithm 2): each response judged V times against each of its prompt's n anchors; reward = anchors
+    beaten by majority x alpha (Eq. 22). Anchors come from the reference policy, generated once into
+    `anchors_path` (`rrc_jax.rl.anchors`); with `refresh_every = k > 0` they are regenerated from the current policy
+    before steps k + 1, 2k + 1, ... (beyond the paper) into versioned files under `refreshed_dir`, so that the
+    anchors of any step are those of its refresh (`refresh_step`), also in a resumed run."""
+
+    kind = "agr"
+    Settings = AGRSettings
+
+    def __init__(self, judge, seed: int, *, store: AnchorStore, votes: int, swap: bool, alpha: float,
+                 ties: str, refresh_every: int, ctx, refreshed_dir: str | epath.Path = "",
+                 checkpoints: str | epath.Path = "", eval_votes: int = 0):
+        super().__init__(judge, seed, ctx=ctx, eval_votes=eval_votes)
+        self.store, self.votes, self.swap, self.alpha, self.ties = store, votes, swap, alpha, ties
+        self.refresh_every = refresh_every
+        self.refreshed_dir = epath.Path(refreshed_dir or store.path.parent / "anchors_refreshed")
+        self.checkpoints = epath.Path(checkpoints) if checkpoints else None
+        if not distributed.main_value(store.path.is_file()):  # every host decides as process 0 sees the file
+            store.generate(ctx.reference(), seed)  # the reference is loaded only when anchors must be made
+        store.load()
+        self.version = 0  # the refresh step whose anchors the store holds (0: the reference's)
+
+    @classmethod
+    def roles(cls, config) -> frozenset[str]:
+        return super().roles(config) | {"reference"}  # the anchors are the reference's samples
+
+    @classmethod
+    def questions_per_prompt(cls, config) -> int:
+        return config.rl.group_size * cls.settings(config).n_anchors * config.reward.judge.votes
+
+    @classmethod
+    def absolute_scale(cls, config) -> bool:
+        return cls.settings(config).refresh_every == 0  # fixed anchors
+
+    @classmethod
+    def from_config(cls, config, ctx) -> AGRReward:
+        a, j = cls.settings(config), config.reward.judge
+        workdir = epath.Path(config.workdir).expanduser()
+        return cls(**cls.judge_kwargs(config, ctx), store=anchor_store(config, ctx.train, ctx.tokenizer),
+                   votes=j.votes, swap=j.swap, alpha=a.alpha, ties=a.ties, refresh_every=a.refresh_every,
+                   refreshed_dir=workdir / "anchors_refreshed", checkpoints=workdir / "checkpoints")
+
+    def use_anchors(self, step: int) -> None:
+        """Hold the anchors step `step` judges against: the reference's, or those refreshed at `refresh_step`
+        (sampled from the current policy now when that is this step, read from their file when it is an earlier
+        one, as after a resume)."""
+        version = refresh_step(step, self.refresh_every)
+        if version == self.version:
+            return
+        if version == 0:
+            self.store.load()
+        elif version == step:
+            self.store.generate(self.ctx.policy, seed=step, path=refreshed_path(self.refreshed_dir, step))
+            self._prune(step)
+        else:
+            path = refreshed_path(self.refreshed_dir, version)
+            if not distributed.main_value(path.is_file()):
+                raise ConfigError(f"{path} is missing: step {step} judges against the anchors refreshed before step "
+                                  f"{version}, which a resumed run reads back; restore the file, or start the run over "
+                                  "in another workdir")
+            self.store.load(path)
+        self.version = version
+
+    def _prune(self, current: int) -> None:
+        """Delete the refreshed anchors that neither this step nor a resume from a checkpoint on disk uses."""
+        steps = steps_on_disk(self.checkpoints) if self.checkpoints is not None else []
+        prune_refreshed(self.refreshed_dir, {current} | {refresh_step(c + 1, self.refresh_every) for c in steps})
+
+    def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
+        self.use_anchors(step)
+        anchors = self.store[prompt_index]
+        wins, losses = self.judge.vs_anchors(prompts, responses, anchors, votes=self.votes, swap=self.swap)
+        diag = agr_diagnostics(wins, losses, votes=self.votes)
+        return RewardResult(np.asarray(agr_rewards(wins, losses, alpha=self.alpha, ties=self.ties)),
+                            {f"judge/{k}": float(np.mean(v)) for k, v in diag.items()},
+                            notes=[{"anchors": list(a)} for a in anchors])

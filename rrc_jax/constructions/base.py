@@ -1,0 +1,150 @@
+"""What every reward construction is: a `Construction` that owns its kind, the `RewardResult` it returns, and the
+`RewardContext` it builds its models from.
+
+A construction declares, at class level, everything the rest of the package asks about a reward kind, so that no
+other module lists kinds (docs/design.md, "Reward constructions"):
+
+* `kind` and `Settings`: its name in `reward.kind` and the frozen dataclass of its config group `reward.<kind>`,
+  whose defaults are the config's and whose `__post_init__` validates the fields;
+* `roles(config)`: the models it loads beyond the policy (`reference`, `grm`, `drm`);
+* `judge_load(config)`: the judge questions and judge tokens per prompt of a step (the planner's inputs);
+* `questions`: which judge questions its prompts are when `data.format` is set (None: it takes plain prompts);
+* `check(config)`: the rules across groups when it is the run's reward;
+* `absolute_scale(config)`: whether its rewards keep one scale across steps (the study's reading of reward/mean);
+  `baseline`: whether it is one of the RRC paper's baselines (PRC, DRM).
+
+An instance is called once per step and returns a `RewardResult`; `evaluate` gives its held-out metrics. It is
+built by `from_config` from the run's config and its `RewardContext` (`rrc_jax.constructions.context`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import ClassVar, NamedTuple
+
+import numpy as np
+
+from rrc_jax import distributed
+from rrc_jax.data.prompts import PromptSet
+from rrc_jax.errors import ConfigError
+from rrc_jax.judge.judge import check_groups
+
+ROLES = ("reference", "grm", "drm")  # what a construction may ask for beyond the policy
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardResult:
+    """What a construction returns for one step's B prompts and their groups of m responses.
+
+    rewards: `[B, m]` float32. metrics: scalars logged as they are (`judge/*`, `reward/*`, its own names).
+    judgments: with `trace=True`, every judgment behind the rewards, each with `prompt` (its index b) and the
+      response indices it concerns (`rrc_jax.rl.samples`). notes: `[B]` (or empty) dicts merged into each prompt's
+      sample record (what its responses were compared against: PRC's reference, AGR's anchors).
+    """
+
+    rewards: np.ndarray
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    judgments: list[dict] = dataclasses.field(default_factory=list)
+    notes: list[dict] = dataclasses.field(default_factory=list)
+
+
+class JudgeLoad(NamedTuple):
+    """Judge work per prompt of a step: `questions` asked and at most `tokens` generated to answer them."""
+
+    questions: int
+    tokens: int
+
+
+def group_sizes(prompts: Sequence[str], responses: Sequence[Sequence[str]]) -> tuple[int, int]:
+    """(B, m) of B prompts and their B groups of m responses."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"rewards need one group of responses per prompt; got {len(prompts)} prompts and "
+                         f"{len(responses)} groups")
+    return len(prompts), check_groups(responses, "rewards")
+
+
+def field_error(group: str, field: str, message: str) -> ConfigError:
+    """The error of a bad `config.<group>.<field>`."""
+    return ConfigError(f"config.{group}.{field}: {message}")
+
+
+def one_of(group: str, field: str, value, allowed: Sequence) -> None:
+    """A `ConfigError` unless `value` is one of `allowed`."""
+    if value not in allowed:
+        raise field_error(group, field, f"{value!r}: use {', '.join(map(repr, allowed))}")
+
+
+def quality_metrics(q: np.ndarray) -> dict[str, float]:
+    """`eval/oracle_quality` and its standard error from every host's per-response quality `[N]`."""
+    se = float(q.std(ddof=1) / np.sqrt(len(q))) if len(q) > 1 else 0.0
+    return {"eval/oracle_quality": float(q.mean()), "eval/oracle_quality_se": se}
+
+
+def step_seed(seed: int, step: int, stream: int = 0) -> int:
+    """A seed for random stream `stream` of step `step` (0: rewards, 1: evaluation): a resumed run draws what an
+    uninterrupted one does."""
+    return int(np.random.SeedSequence([seed, step, stream]).generate_state(1)[0])
+
+
+class Construction:
+    """A reward construction (module docstring). Subclasses set the class attributes they need and implement
+    `construct`; a user's construction subclasses this too and is named `reward.kind='MODULE:NAME'`."""
+
+    kind: ClassVar[str] = ""
+    Settings: ClassVar[type | None] = None  # the frozen dataclass of config group `reward.<kind>`
+    questions: ClassVar[str | None] = None  # 'pairwise' | 'pointwise': the judge questions it trains on
+    baseline: ClassVar[bool] = False  # one of the RRC paper's baselines (the study plots them together)
+
+    @classmethod
+    def settings(cls, config):
+        """Its `Settings`, parsed (and so validated) from `config.reward.<kind>`."""
+        return cls.Settings(**config.reward[cls.kind].to_dict())
+
+    @classmethod
+    def roles(cls, config) -> frozenset[str]:
+        """The models it needs beyond the policy (`ROLES`), its held-out evaluation's included."""
+        return frozenset()
+
+    @classmethod
+    def judge_load(cls, config) -> JudgeLoad:
+        return JudgeLoad(0, 0)
+
+    @classmethod
+    def check(cls, config) -> None:
+        """A `ConfigError` for a setting elsewhere in `config` that contradicts this reward."""
+
+    @classmethod
+    def absolute_scale(cls, config) -> bool | None:
+        """Whether the rewards keep one scale across steps, so that reward/mean rising means the reward model rates
+        the policy higher (None: unknown)."""
+        return None
+
+    @classmethod
+    def from_config(cls, config, ctx) -> Construction:
+        return cls()
+
+    def construct(self, prompts: Sequence[str], responses: Sequence[Sequence[str]], prompt_index: np.ndarray,
+                  step: int) -> RewardResult:
+        raise NotImplementedError
+
+    def __call__(self, prompts: Sequence[str], responses: Sequence[Sequence[str]], prompt_index: np.ndarray,
+                 step: int, *, trace: bool = False) -> RewardResult:
+        """Rewards `[B, m]` of B prompts (`prompt_index [B]` into the training `PromptSet`) and their groups of m
+        responses at trainer step `step` (1-based); with `trace`, the judgments behind them."""
+        b, m = group_sizes(prompts, responses)
+        result = self.construct(prompts, responses, prompt_index, step)
+        rewards = np.asarray(result.rewards, np.float32)
+        if rewards.shape != (b, m):
+            raise ValueError(f"reward {self.kind or type(self).__name__} returned shape {rewards.shape}; it must "
+                             f"return [B, m] = {(b, m)} rewards, one per response")
+        return dataclasses.replace(result, rewards=rewards)
+
+    def evaluate(self, held_out: PromptSet, index: np.ndarray, prompts: Sequence[str], texts: Sequence[str],
+                 step: int) -> dict[str, float]:
+        """Held-out metrics of the policy's greedy `texts [N]` to this host's held-out `prompts` (`index` into
+        `held_out`): the oracle's quality where the prompt set has one. Every host calls it (it gathers)."""
+        if held_out.oracle is None:
+            return {}
+        q = np.array([held_out.oracle(int(i), t) for i, t in zip(index, texts)], np.float64)
+        return quality_metrics(distributed.host_gather(q))

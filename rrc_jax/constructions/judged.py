@@ -1,0 +1,115 @@
+"""What the constructions that ask the GRM share: the judge's settings (`reward.judge`), its construction from the
+run's roles, the per-step reseeding, its counters as `judge/*` metrics, its judgments when traced, and the held-out
+win rate against the reference policy."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from rrc_jax import distributed
+from rrc_jax.constructions.base import Construction, JudgeLoad, RewardResult, field_error, step_seed
+from rrc_jax.errors import ConfigError
+from rrc_jax.inference.factory import make_sampler
+from rrc_jax.judge import Judge, JudgeConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeSettings:
+    """How the GRM is asked (`reward.judge`: the judge rewards and the held-out win rate)."""
+
+    template: str = "toy_pairwise_cot"  # a built-in name or a .json / .yaml template file
+    max_new_tokens: int = 24
+    temperature: float = 1.0  # the judge samples its reasoning: judgments vary, as a real GRM's do
+    max_batch: int = 256  # judge questions per model call
+    votes: int = 2  # V judgments per pair (voting@V)
+    swap: bool = True  # alternate the A/B order across votes (beyond the paper: position bias)
+
+    def __post_init__(self):
+        if self.votes < 1:
+            raise field_error("reward.judge", "votes", f"{self.votes} must be >= 1")
+        if self.votes > 1 and self.temperature == 0 and not self.swap:
+            raise field_error("reward.judge", "votes", "greedy judging (judge.temperature=0) without swap gives V "
+                              "identical votes; set reward.judge.temperature > 0 or reward.judge.swap=True or "
+                              "reward.judge.votes=1")
+        if self.max_new_tokens < 1 or self.max_batch < 1 or self.temperature < 0:
+            raise ConfigError("config.reward.judge: max_new_tokens and max_batch must be >= 1 and temperature >= 0")
+
+    @classmethod
+    def from_config(cls, config) -> JudgeSettings:
+        return cls(**config.reward.judge.to_dict())
+
+
+def make_judge(config, roles) -> Judge:
+    """The GRM of `roles` as a `Judge` asking per `reward.judge`, reseeded from `config.seed`."""
+    j = JudgeSettings.from_config(config)
+    tokenizer = roles.tokenizer("grm")
+    sampler = make_sampler(roles.model("grm"), tokenizer, engine=config.inference.engine, max_batch=j.max_batch)
+    return Judge(sampler, tokenizer, JudgeConfig(template=j.template, max_new_tokens=j.max_new_tokens,
+                                                 temperature=j.temperature, seed=config.seed))
+
+
+class JudgeConstruction(Construction):
+    """A construction that asks the GRM. Subclasses implement `construct`; `__call__` reseeds the judge from the
+    step (exact resume), records its judgments when traced and adds its counters as `judge/*` metrics. With a
+    context and `eval_votes` > 0, `evaluate` adds the judged win rate against the reference policy."""
+
+    def __init__(self, judge: Judge, seed: int, *, ctx=None, eval_votes: int = 0):
+        self.judge, self.seed, self.ctx, self.eval_votes = judge, seed, ctx, eval_votes
+        self._eval_references: list[str] | None = None
+
+    @classmethod
+    def roles(cls, config) -> frozenset[str]:
+        return frozenset({"grm", "reference"} if config.eval.judge_votes > 0 else {"grm"})
+
+    @classmethod
+    def judge_load(cls, config) -> JudgeLoad:
+        q = cls.questions_per_prompt(config)
+        return JudgeLoad(q, q * config.reward.judge.max_new_tokens)
+
+    @classmethod
+    def questions_per_prompt(cls, config) -> int:
+        raise NotImplementedError
+
+    @classmethod
+    def judge_kwargs(cls, config, ctx) -> dict:
+        """The `JudgeConstruction` arguments of a trainer config."""
+        return dict(judge=ctx.judge(), seed=config.seed, ctx=ctx, eval_votes=config.eval.judge_votes)
+
+    def __call__(self, prompts, responses, prompt_index, step, *, trace=False) -> RewardResult:
+        self.judge.reset_metrics()
+        self.judge.reseed(step_seed(self.seed, step))
+        self.judge.trace = [] if trace else None
+        try:
+            result = super().__call__(prompts, responses, prompt_index, step)
+        finally:
+            judgments, self.judge.trace = self.judge.trace or [], None
+        return dataclasses.replace(result, metrics={**result.metrics, **self.judge_metrics()}, judgments=judgments)
+
+    def judge_metrics(self) -> dict[str, float]:
+        s = self.judge.summary()
+        return {"judge/questions": s["questions"], "judge/tokens": s["judge_tokens"],
+                "judge/abstain_rate": s["abstain_rate"], "judge/position_consistency": s["position_consistency"],
+                "judge/prefill_tokens_saved": s["prefill_tokens_saved"], "judge/too_long": s["too_long"]}
+
+    def evaluate(self, held_out, index, prompts, texts, step) -> dict[str, float]:
+        """The oracle's quality and, with `eval_votes`, the judged win rate of the greedy `texts` against the
+        reference policy's greedy responses (`eval_votes` votes per prompt, A/B swapped, ties half; null when every
+        vote abstained)."""
+        metrics = super().evaluate(held_out, index, prompts, texts, step)
+        v = self.eval_votes
+        if self.ctx is None or not v:
+            return metrics
+        if self._eval_references is None:
+            self._eval_references = self.ctx.greedy_texts(self.ctx.reference(), prompts, held_out)
+        self.judge.reseed(step_seed(self.seed, step, stream=1))
+        pv = self.judge.compare(prompts, texts, self._eval_references, votes=v, swap=True)
+        wins, losses = distributed.host_gather(pv.wins), distributed.host_gather(pv.losses)
+        decided = wins + losses > 0  # no rate from nothing: NaN (null) when every vote abstained
+        metrics["eval/win_rate_vs_reference"] = (float(np.mean((wins + 0.5 * (v - wins - losses)) / v))
+                                                 if decided.any() else math.nan)
+        metrics["eval/decided_win_rate_vs_reference"] = (float(np.mean(wins[decided] / (wins + losses)[decided]))
+                                                         if decided.any() else math.nan)
+        return metrics

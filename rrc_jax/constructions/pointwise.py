@@ -1,0 +1,62 @@
+"""A pointwise GRM's mean score as the reward (how IRPO uses its judge)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from rrc_jax.constructions.base import RewardResult
+from rrc_jax.constructions.judged import JudgeConstruction
+from rrc_jax.errors import ConfigError
+
+
+class PointwiseReward(JudgeConstruction):
+    """Each response scored V times with the pointwise `reward.judge.template` (`Judge.score`), the reward the mean
+    of its parsed scores. A response with no parsed score (every vote abstained) gets its group's mean reward, so it
+    moves no advantage; its abstentions are counted in `judge/abstain_rate`."""
+
+    kind = "pointwise"
+
+    def __init__(self, judge, seed: int, *, votes: int, ctx=None, eval_votes: int = 0):
+        super().__init__(judge, seed, ctx=ctx, eval_votes=eval_votes)
+        if judge.template.kind != "pointwise":
+            raise ConfigError(f"reward.kind='pointwise' needs a pointwise reward.judge.template, got "
+                              f"{judge.template.name!r} ({judge.template.kind}); e.g. irpo_pointwise or toy_pointwise")
+        self.votes = votes
+
+    @classmethod
+    def roles(cls, config) -> frozenset[str]:
+        return frozenset({"grm"})  # no judged win rate (`check`)
+
+    @classmethod
+    def questions_per_prompt(cls, config) -> int:
+        return config.rl.group_size * config.reward.judge.votes
+
+    @classmethod
+    def check(cls, config) -> None:
+        if config.eval.judge_votes:
+            raise ConfigError(f"config.eval.judge_votes: {config.eval.judge_votes}: the judged win rate asks pairwise "
+                              "questions, which a pointwise judge does not answer; set 0 (configs/pointwise.py does)")
+
+    @classmethod
+    def absolute_scale(cls, config) -> bool:
+        return True
+
+    @classmethod
+    def from_config(cls, config, ctx) -> PointwiseReward:
+        return cls(**cls.judge_kwargs(config, ctx), votes=config.reward.judge.votes)
+
+    def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
+        b, m, v = len(prompts), len(responses[0]), self.votes
+        scores = self.judge.score(prompts, [[o for o in g for _ in range(v)] for g in responses],
+                                  template=self.judge.template,
+                                  tags=[{"i": q % (m * v) // v, "vote": q % v} for q in range(b * m * v)]
+                                  ).reshape(b, m, v)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a response, or a group, with no score at all
+            rewards = np.nanmean(scores, axis=2)
+            rewards = np.where(np.isnan(rewards), np.nanmean(rewards, axis=1, keepdims=True), rewards)
+        unscored = np.isnan(rewards)  # whole groups without a score: no signal
+        return RewardResult(np.nan_to_num(rewards).astype(np.float32),
+                            {"reward/unscored_groups": float(unscored.all(1).sum())})

@@ -1,0 +1,90 @@
+"""PRC (the RRC paper's Eq. 5): the judge's probability that a response beats a reference response, as the reward."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from rrc_jax.constructions.base import JudgeLoad, RewardResult, one_of
+from rrc_jax.constructions.judged import JudgeConstruction
+from rrc_jax.rewards import prc_rewards
+
+PRC_BINS = 10  # `prc/p_bin{k}`: the share of a step's P(A) in [k / 10, (k + 1) / 10)
+REFERENCES = ("current", "initial")
+
+
+@dataclasses.dataclass(frozen=True)
+class PRCSettings:
+    think: bool = True  # the judge reasons before the verdict; False: its direct-verdict template
+    reference: str = "current"  # o_ref: the current policy's greedy response (RRC paper 2.3), or 'initial'
+
+    def __post_init__(self):
+        one_of("reward.prc", "reference", self.reference, REFERENCES)
+
+
+class PRCReward(JudgeConstruction):
+    """PRC (Eq. 5): `r(x, o) = P(A)` with o shown as A against the reference response o_ref as B.
+
+    `reference='current'` (default, as in the RRC paper's section 2.3): o_ref is the greedy response of the policy
+    being trained, regenerated each step. `reference='initial'`: the frozen reference policy's greedy response,
+    generated once per prompt and cached. `think=False` reads P(A) directly after the judge template's
+    direct-verdict variant (PRC "removing thinking")."""
+
+    kind = "prc"
+    Settings = PRCSettings
+    baseline = True
+
+    def __init__(self, judge, seed: int, *, think: bool, reference: str, ctx, eval_votes: int = 0):
+        super().__init__(judge, seed, ctx=ctx, eval_votes=eval_votes)
+        one_of("reward.prc", "reference", reference, REFERENCES)
+        self.think, self.reference = think, reference
+        # the template P(A) is read after: a ConfigError now, not at step 1, when there is no direct variant
+        self.template = judge.template if think else judge.direct_template
+        self._initial: dict[int, str] = {}
+
+    @classmethod
+    def roles(cls, config) -> frozenset[str]:
+        initial = cls.settings(config).reference == "initial"
+        return super().roles(config) | ({"reference"} if initial else set())
+
+    @classmethod
+    def questions_per_prompt(cls, config) -> int:
+        return config.rl.group_size
+
+    @classmethod
+    def judge_load(cls, config) -> JudgeLoad:
+        q = cls.questions_per_prompt(config)  # without thinking, one read of P(A) per question
+        return JudgeLoad(q, q * (config.reward.judge.max_new_tokens if cls.settings(config).think else 1))
+
+    @classmethod
+    def absolute_scale(cls, config) -> bool:
+        return cls.settings(config).reference == "initial"
+
+    @classmethod
+    def from_config(cls, config, ctx) -> PRCReward:
+        s = cls.settings(config)
+        return cls(**cls.judge_kwargs(config, ctx), think=s.think, reference=s.reference)
+
+    def references(self, prompts: Sequence[str], prompt_index: np.ndarray) -> list[str]:
+        """o_ref `[B]` of the step's prompts."""
+        if self.reference == "current":
+            return self.ctx.greedy_texts(self.ctx.policy, prompts)
+        todo = sorted({int(i) for i in prompt_index} - self._initial.keys())
+        if todo:
+            texts = self.ctx.greedy_texts(self.ctx.reference(), [self.ctx.train.texts[i] for i in todo])
+            self._initial.update(zip(todo, texts))
+        return [self._initial[int(i)] for i in prompt_index]
+
+    def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
+        b, m = len(prompts), len(responses[0])
+        refs = self.references(prompts, prompt_index)
+        p_a = self.judge.preference_prob([p for p in prompts for _ in range(m)], [o for g in responses for o in g],
+                                         [r for r in refs for _ in range(m)], think=self.think,
+                                         tags=[{"prompt": q // m, "i": q % m} for q in range(b * m)])
+        metrics = {"reward/prc_saturation": float(np.mean((p_a <= 0.1) | (p_a >= 0.9)))}
+        hist = np.histogram(p_a, bins=PRC_BINS, range=(0.0, 1.0))[0] / max(p_a.size, 1)  # Table 6's buckets, finer
+        metrics.update({f"prc/p_bin{k}": float(h) for k, h in enumerate(hist)})
+        return RewardResult(np.asarray(prc_rewards(p_a.reshape(b, m))), metrics,
+                            notes=[{"reference": r} for r in refs])

@@ -1,0 +1,78 @@
+"""The registry of reward constructions: `reward.kind` -> its `Construction` class. It is the one list of kinds:
+config defaults and checks, the planner, the data loader and the trainer all ask it (`construction_class`). A new
+built-in construction is one module and one line here; a user's is `reward.kind='MODULE:NAME'` (`plugin`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rrc_jax.constructions.agr import AGRReward
+from rrc_jax.constructions.base import Construction
+from rrc_jax.constructions.drm import DRMReward
+from rrc_jax.constructions.irpo import IRPOReward
+from rrc_jax.constructions.judged import JudgeSettings
+from rrc_jax.constructions.plugin import PluginReward, is_plugin, load_plugin
+from rrc_jax.constructions.pointwise import PointwiseReward
+from rrc_jax.constructions.prc import PRCReward
+from rrc_jax.constructions.rlvr import RLVRReward
+from rrc_jax.constructions.scr import SCRReward
+from rrc_jax.errors import ConfigError
+
+CONSTRUCTIONS: dict[str, type[Construction]] = {cls.kind: cls for cls in (
+    DRMReward,
+    PRCReward,
+    SCRReward,
+    AGRReward,
+    PointwiseReward,
+    RLVRReward,
+    IRPOReward,
+)}
+
+
+def construction_class(kind: str) -> type[Construction]:
+    """The class of `reward.kind`: a registered kind, a user's `Construction` subclass, or `PluginReward` for a
+    user's function or other class (a one-line `ConfigError` for anything else)."""
+    if not is_plugin(kind):
+        if kind not in CONSTRUCTIONS:
+            raise ConfigError(f"config.reward.kind: {kind!r} is not one of {', '.join(CONSTRUCTIONS)} or MODULE:NAME")
+        return CONSTRUCTIONS[kind]
+    obj = load_plugin(kind)
+    return obj if isinstance(obj, type) and issubclass(obj, Construction) else PluginReward
+
+
+def reward_defaults() -> dict:
+    """The `reward` config group's defaults: the judge's settings and each construction's own group."""
+    return {"judge": dataclasses.asdict(JudgeSettings()),
+            **{kind: dataclasses.asdict(cls.Settings()) for kind, cls in CONSTRUCTIONS.items() if cls.Settings}}
+
+
+def validate_reward(config) -> type[Construction]:
+    """Check the `reward` group of a trainer config: every construction's settings (beside their fields), the
+    judge's, and the rules of the run's own kind across groups. Returns the run's construction class."""
+    JudgeSettings.from_config(config)
+    for cls in CONSTRUCTIONS.values():
+        if cls.Settings:
+            cls.settings(config)
+    cls = construction_class(config.reward.kind)
+    if config.data.format and cls.questions is None:
+        raise ConfigError(f"config.data.format: {config.data.format!r} makes the prompts judge questions, which "
+                          f"reward.kind={config.reward.kind!r} does not score; leave data.format empty for a prompt "
+                          "file (reward kinds that train a judge: "
+                          f"{', '.join(k for k, c in CONSTRUCTIONS.items() if c.questions)} or a plug-in)")
+    cls.check(config)
+    return cls
+
+
+def make_construction(config, ctx) -> Construction:
+    """The construction of `config.reward.kind` for a run (`ctx`: its `RewardContext`)."""
+    kind = config.reward.kind
+    cls = construction_class(kind)
+    if cls is not PluginReward:
+        return cls.from_config(config, ctx)
+    obj = load_plugin(kind)
+    if isinstance(obj, type):
+        obj = obj.from_config(config, ctx) if hasattr(obj, "from_config") else obj()
+    return PluginReward(obj, kind)
+
+
+__all__ = ["CONSTRUCTIONS", "construction_class", "make_construction", "reward_defaults", "validate_reward"]

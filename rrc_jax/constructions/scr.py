@@ -1,0 +1,89 @@
+"""SCR (the RRC paper's Algorithm 1): win counting in a round robin over each GRPO group, or CARA's Kemeny order
+(Eq. 19-21), or (beyond the paper) an adaptive tournament's order."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from rrc_jax.constructions.base import RewardResult, field_error, one_of
+from rrc_jax.constructions.judged import JudgeConstruction
+from rrc_jax.judge.tournaments import knockout, merge_sort
+from rrc_jax.rewards import cara_rewards, scr_diagnostics, scr_rewards
+from rrc_jax.rewards.kemeny import CARA_METHODS, MAX_EXACT_GROUP
+from rrc_jax.rewards.tournament import SCR_TIES
+
+TOURNAMENTS = ("round_robin", "merge_sort", "knockout")  # how the group is ordered (`reward.scr.tournament`)
+
+
+@dataclasses.dataclass(frozen=True)
+class SCRSettings:
+    alpha: float = 0.1  # Eq. 16 (the paper: 0.1)
+    ties: str = "zero"  # Eq. 16: a strict majority wins; 'half' gives a tie 0.5
+    cara: bool = False  # Kemeny aggregation (Eq. 21)
+    cara_method: str = "greedy"  # Algorithm 1's greedy, or 'exact' (m <= 16)
+    tournament: str = "round_robin"  # or 'merge_sort' / 'knockout': adaptive, fewer questions (Eq. 21)
+
+    def __post_init__(self):
+        one_of("reward.scr", "ties", self.ties, SCR_TIES)
+        one_of("reward.scr", "cara_method", self.cara_method, CARA_METHODS)
+        one_of("reward.scr", "tournament", self.tournament, TOURNAMENTS)
+        if self.cara and self.tournament != "round_robin":
+            raise field_error("reward.scr", "cara", f"CARA aggregates a round robin's votes, and tournament="
+                              f"{self.tournament!r} orders the group itself: use one or the other")
+        if not self.alpha > 0:
+            raise field_error("reward.scr", "alpha", f"{self.alpha} must be > 0 (the reward per win)")
+
+
+class SCRReward(JudgeConstruction):
+    """SCR (Algorithm 1): every pair of a group judged V times; reward = majority win count x alpha (Eq. 16), or,
+    with `cara`, alpha x the position in the Kemeny-aggregated order (Eq. 21). With `tournament` 'merge_sort' or
+    'knockout' (beyond the paper) the group is ordered by an adaptive tournament instead of a round robin (fewer
+    questions) and rewarded by Eq. 21 on that order."""
+
+    kind = "scr"
+    Settings = SCRSettings
+
+    def __init__(self, judge, seed: int, *, votes: int, swap: bool, alpha: float, ties: str, cara: bool,
+                 cara_method: str, tournament: str = "round_robin", ctx=None, eval_votes: int = 0):
+        super().__init__(judge, seed, ctx=ctx, eval_votes=eval_votes)
+        one_of("reward.scr", "tournament", tournament, TOURNAMENTS)
+        self.votes, self.swap, self.alpha, self.ties, self.cara, self.cara_method = (
+            votes, swap, alpha, ties, cara, cara_method)
+        self.tournament = tournament
+
+    @classmethod
+    def questions_per_prompt(cls, config) -> int:
+        """A round robin's m(m-1)/2 pairs x V (the adaptive tournaments ask fewer; this is their bound's order)."""
+        m = config.rl.group_size
+        return m * (m - 1) // 2 * config.reward.judge.votes
+
+    @classmethod
+    def check(cls, config) -> None:
+        s = cls.settings(config)
+        if s.cara and s.cara_method == "exact" and config.rl.group_size > MAX_EXACT_GROUP:
+            raise field_error("reward.scr", "cara_method", f"'exact' Kemeny needs rl.group_size <= "
+                              f"{MAX_EXACT_GROUP}, got {config.rl.group_size}")
+
+    @classmethod
+    def absolute_scale(cls, config) -> bool:
+        return False  # win counts within a group
+
+    @classmethod
+    def from_config(cls, config, ctx) -> SCRReward:
+        s, j = cls.settings(config), config.reward.judge
+        return cls(**cls.judge_kwargs(config, ctx), votes=j.votes, swap=j.swap, alpha=s.alpha, ties=s.ties,
+                   cara=s.cara, cara_method=s.cara_method, tournament=s.tournament)
+
+    def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
+        if self.tournament != "round_robin":
+            play = merge_sort if self.tournament == "merge_sort" else knockout
+            t = play(self.judge, prompts, responses, votes=self.votes, swap=self.swap)
+            return RewardResult((self.alpha * t.rewards).astype(np.float32),
+                                {"judge/comparisons": float(t.queries.mean())})
+        counts = self.judge.round_robin(prompts, responses, votes=self.votes, swap=self.swap)
+        diag = scr_diagnostics(counts, votes=self.votes)
+        rewards = (cara_rewards(counts, alpha=self.alpha, method=self.cara_method) if self.cara
+                   else np.asarray(scr_rewards(counts, alpha=self.alpha, ties=self.ties)))
+        return RewardResult(rewards, {f"judge/{k}": float(np.mean(v)) for k, v in diag.items()})
