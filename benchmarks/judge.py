@@ -99,7 +99,7 @@ def main() -> None:
 
     from rrc_jax.inference import make_sampler
     from rrc_jax.judge import Judge, get_template, render_parts
-    from rrc_jax.judge.prompts import encode_question
+    from rrc_jax.judge.templates import encode_question
     from rrc_jax.models import load_hf
 
     tok = bpe_tokenizer()

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rrc_jax.rewards import cara_order, kemeny_disagreement, kemeny_exact, scr_rewards
-from rrc_jax.rewards.tournament import _scr_rewards
+from rrc_jax.rewards.win_counts import _scr_rewards
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rewards.json"
 

@@ -1,4 +1,4 @@
-"""(Re)generate AGR anchors with the reference policy: the command line of `rrc_jax.rl.anchors`.
+"""(Re)generate AGR anchors with the reference policy: the command line of `rrc_jax.rl.anchor_store`.
 
     python -m rrc_jax.anchors --config=agr.py [--config.reward.agr.n_anchors=8]
 

@@ -112,7 +112,7 @@ def run(args: Args) -> tuple[dict, list[dict]]:
     from rrc_jax.data.preferences import load_preferences
     from rrc_jax.errors import ConfigError
     from rrc_jax.judge import get_template
-    from rrc_jax.judge.prompts import question_length
+    from rrc_jax.judge.templates import question_length
     from rrc_jax.models import load_hf, load_tokenizer
     from rrc_jax.progress import Progress, say
     from rrc_jax.constructions.drm import DRMReward

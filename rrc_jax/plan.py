@@ -512,7 +512,7 @@ def roles(config) -> dict[str, str]:
 
 def _template_tokens(config) -> tuple[int, int]:
     """Estimated tokens of the judge template's fixed text: (instruction + context, item), chat format included."""
-    from rrc_jax.judge.prompts import get_template
+    from rrc_jax.judge.templates import get_template
 
     t = get_template(config.reward.judge.template)
     toy = config.models.grm == "toy"

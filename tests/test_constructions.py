@@ -16,7 +16,7 @@ from rrc_jax.inference import SamplingParams
 from rrc_jax.judge import Judge, get_template, load_template
 from rrc_jax.models import Decoder, DecoderConfig, prompt_ids
 from rrc_jax.models.char_tokenizer import PRINTABLE, make_char_tokenizer
-from rrc_jax.rl.anchors import AnchorStore, save_anchors
+from rrc_jax.rl.anchor_store import AnchorStore, save_anchors
 from rrc_jax.constructions import RewardContext, make_construction
 from rrc_jax.constructions.agr import AGRReward
 from rrc_jax.constructions.drm import DRMReward

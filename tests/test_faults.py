@@ -264,7 +264,7 @@ def test_train_rm_reports_no_held_out_accuracy_from_nothing(tmp_path, monkeypatc
 
 def test_a_truncated_anchors_file_is_one_line_naming_its_line(tmp_path):
     """Item 6: a truncated anchors file (a torn last line) was a JSON traceback."""
-    from rrc_jax.rl.anchors import load_anchors, save_anchors
+    from rrc_jax.rl.anchor_store import load_anchors, save_anchors
 
     path = tmp_path / "anchors.jsonl"
     save_anchors(path, [0, 1], ["12>", "21>"], [["12", "21"], ["12", "12"]])

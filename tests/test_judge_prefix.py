@@ -8,7 +8,7 @@ from flax import nnx
 
 from rrc_jax.inference import make_sampler
 from rrc_jax.judge import Judge, JudgeTemplate, get_template, render_parts
-from rrc_jax.judge.prompts import encode_question
+from rrc_jax.judge.templates import encode_question
 from rrc_jax.models import Decoder, DecoderConfig, format_prompt, prompt_ids
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
 from rrc_jax.sharding import model_context

@@ -21,7 +21,7 @@ from rrc_jax.config import base_config, validate
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import load_hf
 from rrc_jax.rl import trainer as trainer_lib
-from rrc_jax.rl.anchors import load_anchors
+from rrc_jax.rl.anchor_store import load_anchors
 from rrc_jax.rl.trainer import Trainer, run
 
 REPO = Path(__file__).resolve().parents[1]

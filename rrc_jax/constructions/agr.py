@@ -16,8 +16,8 @@ from rrc_jax.constructions.judged import JudgeConstruction
 from rrc_jax.data.prompts import PromptSet
 from rrc_jax.errors import ConfigError
 from rrc_jax.rewards import agr_diagnostics, agr_rewards
-from rrc_jax.rewards.tournament import AGR_TIES
-from rrc_jax.rl.anchors import AnchorStore, prune_refreshed, refresh_step, refreshed_path
+from rrc_jax.rewards.win_counts import AGR_TIES
+from rrc_jax.rl.anchor_store import AnchorStore, prune_refreshed, refresh_step, refreshed_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +49,7 @@ def anchor_store(config, train: PromptSet, tokenizer) -> AnchorStore:
 class AGRReward(JudgeConstruction):
     """AGR (Algorithm 2): each response judged V times against each of its prompt's n anchors; reward = anchors
     beaten by majority x alpha (Eq. 22). Anchors come from the reference policy, generated once into
-    `anchors_path` (`rrc_jax.rl.anchors`); with `refresh_every = k > 0` they are regenerated from the current policy
+    `anchors_path` (`rrc_jax.rl.anchor_store`); with `refresh_every = k > 0` they are regenerated from the current policy
     before steps k + 1, 2k + 1, ... (beyond the paper) into versioned files under `refreshed_dir`, so that the
     anchors of any step are those of its refresh (`refresh_step`), also in a resumed run."""
 

@@ -13,7 +13,7 @@ from rrc_jax import distributed
 from rrc_jax.constructions.base import Construction, RewardResult, field_error, one_of, quality_metrics
 from rrc_jax.constructions.rlvr import require_questions
 from rrc_jax.errors import ConfigError
-from rrc_jax.judge.prompts import JudgeTemplate, get_template
+from rrc_jax.judge.templates import JudgeTemplate, get_template
 from rrc_jax.judge.verdicts import parse_score
 from rrc_jax.rewards import auc_rewards, format_reward, preference_strength, rule_rewards
 

@@ -12,7 +12,7 @@ from rrc_jax.constructions.judged import JudgeConstruction
 from rrc_jax.judge.tournaments import knockout, merge_sort
 from rrc_jax.rewards import cara_rewards, scr_diagnostics, scr_rewards
 from rrc_jax.rewards.kemeny import CARA_METHODS, MAX_EXACT_GROUP
-from rrc_jax.rewards.tournament import SCR_TIES
+from rrc_jax.rewards.win_counts import SCR_TIES
 
 TOURNAMENTS = ("round_robin", "merge_sort", "knockout")  # how the group is ordered (`reward.scr.tournament`)
 

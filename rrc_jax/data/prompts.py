@@ -85,7 +85,7 @@ class PromptSet:
 def prompt_tokens(tokenizer, prompts: PromptSet, text: str) -> list[int]:
     """The token ids the policy sees for one of `prompts`' texts: as rendered, or in the chat template (the whole
     conversation of a multi-turn prompt)."""
-    from rrc_jax.judge.prompts import encode_text
+    from rrc_jax.judge.templates import encode_text
     from rrc_jax.models import prompt_ids
 
     if prompts.rendered:
@@ -103,7 +103,7 @@ def judge_questions(prefs, tokenizer, template, seed: int, first_id: int = 0) ->
     """Preferences as pairwise judge questions in `template` (rendered for `tokenizer`'s chat template), each with
     its A/B order drawn from `seed`; `oracle(i, judgment)` is 1 when the judgment's verdict (`parse_verdict`) names
     the chosen response, else 0 (a wrong verdict or an abstention)."""
-    from rrc_jax.judge.prompts import get_template, render_parts
+    from rrc_jax.judge.templates import get_template, render_parts
     from rrc_jax.judge.verdicts import parse_verdict
 
     template = get_template(template)
@@ -122,7 +122,7 @@ def judge_questions(prefs, tokenizer, template, seed: int, first_id: int = 0) ->
 def pointwise_questions(prefs, tokenizer, template, first_id: int = 0) -> PromptSet:
     """Preferences as pointwise judge questions in `template` (IRPO): question 2k scores preference k's chosen
     response, 2k + 1 its rejected one (`paired`); no oracle (a pair's questions are judged together)."""
-    from rrc_jax.judge.prompts import get_template, render_parts
+    from rrc_jax.judge.templates import get_template, render_parts
 
     template = get_template(template)
     if template.kind != "pointwise":
@@ -292,7 +292,7 @@ def judge_template_tokens(template, tokenizer=None) -> int:
     """What a judge question in `template` (and its direct variant, if any) adds to the texts it shows, generously:
     its text rendered around empty ones, in `tokenizer`'s tokens (without one: in characters, more than the
     tokens of any sub-word tokenizer), plus `JUDGE_TEMPLATE_SLACK`."""
-    from rrc_jax.judge.prompts import encode_text, get_template, render_parts
+    from rrc_jax.judge.templates import encode_text, get_template, render_parts
 
     template = get_template(template)
     most = 0
@@ -309,7 +309,7 @@ def prompt_token_limit(config, policy_context: int, judge_context: int | None = 
     that less what a question about the prompt adds: the judgment (`reward.judge.max_new_tokens`), the responses
     shown (two of `rl.max_new_tokens` in a pairwise template, one in a pointwise one) and the template
     (`judge_template_tokens`, measured with `judge_tokenizer` when given). A `ConfigError` when no prompt fits."""
-    from rrc_jax.judge.prompts import get_template
+    from rrc_jax.judge.templates import get_template
 
     rl, judge = config.rl, config.reward.judge
     limit = min(config.data.max_prompt_tokens, policy_context - rl.max_new_tokens)

@@ -1,6 +1,6 @@
 """The generative reward model as a judge: templates, verdict parsing, the judge and tournaments.
 
-* ``prompts``: judging templates as data (`rrc_pairwise_cot`, `rrc_pairwise_direct`, `rmr1_cor`, `irpo_pointwise`,
+* ``templates``: judging templates as data (`rrc_pairwise_cot`, `rrc_pairwise_direct`, `rmr1_cor`, `irpo_pointwise`,
   `toy_pairwise_cot`, `toy_pairwise_direct`, or a `.json` / `.yaml` file), rendered into a shared prefix and a
   per-question suffix.
 * ``verdicts``: `parse_verdict` ('A' | 'B' | None) and `parse_score` (float | None); they never raise.
@@ -10,7 +10,7 @@
 """
 
 from rrc_jax.judge.judge import Judge, JudgeConfig, JudgeMetrics, PairVotes, Vote
-from rrc_jax.judge.prompts import TEMPLATES, JudgeTemplate, direct_template, get_template, load_template, render_parts
+from rrc_jax.judge.templates import TEMPLATES, JudgeTemplate, direct_template, get_template, load_template, render_parts
 from rrc_jax.judge.tournaments import Tournament, knockout, merge_sort
 from rrc_jax.judge.verdicts import parse_score, parse_verdict
 

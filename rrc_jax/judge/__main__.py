@@ -44,7 +44,7 @@ def main(argv: list[str]) -> None:
     from rrc_jax import distributed
     from rrc_jax.errors import ConfigError
     from rrc_jax.judge import get_template
-    from rrc_jax.judge.prompts import question_length
+    from rrc_jax.judge.templates import question_length
     from rrc_jax.models import load_hf, load_tokenizer
     from rrc_jax.progress import say
     from rrc_jax.rm.evaluation import abstention_causes, fitted_judge

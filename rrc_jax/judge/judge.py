@@ -3,7 +3,7 @@
 Shapes: B prompts, m responses per prompt, n anchors per prompt, V votes per pair, K pairs, Q judge questions.
 
 Every judgment of a call becomes one *question*: a prompt, the text shown as A, the text shown as B. A question is
-rendered with the judge template (`rrc_jax.judge.prompts`) into a prefix shared by every question about its prompt
+rendered with the judge template (`rrc_jax.judge.templates`) into a prefix shared by every question about its prompt
 (`[instruction, prompt]`) and its own suffix, tokenized, and handed to the Sampler's `complete` with the others of
 the call; reusing the shared prefix is the sampler's business. A question whose tokenization crosses the
 prefix / suffix boundary is sent whole (its own prefix) and counted in `reuse_fallbacks`. Verdicts are parsed on
@@ -41,7 +41,7 @@ import jax
 import numpy as np
 
 from rrc_jax.inference.sampler import Sampler, SamplingParams
-from rrc_jax.judge.prompts import JudgeTemplate, direct_template, encode_question, encode_text, get_template, render_parts
+from rrc_jax.judge.templates import JudgeTemplate, direct_template, encode_question, encode_text, get_template, render_parts
 from rrc_jax.judge.verdicts import parse_score, parse_verdict
 from rrc_jax.rewards._checks import check_votes
 

@@ -1,6 +1,6 @@
 """Reward construction for GRPO with generative reward models.
 
-* ``tournament``: SCR (Eq. 15-17, Algorithm 1) and AGR (Eq. 22, Algorithm 2) majority-vote win counting on device,
+* ``win_counts``: SCR (Eq. 15-17, Algorithm 1) and AGR (Eq. 22, Algorithm 2) majority-vote win counting on device,
   plus per-group diagnostics.
 * ``kemeny``: CARA, greedy and exact Kemeny aggregation on host (Eq. 19-21), and Eq. 21's order rewards.
 * ``prc``: probability-based rewards (Eq. 5) and the saturation statistic of Table 6.
@@ -12,7 +12,7 @@ from rrc_jax.rewards.drm import bradley_terry_loss
 from rrc_jax.rewards.irpo import auc_rewards, format_reward, preference_strength, rule_rewards
 from rrc_jax.rewards.kemeny import cara_order, cara_rewards, kemeny_disagreement, kemeny_exact, order_rewards
 from rrc_jax.rewards.prc import prc_rewards, prc_saturation
-from rrc_jax.rewards.tournament import agr_diagnostics, agr_rewards, scr_diagnostics, scr_rewards
+from rrc_jax.rewards.win_counts import agr_diagnostics, agr_rewards, scr_diagnostics, scr_rewards
 
 __all__ = [
     "agr_diagnostics",

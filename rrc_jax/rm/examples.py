@@ -1,7 +1,7 @@
 """Reward-model training examples from preference pairs: judge questions with their target judgments (GRM SFT,
 Eq. 2) and chosen / rejected rows (DRM, Eq. 1), as endless batch iterators.
 
-A GRM example is a judge question rendered with a judging template (`rrc_jax.judge.prompts`) exactly as the judge
+A GRM example is a judge question rendered with a judging template (`rrc_jax.judge.templates`) exactly as the judge
 renders it at inference, followed by the target judgment (rationale, then `[[A]]` / `[[B]]`). The A/B order of
 every pair is drawn at random, so the verdict letter carries no position prior. A DRM example is a
 (prompt + chosen, prompt + rejected) pair scored by the value head at its last token.
@@ -15,7 +15,7 @@ import numpy as np
 
 from rrc_jax.data.batches import completion_batch, length_bucket, pad_sequences
 from rrc_jax.data.preferences import Preference
-from rrc_jax.judge.prompts import JudgeTemplate, encode_text, get_template, render_parts
+from rrc_jax.judge.templates import JudgeTemplate, encode_text, get_template, render_parts
 from rrc_jax.models import prompt_ids
 
 

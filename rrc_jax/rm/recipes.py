@@ -31,7 +31,7 @@ import numpy as np
 from rrc_jax import distributed
 from rrc_jax.data.preferences import Preference, load_preferences
 from rrc_jax.errors import ConfigError
-from rrc_jax.judge.prompts import direct_template, get_template
+from rrc_jax.judge.templates import direct_template, get_template
 from rrc_jax.progress import say
 from rrc_jax.rm.examples import drm_batches, grm_example, scored_ids, sft_batches
 from rrc_jax.rm.fit import fit, recording
