@@ -1,10 +1,10 @@
 """Every config schema, in one place: the GRPO trainer's (`base_config`), the reward-model trainer's
 (`rm_config`), the toy world's model sizes, and start-up validation.
 
-`rrc_jax/configs/*.py` call these; the command line overrides fields (`--config.reward.judge.votes=8
+The config files in `configs/` (installed as `rrc_jax.configs`) call these; the command line overrides fields (`--config.reward.judge.votes=8
 --config.rl.group_size=16`). Unknown keys are rejected by ml_collections (the configs are locked); `validate`
 rejects inconsistent values with one `ConfigError` naming the field and the fix. `--config=agr.py` (a bare name)
-resolves to the packaged `rrc_jax/configs/` (`resolve_config_argv`).
+resolves to the packaged `configs/` (`resolve_config_argv`).
 
 Where a default departs from the papers, the field's comment says so (README "Defaults and the papers").
 """
@@ -19,11 +19,12 @@ from pathlib import Path
 
 import ml_collections
 
+from rrc_jax import configs
 from rrc_jax.constructions import reward_defaults, validate_reward
 from rrc_jax.errors import ConfigError
 from rrc_jax.rl.grpo import AGGREGATIONS
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+CONFIG_DIR = Path(configs.__file__).resolve().parent  # the top-level configs/, installed as rrc_jax.configs
 
 # The toy world's models (docs/design.md, the toy world): width, depth and training steps of each tiny Llama-style
 # decoder.
@@ -301,7 +302,7 @@ def config_changes(saved: dict, new: dict) -> list[str]:
 
 def resolve_config_file(value: str) -> str:
     """`--config` as given when it names a file, else the packaged config of that name: `agr.py`, `agr` and
-    `configs/agr.py` all find `rrc_jax/configs/agr.py` from any directory. A `:argument` suffix is kept."""
+    `configs/agr.py` all find `configs/agr.py` (installed as `rrc_jax.configs`) from any directory. A `:argument` suffix is kept."""
     path, sep, arg = value.partition(":")
     if Path(path).expanduser().is_file():
         return value

@@ -2,7 +2,7 @@
 
     python -m rrc_jax.train --config=configs/agr.py [--config.workdir=DIR --config.steps=N ...]
 
-`--config` takes a path or the name of a packaged config (`agr.py`, `scr`, ...: `rrc_jax/configs/`). The loop is
+`--config` takes a path or the name of a packaged config (`agr.py`, `scr`, ...: `configs/`). The loop is
 `rrc_jax.rl.trainer`; this module is its command line. A `ConfigError` (a setting or file to fix) is printed as
 one line; anything else keeps its traceback.
 """

@@ -1,0 +1,25 @@
+"""Issue 26 item 5: the recipes live in the top-level `configs/` and install as `rrc_jax.configs` (one copy), so
+`--config=agr.py` resolves from any directory; `pyproject.toml` lists every package of the tree."""
+
+import tomllib
+from pathlib import Path
+
+from rrc_jax import config as config_lib
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_pyproject_lists_every_package_and_maps_the_configs():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    tree = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "rrc_jax").rglob("__init__.py")}
+    assert set(project["packages"]) == tree | {"rrc_jax.configs"}
+    assert project["package-dir"] == {"rrc_jax.configs": "configs"}
+    assert not (REPO / "rrc_jax" / "configs").exists()  # one copy of each recipe
+
+
+def test_recipes_resolve_by_name_to_the_top_level_configs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert config_lib.CONFIG_DIR == REPO / "configs"  # the editable install maps the package to the folder
+    for value in ("agr.py", "agr", "configs/agr.py"):
+        assert config_lib.resolve_config_file(value) == str(REPO / "configs" / "agr.py")
+    assert config_lib.resolve_config_file("study.py:quick") == str(REPO / "configs" / "study.py") + ":quick"
