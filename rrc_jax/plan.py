@@ -9,92 +9,8 @@ micro-batch size that do. Nothing is loaded or compiled: the figures are arithme
 config. `tests/test_plan.py` checks them against XLA's own accounting of the compiled learner update and decode
 step on an 8-device CPU mesh.
 
-The model of memory
--------------------
-A run holds a resident part for its whole life and, one at a time, the buffers of five phases (a step samples,
-judges, computes log-probabilities, runs the backward pass, applies the update); the peak is the resident part
-plus the largest phase. Each row of the table is one component, per device.
-
-Resident:
-
-- the parameters of every role the run loads. The policy always; the reference when the KL needs it
-  (`rl.beta > 0`), for AGR (its anchors are the reference's samples), for PRC with `reward.prc.reference =
-  'initial'`, and for the judged evaluation (`eval.judge_votes > 0` with a judge reward: the reference's greedy
-  responses are the baseline); the GRM for the judge rewards (scr, agr, prc); the DRM, with its value head, for
-  drm. The policy's parameters are float32 (master weights); the frozen roles are stored in `models.dtype`.
-- AdamW's two float32 moments per policy parameter.
-
-Parameters are sharded as `rrc_jax.sharding.LOGICAL_RULES` says: the embed axis over fsdp; heads, kv heads, mlp
-and vocab axes over tensor; replicated over data. JAX shards evenly, so a mesh axis that does not divide the axis
-it shards (or a step's rollouts that data x fsdp does not divide) makes the mesh unusable: the plan lists it as a
-problem.
-
-Phases:
-
-- rollout, the policy's sampler (the reference's is as large and runs at other times). A step's m rollouts of a
-  prompt continue the prompt's keys and values (`KVCache.branch(m, size)`): the call's P prompts become P shared
-  prefixes `[P, kv_heads, head_dim, N]`, sharded over rows (data x fsdp) like any batch, and its P x m rows get
-  their own slots for the new tokens. The held-out greedy generation (group size 1) gives each row prompt + new
-  slots; the larger of the two counts. Prompts pad to a power of two (`bucket_length`), slots to multiples of
-  `ATTENTION_BLOCK`. `_decode`'s while loop carries a copy of the rows' own cache (the input is not donated) but not
-  of the shared prefixes, which it only reads (stored block-major by `branch`, so `shared_attention`'s scan over
-  blocks of `SHARED_ATTENTION_BLOCK` slots copies nothing); while branching, the P-row cache branched from (as
-  large as the prefixes) is alive next to the new one (`branched_cache_bytes`). Transients: one layer of the prompts' prefill, or a decode step's float32 scores over
-  the prefix, `[P, kv_heads, m, G, 1, N_j]`: a block of the row's own prompt's prefix (each row group reads only its
-  own), whichever is larger.
-- reward, the GRM judging (or the DRM scoring `reward.drm.max_batch` rows). A judge call's questions are packed
-  into chunks of P prefixes x M rows (`judge_chunk`, as `engine.prefix_chunks` packs them: a prefix's questions in
-  pieces of at most `reward.judge.max_batch`, M their power-of-two bucket, P a power of two with P x M <=
-  max_batch); each chunk prefills its P `[instruction, prompt]` prefixes, branches them into shared prefixes (M
-  rows each) and gives its rows `[response A, response B]` plus `reward.judge.max_new_tokens` slots (cached as in
-  the rollout). The transient is the chunk's suffix prefill,
-  whose tokens attend at once to a block of their own row's prefix (float32 scores) and a block of their own slots.
-  A step's questions and the judged evaluation's are both planned; the larger counts. Template text is estimated at
-  `CHARS_PER_TOKEN` characters a token plus `CHAT_FORMAT_TOKENS` (one token a character for the toy world's
-  character tokenizer).
-- log-prob: pi_theta_old's (and, with `rl.beta > 0`, the reference's) log-probabilities of a step's rollouts,
-  without gradients, `rl.micro_batch_size` rows at a time (the step's whole batch when 0): the residual stream,
-  one layer's internals and the log-prob chunk.
-- backward: for one micro-batch (`rl.micro_batch_size` rows, or `rl.minibatch_size`), the activations the
-  backward pass keeps, the log-prob chunk, with bfloat16 compute the bfloat16 copy of the policy's weights it
-  multiplies by, and with micro-batches the float32 gradient accumulator. Gradients are not added: they build up
-  as the backward pass frees each layer's activations.
-- update: the float32 gradients (and the accumulator), sharded like the parameters.
-
-Activations are the residuals JAX saves for the backward pass of `Decoder.token_logprobs` (as listed by
-`jax.ad_checkpoint.print_saved_residuals`): per layer and token, each RMSNorm's float32 input and two compute-dtype
-outputs, the rotary cos and sin, q, k and v after the rotary embedding, the attention's residuals, the attention
-output, and six `[mlp]` arrays of the SwiGLU (gate, up, three inside `silu`, their product). Up to
-`TRAINING_ATTENTION_BLOCK` keys attention is dense and keeps the masked scores and their exponentials (float32), the
-mask (a byte) and the probabilities (compute dtype), each `[heads, T]` per token; beyond it `blockwise_attention`
-recomputes each block of keys in the backward pass and keeps, per token, the block-split mask (a byte a key) and the
-online softmax's float32 carry (output `[heads, head_dim]`, running max and sum) once per block and once more for
-the result: linear in the length. With `rl.remat` each layer keeps only its input residual, plus one layer's
-internals while it is recomputed: what a memory-aware scheduler achieves. (XLA:CPU does not: with every block under
-`nnx.remat` the cross-check's update still took 93% of its memory without remat, 682 against 732 MB, because it
-schedules the recomputations early; the cross-check therefore runs without remat.) After the layers: the final
-norm and the hidden states the log-prob chunks read. A log-prob chunk holds `LOGPROB_CHUNK_ARRAYS` float32 `[rows,
-rl.logprob_chunk, vocab]` arrays. A forward pass without gradients is counted as the residual stream in and out of a
-layer plus that layer's internals with dense scores over the keys it attends to at once: a block of
-`TRAINING_ATTENTION_BLOCK` keys without a cache, a cache block of `ATTENTION_BLOCK` slots plus, after a branch, a
-block of `SHARED_ATTENTION_BLOCK` prefix slots. Rows are over data x fsdp (rounded up when they do not divide: XLA
-pads), heads and mlp over tensor when it divides them (otherwise whole, and the plan says so for kv heads), the
-embedding axis of activations replicated. KV caches likewise: blocks `[rows, kv_heads, head_dim, slots]` / `[rows,
-kv_heads, slots, head_dim]` with rows over data x fsdp and kv heads over tensor (`KVCache`); a branched cache's P
-shared prefixes are over data x fsdp when it divides P, else every device holds all P (`sharding.constrain` does not
-shard an axis that its mesh axes do not divide).
-
-Gathered weights: with fsdp > 1, XLA all-gathers a weight over fsdp before using it and hoists a loop-invariant
-all-gather out of a loop, so the weights a loop reads stay gathered (unsharded over fsdp, still split over tensor)
-for the whole loop: every weight of the model in decode loops and in the micro-batch loop, the LM head in the
-log-prob chunks' loop. This is what XLA:CPU does in the cross-check; a compiler that gathers per layer inside the
-loop needs less.
-
-Checked against XLA (`tests/test_plan.py`, `tests/plan_xla.py`): compiled learner updates (dense attention at 128
-tokens, blockwise at 1024), decode loops and decode loops over a branched cache (prefixes of two scanned blocks) of
-a small Llama on 8-device CPU meshes agree with these figures within 16% (the test allows 25%). Not modeled: XLA's
-scratch and fragmentation, collective buffers, the host-side pipeline, the checkpointer's copies; plans use at most
-`HEADROOM` of the HBM.
+The model of memory (a resident part plus the largest of five phases; what each row counts, and the check against
+XLA) is in docs/planner.md.
 """
 
 from __future__ import annotations
@@ -349,7 +265,7 @@ def branched_cache_bytes(cfg, prefixes: int, prefix_slots: int, group: int, own:
 def _attention_residual_bytes(cfg, hq: int, keys: int, dtype: str) -> int:
     """Per token, what one layer's attention over `keys` keys keeps for the backward pass: dense up to
     `TRAINING_ATTENTION_BLOCK` keys (masked scores, exp, mask, probabilities `[hq, keys]`), else
-    `blockwise_attention`'s (module docstring): the block-split mask and n + 1 float32 carries for n blocks."""
+    `blockwise_attention`'s (docs/planner.md): the block-split mask and n + 1 float32 carries for n blocks."""
     from rrc_jax.models.decoder import TRAINING_ATTENTION_BLOCK as block
 
     if keys <= block:
@@ -361,7 +277,7 @@ def _attention_residual_bytes(cfg, hq: int, keys: int, dtype: str) -> int:
 def layer_activation_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, int], dtype: str, *,
                            keys: int | None = None) -> int:
     """Bytes per device of one decoder layer's internals for `rows` sequences of `length` tokens in compute `dtype`
-    (module docstring: norms, rotary, q / k / v, attention, SwiGLU). Without `keys`, what the backward pass of a
+    (docs/planner.md: norms, rotary, q / k / v, attention, SwiGLU). Without `keys`, what the backward pass of a
     training forward keeps (attention over `length` keys: dense or blockwise); with `keys`, dense scores over that
     many keys at once, what a forward pass without gradients holds while it runs the layer."""
     tensor = mesh_shape[2]
@@ -465,7 +381,7 @@ class Row:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Per-device memory of a run on a topology, mesh, micro-batch size and remat setting (module docstring).
+    """Per-device memory of a run on a topology, mesh, micro-batch size and remat setting (docs/planner.md).
     `problems` make the mesh unusable (the run would not start); `notes` qualify the figures."""
 
     topology: Topology

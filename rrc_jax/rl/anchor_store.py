@@ -4,13 +4,12 @@ stored on disk with their prompt ids.
 File format: JSON lines `{"id": <prompt id>, "prompt": <text>, "anchors": [<text>, ...]}`, one per training prompt.
 `AnchorStore.generate` (re)writes it from a sampler and `load` reads it.
 
-Refreshed anchors (AGR's `refresh_every = k`, beyond the paper: the review's suggestion 9(c)3) are versioned by the
-step they serve from: before steps k + 1, 2k + 1, ... the current policy's samples are written to
+Refreshed anchors (AGR's `refresh_every = k`, beyond the paper: the RRC paper's section 9(c), suggestion 3) are
+versioned by the step they serve from: before steps k + 1, 2k + 1, ... the current policy's samples are written to
 `refreshed/step_<r>.jsonl` (`refresh_step` says which version step s uses), never over the reference's file. A run
 resumed from the checkpoint of step c (or falling back to an older one) reads the version that step c + 1 used, so
 it judges against exactly the anchors the uninterrupted run did; `prune_refreshed` deletes the versions no
-checkpoint on disk can need.
-"""
+checkpoint on disk can need. """
 
 from __future__ import annotations
 
