@@ -10,18 +10,15 @@ remakes it (e.g. with more anchors, or after changing the reference policy).
 from __future__ import annotations
 
 import jax
-from absl import app
-from ml_collections import config_flags
 
-from rrc_jax.config import run_cli, validate
-from rrc_jax.errors import exit_on_user_error
+from rrc_jax import cli
+from rrc_jax.config import validate
 
-CONFIG = config_flags.DEFINE_config_file("config", None, "Trainer config (e.g. agr.py).", lock_config=True)
+CONFIG = cli.config_flag("agr.py")
 
 
 def main(argv) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config = cli.config_value(CONFIG, argv, "agr.py")
     from rrc_jax import distributed
     from rrc_jax.inference import make_sampler
     from rrc_jax.constructions.agr import anchor_store
@@ -40,8 +37,8 @@ def main(argv) -> None:
                                      engine=config.inference.engine)
             anchor_store(config, train, roles.tokenizer("policy")).generate(reference, config.seed)
 
-    exit_on_user_error(remake, CONFIG.value)
+    cli.exit_on_user_error(remake, config)
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli.start(main)

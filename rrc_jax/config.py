@@ -14,7 +14,6 @@ from __future__ import annotations
 import difflib
 import math
 import runpy
-import sys
 from pathlib import Path
 
 import ml_collections
@@ -409,17 +408,3 @@ def _nearest(key: str, leaves) -> str:
 
 def _a(noun: str) -> str:
     return f"an {noun}" if noun[0] in "aeiou" else f"a {noun}"
-
-
-def run_cli(main, argv: list[str] | None = None) -> None:
-    """Run an absl `main` with `--config` resolved and checked (`check_config_argv`): a config mistake is printed
-    as one line `error: ...` and exits with status 2, before any flag parsing or model loading."""
-    from absl import app
-
-    try:
-        argv = resolve_config_argv(sys.argv if argv is None else argv)
-        check_config_argv(argv)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    app.run(main, argv=argv)

@@ -57,6 +57,7 @@ import json
 import math
 import sys
 
+from rrc_jax import cli
 from rrc_jax.data.preferences import FORMATS
 
 DEFAULT_TEMPLATES = {"pairwise": "rrc_pairwise_cot", "pointwise": "irpo_pointwise"}
@@ -113,12 +114,10 @@ def run(args: Args) -> tuple[dict, list[dict]]:
     from rrc_jax.errors import ConfigError
     from rrc_jax.judge import get_template
     from rrc_jax.judge.templates import question_length
-    from rrc_jax.models import load_hf, load_tokenizer
     from rrc_jax.progress import Progress, say
     from rrc_jax.constructions.drm import DRMReward
     from rrc_jax.rm.evaluation import (KINDS, abstention_causes, evaluate, fitted_judge, markdown_table,
                                        nothing_scored, question_items)
-    from rrc_jax.sharding import mesh_from_flag
 
     if args.kind not in KINDS:
         raise ConfigError(f"--kind={args.kind!r}; use one of {', '.join(KINDS)}")
@@ -132,7 +131,6 @@ def run(args: Args) -> tuple[dict, list[dict]]:
         say(f"warning: --votes={args.votes} with --temperature=0 repeats one greedy judgment; set a temperature > 0")
 
     distributed.initialize()
-    mesh = mesh_from_flag(args.mesh)
     loader = {"split": args.split} if args.split else {}
     data = load_preferences(args.data, args.format, skip_bad_rows=args.skip_bad_rows, min_strength=args.min_strength,
                             limit=args.limit or None, **loader)
@@ -141,7 +139,7 @@ def run(args: Args) -> tuple[dict, list[dict]]:
     if not data.prefs:
         raise ConfigError(f"--data={args.data}: no examples to evaluate ({counts or 'empty'})")
 
-    model, tokenizer = load_hf(args.model, dtype=args.dtype, mesh=mesh), load_tokenizer(args.model)
+    model, tokenizer, mesh = cli.load_model(args.model, args.dtype, args.mesh)
     judge = drm = None
     n = len(data.prefs)
     if args.kind == "drm":
@@ -188,8 +186,9 @@ def _define_flags():
     from absl import flags
 
     d = Args
-    flags.DEFINE_string("model", None, "Hugging Face model directory (config.json, safetensors, tokenizer): the judge, "
-                        "or the DRM with --kind=drm.")
+    cli.model_flags("the judge, or the DRM with --kind=drm", dtype=d.dtype, mesh=d.mesh)
+    cli.sampling_flags(max_new_tokens=d.max_new_tokens, temperature=d.temperature, seed=d.seed,
+                       what=" per judgment (reasoning + verdict)")
     flags.DEFINE_string("data", None, "The preference data file.")
     flags.DEFINE_enum("format", None, list(FORMATS), "The data's format (rrc_jax.data.preferences.load_preferences).")
     flags.DEFINE_enum("kind", d.kind, ["pairwise", "pointwise", "drm"], "The reward model: a pairwise judge, a "
@@ -197,11 +196,6 @@ def _define_flags():
     flags.DEFINE_integer("votes", d.votes, "Judgments per order (pairwise) or scores per response (pointwise).")
     flags.DEFINE_string("template", d.template, "Judge template: a name (rrc_jax.judge.TEMPLATES) or a .json / .yaml "
                         "file; default rrc_pairwise_cot (pairwise), irpo_pointwise (pointwise).")
-    flags.DEFINE_integer("max_new_tokens", d.max_new_tokens, "Most tokens per judgment (reasoning + verdict).")
-    flags.DEFINE_float("temperature", d.temperature, "Judge sampling temperature; 0 = greedy.")
-    flags.DEFINE_float("top_p", d.top_p, "Nucleus sampling mass; 1 = off.")
-    flags.DEFINE_integer("top_k", d.top_k, "Top-k filter; 0 = off.")
-    flags.DEFINE_integer("seed", d.seed, "PRNG seed of the judge.")
     flags.DEFINE_boolean("prc", d.prc, "Also read P(A) at the verdict position and report its buckets (pairwise).")
     flags.DEFINE_boolean("think", d.think, "--prc: read P(A) after the judge's reasoning; --nothink: with the "
                          "template's direct-verdict variant.")
@@ -215,28 +209,17 @@ def _define_flags():
     flags.DEFINE_integer("max_batch", d.max_batch, "Most rows per model call.")
     flags.DEFINE_string("out", d.out, "Write the result as JSON to this file.")
     flags.DEFINE_string("dump", d.dump, "Write one JSON line per example (texts, judgments, verdicts) to this file.")
-    flags.DEFINE_string("mesh", d.mesh, "Device mesh DATA,FSDP,TENSOR (-1: the remaining devices); the model is "
-                        "sharded over fsdp x tensor.")
-    flags.DEFINE_enum("dtype", d.dtype, ["float32", "bfloat16"], "Parameter and compute dtype.")
-    flags.mark_flags_as_required(["model", "data", "format"])
+    flags.mark_flags_as_required(["data", "format"])
 
 
 def main(argv: list[str]) -> None:
-    from absl import app, flags
+    from absl import flags
 
-    from rrc_jax.errors import ConfigError
-
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cli.no_arguments(argv)
     args = Args(**{f.name: flags.FLAGS[f.name].value for f in dataclasses.fields(Args)})
-    try:
-        run(args)
-    except (ConfigError, FileNotFoundError, ValueError) as e:  # flags, data, checkpoint, template: the user's to fix
-        sys.exit(f"error: {e}")
+    cli.exit_on_user_error(run, args, also=(ValueError,))  # flags, data, checkpoint, template: the user's to fix
 
 
 if __name__ == "__main__":
-    from absl import app
-
     _define_flags()
-    app.run(main)
+    cli.start(main)

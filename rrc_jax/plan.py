@@ -686,31 +686,24 @@ def report(config, topo: Topology | str) -> str:
 # ------------------------------------------------------------------------------------------------------------
 
 def _main(argv) -> None:
-    from absl import app
-
+    from rrc_jax import cli
     from rrc_jax.config import validate
-    from rrc_jax.errors import exit_on_user_error
 
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if _CONFIG.value is None:
-        raise app.UsageError("--config is required, e.g. --config=agr.py")
+    config = cli.config_value(_CONFIG, argv, "agr.py")
 
     def run():
-        validate(_CONFIG.value)
-        print(report(_CONFIG.value, _TOPOLOGY.value))
+        validate(config)
+        print(report(config, _TOPOLOGY.value))
 
-    exit_on_user_error(run)
+    cli.exit_on_user_error(run)
 
 
 if __name__ == "__main__":
     from absl import flags
-    from ml_collections import config_flags
 
-    from rrc_jax.config import run_cli
+    from rrc_jax import cli
 
-    _CONFIG = config_flags.DEFINE_config_file("config", None, "Trainer config: a file or a packaged name (agr.py, "
-                                              "scr.py, prc.py, drm.py).", lock_config=True)
+    _CONFIG = cli.config_flag("agr.py, scr.py, prc.py, drm.py")
     _TOPOLOGY = flags.DEFINE_string("topology", "v5e-8", "v4-N, v5p-N (TensorCores), v5e-N, v6e-N (chips), h100-N, "
                                                          "h200-N (GPUs), cpu-N")
-    run_cli(_main)
+    cli.start(_main)

@@ -27,14 +27,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from rrc_jax import cli
+from rrc_jax.config import check_finite
+from rrc_jax.errors import ConfigError
 
-from rrc_jax.config import check_finite, run_cli
-from rrc_jax.errors import ConfigError, exit_on_user_error
-
-CONFIG = config_flags.DEFINE_config_file("config", None, "a recipe: grm_sft.py, drm_bt.py, rmr1_distill.py, "
-                                         "rmr1_rlvr.py, irpo.py (or a path)", lock_config=True)
+CONFIG = cli.config_flag("grm_sft.py, drm_bt.py, rmr1_distill.py, rmr1_rlvr.py, irpo.py", "Reward-model recipe")
 
 
 def run_rm(config) -> Path:
@@ -50,7 +47,7 @@ def run_rm(config) -> Path:
 
     from rrc_jax import distributed
     from rrc_jax.data.toy import world
-    from rrc_jax.data.toy.task import ALPHABET, Annotator, SortTask
+    from rrc_jax.data.toy.task import ALPHABET, Annotator, SortTask, toy_preferences
     from rrc_jax.inference.factory import check_engine
     from rrc_jax.models import save_hf
     from rrc_jax.models.char_tokenizer import make_char_tokenizer
@@ -77,7 +74,7 @@ def run_rm(config) -> Path:
                                    annotator=Annotator(t.miscount, t.position_bias, t.length_bias))
     tokenizer = make_char_tokenizer(ALPHABET)
     # held out: pairs on evaluation-split prompts, labelled by the oracle, judged greedily with the toy template
-    held_out = world.toy_preferences(task, t.eval_pairs, np.random.default_rng(40_000 + config.seed),
+    held_out = toy_preferences(task, t.eval_pairs, np.random.default_rng(40_000 + config.seed),
                                      held_out=True, name="toy-eval")
     toy_judge = config.copy_and_resolve_references()
     toy_judge.judge.template, toy_judge.judge.max_new_tokens = "toy_pairwise_cot", 24
@@ -91,15 +88,9 @@ def run_rm(config) -> Path:
 
 
 def main(argv) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if CONFIG.value is None:
-        raise app.UsageError("--config is required, e.g. --config=grm_sft.py")
-    if not flags.FLAGS["verbosity"].present:  # Orbax logs every save at INFO; keep the terminal for progress
-        logging.set_verbosity(logging.WARNING)
-    out = exit_on_user_error(run_rm, CONFIG.value)
+    out = cli.exit_on_user_error(run_rm, cli.config_value(CONFIG, argv, "grm_sft.py"))
     print(f"saved the reward model to {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli.start(main)

@@ -140,7 +140,7 @@ def test_unknown_key_and_missing_model_stop_startup(tmp_path, toy_cache):
 
 
 def test_user_errors_are_one_line_and_internal_errors_keep_their_traceback():
-    from rrc_jax.errors import exit_on_user_error
+    from rrc_jax.cli import exit_on_user_error
 
     def fail(error):
         raise error

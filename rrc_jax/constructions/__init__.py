@@ -9,4 +9,4 @@ from rrc_jax.constructions.registry import (CONSTRUCTIONS, construction_class, m
 
 __all__ = ["CONSTRUCTIONS", "Construction", "JudgeConstruction", "JudgeLoad", "JudgeSettings", "RewardContext",
            "RewardResult", "construction_class", "make_construction", "reward_defaults", "rollout_batch",
-           "rollout_params", "step_seed"]
+           "rollout_params", "step_seed", "validate_reward"]

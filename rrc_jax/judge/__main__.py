@@ -12,11 +12,11 @@ every vote abstains, a `warning:` line says why (the tally counts the abstention
 
 from __future__ import annotations
 
-import sys
+from absl import flags, logging
 
-from absl import app, flags, logging
+from rrc_jax import cli
 
-_MODEL = flags.DEFINE_string("model", None, "Hugging Face model directory (config.json, safetensors, tokenizer).")
+_MODEL = cli.model_flags("the judge")
 _PROMPT = flags.DEFINE_string("prompt", None, "The user prompt both responses answer.")
 _A = flags.DEFINE_string("a", None, "Response a.")
 _B = flags.DEFINE_string("b", None, "Response b.")
@@ -24,43 +24,29 @@ _VOTES = flags.DEFINE_integer("votes", 1, "Judgments of the pair (V).")
 _SWAP = flags.DEFINE_boolean("swap", True, "Show every second vote with A and B swapped (position-bias debiasing).")
 _TEMPLATE = flags.DEFINE_string("template", "rrc_pairwise_cot", "Judge template: a name (rrc_jax.judge.TEMPLATES) or "
                                 "a .json / .yaml file.")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 512, "Most tokens per judgment (reasoning + verdict).")
-_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature; 0 = greedy.")
-_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1 = off.")
-_TOP_K = flags.DEFINE_integer("top_k", 0, "Top-k filter; 0 = off.")
-_SEED = flags.DEFINE_integer("seed", 0, "PRNG seed.")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Parameter and compute dtype.")
-_MESH = flags.DEFINE_string("mesh", "1,-1,1", "Device mesh DATA,FSDP,TENSOR (-1: the remaining devices); the model is "
-                            "sharded over fsdp x tensor.")
+_SAMPLING = cli.sampling_flags(max_new_tokens=512, temperature=1.0, what=" per judgment (reasoning + verdict)")
 
 
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if _VOTES.value < 1:
-        sys.exit(f"error: --votes={_VOTES.value}: the pair needs at least one judgment; give --votes=1 or more")
+def judge_pair() -> None:
+    """Load the judge, ask it `--votes` times, print every vote and the tally (a user's mistake raises
+    `ConfigError`)."""
     import jax
 
-    from rrc_jax import distributed
     from rrc_jax.errors import ConfigError
     from rrc_jax.judge import get_template
     from rrc_jax.judge.templates import question_length
-    from rrc_jax.models import load_hf, load_tokenizer
     from rrc_jax.progress import say
     from rrc_jax.rm.evaluation import abstention_causes, fitted_judge
-    from rrc_jax.sharding import mesh_from_flag
 
-    try:
-        distributed.initialize()
-        mesh = mesh_from_flag(_MESH.value)
-        template = get_template(_TEMPLATE.value)
-        model, tokenizer = load_hf(_MODEL.value, dtype=_DTYPE.value, mesh=mesh), load_tokenizer(_MODEL.value)
-        lengths = [question_length(tokenizer, template, _PROMPT.value, a=a, b=b)
-                   for a, b in ((_A.value, _B.value), (_B.value, _A.value))]
-        judge = fitted_judge(model, tokenizer, template, lengths, _MAX_NEW.value, temperature=_TEMPERATURE.value,
-                             top_p=_TOP_P.value, top_k=_TOP_K.value, seed=_SEED.value)
-    except (ConfigError, FileNotFoundError, ValueError) as e:  # flags, template, checkpoint: the user's to fix
-        sys.exit(f"error: {e}")
+    if _VOTES.value < 1:
+        raise ConfigError(f"--votes={_VOTES.value}: the pair needs at least one judgment; give --votes=1 or more")
+    template = get_template(_TEMPLATE.value)
+    model, tokenizer, mesh = cli.load_model(_MODEL.model.value, _MODEL.dtype.value, _MODEL.mesh.value)
+    lengths = [question_length(tokenizer, template, _PROMPT.value, a=a, b=b)
+               for a, b in ((_A.value, _B.value), (_B.value, _A.value))]
+    s = _SAMPLING
+    judge = fitted_judge(model, tokenizer, template, lengths, s.max_new_tokens.value, temperature=s.temperature.value,
+                         top_p=s.top_p.value, top_k=s.top_k.value, seed=s.seed.value)
     with jax.set_mesh(mesh):
         votes, log = judge.explain([_PROMPT.value], [_A.value], [_B.value], votes=_VOTES.value, swap=_SWAP.value)
     for v in log:
@@ -75,6 +61,11 @@ def main(argv: list[str]) -> None:
             "use the template the judge was trained with (--template)")
 
 
+def main(argv: list[str]) -> None:
+    cli.no_arguments(argv)
+    cli.exit_on_user_error(judge_pair, also=(ValueError,))  # a sampling setting, a question too long: the user's
+
+
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["model", "prompt", "a", "b"])
-    app.run(main)
+    flags.mark_flags_as_required(["prompt", "a", "b"])
+    cli.start(main)

@@ -29,7 +29,6 @@ files.
 
 from __future__ import annotations
 
-import math
 import time
 
 import jax

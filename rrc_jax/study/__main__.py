@@ -12,13 +12,11 @@ import json
 import sys
 from pathlib import Path
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import flags
 
-from rrc_jax.config import run_cli
-from rrc_jax.errors import exit_on_user_error
+from rrc_jax import cli
 
-CONFIG = config_flags.DEFINE_config_file("config", None, "the study config (study.py, or a path)", lock_config=True)
+CONFIG = cli.config_flag("study.py", "The study's config")
 QUICK = flags.DEFINE_bool("quick", False, "fewer seeds and steps (study.py:quick's sizes), into out/workdir _quick")
 
 
@@ -60,19 +58,13 @@ def run_study(study) -> Path:
 
 
 def main(argv) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if CONFIG.value is None:
-        raise app.UsageError("--config is required, e.g. --config=study.py")
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
-    study = CONFIG.value
+    study = cli.config_value(CONFIG, argv, "study.py")
     if QUICK.value:
         from rrc_jax.configs.study import quick
 
         study = quick(study.copy_and_resolve_references())
-    exit_on_user_error(run_study, study)
+    cli.exit_on_user_error(run_study, study)
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    cli.start(main)

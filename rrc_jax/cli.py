@@ -1,0 +1,123 @@
+"""What every command line shares: how it starts, the flags several define, how it loads a checkpoint and how a
+user's mistake ends it. The config-file commands (`train`, `train_rm`, `plan`, `anchors`, `study`) take
+`--config` (ml_collections: a file or a packaged recipe, overridden by `--config.GROUP.FIELD=VALUE`); the checkpoint
+commands (`generate`, `judge`, `evaluate_rm`) take `--model` and its flags. Both start through `start`.
+
+A library module never imports this one.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NamedTuple
+
+from absl import app, flags, logging
+
+from rrc_jax.config import check_config_argv, resolve_config_argv
+from rrc_jax.errors import ConfigError, Diverged
+
+
+def start(main, argv: list[str] | None = None) -> None:
+    """Run the absl `main` of a command line. A `--config` is resolved (a file or a packaged recipe) and checked
+    (`check_config_argv`) before any flag is parsed: a mistake there is one line `error: ...`, exit status 2."""
+    try:
+        argv = resolve_config_argv(sys.argv if argv is None else argv)
+        check_config_argv(argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    app.run(main, argv=argv)
+
+
+def exit_on_user_error(fn, *args, also: tuple[type[Exception], ...] = (), **kwargs):
+    """`fn(*args, **kwargs)`, for a command line: a `ConfigError`, a missing file (or one of `also`) exits with the
+    one line `error: <message>` (status 1), a `Diverged` run with `stopped: <message>` (status 3); any other
+    exception propagates with its traceback (a bug to report, not a setting to change)."""
+    try:
+        return fn(*args, **kwargs)
+    except (ConfigError, FileNotFoundError, *also) as e:
+        sys.exit(f"error: {e}")
+    except Diverged as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        sys.exit(3)
+
+
+# -- the config-file commands ------------------------------------------------------------------------------
+
+def config_flag(example: str, what: str = "Trainer config"):
+    """The `--config` flag: `what`, a file or a packaged recipe such as `example`."""
+    from ml_collections import config_flags
+
+    return config_flags.DEFINE_config_file("config", None, f"{what}: a file or a packaged name ({example}, ...).",
+                                           lock_config=True)
+
+
+def config_value(holder, argv: list[str], example: str):
+    """The parsed `--config` of a config-file command (a usage error without one, or with stray arguments); Orbax's
+    per-save INFO logs are silenced unless `--verbosity` is given."""
+    no_arguments(argv)
+    if holder.value is None:
+        raise app.UsageError(f"--config is required, e.g. --config={example}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    return holder.value
+
+
+def no_arguments(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+
+
+# -- the checkpoint commands -------------------------------------------------------------------------------
+
+class ModelFlags(NamedTuple):
+    model: flags.FlagHolder
+    dtype: flags.FlagHolder
+    mesh: flags.FlagHolder
+
+
+class SamplingFlags(NamedTuple):
+    max_new_tokens: flags.FlagHolder
+    temperature: flags.FlagHolder
+    top_p: flags.FlagHolder
+    top_k: flags.FlagHolder
+    seed: flags.FlagHolder
+
+
+def model_flags(what: str = "", dtype: str = "float32", mesh: str = "1,-1,1") -> ModelFlags:
+    """`--model` (required), `--dtype`, `--mesh`: the checkpoint and how it is held."""
+    holders = ModelFlags(
+        flags.DEFINE_string("model", None, "Hugging Face model directory (config.json, safetensors, tokenizer)"
+                            + (f": {what}." if what else ".")),
+        flags.DEFINE_enum("dtype", dtype, ["float32", "bfloat16"], "Parameter and compute dtype."),
+        flags.DEFINE_string("mesh", mesh, "Device mesh DATA,FSDP,TENSOR (-1: the remaining devices); the model is "
+                            "sharded over fsdp x tensor."))
+    flags.mark_flag_as_required("model")
+    return holders
+
+
+def sampling_flags(*, max_new_tokens: int, temperature: float, what: str = "", seed: int = 0) -> SamplingFlags:
+    """`--max_new_tokens`, `--temperature`, `--top_p`, `--top_k`, `--seed` (`what` the tokens generated)."""
+    return SamplingFlags(
+        flags.DEFINE_integer("max_new_tokens", max_new_tokens, f"Most tokens to generate{what}."),
+        flags.DEFINE_float("temperature", temperature, "Sampling temperature; 0 = greedy."),
+        flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1 = off."),
+        flags.DEFINE_integer("top_k", 0, "Top-k filter; 0 = off."),
+        flags.DEFINE_integer("seed", seed, "PRNG seed."))
+
+
+def load_model(path: str, dtype: str, mesh_spec: str):
+    """(model, tokenizer, mesh) of a checkpoint command: the process group started, the mesh of `--mesh`, the
+    checkpoint sharded over it in `dtype`. A checkpoint that does not load is a `ConfigError` naming `--model`."""
+    from rrc_jax import distributed
+    from rrc_jax.models import load_hf, load_tokenizer
+    from rrc_jax.sharding import mesh_from_flag
+
+    distributed.initialize()
+    mesh = mesh_from_flag(mesh_spec)
+    try:
+        return load_hf(path, dtype=dtype, mesh=mesh), load_tokenizer(path), mesh
+    except ConfigError:
+        raise
+    except (FileNotFoundError, ValueError, OSError) as e:
+        raise ConfigError(f"--model={path}: {e}") from None
