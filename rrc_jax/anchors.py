@@ -20,22 +20,21 @@ CONFIG = cli.config_flag("agr.py")
 def main(argv) -> None:
     config = cli.config_value(CONFIG, argv, "agr.py")
     from rrc_jax import distributed
-    from rrc_jax.inference import make_sampler
     from rrc_jax.constructions.agr import anchor_store
+    from rrc_jax.inference import make_sampler
     from rrc_jax.rl.roles import Roles
     from rrc_jax.rl.trainer import training_prompts
-    from rrc_jax.sharding import mesh_from_config
 
     def remake(config):
-        validate(config)
+        settings = validate(config)
         distributed.initialize(config.distributed)
-        mesh = mesh_from_config(config.mesh)
+        mesh = settings.mesh.make()
         with jax.set_mesh(mesh):
             roles = Roles(config, mesh)
-            train, _ = training_prompts(config, roles)
+            train, _ = training_prompts(settings, roles)
             reference = make_sampler(roles.model("reference"), roles.tokenizer("reference"),
                                      engine=config.inference.engine)
-            anchor_store(config, train, roles.tokenizer("policy")).generate(reference, config.seed)
+            anchor_store(config, train, roles.tokenizer("policy"), settings.rollout).generate(reference, config.seed)
 
     cli.exit_on_user_error(remake, config)
 

@@ -1,16 +1,19 @@
-"""Every config schema, in one place: the GRPO trainer's (`base_config`), the reward-model trainer's
-(`rm_config`), the toy world's model sizes, and start-up validation.
+"""The command line's config schemas: the GRPO trainer's (`base_config`), the reward-model trainer's
+(`rm_config`), the toy world's model sizes, and start-up validation (`validate` -> `TrainerSettings`).
 
-The config files in `configs/` (installed as `rrc_jax.configs`) call these; the command line overrides fields (`--config.reward.judge.votes=8
+The trainer's groups are built from its components' typed settings (`rrc_jax.settings`: the dataclasses beside
+the code that reads them hold the defaults, their comments and their checks); the config files in `configs/`
+(installed as `rrc_jax.configs`) call these, and the command line overrides fields (`--config.reward.judge.votes=8
 --config.rl.group_size=16`). Unknown keys are rejected by ml_collections (the configs are locked); `validate`
-rejects inconsistent values with one `ConfigError` naming the field and the fix. `--config=agr.py` (a bare name)
-resolves to the packaged `configs/` (`resolve_config_argv`).
+parses every component once and rejects inconsistent values with one `ConfigError` naming the field and the fix.
+`--config=agr.py` (a bare name) resolves to the packaged `configs/` (`resolve_config_argv`).
 
 Where a default departs from the papers, the field's comment says so (README "Defaults and the papers").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import runpy
@@ -19,9 +22,16 @@ from pathlib import Path
 import ml_collections
 
 from rrc_jax import configs
-from rrc_jax.constructions import reward_defaults, validate_reward
+from rrc_jax.constructions import Construction, JudgeSettings, reward_defaults, validate_reward
+from rrc_jax.data.prompts import DataConfig, PromptSource
+from rrc_jax.data.toy.task import ToyTaskConfig
 from rrc_jax.errors import ConfigError
-from rrc_jax.rl.grpo import AGGREGATIONS
+from rrc_jax.rl.grpo import GRPOConfig
+from rrc_jax.rl.guard import GuardConfig
+from rrc_jax.rl.learner import LearnerConfig
+from rrc_jax.rl.rollout import RolloutConfig
+from rrc_jax.settings import defaults, parse
+from rrc_jax.sharding import MeshConfig
 
 CONFIG_DIR = Path(configs.__file__).resolve().parent  # the top-level configs/, installed as rrc_jax.configs
 
@@ -53,48 +63,22 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     # bfloat16 weights are mostly rounded away.
     c.models = ml_collections.ConfigDict(dict(policy="toy", reference="", grm="toy", drm="toy", dtype="float32"))
 
-    # Prompts: "toy" or a source with one prompt per row in `field` (a string or chat messages): a jsonl / json /
-    # csv (optionally .gz) or parquet file, a save_to_disk folder, or a Hub name org/name (its `split`). Held out:
-    # `eval_path`, else the last tenth of the rows, at most `eval_prompts` (0: no held-out split). With a preference
-    # `format` (helpsteer3, rmbench, judgebench, pairs: rrc_jax.data.preferences; "toy" gives the toy task's
-    # pairs), every preference becomes a judge question in `reward.judge.template` whose correct verdict is known:
-    # the prompts of RLVR (reward.kind='rlvr'), which trains the policy as a judge.
-    # Prompts longer than `max_prompt_tokens`, or than what the policy's and the judge's contexts fit with their
-    # generation budgets, are dropped at load and counted (`data/dropped_long`); a malformed JSON line is an error
-    # naming file and line, or with `skip_bad_rows` skipped and counted.
-    c.data = ml_collections.ConfigDict(dict(path="toy", field="prompt", split="train", format="", eval_path="",
-                                            eval_prompts=256, max_prompt_tokens=512, skip_bad_rows=False))
+    # Prompts (`rrc_jax.data.prompts.DataConfig`): "toy" or a source with one prompt per row in `field`. With a
+    # preference `format` every preference becomes a judge question in `reward.judge.template` whose correct verdict
+    # is known: the prompts of RLVR and IRPO, which train the policy as a judge.
+    c.data = ml_collections.ConfigDict(defaults(DataConfig))
 
+    # The toy world: its task's prompts (`rrc_jax.data.toy.task.ToyTaskConfig`), where its models are cached, their
+    # training steps and the imperfect annotator its GRM learns from.
     c.toy = ml_collections.ConfigDict(dict(
-        cache_dir="~/.cache/rrc_jax", seed=0, min_len=4, max_len=6, noise=0.3, train_prompts=2048,
+        cache_dir="~/.cache/rrc_jax", **defaults(ToyTaskConfig),
         **{f"{role}_steps": spec["steps"] for role, spec in TOY_MODELS.items()},
         **TOY_ANNOTATOR))
 
-    c.rl = ml_collections.ConfigDict(dict(
-        group_size=8,            # m responses per prompt (the paper's m = 8)
-        prompts_per_step=16,     # B prompts per step (the paper: 128)
-        max_new_tokens=12,       # also Dr.GRPO's constant (loss_aggregation='seq_mean_token_sum_norm')
-        temperature=1.0,         # rollouts, and every log-probability of the loss
-        top_p=1.0,
-        mu=1,                    # passes over each step's rollouts
-        minibatch_size=64,       # sequences per optimizer update
-        micro_batch_size=0,      # > 0: gradient accumulation and log-prob passes in micro-batches of this many rows
-        remat=False,             # recompute each decoder block in the backward pass (activation memory ~ 1 layer)
-        logprob_chunk=128,       # positions per chunk of the LM head + log-softmax ([rows, chunk, vocab] at a time)
-        learning_rate=2e-4,      # toy scale; the paper: 1e-6
-        lr_schedule="constant",  # or "cosine"
-        warmup_steps=0,
-        grad_clip=1.0,
-        eps_low=0.2,
-        eps_high=0.2,
-        beta=1e-3,               # KL coefficient to the frozen reference: RM-R1's and IRPO's (the paper gives none)
-        loss_aggregation="seq_mean_token_mean",
-        # The divergence guard (rrc_jax.rl.guard): stop when more than this share of the last `guard_window` steps'
-        # updates were skipped (non-finite), or when the parameter norm grows `max_param_growth` times.
-        max_skipped_fraction=0.5,
-        guard_window=10,
-        max_param_growth=10.0,
-    ))
+    # GRPO (`rl`): the rollout (`rrc_jax.rl.rollout.RolloutConfig`), the learner (`rrc_jax.rl.learner.LearnerConfig`),
+    # the objective (`rrc_jax.rl.grpo.GRPOConfig`) and the divergence guard (`rrc_jax.rl.guard.GuardConfig`): each
+    # dataclass holds its fields' defaults, comments and checks.
+    c.rl = ml_collections.ConfigDict(defaults(RolloutConfig, LearnerConfig, GRPOConfig, GuardConfig))
 
     # The reward construction (`reward.kind`: a kind of `rrc_jax.constructions.CONSTRUCTIONS`, or MODULE:NAME, a
     # plug-in), how the GRM is asked (`reward.judge`, `JudgeSettings`) and each construction's own group
@@ -116,8 +100,7 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     c.resume = ml_collections.ConfigDict(dict(allow_changes=False))
     # The inference engine every sampler of the run is built with (`rrc_jax.inference.factory.ENGINES`).
     c.inference = ml_collections.ConfigDict(dict(engine="jax"))
-    # Device mesh (-1: the remaining devices); parameters over fsdp / tensor, batches over data x fsdp.
-    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+    c.mesh = ml_collections.ConfigDict(defaults(MeshConfig))  # `rrc_jax.sharding.MeshConfig`
     # Multi-host start-up (`rrc_jax.distributed`): automatic on Cloud TPU VMs; elsewhere give all three, or set
     # JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID. num_processes 0 = a single process.
     c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0, process_id=-1))
@@ -162,7 +145,7 @@ def rm_config(kind: str) -> ml_collections.ConfigDict:
     c.checkpoint = ml_collections.ConfigDict(dict(save_every=100, keep=2))
     c.resume = ml_collections.ConfigDict(dict(allow_changes=False))  # as the trainer's (`config_changes`)
     c.inference = ml_collections.ConfigDict(dict(engine="jax"))  # as the trainer's: the held-out judge's sampler
-    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+    c.mesh = ml_collections.ConfigDict(defaults(MeshConfig))
     c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0, process_id=-1))
     c.lock()
     return c
@@ -180,51 +163,34 @@ def check_finite(c: ml_collections.ConfigDict) -> None:
             _bad(key, f"{value} is not a finite number")
 
 
-def validate(c: ml_collections.ConfigDict) -> None:
-    """Raise `ConfigError` naming the first inconsistent field of a trainer config and how to fix it."""
+@dataclasses.dataclass(frozen=True)
+class TrainerSettings:
+    """A trainer config's components, parsed and checked once (`validate`); the trainer hands each its piece."""
+
+    rollout: RolloutConfig
+    learner: LearnerConfig
+    grpo: GRPOConfig
+    guard: GuardConfig
+    mesh: MeshConfig
+    prompts: PromptSource
+    judge: JudgeSettings
+    reward: type[Construction]  # the class of `reward.kind` (`rrc_jax.constructions`)
+    reward_roles: frozenset[str]  # the models it needs beyond the policy (`Construction.roles`)
+
+
+def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
+    """The components of a trainer config (each checked beside its fields), after the checks across them; a
+    `ConfigError` names the first inconsistent field and how to fix it."""
     check_finite(c)
     if c.steps < 0:
         _bad("steps", f"{c.steps} must be >= 0")
-    rl = c.rl
-    validate_reward(c)
-    if rl.group_size < 2:
-        _bad("rl.group_size", f"{rl.group_size}: GRPO needs at least 2 responses per prompt")
-    if rl.prompts_per_step < 1 or rl.mu < 1 or rl.max_new_tokens < 1:
-        _bad("rl", "prompts_per_step, mu and max_new_tokens must be >= 1")
-    if rl.minibatch_size < 1 or (rl.prompts_per_step * rl.group_size) % rl.minibatch_size:
-        _bad("rl.minibatch_size", f"{rl.minibatch_size} must divide prompts_per_step x group_size = "
-                                  f"{rl.prompts_per_step * rl.group_size}")
-    if rl.micro_batch_size < 0 or (rl.micro_batch_size and rl.minibatch_size % rl.micro_batch_size):
-        _bad("rl.micro_batch_size", f"{rl.micro_batch_size} must divide rl.minibatch_size={rl.minibatch_size} "
-                                    "(0 = no gradient accumulation)")
-    if rl.logprob_chunk < 1:
-        _bad("rl.logprob_chunk", f"{rl.logprob_chunk} must be >= 1")
-    if rl.loss_aggregation not in AGGREGATIONS:
-        _bad("rl.loss_aggregation", f"{rl.loss_aggregation!r} is not one of {', '.join(AGGREGATIONS)}")
-    if rl.lr_schedule not in ("constant", "cosine"):
-        _bad("rl.lr_schedule", f"{rl.lr_schedule!r}: use 'constant' or 'cosine'")
-    if not 0 <= rl.eps_low < 1:
-        _bad("rl.eps_low", f"{rl.eps_low} must be in [0, 1) (the ratio's lower clip is 1 - eps_low)")
-    if rl.eps_high < 0:
-        _bad("rl.eps_high", f"{rl.eps_high} must be >= 0 (the ratio's upper clip is 1 + eps_high)")
-    for name in ("learning_rate", "grad_clip"):
-        if not getattr(rl, name) > 0:  # also NaN
-            _bad(f"rl.{name}", f"{getattr(rl, name)} must be > 0")
-    if rl.warmup_steps < 0:
-        _bad("rl.warmup_steps", f"{rl.warmup_steps} must be >= 0")
-    if c.data.eval_prompts < 0 or c.data.max_prompt_tokens < 1:
-        _bad("data", f"eval_prompts={c.data.eval_prompts} must be >= 0 (0: no held-out split) and "
-                     f"max_prompt_tokens={c.data.max_prompt_tokens} >= 1")
-    t = c.toy
-    if t.train_prompts < 0 or not 1 <= t.min_len <= t.max_len:
-        _bad("toy", f"need train_prompts >= 0 and 1 <= min_len <= max_len, got {t.train_prompts}, {t.min_len}, "
-                    f"{t.max_len}")
-    if rl.temperature <= 0:
-        _bad("rl.temperature", "rollouts need temperature > 0 for diverse groups")
-    if not 0 < rl.top_p <= 1:
-        _bad("rl.top_p", f"{rl.top_p} must be in (0, 1]")
-    if rl.beta < 0:
-        _bad("rl.beta", f"{rl.beta} must be >= 0")
+    rollout, learner = parse(RolloutConfig, c), parse(LearnerConfig, c)
+    if rollout.rows % learner.minibatch_size:
+        _bad("rl.minibatch_size", f"{learner.minibatch_size} must divide prompts_per_step x group_size = "
+                                  f"{rollout.rows}")
+    grpo, guard, mesh = parse(GRPOConfig, c), parse(GuardConfig, c), parse(MeshConfig, c)
+    reward = validate_reward(c)
+    prompts = PromptSource.from_config(c)
     if c.checkpoint.save_every < 0 or c.checkpoint.keep < 1:
         _bad("checkpoint", "save_every must be >= 0 (0 = only at the end) and keep >= 1")
     if c.eval.every < 0 or c.eval.judge_votes < 0:
@@ -235,9 +201,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
     for name in ("abstain_alarm", "abstain_abort"):
         if not 0 <= c.log[name] <= 1:
             _bad(f"log.{name}", f"{c.log[name]} must be in [0, 1] (a share of the judge's questions)")
-    if not 0 <= rl.max_skipped_fraction <= 1 or rl.guard_window < 1 or not rl.max_param_growth > 1:
-        _bad("rl", f"the guard needs 0 <= max_skipped_fraction <= 1 (got {rl.max_skipped_fraction}), guard_window "
-                   f">= 1 (got {rl.guard_window}) and max_param_growth > 1 (got {rl.max_param_growth})")
     for name in ("policy", "grm", "drm"):
         if not getattr(c.models, name):
             _bad(f"models.{name}", "empty; give a Hugging Face directory or 'toy'")
@@ -246,10 +209,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     check_engine(c.inference.engine)
     if c.models.dtype not in ("float32", "bfloat16"):
         _bad("models.dtype", f"{c.models.dtype!r}: use 'float32' or 'bfloat16'")
-    sizes = [c.mesh.data, c.mesh.fsdp, c.mesh.tensor]
-    if sizes.count(-1) > 1 or any(n == 0 or n < -1 for n in sizes):
-        _bad("mesh", f"data={sizes[0]} fsdp={sizes[1]} tensor={sizes[2]}: sizes are >= 1, and at most one is -1 (the "
-                     "remaining devices)")
+    return TrainerSettings(rollout, learner, grpo, guard, mesh, prompts, JudgeSettings.from_config(c), reward,
+                           reward.roles(c))
 
 
 # Fields a resumed run may change freely: they do not alter the optimization (where and how it logs, evaluates,

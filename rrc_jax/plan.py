@@ -443,15 +443,17 @@ def _policy_rollouts(config, cfg, shape, dtype) -> list[Row]:
     larger), its transients and the gathered weights of its decode loop."""
     from rrc_jax.data.batches import bucket_length, round_up
     from rrc_jax.models.decoder import ATTENTION_BLOCK
-    from rrc_jax.constructions import rollout_batch
+    from rrc_jax.rl.rollout import RolloutConfig
+    from rrc_jax.settings import parse
 
     rl = config.rl
     n_new = rl.max_new_tokens
     prompt = min(bucket_length(config.data.max_prompt_tokens), cfg.max_position_embeddings - n_new)
-    prompts = min(rl.prompts_per_step, max(1, rollout_batch(rl) // rl.group_size))  # per sampler call
+    max_batch = parse(RolloutConfig, config).max_batch
+    prompts = min(rl.prompts_per_step, max(1, max_batch // rl.group_size))  # per sampler call
     rows, own = prompts * rl.group_size, round_up(n_new, ATTENTION_BLOCK)
     group = branched_cache_bytes(cfg, prompts, prompt, rl.group_size, own, shape, dtype)
-    eval_rows, eval_slots = min(config.data.eval_prompts, rollout_batch(rl)), round_up(prompt + n_new,
+    eval_rows, eval_slots = min(config.data.eval_prompts, max_batch), round_up(prompt + n_new,
                                                                                        ATTENTION_BLOCK)
     greedy = 2 * kv_cache_bytes(cfg, eval_rows, eval_slots, shape, dtype)
     if group >= greedy:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
+from typing import ClassVar
 
 import jax
 from flax import nnx
@@ -76,9 +78,24 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[j
                          axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 
-def mesh_from_config(mesh_config) -> jax.sharding.Mesh:
-    """The mesh of a config's `mesh` group (`data`, `fsdp`, `tensor`; -1 fills the rest)."""
-    return make_mesh(mesh_config.data, mesh_config.fsdp, mesh_config.tensor)
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """A run's device mesh (`mesh`): parameters over fsdp x tensor, batches over data x fsdp; -1 (at most one
+    axis) takes the remaining devices."""
+
+    GROUP: ClassVar[str] = "mesh"
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+
+    def __post_init__(self):
+        sizes = (self.data, self.fsdp, self.tensor)
+        if sizes.count(-1) > 1 or any(n == 0 or n < -1 for n in sizes):
+            raise ConfigError(f"config.mesh: data={self.data} fsdp={self.fsdp} tensor={self.tensor}: sizes are >= 1, "
+                              "and at most one is -1 (the remaining devices)")
+
+    def make(self) -> jax.sharding.Mesh:
+        return make_mesh(self.data, self.fsdp, self.tensor)
 
 
 def mesh_from_flag(value: str) -> jax.sharding.Mesh:

@@ -53,7 +53,8 @@ def run_rm(config) -> Path:
     from rrc_jax.models.char_tokenizer import make_char_tokenizer
     from rrc_jax.rm.fit import recording
     from rrc_jax.rm.recipes import held_out_metrics
-    from rrc_jax.sharding import mesh_from_config, model_context
+    from rrc_jax.settings import parse
+    from rrc_jax.sharding import MeshConfig, model_context
 
     check_finite(config)
     check_engine(config.inference.engine)
@@ -61,7 +62,7 @@ def run_rm(config) -> Path:
         raise ConfigError(f"config.kind: {config.kind!r}; use 'grm' (SFT on rationale + verdict) or 'drm' "
                           "(Bradley-Terry)")
     distributed.initialize(config.distributed)
-    mesh = mesh_from_config(config.mesh)
+    mesh = parse(MeshConfig, config).make()
     if config.data.path != "toy":
         from rrc_jax.rm.recipes import train_on_preferences
 

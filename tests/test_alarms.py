@@ -40,15 +40,14 @@ def test_flat_alarm_off():
 
 
 def _guard(**rl):
-    import ml_collections
     from flax import nnx
 
-    from rrc_jax.rl.guard import DivergenceGuard
+    from rrc_jax.rl.guard import DivergenceGuard, GuardConfig
 
     model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
-    rl = ml_collections.ConfigDict({"max_skipped_fraction": 0.5, "guard_window": 3, "max_param_growth": 10.0, **rl})
-    log = ml_collections.ConfigDict({"abstain_abort": 0.0, "flat_alarm_steps": 2})
-    return DivergenceGuard(rl, log, updates_per_step=2, steps=40, model=model), model
+    guard = GuardConfig(**{"max_skipped_fraction": 0.5, "guard_window": 3, "max_param_growth": 10.0, **rl})
+    return DivergenceGuard(guard, updates_per_step=2, steps=40, model=model, abstain_abort=0.0,
+                           abstain_steps=2), model
 
 
 def test_guard_stops_on_skipped_updates_over_its_window():

@@ -8,9 +8,9 @@ import pytest
 from flax import nnx
 
 from rrc_jax import testing
-from rrc_jax.config import base_config
+from rrc_jax.config import base_config, validate
 from rrc_jax.data.batches import pad_sequences
-from rrc_jax.data.prompts import PromptSet, load_prompts
+from rrc_jax.data.prompts import PromptSet, PromptSource, load_prompts
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference import SamplingParams
 from rrc_jax.judge import Judge, get_template, load_template
@@ -80,8 +80,9 @@ def test_always_a_judge_gives_agr_rewards_independent_of_response_index(votes, t
 # ------------------------------------------------------------------------------------------------------------
 
 def prc_context(policy, reference=None):
-    ctx = RewardContext(base_config("prc"), roles=None, policy=policy, tokenizer=TOK,
-                        train=PromptSet([0, 1, 2], ["12>", "34>", "56>"]))
+    config = base_config("prc")
+    ctx = RewardContext(config, roles=None, policy=policy, tokenizer=TOK,
+                        train=PromptSet([0, 1, 2], ["12>", "34>", "56>"]), rollout=validate(config).rollout)
     ctx._reference = reference
     return ctx
 
@@ -267,10 +268,10 @@ def test_prompt_files_split_rules_and_disjoint_ids(tmp_path):
     config = base_config("drm")
     config.data.path = write_prompts(tmp_path / "small.jsonl", 5)
     with pytest.raises(ConfigError, match="has 5 usable prompts.*data.eval_path"):
-        load_prompts(config)
+        load_prompts(PromptSource.from_config(config))
     config.data.eval_path = write_prompts(tmp_path / "eval.jsonl", 3)
-    train, ev = load_prompts(config)
+    train, ev = load_prompts(PromptSource.from_config(config))
     assert (train.ids, ev.ids) == ([0, 1, 2, 3, 4], [5, 6, 7])
     config.data.path, config.data.eval_path = write_prompts(tmp_path / "big.jsonl", 30), ""
-    train, ev = load_prompts(config)
+    train, ev = load_prompts(PromptSource.from_config(config))
     assert len(train.ids) == 27 and ev.ids == [27, 28, 29] and ev.texts == ["2727>", "2828>", "2929>"]

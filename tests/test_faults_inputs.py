@@ -23,7 +23,7 @@ from conftest import make_hf_model
 from test_bad_rows import file_config
 from rrc_jax.config import base_config
 from rrc_jax.data.preferences import load_preferences
-from rrc_jax.data.prompts import load_prompts
+from rrc_jax.data.prompts import PromptSource, load_prompts
 from rrc_jax.errors import ConfigError
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import Decoder, DecoderConfig, save_hf
@@ -91,7 +91,7 @@ def test_toy_eval_prompts_beyond_the_split_is_one_line_error_naming_the_maximum(
     config.data.eval_prompts = 1_000_000
     with no_hang(), pytest.raises(ConfigError, match=r"config.data.eval_prompts=1000000: the toy task has only "
                                                      r"138750 distinct held-out prompts .*<= 138750") as e:
-        load_prompts(config)
+        load_prompts(PromptSource.from_config(config))
     assert "\n" not in str(e.value)
 
 
@@ -99,10 +99,10 @@ def test_toy_eval_prompts_up_to_the_maximum_are_drawn():
     config = toy_config(min_len=2, max_len=2, train_prompts=8)  # 100 strings of 2 digits, 12 of them held out
     config.data.eval_prompts = 13
     with no_hang(), pytest.raises(ConfigError, match=r"only 12 distinct held-out prompts"):
-        load_prompts(config)
+        load_prompts(PromptSource.from_config(config))
     config.data.eval_prompts = 12
     with no_hang():
-        _, held = load_prompts(config)
+        _, held = load_prompts(PromptSource.from_config(config))
     assert len(set(held.texts)) == 12
 
 
@@ -156,11 +156,11 @@ def prompt_lines(bad_at: int = 2, n: int = 6) -> list[bytes]:
 def test_invalid_utf8_in_a_prompt_file_names_file_and_line_and_can_be_skipped(tmp_path, name, capsys):
     config = file_config(write_bytes(tmp_path / name, prompt_lines()))
     with pytest.raises(ConfigError, match=rf"{name}:3: malformed JSON line \(not UTF-8: .*skip_bad_rows") as e:
-        load_prompts(config)
+        load_prompts(PromptSource.from_config(config))
     assert "\n" not in str(e.value)
     with config.unlocked():
         config.data["skip_bad_rows"] = True
-    train, _ = load_prompts(config)
+    train, _ = load_prompts(PromptSource.from_config(config))
     assert train.texts == [f"{k} 2 1" for k in range(6) if k != 2]
     assert train.counts["bad_rows_skipped"] == 1
     assert f"skipped 1 malformed JSON lines of {name} ({name}:3: not UTF-8" in capsys.readouterr().err
@@ -180,18 +180,18 @@ def test_invalid_utf8_in_csv_or_a_json_document_names_its_line(tmp_path):
     csv = tmp_path / "p.csv"
     csv.write_bytes(b"prompt\n1 2\ncaf\xe9\n")
     with pytest.raises(ConfigError, match=r"p.csv:3: not UTF-8.*save the file as UTF-8"):
-        load_prompts(file_config(csv))
+        load_prompts(PromptSource.from_config(file_config(csv)))
     doc = tmp_path / "p.json"
     doc.write_bytes(b'[{"prompt": "a"},\n {"prompt": "caf\xe9"}]\n')
     with pytest.raises(ConfigError, match=r"p.json:2: malformed JSON \(not UTF-8"):
-        load_prompts(file_config(doc))
+        load_prompts(PromptSource.from_config(file_config(doc)))
 
 
 @pytest.mark.parametrize("name", ["blank.jsonl", "blank.json", "blank.jsonl.gz", "empty.jsonl"])
 def test_a_data_file_of_blank_lines_is_one_line_error(tmp_path, name):
     path = write_bytes(tmp_path / name, [b"", b"  ", b""] if name.startswith("blank") else [])
     with pytest.raises(ConfigError, match=rf"{name}: no rows \(the file is empty or only blank lines\)") as e:
-        load_prompts(file_config(path))
+        load_prompts(PromptSource.from_config(file_config(path)))
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=rf"{name}: no rows"):
         load_preferences(str(path), "pairs")
@@ -200,7 +200,7 @@ def test_a_data_file_of_blank_lines_is_one_line_error(tmp_path, name):
 def test_a_file_whose_every_line_is_skipped_is_one_line_error(tmp_path):
     path = write_bytes(tmp_path / "p.jsonl", [b'{"prompt": "\xff"}', b"", b'{"prompt": '])
     with pytest.raises(ConfigError, match=r"p.jsonl: every line is malformed \(line 1: not UTF-8"):
-        load_prompts(file_config(path, skip_bad_rows=True))
+        load_prompts(PromptSource.from_config(file_config(path, skip_bad_rows=True)))
 
 
 def test_evaluate_rm_names_the_line_that_is_not_utf8(tmp_path):

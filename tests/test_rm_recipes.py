@@ -220,6 +220,6 @@ def test_irpo_trains_a_pointwise_judge_on_pairs(tmp_path, tiny_hf):
     for key in ("reward/pair_accuracy", "reward/format_ok", "loss"):
         assert key in rows[1], key
     assert 0 <= rows[2]["eval/oracle_quality"] <= 1  # held-out pairs, greedy scores
-    batches = prompt_batches(c, 20, paired=True)
+    batches = prompt_batches(c.rl.prompts_per_step, c.seed, 20, paired=True)
     index = next(batches)
     assert len(index) == 4 and (index[0::2] % 2 == 0).all() and (index[1::2] == index[0::2] + 1).all()

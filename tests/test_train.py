@@ -481,7 +481,7 @@ def test_prompts_from_files_folders_and_conversations(tmp_path, toy_cache, capsy
 
     import datasets
 
-    from rrc_jax.data.prompts import load_prompts, prompt_tokens
+    from rrc_jax.data.prompts import PromptSource, load_prompts, prompt_tokens
     from rrc_jax.data.toy import SortTask
     from rrc_jax.models.char_tokenizer import make_char_tokenizer
 
@@ -499,17 +499,17 @@ def test_prompts_from_files_folders_and_conversations(tmp_path, toy_cache, capsy
     assert "reward/mean" in metrics[2] and "oracle_quality" not in metrics[2]  # no oracle for file prompts
     assert metrics[0]["data/dropped_long"] == 1 and metrics[0]["data/unusable_dropped"] == 1
     assert "data: 41 training rows from" in capsys.readouterr().err
-    train, ev = load_prompts(config)  # no length limit
+    train, ev = load_prompts(PromptSource.from_config(config))  # no length limit
     assert train.texts == texts[:40] + [long] and ev.texts == texts[40:] and not set(train.ids) & set(ev.ids)
 
     folder = tmp_path / "saved"
     datasets.Dataset.from_dict({"prompt": texts}).save_to_disk(str(folder))
     config.data.path, config.data.eval_path = str(folder), ""
-    train, ev = load_prompts(config)
+    train, ev = load_prompts(PromptSource.from_config(config))
     assert train.texts + ev.texts == texts and len(ev.texts) == 4
     assert "held out: 4, the last 4 rows of" in capsys.readouterr().err
     config.data.eval_prompts = 0  # no held-out split
-    train, ev = load_prompts(config)
+    train, ev = load_prompts(PromptSource.from_config(config))
     assert train.texts == texts and ev.texts == [] and "held out: 0, none" in capsys.readouterr().err
 
     chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "3 1 2"},
@@ -519,7 +519,7 @@ def test_prompts_from_files_folders_and_conversations(tmp_path, toy_cache, capsy
     chats = tmp_path / "chats.jsonl"
     chats.write_text("".join(json.dumps(r) + "\n" for r in rows * 5))
     config.data.path = str(chats)
-    train, _ = load_prompts(config)
+    train, _ = load_prompts(PromptSource.from_config(config))
     assert len(train.texts) == 10  # the empty prompt and the conversation without a final user turn are dropped
     judge_view = "System: be brief\n\nUser: 3 1 2\n\nAssistant: 1 2 3\n\nUser: 2 1"
     assert train.texts[:2] == [judge_view, "9 8"]
@@ -531,7 +531,7 @@ def test_prompts_from_files_folders_and_conversations(tmp_path, toy_cache, capsy
     assert tok.decode(prompt_tokens(tok, train, "9 8")) == "<user>9 8\n<assistant>"
     config.data.field = "question"
     with pytest.raises(ConfigError, match="config.data.field: .* has no field 'question'"):
-        load_prompts(config)
+        load_prompts(PromptSource.from_config(config))
 
 
 def test_anchor_refresh_regenerates_from_the_policy(tmp_path, toy_cache, finished):

@@ -2,11 +2,16 @@
 (`registry.CONSTRUCTIONS`), each owning its kind (`base.Construction`). The math they use is in `rrc_jax.rewards`."""
 
 from rrc_jax.constructions.base import Construction, JudgeLoad, RewardResult, step_seed
-from rrc_jax.constructions.context import RewardContext, rollout_batch, rollout_params
+from rrc_jax.constructions.context import RewardContext
 from rrc_jax.constructions.judged import JudgeConstruction, JudgeSettings
-from rrc_jax.constructions.registry import (CONSTRUCTIONS, construction_class, make_construction, reward_defaults,
-                                            validate_reward)
+from rrc_jax.constructions.registry import (
+                                            CONSTRUCTIONS,
+                                            construction_class,
+                                            make_construction,
+                                            reward_defaults,
+                                            validate_reward,
+)
 
 __all__ = ["CONSTRUCTIONS", "Construction", "JudgeConstruction", "JudgeLoad", "JudgeSettings", "RewardContext",
-           "RewardResult", "construction_class", "make_construction", "reward_defaults", "rollout_batch",
-           "rollout_params", "step_seed", "validate_reward"]
+           "RewardResult", "construction_class", "make_construction", "reward_defaults", "step_seed",
+           "validate_reward"]

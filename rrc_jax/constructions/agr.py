@@ -4,24 +4,28 @@ the anchors it beats (Eq. 22)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 from etils import epath
 
 from rrc_jax import distributed
 from rrc_jax.checkpoint import steps_on_disk
-from rrc_jax.constructions.base import RewardResult, field_error, one_of
-from rrc_jax.constructions.context import rollout_params
+from rrc_jax.constructions.base import RewardResult
 from rrc_jax.constructions.judged import JudgeConstruction
 from rrc_jax.data.prompts import PromptSet
 from rrc_jax.errors import ConfigError
 from rrc_jax.rewards import agr_diagnostics, agr_rewards
 from rrc_jax.rewards.win_counts import AGR_TIES
 from rrc_jax.rl.anchor_store import AnchorStore, prune_refreshed, refresh_step, refreshed_path
+from rrc_jax.rl.rollout import RolloutConfig
+from rrc_jax.settings import field_error, one_of
 
 
 @dataclasses.dataclass(frozen=True)
 class AGRSettings:
+    GROUP: ClassVar[str] = "reward.agr"
+
     alpha: float = 0.1  # Eq. 22
     ties: str = "win"  # Algorithm 2 line 10: c_ik >= c_ki counts as a win
     n_anchors: int = 8  # n (the paper's main table: 8)
@@ -38,12 +42,12 @@ class AGRSettings:
             raise field_error("reward.agr", "refresh_every", "must be >= 0 (0 = never)")
 
 
-def anchor_store(config, train: PromptSet, tokenizer) -> AnchorStore:
+def anchor_store(config, train: PromptSet, tokenizer, rollout: RolloutConfig) -> AnchorStore:
     """The AGR anchors of a trainer config for its training prompts: `reward.agr.anchors_path` (default
-    `workdir/anchors.jsonl`), sampled like the rollouts."""
+    `workdir/anchors.jsonl`), sampled like the rollouts (`rollout`)."""
     a = AGRReward.settings(config)
     path = a.anchors_path or epath.Path(config.workdir).expanduser() / "anchors.jsonl"
-    return AnchorStore(path, train, a.n_anchors, tokenizer, rollout_params(config.rl))
+    return AnchorStore(path, train, a.n_anchors, tokenizer, rollout.params)
 
 
 class AGRReward(JudgeConstruction):
@@ -85,7 +89,7 @@ class AGRReward(JudgeConstruction):
     def from_config(cls, config, ctx) -> AGRReward:
         a, j = cls.settings(config), config.reward.judge
         workdir = epath.Path(config.workdir).expanduser()
-        return cls(**cls.judge_kwargs(config, ctx), store=anchor_store(config, ctx.train, ctx.tokenizer),
+        return cls(**cls.judge_kwargs(config, ctx), store=anchor_store(config, ctx.train, ctx.tokenizer, ctx.rollout),
                    votes=j.votes, swap=j.swap, alpha=a.alpha, ties=a.ties, refresh_every=a.refresh_every,
                    refreshed_dir=workdir / "anchors_refreshed", checkpoints=workdir / "checkpoints")
 

@@ -27,8 +27,8 @@ import numpy as np
 
 from rrc_jax import distributed
 from rrc_jax.data.prompts import PromptSet
-from rrc_jax.errors import ConfigError
 from rrc_jax.judge.judge import check_groups
+from rrc_jax.settings import parse
 
 ROLES = ("reference", "grm", "drm")  # what a construction may ask for beyond the policy
 
@@ -64,17 +64,6 @@ def group_sizes(prompts: Sequence[str], responses: Sequence[Sequence[str]]) -> t
     return len(prompts), check_groups(responses, "rewards")
 
 
-def field_error(group: str, field: str, message: str) -> ConfigError:
-    """The error of a bad `config.<group>.<field>`."""
-    return ConfigError(f"config.{group}.{field}: {message}")
-
-
-def one_of(group: str, field: str, value, allowed: Sequence) -> None:
-    """A `ConfigError` unless `value` is one of `allowed`."""
-    if value not in allowed:
-        raise field_error(group, field, f"{value!r}: use {', '.join(map(repr, allowed))}")
-
-
 def quality_metrics(q: np.ndarray) -> dict[str, float]:
     """`eval/oracle_quality` and its standard error from every host's per-response quality `[N]`."""
     se = float(q.std(ddof=1) / np.sqrt(len(q))) if len(q) > 1 else 0.0
@@ -99,7 +88,7 @@ class Construction:
     @classmethod
     def settings(cls, config):
         """Its `Settings`, parsed (and so validated) from `config.reward.<kind>`."""
-        return cls.Settings(**config.reward[cls.kind].to_dict())
+        return parse(cls.Settings, config)
 
     @classmethod
     def roles(cls, config) -> frozenset[str]:

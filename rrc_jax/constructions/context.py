@@ -1,5 +1,5 @@
-"""What a reward construction is built from: the `RewardContext` (the run's models by role, the policy sampler,
-the training prompts), and how the policy samples."""
+"""What a reward construction is built from: the `RewardContext` (the run's models by role, the policy sampler and
+how it samples, the training prompts)."""
 
 from __future__ import annotations
 
@@ -8,29 +8,19 @@ from collections.abc import Sequence
 from rrc_jax.constructions.judged import make_judge
 from rrc_jax.data.prompts import PromptSet, prompt_tokens
 from rrc_jax.inference.factory import make_sampler
-from rrc_jax.inference.sampler import Sampler, SamplingParams, response_texts
+from rrc_jax.inference.sampler import Sampler, response_texts
 from rrc_jax.judge import Judge
-
-
-def rollout_params(rl) -> SamplingParams:
-    """How the policy samples rollouts (and AGR anchors): `rl.temperature`, `rl.top_p`, `rl.max_new_tokens`."""
-    return SamplingParams(rl.temperature, 0, rl.top_p, max_new_tokens=rl.max_new_tokens)
-
-
-def rollout_batch(rl) -> int:
-    """Rows per model call of the policy's and the reference's samplers: a step's rollouts, at least 256."""
-    return max(256, rl.prompts_per_step * rl.group_size)
+from rrc_jax.rl.rollout import RolloutConfig
 
 
 class RewardContext:
     """What a reward construction may use. The policy sampler holds the model being trained; the reference and the
     judge are built on first use (a run that never asks for them never loads them). `roles`: the run's models by
-    role (`rrc_jax.rl.roles.Roles`)."""
+    role (`rrc_jax.rl.roles.Roles`); `rollout`: how the policy samples (`RolloutConfig`)."""
 
-    def __init__(self, config, roles, policy: Sampler, tokenizer, train: PromptSet):
+    def __init__(self, config, roles, policy: Sampler, tokenizer, train: PromptSet, rollout: RolloutConfig):
         self.config, self.roles, self.policy, self.tokenizer, self.train = config, roles, policy, tokenizer, train
-        self.rollout_params = rollout_params(config.rl)
-        self.greedy_params = SamplingParams(0.0, max_new_tokens=config.rl.max_new_tokens)
+        self.rollout = rollout
         self._reference: Sampler | None = None
         self._judge: Judge | None = None
 
@@ -39,7 +29,7 @@ class RewardContext:
         if self._reference is None:
             self._reference = make_sampler(self.roles.model("reference"), self.roles.tokenizer("reference"),
                                            engine=self.config.inference.engine,
-                                           max_batch=rollout_batch(self.config.rl))
+                                           max_batch=self.rollout.max_batch)
         return self._reference
 
     def judge(self) -> Judge:
@@ -53,4 +43,4 @@ class RewardContext:
         """The greedy response of `sampler`'s model to each of `prompts` (texts of `prompt_set`, default the
         training prompts), rendered as the policy sees them (`prompt_tokens`)."""
         ids = [prompt_tokens(self.tokenizer, prompt_set or self.train, p) for p in prompts]
-        return response_texts(self.tokenizer, sampler.generate(ids, 1, self.greedy_params))
+        return response_texts(self.tokenizer, sampler.generate(ids, 1, self.rollout.greedy))

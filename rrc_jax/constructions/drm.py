@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import ClassVar
 
 import jax
 import numpy as np
 from flax import nnx
 
 from rrc_jax import distributed
-from rrc_jax.constructions.base import Construction, RewardResult, field_error
+from rrc_jax.constructions.base import Construction, RewardResult
 from rrc_jax.data.batches import pad_sequences, round_up
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder
 from rrc_jax.rm.examples import scored_ids
+from rrc_jax.settings import field_error
 from rrc_jax.sharding import host_row_multiple, host_rows, mesh_of, put_rows
 
 
@@ -25,6 +27,8 @@ def _values(graphdef, state, ids, mask):
 
 @dataclasses.dataclass(frozen=True)
 class DRMSettings:
+    GROUP: ClassVar[str] = "reward.drm"
+
     max_batch: int = 256  # sequences per value-head call
 
     def __post_init__(self):

@@ -6,22 +6,26 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from typing import ClassVar
 
 import numpy as np
 
 from rrc_jax import distributed
-from rrc_jax.constructions.base import Construction, RewardResult, field_error, one_of, quality_metrics
+from rrc_jax.constructions.base import Construction, RewardResult, quality_metrics
 from rrc_jax.constructions.rlvr import require_questions
 from rrc_jax.errors import ConfigError
 from rrc_jax.judge.templates import JudgeTemplate, get_template
 from rrc_jax.judge.verdicts import parse_score
 from rrc_jax.rewards import auc_rewards, format_reward, preference_strength, rule_rewards
+from rrc_jax.settings import field_error, one_of
 
 RULES = ("median", "mean", "interval", "auc", "strength")
 
 
 @dataclasses.dataclass(frozen=True)
 class IRPOSettings:
+    GROUP: ClassVar[str] = "reward.irpo"
+
     # the intergroup reward of a pointwise judge's scores: 'median' (IRPO's default), 'mean', 'interval' (95% CI
     # bounds), 'auc' or 'strength' (Eq. 5-6); plus the format reward (-0.5)
     rule: str = "median"

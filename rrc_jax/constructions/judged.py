@@ -6,19 +6,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import numpy as np
 
 from rrc_jax import distributed
-from rrc_jax.constructions.base import Construction, JudgeLoad, RewardResult, field_error, step_seed
+from rrc_jax.constructions.base import Construction, JudgeLoad, RewardResult, step_seed
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.factory import make_sampler
 from rrc_jax.judge import Judge, JudgeConfig
+from rrc_jax.settings import field_error, parse
 
 
 @dataclasses.dataclass(frozen=True)
 class JudgeSettings:
     """How the GRM is asked (`reward.judge`: the judge rewards and the held-out win rate)."""
+    GROUP: ClassVar[str] = "reward.judge"
+
 
     template: str = "toy_pairwise_cot"  # a built-in name or a .json / .yaml template file
     max_new_tokens: int = 24
@@ -39,7 +43,7 @@ class JudgeSettings:
 
     @classmethod
     def from_config(cls, config) -> JudgeSettings:
-        return cls(**config.reward.judge.to_dict())
+        return parse(cls, config)
 
 
 def make_judge(config, roles) -> Judge:

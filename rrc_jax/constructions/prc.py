@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 
-from rrc_jax.constructions.base import JudgeLoad, RewardResult, one_of
+from rrc_jax.constructions.base import JudgeLoad, RewardResult
 from rrc_jax.constructions.judged import JudgeConstruction
 from rrc_jax.rewards import prc_rewards
+from rrc_jax.settings import one_of
 
 PRC_BINS = 10  # `prc/p_bin{k}`: the share of a step's P(A) in [k / 10, (k + 1) / 10)
 REFERENCES = ("current", "initial")
@@ -17,6 +19,8 @@ REFERENCES = ("current", "initial")
 
 @dataclasses.dataclass(frozen=True)
 class PRCSettings:
+    GROUP: ClassVar[str] = "reward.prc"
+
     think: bool = True  # the judge reasons before the verdict; False: its direct-verdict template
     reference: str = "current"  # o_ref: the current policy's greedy response (RRC paper 2.3), or 'initial'
 

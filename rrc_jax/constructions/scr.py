@@ -4,21 +4,25 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 
-from rrc_jax.constructions.base import RewardResult, field_error, one_of
+from rrc_jax.constructions.base import RewardResult
 from rrc_jax.constructions.judged import JudgeConstruction
 from rrc_jax.judge.tournaments import knockout, merge_sort
 from rrc_jax.rewards import cara_rewards, scr_diagnostics, scr_rewards
 from rrc_jax.rewards.kemeny import CARA_METHODS, MAX_EXACT_GROUP
 from rrc_jax.rewards.win_counts import SCR_TIES
+from rrc_jax.settings import field_error, one_of
 
 TOURNAMENTS = ("round_robin", "merge_sort", "knockout")  # how the group is ordered (`reward.scr.tournament`)
 
 
 @dataclasses.dataclass(frozen=True)
 class SCRSettings:
+    GROUP: ClassVar[str] = "reward.scr"
+
     alpha: float = 0.1  # Eq. 16 (the paper: 0.1)
     ties: str = "zero"  # Eq. 16: a strict majority wins; 'half' gives a tie 0.5
     cara: bool = False  # Kemeny aggregation (Eq. 21)

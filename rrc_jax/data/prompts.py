@@ -1,6 +1,7 @@
 """Prompt sets for RL and the grain pipeline that serves them.
 
-`load_prompts(config)` returns the training and held-out `PromptSet`s: the toy task's (generated from
+`load_prompts(source)` returns the training and held-out `PromptSet`s of a `PromptSource` (`data`, the toy task's
+`toy`, the judge template, the seed): the toy task's (generated from
 `toy.seed`, with the oracle quality) or the rows of a source (`data.path`, `data.eval_path`: a jsonl / json / csv
 file, optionally gzipped, a parquet file, a `save_to_disk` folder or a Hub dataset's `data.split`; read by
 `rrc_jax.data.sources.read_rows`), the prompt in `data.field`. A prompt is a string or a chat conversation (a list
@@ -23,14 +24,15 @@ Held-out prompts: `data.eval_path` when given; otherwise the last tenth of the t
 evaluation). The log states the split (how many rows, from where). Ids never collide: a file's prompts are
 numbered by their row among the usable ones, and a separate eval file's continue after the training file's.
 
-`prompt_batches(config, n)` yields `[prompts_per_step]` arrays of prompt indices: shuffled (per epoch, from the
-seed), repeated, sharded across hosts, with `get_state()` / `set_state()` for checkpoints.
+`prompt_batches(prompts_per_step, seed, n)` yields `[prompts_per_step]` arrays of prompt indices: shuffled (per
+epoch, from the seed), repeated, sharded across hosts, with `get_state()` / `set_state()` for checkpoints.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import ClassVar
 
 import grain
 import jax
@@ -38,7 +40,9 @@ import numpy as np
 from absl import logging
 
 from rrc_jax.data.sources import read_rows
+from rrc_jax.data.toy.task import ToyTaskConfig
 from rrc_jax.errors import ConfigError
+from rrc_jax.settings import parse
 
 MIN_SPLIT_ROWS = 10  # a training file split into train + held-out needs this many usable rows
 MAX_LISTED = 5  # rows (lines) named in a log line about dropped ones
@@ -46,6 +50,42 @@ COUNTS = ("bad_rows_skipped", "unusable_dropped", "dropped_long")  # PromptSet.c
 # rows without a usable prompt, prompts longer than load_prompts' max_tokens
 JUDGE_TEMPLATE_SLACK = 32  # tokens a judge question may take beyond its template's measured text (chat markup, a
 # judge tokenizer that splits the texts it shows finer than the policy's)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where a trainer's prompts come from (`data`; the module docstring says how each source is read)."""
+
+    GROUP: ClassVar[str] = "data"
+    path: str = "toy"  # "toy"; a jsonl / json / csv (maybe .gz) / parquet file, a save_to_disk folder, a Hub name
+    field: str = "prompt"  # the prompt's field: a string or chat messages
+    split: str = "train"
+    format: str = ""  # a preference format (helpsteer3, rmbench, judgebench, pairs): the prompts are judge questions
+    eval_path: str = ""  # held out; default the last tenth of `path`, at most `eval_prompts`
+    eval_prompts: int = 256  # 0: no held-out split
+    max_prompt_tokens: int = 512  # longer prompts (or than the contexts fit) are dropped and counted
+    skip_bad_rows: bool = False  # skip and count malformed JSON lines instead of an error naming the first
+
+    def __post_init__(self):
+        if self.eval_prompts < 0 or self.max_prompt_tokens < 1:
+            raise ConfigError(f"config.data: eval_prompts={self.eval_prompts} must be >= 0 (0: no held-out split) "
+                              f"and max_prompt_tokens={self.max_prompt_tokens} >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSource:
+    """Everything `load_prompts` reads: `data`, the toy task's prompts (`toy`), the judge template judge questions
+    are rendered in (`reward.judge.template`) and the seed of their A/B orders (`seed`)."""
+
+    data: DataConfig
+    toy: ToyTaskConfig
+    template: str
+    seed: int
+
+    @classmethod
+    def from_config(cls, config) -> PromptSource:
+        return cls(parse(DataConfig, config), parse(ToyTaskConfig, config), config.reward.judge.template,
+                   config.seed)
 
 
 def _no_counts() -> dict[str, int]:
@@ -135,19 +175,19 @@ def pointwise_questions(prefs, tokenizer, template, first_id: int = 0) -> Prompt
                      rows=None if rows is None else [r for r in rows for _ in range(2)])
 
 
-def preference_questions(config, tokenizer, questions: str = "pairwise") -> tuple[PromptSet, PromptSet]:
-    """(training, held-out) judge questions of `config.data` in `data.format` (module docstring): the toy task's
+def preference_questions(source: PromptSource, tokenizer, questions: str = "pairwise"
+                         ) -> tuple[PromptSet, PromptSet]:
+    """(training, held-out) judge questions of `source.data` in `data.format` (module docstring): the toy task's
     pairs (`data.path='toy'`, held-out prompts disjoint from the training ones) or a preference dataset's;
     `questions` 'pairwise' (`judge_questions`) or 'pointwise' (`pointwise_questions`, in pairs), as the reward
     construction asks (`Construction.questions`)."""
-    d, template = config.data, config.reward.judge.template
+    d, template, seed = source.data, source.template, source.seed
     skipped = 0
     if d.path == "toy":
-        from rrc_jax.data.toy.task import SortTask
         from rrc_jax.data.toy.task import toy_preferences
 
-        t = config.toy
-        task = SortTask(t.min_len, t.max_len, t.noise)
+        t = source.toy
+        task = t.task
         rng = np.random.default_rng(30_000 + t.seed)
         train = toy_preferences(task, t.train_prompts, rng, name="toy-train")
         held = toy_preferences(task, d.eval_prompts, rng, held_out=True, name="toy-eval")  # the evaluation split
@@ -168,17 +208,17 @@ def preference_questions(config, tokenizer, questions: str = "pairwise") -> tupl
         train_q = pointwise_questions(train, tokenizer, template)
         held_q = pointwise_questions(held, tokenizer, template, first_id=2 * len(train))
     else:
-        train_q = judge_questions(train, tokenizer, template, config.seed)
-        held_q = judge_questions(held, tokenizer, template, config.seed + 1, first_id=len(train))
+        train_q = judge_questions(train, tokenizer, template, seed)
+        held_q = judge_questions(held, tokenizer, template, seed + 1, first_id=len(train))
     return dataclasses.replace(train_q, counts={**train_q.counts, "bad_rows_skipped": skipped}), held_q
 
 
-def check_toy_eval_prompts(config) -> None:
+def check_toy_eval_prompts(source: PromptSource) -> None:
     """A `ConfigError` when `data.eval_prompts` asks for more distinct held-out toy prompts than the evaluation
     split has (`held_out_prompt_count` of `toy.min_len`..`toy.max_len` digits): drawing them would never end."""
     from rrc_jax.data.toy.task import held_out_prompt_count
 
-    t, want = config.toy, config.data.eval_prompts
+    t, want = source.toy, source.data.eval_prompts
     most = held_out_prompt_count(t.min_len, t.max_len)
     if want > most:
         raise ConfigError(f"config.data.eval_prompts={want}: the toy task has only {most} distinct held-out prompts "
@@ -186,18 +226,18 @@ def check_toy_eval_prompts(config) -> None:
                           f"<= {most} or raise toy.max_len")
 
 
-def toy_prompts(config) -> tuple[PromptSet, PromptSet]:
+def toy_prompts(source: PromptSource) -> tuple[PromptSet, PromptSet]:
     """(training, held-out) prompts of the toy task: `toy.train_prompts` drawn from the training split, and
     `data.eval_prompts` distinct ones of the evaluation split (at most `check_toy_eval_prompts`' maximum)."""
-    from rrc_jax.data.toy.task import SortTask, oracle_quality
+    from rrc_jax.data.toy.task import oracle_quality
 
-    check_toy_eval_prompts(config)
-    t = config.toy
-    task = SortTask(t.min_len, t.max_len, t.noise)
+    check_toy_eval_prompts(source)
+    t = source.toy
+    task = t.task
     rng = np.random.default_rng(10_000 + t.seed)
     train_digits = [task.prompt(rng) for _ in range(t.train_prompts)]
     eval_digits, seen = [], set()
-    while len(eval_digits) < config.data.eval_prompts:  # distinct prompts of the evaluation split (never trained on)
+    while len(eval_digits) < source.data.eval_prompts:  # distinct prompts of the evaluation split (never trained on)
         d = task.prompt(rng, held_out=True)
         if d not in seen:
             eval_digits.append(d)
@@ -303,25 +343,25 @@ def judge_template_tokens(template, tokenizer=None) -> int:
     return most + JUDGE_TEMPLATE_SLACK
 
 
-def prompt_token_limit(config, policy_context: int, judge_context: int | None = None, judge_tokenizer=None) -> int:
+def prompt_token_limit(max_prompt_tokens: int, max_new_tokens: int, policy_context: int, judge=None,
+                       judge_context: int | None = None, judge_tokenizer=None) -> int:
     """The longest prompt a run takes (`load_prompts`' `max_tokens`): `data.max_prompt_tokens`, at most the
-    policy's context less `rl.max_new_tokens`, and with a judge (`judge_context`: its model's context) at most
-    that less what a question about the prompt adds: the judgment (`reward.judge.max_new_tokens`), the responses
-    shown (two of `rl.max_new_tokens` in a pairwise template, one in a pointwise one) and the template
+    policy's context less `rl.max_new_tokens`, and with a judge (`judge`: its `template` and `max_new_tokens`,
+    `reward.judge`; `judge_context`: its model's context) at most that less what a question about the prompt adds:
+    the judgment, the responses shown (two in a pairwise template, one in a pointwise one) and the template
     (`judge_template_tokens`, measured with `judge_tokenizer` when given). A `ConfigError` when no prompt fits."""
     from rrc_jax.judge.templates import get_template
 
-    rl, judge = config.rl, config.reward.judge
-    limit = min(config.data.max_prompt_tokens, policy_context - rl.max_new_tokens)
-    why = f"the policy's context ({policy_context}) less rl.max_new_tokens={rl.max_new_tokens}"
-    if judge_context is not None:
+    limit = min(max_prompt_tokens, policy_context - max_new_tokens)
+    why = f"the policy's context ({policy_context}) less rl.max_new_tokens={max_new_tokens}"
+    if judge is not None and judge_context is not None:
         template = get_template(judge.template)
         shown = 2 if template.kind == "pairwise" else 1
-        fits = (judge_context - judge.max_new_tokens - shown * rl.max_new_tokens
+        fits = (judge_context - judge.max_new_tokens - shown * max_new_tokens
                 - judge_template_tokens(template, judge_tokenizer))
         if fits < limit:
             limit, why = fits, (f"the judge's context ({judge_context}) less reward.judge.max_new_tokens="
-                                f"{judge.max_new_tokens}, {shown} x rl.max_new_tokens={rl.max_new_tokens} and the "
+                                f"{judge.max_new_tokens}, {shown} x rl.max_new_tokens={max_new_tokens} and the "
                                 f"template {template.name!r}")
     if limit < 1:
         raise ConfigError(f"config: no room for a prompt: {why} leaves {limit} tokens; lower the generation "
@@ -359,19 +399,19 @@ def drop_long(prompts: PromptSet, tokenizer, max_tokens: int, what: str) -> Prom
         counts={**prompts.counts, "dropped_long": prompts.counts.get("dropped_long", 0) + int(long.sum())})
 
 
-def load_prompts(config, tokenizer=None, max_tokens: int | None = None, questions: str = "pairwise"
+def load_prompts(source: PromptSource, tokenizer=None, max_tokens: int | None = None, questions: str = "pairwise"
                  ) -> tuple[PromptSet, PromptSet]:
-    """(training prompts, held-out prompts) of `config.data` (module docstring); judge questions
+    """(training prompts, held-out prompts) of `source.data` (module docstring); judge questions
     (`preference_questions` of kind `questions`, rendered for the policy's `tokenizer`) when `data.format` is set.
-    `max_tokens`
-    (`prompt_token_limit`; needs the `tokenizer`): prompts longer than that are dropped (`drop_long`)."""
-    d = config.data
+    `max_tokens` (`prompt_token_limit`; needs the `tokenizer`): prompts longer than that are dropped
+    (`drop_long`)."""
+    d = source.data
     if max_tokens is not None and tokenizer is None:
         raise ValueError("load_prompts: max_tokens needs the policy's tokenizer (prompt lengths are in its tokens)")
     if d.format:
-        train, held = preference_questions(config, tokenizer, questions)
+        train, held = preference_questions(source, tokenizer, questions)
     elif d.path == "toy":
-        train, held = toy_prompts(config)
+        train, held = toy_prompts(source)
     else:
         skip = d.skip_bad_rows
         train = file_prompts(d.path, d.field, split=d.split, skip_bad_rows=skip)
@@ -387,16 +427,17 @@ def load_prompts(config, tokenizer=None, max_tokens: int | None = None, question
     return train, held
 
 
-def prompt_batches(config, n: int, paired: bool = False):
-    """A checkpointable grain iterator of `[prompts_per_step]` int arrays of prompt indices for this host; with
-    `paired`, whole pairs `2k, 2k + 1` (a `PromptSet.paired` set's questions about one preference)."""
-    b = config.rl.prompts_per_step
+def prompt_batches(prompts_per_step: int, seed: int, n: int, paired: bool = False):
+    """A checkpointable grain iterator of `[prompts_per_step]` int arrays of indices of `n` prompts for this host,
+    shuffled per epoch from `seed`; with `paired`, whole pairs `2k, 2k + 1` (a `PromptSet.paired` set's questions
+    about one preference)."""
+    b = prompts_per_step
     hosts, host = jax.process_count(), jax.process_index()
     unit = 2 if paired else 1
     if b % (hosts * unit):
         raise ConfigError(f"config.rl.prompts_per_step={b} must be divisible by the number of hosts ({hosts})"
                           + (" x 2 (IRPO asks about both responses of a pair in one step)" if paired else ""))
-    ds = grain.MapDataset.range(n // unit).shuffle(seed=config.seed).repeat()
+    ds = grain.MapDataset.range(n // unit).shuffle(seed=seed).repeat()
     ds = ds[host::hosts].batch(b // hosts // unit, drop_remainder=True)
     if paired:
         ds = ds.map(lambda k: np.stack([2 * k, 2 * k + 1], axis=1).reshape(-1))

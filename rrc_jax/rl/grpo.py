@@ -6,14 +6,37 @@ Everything here is jit-compatible and differentiable; option names that change t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from rrc_jax.rewards._checks import check_option, check_rank, check_real, is_concrete
+from rrc_jax.settings import at_least, field_error, one_of
 
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+    """The GRPO objective's hyper-parameters (`rl`): the ratio's clip range 1 - eps_low .. 1 + eps_high (DAPO's
+    decoupled clip), the k3 KL's coefficient and how token losses are aggregated."""
+
+    GROUP: ClassVar[str] = "rl"
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    beta: float = 1e-3  # KL coefficient to the frozen reference: RM-R1's and IRPO's (the paper gives none)
+    loss_aggregation: str = "seq_mean_token_mean"
+
+    def __post_init__(self):
+        if not 0 <= self.eps_low < 1:
+            raise field_error("rl", "eps_low", f"{self.eps_low} must be in [0, 1) (the ratio's lower clip is "
+                              "1 - eps_low)")
+        at_least("rl", "eps_high", self.eps_high, 0, "the ratio's upper clip is 1 + eps_high")
+        at_least("rl", "beta", self.beta, 0)
+        one_of("rl", "loss_aggregation", self.loss_aggregation, AGGREGATIONS)
 
 
 @functools.partial(jax.jit, static_argnames=("scale_std",))

@@ -18,8 +18,10 @@ exits non-zero, leaving no `hf_export`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +29,24 @@ import optax
 from flax import nnx
 
 from rrc_jax.errors import Diverged
+from rrc_jax.settings import field_error
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardConfig:
+    """When the guard stops a run (`rl`): more than `max_skipped_fraction` of the last `guard_window` steps'
+    updates skipped (non-finite), or the parameter norm grown `max_param_growth` times."""
+
+    GROUP: ClassVar[str] = "rl"
+    max_skipped_fraction: float = 0.5
+    guard_window: int = 10
+    max_param_growth: float = 10.0
+
+    def __post_init__(self):
+        if not 0 <= self.max_skipped_fraction <= 1 or self.guard_window < 1 or not self.max_param_growth > 1:
+            raise field_error("rl", "max_skipped_fraction", f"the guard needs 0 <= max_skipped_fraction <= 1 (got "
+                              f"{self.max_skipped_fraction}), guard_window >= 1 (got {self.guard_window}) and "
+                              f"max_param_growth > 1 (got {self.max_param_growth})")
 
 
 @jax.jit
@@ -43,14 +63,16 @@ def parameter_health(model: nnx.Module) -> tuple[float, bool]:
 
 class DivergenceGuard:
     """`check(step, metrics, model)` after each step (module docstring). `updates_per_step`: optimizer updates a
-    step makes (`mu` x minibatches); `steps`: the run's length (a shorter run is judged over all its steps)."""
+    step makes (`mu` x minibatches); `steps`: the run's length (a shorter run is judged over all its steps);
+    `abstain_abort` (0: off) and `abstain_steps`: `log.abstain_abort` and `log.flat_alarm_steps`."""
 
-    def __init__(self, rl, log, updates_per_step: int, steps: int, model: nnx.Module):
-        self.max_skipped, self.max_growth = rl.max_skipped_fraction, rl.max_param_growth
-        self.window = max(1, min(rl.guard_window, steps))
+    def __init__(self, guard: GuardConfig, updates_per_step: int, steps: int, model: nnx.Module, *,
+                 abstain_abort: float = 0.0, abstain_steps: int = 1):
+        self.max_skipped, self.max_growth = guard.max_skipped_fraction, guard.max_param_growth
+        self.window = max(1, min(guard.guard_window, steps))
         self.skipped: deque[int] = deque(maxlen=self.window)
         self.updates_per_step = updates_per_step
-        self.abstain_abort, self.abstain_steps = log.abstain_abort, max(1, log.flat_alarm_steps)
+        self.abstain_abort, self.abstain_steps = abstain_abort, max(1, abstain_steps)
         self.abstaining = 0
         self.initial_norm, _ = parameter_health(model)
 

@@ -18,8 +18,10 @@ Metrics stay on device until the caller reads them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -27,9 +29,45 @@ import optax
 from flax import nnx
 
 from rrc_jax.models import Decoder
+from rrc_jax.settings import at_least, field_error, one_of
 from rrc_jax.sharding import constrain
 
 LossFn = Callable[[Decoder, dict], tuple[jax.Array, dict]]
+SCHEDULES = ("constant", "cosine")
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    """How a step's rollouts are learned from (`rl`): `mu` passes of minibatch AdamW updates, their memory
+    (micro-batches, remat, log-prob chunks) and the learning rate."""
+
+    GROUP: ClassVar[str] = "rl"
+    mu: int = 1  # passes over each step's rollouts
+    minibatch_size: int = 64  # sequences per optimizer update
+    micro_batch_size: int = 0  # > 0: gradient accumulation and log-prob passes in micro-batches of this many rows
+    remat: bool = False  # recompute each decoder block in the backward pass (activation memory ~ 1 layer)
+    logprob_chunk: int = 128  # positions per chunk of the LM head + log-softmax ([rows, chunk, vocab] at a time)
+    learning_rate: float = 2e-4  # toy scale; the paper: 1e-6
+    lr_schedule: str = "constant"  # or "cosine"
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+
+    def __post_init__(self):
+        at_least("rl", "mu", self.mu, 1)
+        at_least("rl", "minibatch_size", self.minibatch_size, 1)
+        if self.micro_batch_size < 0 or (self.micro_batch_size and self.minibatch_size % self.micro_batch_size):
+            raise field_error("rl", "micro_batch_size", f"{self.micro_batch_size} must divide rl.minibatch_size="
+                              f"{self.minibatch_size} (0 = no gradient accumulation)")
+        at_least("rl", "logprob_chunk", self.logprob_chunk, 1)
+        one_of("rl", "lr_schedule", self.lr_schedule, SCHEDULES)
+        for name in ("learning_rate", "grad_clip"):
+            if not getattr(self, name) > 0:  # also NaN
+                raise field_error("rl", name, f"{getattr(self, name)} must be > 0")
+        at_least("rl", "warmup_steps", self.warmup_steps, 0)
+
+    def updates(self, rows: int, steps: int = 1) -> int:
+        """Optimizer updates of `steps` steps of `rows` rollouts each."""
+        return steps * self.mu * (rows // self.minibatch_size)
 
 
 def learning_rate_schedule(peak: float, *, kind: str = "constant", warmup_steps: int = 0, total_steps: int = 1,

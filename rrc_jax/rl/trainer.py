@@ -3,7 +3,7 @@
 One step (`Trainer.step`):
 
 1. B prompt indices from the grain pipeline (shuffled, repeated, sharded per host, checkpointable);
-2. m rollouts per prompt from the policy sampler (`rl.temperature`, `rl.top_p`, `rl.max_new_tokens`);
+2. m rollouts per prompt from the policy sampler (`rrc_jax.rl.rollout.sample_groups`, `RolloutConfig`);
 3. rewards `[B, m]` from the reward construction (`reward.kind`, `rrc_jax.constructions`), with its metrics and, on
    the steps that dump samples, the judgments behind them;
 4. group advantages (Eq. 4);
@@ -15,7 +15,9 @@ One step (`Trainer.step`):
    rewards, advantages and judgments to `workdir/samples/step_N.jsonl` (`rrc_jax.rl.samples`); alarms when the
    step carried no signal (`rrc_jax.rl.alarms`).
 
-`Trainer.run` adds evaluation (step 0, every `eval.every` steps and the last), metrics files, Orbax checkpoints
+The config is parsed once (`config.validate`) into each component's settings (`TrainerSettings`: the rollout, the
+learner, the objective, the guard, the mesh, the judge, the reward construction's class); each piece goes to the
+code that reads it. `Trainer.run` adds evaluation (step 0, every `eval.every` steps and the last), metrics files, Orbax checkpoints
 (resumed automatically; Ctrl-C or SIGTERM, how Cloud TPU preempts a VM, saves one after the current step and
 exits), and the Hugging Face export of the final policy.
 
@@ -39,9 +41,8 @@ from flax import nnx
 
 from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer, CheckpointWriteError, StopSignals
-from rrc_jax.config import config_hash, config_json, validate
-from rrc_jax.constructions import RewardContext, construction_class, make_construction, rollout_batch
-from rrc_jax.data.batches import completion_batch, length_bucket
+from rrc_jax.config import TrainerSettings, config_hash, config_json, validate
+from rrc_jax.constructions import RewardContext, make_construction
 from rrc_jax.data.prompts import PromptSet, check_toy_eval_prompts, load_prompts, prompt_batches, prompt_token_limit, prompt_tokens
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.factory import make_sampler
@@ -55,9 +56,10 @@ from rrc_jax.rl.fidelity import fidelity_metrics
 from rrc_jax.rl.grpo import group_advantages, grpo_objective
 from rrc_jax.rl.guard import DivergenceGuard
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer, token_logprobs
+from rrc_jax.rl.rollout import sample_groups
 from rrc_jax.rl.roles import Roles
 from rrc_jax.rl.samples import sample_records, samples_due, write_samples
-from rrc_jax.sharding import bytes_per_device, constrain, host_row_multiple, mesh_from_config, put_rows
+from rrc_jax.sharding import bytes_per_device, constrain, host_row_multiple, put_rows
 
 
 @jax.jit
@@ -71,38 +73,40 @@ class Trainer:
     construction and the learner."""
 
     def __init__(self, config):
-        validate(config)
-        self.config = config
-        self.mesh = mesh_from_config(config.mesh)
+        self.config, self.settings = config, validate(config)  # each component's settings, parsed once
+        self.mesh = self.settings.mesh.make()
         with jax.set_mesh(self.mesh):
             self._build()
 
     def _build(self) -> None:
-        config, rl = self.config, self.config.rl
+        config, s = self.config, self.settings
+        rollout, learner, grpo = s.rollout, s.learner, s.grpo
         self.workdir = epath.Path(config.workdir).expanduser()
         self.roles = Roles(config, self.mesh)
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
         self.sampler = make_sampler(self.policy, self.tokenizer, engine=config.inference.engine,
-                                    max_batch=rollout_batch(rl))
-        self.train_prompts, self.eval_prompts = training_prompts(config, self.roles)
-        self.context = RewardContext(config, self.roles, self.sampler, self.tokenizer, self.train_prompts)
+                                    max_batch=rollout.max_batch)
+        self.train_prompts, self.eval_prompts = training_prompts(s, self.roles)
+        self.context = RewardContext(config, self.roles, self.sampler, self.tokenizer, self.train_prompts, rollout)
         self.reward = make_construction(config, self.context)
-        updates = config.steps * rl.mu * (rl.prompts_per_step * rl.group_size // rl.minibatch_size)
-        schedule = learning_rate_schedule(rl.learning_rate, kind=rl.lr_schedule, warmup_steps=rl.warmup_steps,
-                                          total_steps=updates)
-        self.learner = Learner(self.policy, make_optimizer(schedule, grad_clip=rl.grad_clip), grpo_objective(
-            temperature=rl.temperature, eps_low=rl.eps_low, eps_high=rl.eps_high, beta=rl.beta,
-            aggregation=rl.loss_aggregation, max_len=rl.max_new_tokens, chunk_size=rl.logprob_chunk, remat=rl.remat),
-            micro_batch_size=rl.micro_batch_size)
-        self.batches = prompt_batches(config, len(self.train_prompts.texts), paired=self.train_prompts.paired)
-        rows, multiple = rl.prompts_per_step // jax.process_count() * rl.group_size, host_row_multiple(self.mesh)
+        schedule = learning_rate_schedule(learner.learning_rate, kind=learner.lr_schedule,
+                                          warmup_steps=learner.warmup_steps,
+                                          total_steps=learner.updates(rollout.rows, config.steps))
+        self.learner = Learner(self.policy, make_optimizer(schedule, grad_clip=learner.grad_clip), grpo_objective(
+            temperature=rollout.temperature, eps_low=grpo.eps_low, eps_high=grpo.eps_high, beta=grpo.beta,
+            aggregation=grpo.loss_aggregation, max_len=rollout.max_new_tokens, chunk_size=learner.logprob_chunk,
+            remat=learner.remat), micro_batch_size=learner.micro_batch_size)
+        self.batches = prompt_batches(rollout.prompts_per_step, config.seed, len(self.train_prompts.texts),
+                                      paired=self.train_prompts.paired)
+        rows = rollout.prompts_per_step // jax.process_count() * rollout.group_size
+        multiple = host_row_multiple(self.mesh)
         if rows % multiple:
             raise ConfigError(f"config.rl: each of the {jax.process_count()} hosts trains on prompts_per_step / hosts x "
                               f"group_size = {rows} rollouts, which must be a multiple of {multiple} (the batch shards "
                               "on its devices); change rl.prompts_per_step or the mesh")
         self.alarms = Alarms(config.log.abstain_alarm, config.log.flat_alarm_steps, str(self.workdir))
-        for warning in config_warnings(config, "grm" in construction_class(config.reward.kind).roles(config)):
+        for warning in config_warnings(config, "grm" in s.reward.roles(config)):
             say(warning)
 
     def memory(self) -> dict[str, int]:
@@ -125,40 +129,26 @@ class Trainer:
 
     # -- one step ----------------------------------------------------------------------------------------
 
-    def rollouts(self, prompts: list[str], key: jax.Array) -> tuple[list[list[str]], dict[str, np.ndarray]]:
-        """m sampled responses per prompt (this host's B prompts): texts `[B][m]` and the training batch
-        (`completion_batch` rows of prompt + response, loss on the response including its stop token, one padded
-        length on every host; `truncated [B*m]`)."""
-        m = self.config.rl.group_size
-        ids = [prompt_tokens(self.tokenizer, self.train_prompts, p) for p in prompts]
-        out = self.sampler.generate(ids, m, self.context.rollout_params, rng=key)
-        texts = response_texts(self.tokenizer, out)
-        longest = max(len(ids[r // m]) + int(out.lengths[r]) for r in range(len(texts)))
-        batch = completion_batch([ids[i // m] for i in range(len(texts))],
-                                 [out.tokens[r, :out.lengths[r]] for r in range(len(texts))], self.sampler.pad_id,
-                                 length=length_bucket(int(distributed.host_max(longest))))
-        batch["truncated"] = out.truncated
-        return [texts[i * m:(i + 1) * m] for i in range(len(prompts))], batch
-
     def update(self, batch: dict[str, np.ndarray], advantages: np.ndarray, key: jax.Array) -> dict[str, float]:
         """`rl.mu` passes of minibatch updates over one step's rollouts (every host's rows of `batch` and
         `advantages [B*m]`); metrics are means over the updates (NaN shows a skipped one), `skipped_updates` their
         count."""
-        rl = self.config.rl
+        rollout, learner, beta = self.settings.rollout, self.settings.learner, self.settings.grpo.beta
         data = put_rows({**{k: batch[k] for k in ("ids", "mask", "loss_mask")},
                           "advantages": np.asarray(advantages, np.float32)}, self.mesh)
-        logprobs = lambda model: token_logprobs(model, data["ids"], data["mask"], rl.temperature,
-                                                micro_batch_size=rl.micro_batch_size, chunk_size=rl.logprob_chunk)
-        n = data["ids"].shape[0]
-        if rl.mu > 1 or rl.minibatch_size < n:
+        logprobs = lambda model: token_logprobs(model, data["ids"], data["mask"], rollout.temperature,
+                                                micro_batch_size=learner.micro_batch_size,
+                                                chunk_size=learner.logprob_chunk)
+        n, size = data["ids"].shape[0], learner.minibatch_size
+        if learner.mu > 1 or size < n:
             data["old_logp"] = logprobs(self.policy)  # else each rollout's one update is on-policy (grpo_objective)
-        if rl.beta > 0:
+        if beta > 0:
             data["ref_logp"] = logprobs(self.roles.model("reference"))
         logs = []
-        for epoch in range(rl.mu):
+        for epoch in range(learner.mu):
             order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), n))
-            for start in range(0, n, rl.minibatch_size):
-                logs.append(self.learner.update(take_rows(data, jnp.asarray(order[start:start + rl.minibatch_size]))))
+            for start in range(0, n, size):
+                logs.append(self.learner.update(take_rows(data, jnp.asarray(order[start:start + size]))))
         self.sampler.update_weights(self.learner.params)  # the rollout sampler samples the updated policy next
         logs = jax.device_get(logs)  # the step's one read-back
         out = {k: float(np.mean([log[k] for log in logs])) for k in logs[0] if k != "skipped"}
@@ -171,7 +161,8 @@ class Trainer:
         t0 = time.perf_counter()
         prompt_index = next(self.batches)  # [B]: this host's shard
         prompts = [self.train_prompts.texts[i] for i in prompt_index]
-        texts, batch = self.rollouts(prompts, jax.random.fold_in(key, 0))
+        texts, batch = sample_groups(self.sampler, self.tokenizer, self.train_prompts, prompts, self.settings.rollout,
+                                     jax.random.fold_in(key, 0))
         t1 = time.perf_counter()
         dump = samples_due(step, self.config.log.samples_every) and distributed.is_main()
         result = self.reward(prompts, texts, prompt_index, step, trace=dump)
@@ -220,7 +211,7 @@ class Trainer:
             own = distributed.host_block(len(ev.texts))
         prompts = [ev.texts[i] for i in own]
         out = self.sampler.generate([prompt_tokens(self.tokenizer, ev, p) for p in prompts], 1,
-                                    self.context.greedy_params)
+                                    self.settings.rollout.greedy)
         texts = response_texts(self.tokenizer, out)
         return {"eval/response_length": float(distributed.host_gather(out.lengths).mean()),
                 **self.reward.evaluate(ev, own, prompts, texts, step)}
@@ -240,9 +231,9 @@ class Trainer:
                             config_hash=config_hash(config))
         start = ckpt.resume(self.learner, self.batches)
         save_config(workdir, config)
-        rl = config.rl
-        guard = DivergenceGuard(rl, config.log, rl.mu * (rl.prompts_per_step * rl.group_size // rl.minibatch_size),
-                                config.steps, self.policy)
+        s = self.settings
+        guard = DivergenceGuard(s.guard, s.learner.updates(s.rollout.rows), config.steps, self.policy,
+                                abstain_abort=config.log.abstain_abort, abstain_steps=config.log.flat_alarm_steps)
         logger = MetricsLogger(workdir, resume_step=start, tensorboard=config.log.tensorboard, wandb=config.log.wandb,
                                wandb_project=config.log.wandb_project, config=config.to_dict(), name=workdir.name)
         stop = StopSignals()
@@ -274,19 +265,21 @@ class Trainer:
         return workdir
 
 
-def training_prompts(config, roles: Roles) -> tuple[PromptSet, PromptSet]:
-    """The (training, held-out) prompts of a trainer config (judge questions of the reward construction's kind
-    with `data.format`), without those longer than what the policy's and, for a reward that asks the GRM, the
-    judge's contexts fit with their generation budgets (`prompt_token_limit`)."""
-    if config.data.path == "toy" and not config.data.format:
-        check_toy_eval_prompts(config)  # before the models (the toy world) load
-    construction = construction_class(config.reward.kind)
-    judged = "grm" in construction.roles(config)
-    limit = prompt_token_limit(config, roles.model("policy").cfg.max_position_embeddings,
+def training_prompts(settings: TrainerSettings, roles: Roles) -> tuple[PromptSet, PromptSet]:
+    """The (training, held-out) prompts of a run (`settings.prompts`; judge questions of the reward construction's
+    `questions` kind with `data.format`), without those longer than what the policy's and, for a reward that asks
+    the GRM, the judge's contexts fit with their generation budgets (`prompt_token_limit`)."""
+    source = settings.prompts
+    if source.data.path == "toy" and not source.data.format:
+        check_toy_eval_prompts(source)  # before the models (the toy world) load
+    judged = "grm" in settings.reward_roles
+    limit = prompt_token_limit(source.data.max_prompt_tokens, settings.rollout.max_new_tokens,
+                               roles.model("policy").cfg.max_position_embeddings,
+                               settings.judge if judged else None,
                                roles.model("grm").cfg.max_position_embeddings if judged else None,
                                roles.tokenizer("grm") if judged else None)
-    return load_prompts(config, roles.tokenizer("policy"), max_tokens=limit,
-                        questions=construction.questions or "pairwise")
+    return load_prompts(source, roles.tokenizer("policy"), max_tokens=limit,
+                        questions=settings.reward.questions or "pairwise")
 
 
 def run(config) -> epath.Path:

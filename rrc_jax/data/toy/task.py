@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
+from typing import ClassVar
 
 import numpy as np
 
 from rrc_jax.data.preferences import Preference
+from rrc_jax.errors import ConfigError
 
 DIGITS = "0123456789"
 HELD_OUT_BUCKETS = 8  # one in 8 digit strings is an evaluation prompt only
@@ -168,6 +170,28 @@ def bubble_passes(digits: str, k: int) -> str:
             if out[i] > out[i + 1]:
                 out[i], out[i + 1] = out[i + 1], out[i]
     return "".join(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyTaskConfig:
+    """The toy task's prompts (`toy`): `train_prompts` drawn from `seed`, each of `min_len`..`max_len` digits; the
+    initial policy's demonstrations corrupted with probability `noise` (`SortTask`)."""
+
+    GROUP: ClassVar[str] = "toy"
+    seed: int = 0
+    min_len: int = 4
+    max_len: int = 6
+    noise: float = 0.3
+    train_prompts: int = 2048
+
+    def __post_init__(self):
+        if self.train_prompts < 0 or not 1 <= self.min_len <= self.max_len:
+            raise ConfigError(f"config.toy: need train_prompts >= 0 and 1 <= min_len <= max_len, got "
+                              f"{self.train_prompts}, {self.min_len}, {self.max_len}")
+
+    @property
+    def task(self) -> SortTask:
+        return SortTask(self.min_len, self.max_len, self.noise)
 
 
 @dataclasses.dataclass(frozen=True)

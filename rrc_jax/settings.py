@@ -1,0 +1,48 @@
+"""Typed component configs: each component's settings are a frozen dataclass beside the code that reads them.
+
+Its fields are the config fields the component reads, with their defaults (the defaults `rrc_jax.config` builds
+the command line's `ConfigDict` from); its `__post_init__` checks them, naming `config.<GROUP>.<field>` and the fix.
+`parse(cls, config)` builds it once from the group `cls.GROUP` (a dotted path: `rl`, `reward.scr`), which may hold
+other components' fields too (`rl` holds the rollout's, the learner's, the GRPO objective's and the guard's).
+ml_collections stays the command-line format: the files and the dotted names users type do not change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from rrc_jax.errors import ConfigError
+
+
+def parse(cls, config):
+    """The `cls` settings of `config`'s group `cls.GROUP` (a `ConfigDict` or a dict); checked by `cls`."""
+    group = config
+    for key in cls.GROUP.split("."):
+        group = group[key]
+    return cls(**{f.name: group[f.name] for f in dataclasses.fields(cls)})
+
+
+def defaults(*classes) -> dict:
+    """The default fields of one config group made of `classes`, in order."""
+    out: dict = {}
+    for cls in classes:
+        out.update(dataclasses.asdict(cls()))
+    return out
+
+
+def field_error(group: str, field: str, message: str) -> ConfigError:
+    """The error of a bad `config.<group>.<field>`."""
+    return ConfigError(f"config.{group}.{field}: {message}")
+
+
+def one_of(group: str, field: str, value, allowed: Sequence) -> None:
+    """A `ConfigError` unless `value` is one of `allowed`."""
+    if value not in allowed:
+        raise field_error(group, field, f"{value!r}: use {', '.join(map(repr, allowed))}")
+
+
+def at_least(group: str, field: str, value, least, why: str = "") -> None:
+    """A `ConfigError` unless `value >= least` (NaN fails)."""
+    if not value >= least:
+        raise field_error(group, field, f"{value} must be >= {least}" + (f" ({why})" if why else ""))
