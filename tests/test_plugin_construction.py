@@ -52,6 +52,12 @@ CIRCULAR = textwrap.dedent('''
             decided = float(np.mean(votes.wins + votes.losses > 0))
             return RewardResult(rewards, {"circular/decided": decided},
                                 notes=[{"opponents": "i + 1 mod m"}] * b)
+
+
+    class WithCritic(Circular):
+        @classmethod
+        def roles(cls, config):
+            return super().roles(config) | {"critic"}
 ''')
 
 
@@ -69,6 +75,9 @@ def test_a_construction_from_outside_the_package_through_validation_planner_and_
     validate(config)
     config.rl.group_size, config.rl.minibatch_size = 2, 32
     with pytest.raises(ConfigError, match="a circle needs at least 3 responses"):
+        validate(config)
+    config.reward.kind = "circular_reward:WithCritic"  # a role no run has: one line, before anything loads
+    with pytest.raises(ConfigError, match="asks for the roles critic; a construction's roles are reference, grm"):
         validate(config)
 
     # the planner: the roles it declares (the GRM; the reference for the judged evaluation) and its questions

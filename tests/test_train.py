@@ -22,6 +22,7 @@ from rrc_jax.errors import ConfigError
 from rrc_jax.models import load_hf
 from rrc_jax.rl import trainer as trainer_lib
 from rrc_jax.rl.anchor_store import load_anchors
+from rrc_jax.rl.rollout import sample_groups
 from rrc_jax.rl.trainer import Trainer, run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -303,7 +304,8 @@ def test_rollout_logprobs_are_at_the_sampling_temperature(tmp_path, toy_cache, m
     assert objectives == [dict(temperature=0.6, eps_low=0.2, eps_high=0.2, beta=0.1,
                                aggregation="seq_mean_token_sum_norm", max_len=8, chunk_size=128, remat=False)]
     monkeypatch.setattr(trainer.learner, "update", lambda batch: seen.append(batch) or {"loss": 0.0, "skipped": 0})
-    _, batch = trainer.rollouts(["1234>", "9876>"], jax.random.key(0))
+    _, batch = sample_groups(trainer.sampler, trainer.tokenizer, trainer.train_prompts, ["1234>", "9876>"],
+                             trainer.settings.rollout, jax.random.key(0))
     trainer.update(batch, np.zeros(8), jax.random.key(1))
     logits = trainer.policy(jnp.asarray(batch["ids"]), jnp.asarray(batch["mask"]))
     want = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits / 0.6, axis=-1))[:, :-1],

@@ -1,12 +1,11 @@
-"""What every reward construction is: a `Construction` that owns its kind, the `RewardResult` it returns, and the
-`RewardContext` it builds its models from.
+"""What every reward construction is: a `Construction` that owns its kind, and the `RewardResult` it returns.
 
 A construction declares, at class level, everything the rest of the package asks about a reward kind, so that no
 other module lists kinds (docs/design.md, "Reward constructions"):
 
 * `kind` and `Settings`: its name in `reward.kind` and the frozen dataclass of its config group `reward.<kind>`,
   whose defaults are the config's and whose `__post_init__` validates the fields;
-* `roles(config)`: the models it loads beyond the policy (`reference`, `grm`, `drm`);
+* `roles(config)`: the models it loads beyond the policy (of `ROLES`);
 * `judge_load(config)`: the judge questions and judge tokens per prompt of a step (the planner's inputs);
 * `questions`: which judge questions its prompts are when `data.format` is set (None: it takes plain prompts);
 * `check(config)`: the rules across groups when it is the run's reward;

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from rrc_jax.constructions.agr import AGRReward
-from rrc_jax.constructions.base import Construction
+from rrc_jax.constructions.base import ROLES, Construction
 from rrc_jax.constructions.drm import DRMReward
 from rrc_jax.constructions.irpo import IRPOReward
 from rrc_jax.constructions.judged import JudgeSettings
@@ -54,6 +54,10 @@ def validate_reward(config) -> type[Construction]:
         if cls.Settings:
             cls.settings(config)
     cls = construction_class(config.reward.kind)
+    unknown = sorted(set(cls.roles(config)) - set(ROLES))
+    if unknown:
+        raise ConfigError(f"config.reward.kind={config.reward.kind!r} asks for the roles {', '.join(unknown)}; a "
+                          f"construction's roles are {', '.join(ROLES)} (the policy is always there)")
     if config.data.format and cls.questions is None:
         raise ConfigError(f"config.data.format: {config.data.format!r} makes the prompts judge questions, which "
                           f"reward.kind={config.reward.kind!r} does not score; leave data.format empty for a prompt "

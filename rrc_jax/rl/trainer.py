@@ -16,10 +16,10 @@ One step (`Trainer.step`):
    step carried no signal (`rrc_jax.rl.alarms`).
 
 The config is parsed once (`config.validate`) into each component's settings (`TrainerSettings`: the rollout, the
-learner, the objective, the guard, the mesh, the judge, the reward construction's class); each piece goes to the
-code that reads it. `Trainer.run` adds evaluation (step 0, every `eval.every` steps and the last), metrics files, Orbax checkpoints
-(resumed automatically; Ctrl-C or SIGTERM, how Cloud TPU preempts a VM, saves one after the current step and
-exits), and the Hugging Face export of the final policy.
+learner, the objective, the guard, the mesh, the prompts, the judge, the reward construction's class); each piece
+goes to the code that reads it. `Trainer.run` adds evaluation (step 0, every `eval.every` steps and the last),
+metrics files, Orbax checkpoints (resumed automatically; Ctrl-C or SIGTERM, how Cloud TPU preempts a VM, saves one
+after the current step and exits), and the Hugging Face export of the final policy.
 
 On several hosts (`rrc_jax.distributed`) every host runs this loop on its own share of the step: it reads its own
 shard of the prompt indices (grain), tokenizes its own prompts, detokenizes its own rollouts, judges its own groups
@@ -106,7 +106,7 @@ class Trainer:
                               f"group_size = {rows} rollouts, which must be a multiple of {multiple} (the batch shards "
                               "on its devices); change rl.prompts_per_step or the mesh")
         self.alarms = Alarms(config.log.abstain_alarm, config.log.flat_alarm_steps, str(self.workdir))
-        for warning in config_warnings(config, "grm" in s.reward.roles(config)):
+        for warning in config_warnings(config, "grm" in s.reward_roles):
             say(warning)
 
     def memory(self) -> dict[str, int]:
