@@ -37,6 +37,7 @@ every decision about a step is taken alike on every host).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -45,6 +46,7 @@ import signal
 import sys
 import zlib
 from collections.abc import Iterator
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +60,20 @@ from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder
 from rrc_jax.progress import say
 from rrc_jax.rl.learner import Learner
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """When a run saves (`checkpoint`): every `save_every` steps (0: only at the end) and at the last, the `keep`
+    latest kept."""
+
+    GROUP: ClassVar[str] = "checkpoint"
+    save_every: int = 10
+    keep: int = 2
+
+    def __post_init__(self):
+        if self.save_every < 0 or self.keep < 1:
+            raise ConfigError("config.checkpoint: save_every must be >= 0 (0 = only at the end) and keep >= 1")
 
 MANIFEST_FORMAT = 1
 

@@ -22,14 +22,19 @@ from pathlib import Path
 import ml_collections
 
 from rrc_jax import configs
+from rrc_jax.checkpoint import CheckpointConfig
 from rrc_jax.constructions import Construction, JudgeSettings, reward_defaults, validate_reward
 from rrc_jax.data.prompts import DataConfig, PromptSource
 from rrc_jax.data.toy.task import ToyTaskConfig
 from rrc_jax.errors import ConfigError
+from rrc_jax.metrics import MetricsConfig
+from rrc_jax.rl.alarms import AlarmConfig
+from rrc_jax.rl.evaluation import EvalConfig
 from rrc_jax.rl.grpo import GRPOConfig
 from rrc_jax.rl.guard import GuardConfig
 from rrc_jax.rl.learner import LearnerConfig
 from rrc_jax.rl.rollout import RolloutConfig
+from rrc_jax.rl.samples import SamplesConfig
 from rrc_jax.settings import defaults, parse
 from rrc_jax.sharding import MeshConfig
 
@@ -85,16 +90,11 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     # (`reward.<kind>`): the defaults and their comments live with each construction's `Settings`.
     c.reward = ml_collections.ConfigDict(dict(kind=kind, **reward_defaults()))
 
-    c.checkpoint = ml_collections.ConfigDict(dict(save_every=10, keep=2))
-    c.eval = ml_collections.ConfigDict(dict(every=10, judge_votes=2))
-    # What a run shows (README "Reading a run"): `samples_every` steps (and step 1), `samples_prompts` prompts with
-    # every response, reward, advantage and judgment to workdir/samples/step_N.jsonl (0 = never); a warning when a
-    # step's judge abstains on more than `abstain_alarm` of its questions or when every group's reward is flat for
-    # `flat_alarm_steps` steps in a row; TensorBoard event files; Weights & Biases (`wandb` installed) if `wandb`.
-    # `abstain_abort` (0 = off) stops the run, exit status 3, when the judge abstains on more than that share of its
-    # questions for `flat_alarm_steps` steps in a row: its rewards are then (nearly) all ties.
-    c.log = ml_collections.ConfigDict(dict(samples_every=10, samples_prompts=4, abstain_alarm=0.5, abstain_abort=0.9,
-                                           flat_alarm_steps=3, tensorboard=True, wandb=False, wandb_project="rrc-jax"))
+    c.checkpoint = ml_collections.ConfigDict(defaults(CheckpointConfig))  # `rrc_jax.checkpoint.CheckpointConfig`
+    c.eval = ml_collections.ConfigDict(defaults(EvalConfig))  # `rrc_jax.rl.evaluation.EvalConfig`
+    # What a run shows (README "Reading a run"): sample dumps (`rrc_jax.rl.samples.SamplesConfig`), alarms and the
+    # abstention stop (`rrc_jax.rl.alarms.AlarmConfig`), TensorBoard and W&B (`rrc_jax.metrics.MetricsConfig`).
+    c.log = ml_collections.ConfigDict(defaults(SamplesConfig, AlarmConfig, MetricsConfig))
     # A rerun resumes from the workdir's latest checkpoint; a change to the config that alters the optimization is
     # refused (`config_changes`) unless `allow_changes`.
     c.resume = ml_collections.ConfigDict(dict(allow_changes=False))
@@ -141,8 +141,8 @@ def rm_config(kind: str) -> ml_collections.ConfigDict:
     # As the GRPO trainer's: every step's metrics to workdir/metrics.jsonl, TensorBoard and, with `wandb`, W&B; Orbax
     # checkpoints every `save_every` steps (0 = only at the end) and at the last, the `keep` latest kept, resumed by
     # rerunning the same command.
-    c.log = ml_collections.ConfigDict(dict(tensorboard=True, wandb=False, wandb_project="rrc-jax"))
-    c.checkpoint = ml_collections.ConfigDict(dict(save_every=100, keep=2))
+    c.log = ml_collections.ConfigDict(defaults(MetricsConfig))
+    c.checkpoint = ml_collections.ConfigDict(dict(defaults(CheckpointConfig), save_every=100))
     c.resume = ml_collections.ConfigDict(dict(allow_changes=False))  # as the trainer's (`config_changes`)
     c.inference = ml_collections.ConfigDict(dict(engine="jax"))  # as the trainer's: the held-out judge's sampler
     c.mesh = ml_collections.ConfigDict(defaults(MeshConfig))
@@ -176,6 +176,11 @@ class TrainerSettings:
     judge: JudgeSettings
     reward: type[Construction]  # the class of `reward.kind` (`rrc_jax.constructions`)
     reward_roles: frozenset[str]  # the models it needs beyond the policy (`Construction.roles`)
+    eval: EvalConfig
+    checkpoint: CheckpointConfig
+    samples: SamplesConfig
+    alarms: AlarmConfig
+    metrics: MetricsConfig
 
 
 def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
@@ -191,16 +196,8 @@ def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
     grpo, guard, mesh = parse(GRPOConfig, c), parse(GuardConfig, c), parse(MeshConfig, c)
     reward = validate_reward(c)
     prompts = PromptSource.from_config(c)
-    if c.checkpoint.save_every < 0 or c.checkpoint.keep < 1:
-        _bad("checkpoint", "save_every must be >= 0 (0 = only at the end) and keep >= 1")
-    if c.eval.every < 0 or c.eval.judge_votes < 0:
-        _bad("eval", "every and judge_votes must be >= 0 (every 0 = only at start and end; judge_votes 0 = no "
-                     "judged win rate)")
-    if c.log.samples_every < 0 or c.log.samples_prompts < 0 or c.log.flat_alarm_steps < 0:
-        _bad("log", "samples_every, samples_prompts and flat_alarm_steps must be >= 0 (0 = off)")
-    for name in ("abstain_alarm", "abstain_abort"):
-        if not 0 <= c.log[name] <= 1:
-            _bad(f"log.{name}", f"{c.log[name]} must be in [0, 1] (a share of the judge's questions)")
+    checkpoint, evaluation = parse(CheckpointConfig, c), parse(EvalConfig, c)
+    samples, alarms, metrics = parse(SamplesConfig, c), parse(AlarmConfig, c), parse(MetricsConfig, c)
     for name in ("policy", "grm", "drm"):
         if not getattr(c.models, name):
             _bad(f"models.{name}", "empty; give a Hugging Face directory or 'toy'")
@@ -210,7 +207,7 @@ def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
     if c.models.dtype not in ("float32", "bfloat16"):
         _bad("models.dtype", f"{c.models.dtype!r}: use 'float32' or 'bfloat16'")
     return TrainerSettings(rollout, learner, grpo, guard, mesh, prompts, JudgeSettings.from_config(c), reward,
-                           reward.roles(c))
+                           reward.roles(c), evaluation, checkpoint, samples, alarms, metrics)
 
 
 # Fields a resumed run may change freely: they do not alter the optimization (where and how it logs, evaluates,

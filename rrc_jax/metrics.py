@@ -14,6 +14,7 @@ to it after each `log`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -21,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 import jax
 import numpy as np
@@ -28,6 +30,16 @@ from etils import epath
 from tensorboardX import SummaryWriter
 
 from rrc_jax.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsConfig:
+    """Where a run's metrics go beside `metrics.jsonl` (`log`): TensorBoard event files, Weights & Biases."""
+
+    GROUP: ClassVar[str] = "log"
+    tensorboard: bool = True
+    wandb: bool = False  # needs the `wandb` package
+    wandb_project: str = "rrc-jax"
 
 
 def json_value(value):

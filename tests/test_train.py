@@ -282,13 +282,14 @@ def test_greedy_repeated_votes_warn():
     from rrc_jax.rl.alarms import config_warnings
 
     c = base_config("scr")
+    warnings = lambda uses_judge=True: config_warnings(validate(c).judge, c.eval.judge_votes, uses_judge)
     c.reward.judge.temperature, c.reward.judge.votes = 0.0, 4
-    (warning,) = config_warnings(c, uses_judge=True)
+    (warning,) = warnings()
     assert "reward.judge.votes=4 with a greedy judge" in warning and "reward.judge.votes=2" in warning
     c.reward.judge.votes = 2  # with swap, the two A/B orders: two distinct greedy votes
-    assert config_warnings(c, uses_judge=True) == [] and config_warnings(c, uses_judge=False) == []
+    assert warnings() == [] and warnings(uses_judge=False) == []
     c.reward.judge.temperature, c.reward.judge.votes = 1.0, 8
-    assert config_warnings(c, uses_judge=True) == []
+    assert warnings() == []
 
 
 def test_rollout_logprobs_are_at_the_sampling_temperature(tmp_path, toy_cache, monkeypatch):

@@ -14,11 +14,34 @@ when every group is flat; their sum over `metrics.jsonl` counts zero-signal step
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import ClassVar
 
 import numpy as np
 
 from rrc_jax.progress import say
+from rrc_jax.settings import field_error
+
+
+@dataclasses.dataclass(frozen=True)
+class AlarmConfig:
+    """When a run is told it learns nothing (`log`): a warning once the judge abstains on more than `abstain_alarm`
+    of a step's questions, or every group is flat for `flat_alarm_steps` steps in a row (0: never); a stop (exit
+    status 3, `rrc_jax.rl.guard`) when it abstains on more than `abstain_abort` (0: off) for that many steps."""
+
+    GROUP: ClassVar[str] = "log"
+    abstain_alarm: float = 0.5
+    abstain_abort: float = 0.9
+    flat_alarm_steps: int = 3
+
+    def __post_init__(self):
+        for name in ("abstain_alarm", "abstain_abort"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise field_error("log", name, f"{getattr(self, name)} must be in [0, 1] (a share of the judge's "
+                                  "questions)")
+        if self.flat_alarm_steps < 0:
+            raise field_error("log", "flat_alarm_steps", f"{self.flat_alarm_steps} must be >= 0 (0 = off)")
 
 
 def signal_metrics(rewards: np.ndarray) -> dict[str, float]:
@@ -29,14 +52,13 @@ def signal_metrics(rewards: np.ndarray) -> dict[str, float]:
             "reward/zero_signal": float(flat.all()) if flat.size else math.nan}
 
 
-def config_warnings(config, uses_judge: bool) -> list[str]:
+def config_warnings(judge, eval_votes: int, uses_judge: bool) -> list[str]:
     """Warnings about a trainer config that are not errors (greedy repeated votes), for a run whose reward asks
-    the judge (`uses_judge`)."""
-    j = config.reward.judge
-    distinct = 2 if j.swap else 1  # a greedy judge's distinct votes on a pair: one per A/B order shown
+    the judge (`uses_judge`; `judge`: its `JudgeSettings`, `eval_votes`: `eval.judge_votes`)."""
+    distinct = 2 if judge.swap else 1  # a greedy judge's distinct votes on a pair: one per A/B order shown
     out = []
-    for field, votes in (("reward.judge.votes", j.votes), ("eval.judge_votes", config.eval.judge_votes)):
-        if uses_judge and j.temperature == 0 and votes > distinct:
+    for field, votes in (("reward.judge.votes", judge.votes), ("eval.judge_votes", eval_votes)):
+        if uses_judge and judge.temperature == 0 and votes > distinct:
             out.append(f"warning: {field}={votes} with a greedy judge (reward.judge.temperature=0): at most "
                        f"{distinct} of the {votes} votes per pair can differ, the rest repeat them at full cost; "
                        f"set reward.judge.temperature > 0 or {field}={distinct}")

@@ -17,13 +17,30 @@ The dump is bounded: `samples_prompts` prompts, each with its m responses and th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 from etils import epath
 
 from rrc_jax.metrics import json_value
+from rrc_jax.settings import field_error
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplesConfig:
+    """What a run dumps (`log`): `samples_prompts` prompts of step 1 and of every `samples_every` steps (0: never)."""
+
+    GROUP: ClassVar[str] = "log"
+    samples_every: int = 10
+    samples_prompts: int = 4
+
+    def __post_init__(self):
+        for name in ("samples_every", "samples_prompts"):
+            if getattr(self, name) < 0:
+                raise field_error("log", name, f"{getattr(self, name)} must be >= 0 (0 = off)")
 
 
 def samples_due(step: int, every: int) -> bool:

@@ -43,14 +43,14 @@ from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer, CheckpointWriteError, StopSignals
 from rrc_jax.config import TrainerSettings, config_hash, config_json, validate
 from rrc_jax.constructions import RewardContext, make_construction
-from rrc_jax.data.prompts import PromptSet, check_toy_eval_prompts, load_prompts, prompt_batches, prompt_token_limit, prompt_tokens
+from rrc_jax.data.prompts import PromptSet, check_toy_eval_prompts, load_prompts, prompt_batches, prompt_token_limit
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.factory import make_sampler
-from rrc_jax.inference.sampler import response_texts
 from rrc_jax.workdir import WorkdirLock, check_resume, save_config
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import save_hf
 from rrc_jax.progress import Progress, say
+from rrc_jax.rl.evaluation import held_out_metrics
 from rrc_jax.rl.alarms import Alarms, config_warnings, signal_metrics
 from rrc_jax.rl.fidelity import fidelity_metrics
 from rrc_jax.rl.grpo import group_advantages, grpo_objective
@@ -105,8 +105,8 @@ class Trainer:
             raise ConfigError(f"config.rl: each of the {jax.process_count()} hosts trains on prompts_per_step / hosts x "
                               f"group_size = {rows} rollouts, which must be a multiple of {multiple} (the batch shards "
                               "on its devices); change rl.prompts_per_step or the mesh")
-        self.alarms = Alarms(config.log.abstain_alarm, config.log.flat_alarm_steps, str(self.workdir))
-        for warning in config_warnings(config, "grm" in s.reward_roles):
+        self.alarms = Alarms(s.alarms.abstain_alarm, s.alarms.flat_alarm_steps, str(self.workdir))
+        for warning in config_warnings(s.judge, s.eval.judge_votes, "grm" in s.reward_roles):
             say(warning)
 
     def memory(self) -> dict[str, int]:
@@ -164,7 +164,7 @@ class Trainer:
         texts, batch = sample_groups(self.sampler, self.tokenizer, self.train_prompts, prompts, self.settings.rollout,
                                      jax.random.fold_in(key, 0))
         t1 = time.perf_counter()
-        dump = samples_due(step, self.config.log.samples_every) and distributed.is_main()
+        dump = samples_due(step, self.settings.samples.samples_every) and distributed.is_main()
         result = self.reward(prompts, texts, prompt_index, step, trace=dump)
         rewards = result.rewards
         advantages = np.asarray(group_advantages(rewards))
@@ -189,7 +189,7 @@ class Trainer:
             write_samples(self.workdir, step, sample_records(
                 step, prompts, prompt_index, texts, rewards, advantages, judgments=result.judgments,
                 notes=result.notes, quality=quality,
-                limit=self.config.log.samples_prompts))
+                limit=self.settings.samples.samples_prompts))
         metrics = distributed.reduce_metrics(metrics)
         self.alarms.check(step, metrics)
         return metrics
@@ -197,24 +197,9 @@ class Trainer:
     # -- evaluation --------------------------------------------------------------------------------------
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """Greedy responses on the held-out prompts (each host its `distributed.host_block`, whole pairs of a paired
-        set), their length, and the reward construction's held-out metrics (`Construction.evaluate`: the toy
-        oracle's quality, the verdicts' accuracy of judge questions, IRPO's pair accuracy, the judged win rate
-        against the reference policy)."""
-        ev = self.eval_prompts
-        if not ev.texts:
-            return {}
-        if ev.paired:  # whole pairs on each host
-            pairs = distributed.host_block(len(ev.texts) // 2)
-            own = np.stack([2 * pairs, 2 * pairs + 1], axis=1).reshape(-1)
-        else:
-            own = distributed.host_block(len(ev.texts))
-        prompts = [ev.texts[i] for i in own]
-        out = self.sampler.generate([prompt_tokens(self.tokenizer, ev, p) for p in prompts], 1,
-                                    self.settings.rollout.greedy)
-        texts = response_texts(self.tokenizer, out)
-        return {"eval/response_length": float(distributed.host_gather(out.lengths).mean()),
-                **self.reward.evaluate(ev, own, prompts, texts, step)}
+        """The held-out metrics at `step` (`rrc_jax.rl.evaluation.held_out_metrics`)."""
+        return held_out_metrics(self.sampler, self.tokenizer, self.eval_prompts, self.reward,
+                                self.settings.rollout.greedy, step)
 
     # -- the loop ----------------------------------------------------------------------------------------
 
@@ -226,16 +211,15 @@ class Trainer:
     def _run(self) -> epath.Path:
         config, workdir = self.config, self.workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        ckpt = Checkpointer(workdir / "checkpoints", save_every=config.checkpoint.save_every,
-                            keep=config.checkpoint.keep, config=config_json(config),
-                            config_hash=config_hash(config))
+        s = self.settings
+        ckpt = Checkpointer(workdir / "checkpoints", save_every=s.checkpoint.save_every, keep=s.checkpoint.keep,
+                            config=config_json(config), config_hash=config_hash(config))
         start = ckpt.resume(self.learner, self.batches)
         save_config(workdir, config)
-        s = self.settings
         guard = DivergenceGuard(s.guard, s.learner.updates(s.rollout.rows), config.steps, self.policy,
-                                abstain_abort=config.log.abstain_abort, abstain_steps=config.log.flat_alarm_steps)
-        logger = MetricsLogger(workdir, resume_step=start, tensorboard=config.log.tensorboard, wandb=config.log.wandb,
-                               wandb_project=config.log.wandb_project, config=config.to_dict(), name=workdir.name)
+                                abstain_abort=s.alarms.abstain_abort, abstain_steps=s.alarms.flat_alarm_steps)
+        logger = MetricsLogger(workdir, resume_step=start, tensorboard=s.metrics.tensorboard, wandb=s.metrics.wandb,
+                               wandb_project=s.metrics.wandb_project, config=config.to_dict(), name=workdir.name)
         stop = StopSignals()
         try:
             if start == 0:
@@ -243,7 +227,7 @@ class Trainer:
             with Progress(config.steps, "train", start=start) as bar:
                 for step in range(start + 1, config.steps + 1):
                     metrics = self.step(step)
-                    if config.eval.every and step % config.eval.every == 0 or step == config.steps:
+                    if s.eval.due(step, config.steps):
                         metrics.update(self.evaluate(step))
                     ckpt.check()  # a save that failed (a full disk) stops the run before this step is logged
                     logger.log(step, metrics)
