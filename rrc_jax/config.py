@@ -25,7 +25,7 @@ from rrc_jax import configs
 from rrc_jax.checkpoint import CheckpointConfig
 from rrc_jax.constructions import Construction, JudgeSettings, reward_defaults, validate_reward
 from rrc_jax.data.prompts import DataConfig, PromptSource
-from rrc_jax.data.toy.task import ToyTaskConfig
+from rrc_jax.data.toy.task import TOY_ANNOTATOR, TOY_MODELS, ToyTaskConfig
 from rrc_jax.errors import ConfigError
 from rrc_jax.metrics import MetricsConfig
 from rrc_jax.rl.alarms import AlarmConfig
@@ -33,23 +33,13 @@ from rrc_jax.rl.evaluation import EvalConfig
 from rrc_jax.rl.grpo import GRPOConfig
 from rrc_jax.rl.guard import GuardConfig
 from rrc_jax.rl.learner import LearnerConfig
+from rrc_jax.rl.roles import ModelsConfig
 from rrc_jax.rl.rollout import RolloutConfig
 from rrc_jax.rl.samples import SamplesConfig
-from rrc_jax.settings import defaults, parse
+from rrc_jax.settings import defaults, flat_fields, parse
 from rrc_jax.sharding import MeshConfig
 
 CONFIG_DIR = Path(configs.__file__).resolve().parent  # the top-level configs/, installed as rrc_jax.configs
-
-# The toy world's models (docs/design.md, the toy world): width, depth and training steps of each tiny Llama-style
-# decoder.
-# The DRM matches the GRM (backbone, steps, and the same pairs: the paper's matched setting).
-TOY_MODELS = {"policy": dict(hidden=64, layers=2, steps=500), "grm": dict(hidden=96, layers=3, steps=1500),
-              "drm": dict(hidden=96, layers=3, steps=1500),
-              "pointwise": dict(hidden=96, layers=3, steps=400)}  # IRPO's starting point, built only for it
-# The toy GRM's imperfect annotator (`rrc_jax.data.toy.task.Annotator`): probabilities of a miscount per written
-# score, of favouring A on a close call, and of crediting padding instead of deducting it.
-TOY_ANNOTATOR = dict(miscount=0.2, position_bias=0.25, length_bias=0.5)
-
 
 def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     """The GRPO trainer's defaults, rewards of `kind`: the toy world on a laptop CPU (a few minutes); point
@@ -60,13 +50,8 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     c.seed = 0
     c.init_from = ""  # another run's checkpoint directory (workdir/checkpoints): the policy and the reference
 
-    # Hugging Face model directories, or "toy" for the embedded toy world's models. Only the roles a run needs
-    # are resolved and loaded (the GRM for judge rewards, the DRM for reward.kind='drm', the reference for the KL,
-    # PRC's 'initial' references, AGR's anchors and the judged eval win rate).
-    # `dtype` is the compute dtype of every model and the storage dtype of the frozen ones (reference, GRM, DRM);
-    # the policy's parameters and optimizer state stay float32 (master weights): at lr 1e-6, AdamW updates on
-    # bfloat16 weights are mostly rounded away.
-    c.models = ml_collections.ConfigDict(dict(policy="toy", reference="", grm="toy", drm="toy", dtype="float32"))
+    # The model of each role, its dtype (`rrc_jax.rl.roles.ModelsConfig`): Hugging Face directories, or "toy".
+    c.models = ml_collections.ConfigDict(defaults(ModelsConfig))
 
     # Prompts (`rrc_jax.data.prompts.DataConfig`): "toy" or a source with one prompt per row in `field`. With a
     # preference `format` every preference becomes a judge question in `reward.judge.template` whose correct verdict
@@ -158,7 +143,7 @@ def _bad(field: str, msg: str):
 def check_finite(c: ml_collections.ConfigDict) -> None:
     """A `ConfigError` naming the first float field of a config that is NaN or infinite (every comparison with NaN
     is false, so a range check alone lets it through)."""
-    for key, value in _leaves(c).items():
+    for key, value in flat_fields(c).items():
         if isinstance(value, float) and not math.isfinite(value):
             _bad(key, f"{value} is not a finite number")
 
@@ -181,6 +166,7 @@ class TrainerSettings:
     samples: SamplesConfig
     alarms: AlarmConfig
     metrics: MetricsConfig
+    models: ModelsConfig
 
 
 def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
@@ -198,68 +184,18 @@ def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
     prompts = PromptSource.from_config(c)
     checkpoint, evaluation = parse(CheckpointConfig, c), parse(EvalConfig, c)
     samples, alarms, metrics = parse(SamplesConfig, c), parse(AlarmConfig, c), parse(MetricsConfig, c)
-    for name in ("policy", "grm", "drm"):
-        if not getattr(c.models, name):
-            _bad(f"models.{name}", "empty; give a Hugging Face directory or 'toy'")
+    models = parse(ModelsConfig, c)
     from rrc_jax.inference.factory import check_engine
 
     check_engine(c.inference.engine)
-    if c.models.dtype not in ("float32", "bfloat16"):
-        _bad("models.dtype", f"{c.models.dtype!r}: use 'float32' or 'bfloat16'")
     return TrainerSettings(rollout, learner, grpo, guard, mesh, prompts, JudgeSettings.from_config(c), reward,
-                           reward.roles(c), evaluation, checkpoint, samples, alarms, metrics)
-
-
-# Fields a resumed run may change freely: they do not alter the optimization (where and how it logs, evaluates,
-# checkpoints and shards, memory-only settings; the run's length under a schedule that does not depend on it). A
-# change to any other field is refused on resume. Not here: `reward.judge.max_batch` (the judge's random draws
-# follow its chunks of questions) and, under a schedule that depends on it, `steps` (`resumable`).
-RESUMABLE_CHANGES = ("steps", "workdir", "eval.", "log.", "checkpoint.", "distributed.", "mesh.", "resume.",
-                     "toy.cache_dir", "reward.drm.max_batch", "rl.micro_batch_size", "rl.remat", "rl.logprob_chunk",
-                     "rl.max_skipped_fraction", "rl.guard_window", "rl.max_param_growth")
-
-
-def resumable(leaves: dict) -> tuple[str, ...]:
-    """The prefixes of `RESUMABLE_CHANGES` for a config's flattened `leaves`: without `steps` when the learning
-    rate's schedule depends on the run's length (`rl.lr_schedule` 'cosine': a longer run would decay on another
-    curve from the resumed step on)."""
-    if leaves.get("rl.lr_schedule", "constant") != "constant":
-        return tuple(p for p in RESUMABLE_CHANGES if p != "steps")
-    return RESUMABLE_CHANGES
-
-
-def config_json(config) -> dict:
-    """A config as the JSON dict `config.json` and checkpoint manifests hold."""
-    import json
-
-    return json.loads(config.to_json_best_effort())
-
-
-def config_hash(config) -> str:
-    """A short hash of the fields that define a run's optimization (all but `resumable`'s) of a `ConfigDict` or its
-    JSON dict, recorded in each checkpoint's manifest."""
-    import hashlib
-    import json
-
-    leaves = _leaves(ml_collections.ConfigDict(config if isinstance(config, dict) else config_json(config)))
-    exempt = resumable(leaves)
-    kept = {k: v for k, v in leaves.items() if not k.startswith(exempt)}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def config_changes(saved: dict, new: dict) -> list[str]:
-    """`KEY: OLD -> NEW` for every field of two trainer configs (as JSON dicts) that differs and is not `resumable`
-    (by the saved config's schedule). A field only one of them has (added or removed by an upgrade of rrc-jax) is
-    not a change."""
-    a, b = _leaves(ml_collections.ConfigDict(saved)), _leaves(ml_collections.ConfigDict(new))
-    exempt = resumable(a)
-    return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(a.keys() & b.keys())
-            if a[k] != b[k] and not k.startswith(exempt)]
+                           reward.roles(c), evaluation, checkpoint, samples, alarms, metrics, models)
 
 
 def resolve_config_file(value: str) -> str:
     """`--config` as given when it names a file, else the packaged config of that name: `agr.py`, `agr` and
-    `configs/agr.py` all find `configs/agr.py` (installed as `rrc_jax.configs`) from any directory. A `:argument` suffix is kept."""
+    `configs/agr.py` all find `configs/agr.py` (installed as `rrc_jax.configs`) from any directory. A `:argument`
+    suffix is kept."""
     path, sep, arg = value.partition(":")
     if Path(path).expanduser().is_file():
         return value
@@ -298,16 +234,6 @@ def load_config_file(value: str) -> ml_collections.ConfigDict:
         raise ConfigError(f"--config={value} does not load{where}: {type(e).__name__}: {e}") from None
 
 
-def _leaves(config, prefix: str = "") -> dict:
-    out = {}
-    for k, v in config.items():
-        if isinstance(v, ml_collections.ConfigDict):
-            out.update(_leaves(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def _overrides(argv: list[str]) -> list[tuple[str, str]]:
     """`(key, value)` of every `--config.KEY=VALUE` (or `--config.KEY VALUE`) in `argv`."""
     out, i = [], 0
@@ -341,7 +267,7 @@ def check_config_argv(argv: list[str]) -> None:
     files += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
     if not files:
         return
-    leaves = _leaves(load_config_file(files[-1]))
+    leaves = flat_fields(load_config_file(files[-1]))
     for key, value in _overrides(argv):
         if key not in leaves:
             raise ConfigError(f"--config.{key}: no such field; {_nearest(key, leaves)}")

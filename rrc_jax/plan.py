@@ -128,7 +128,7 @@ def model_config(name: str, *, field: str = "models.policy", value_head: bool = 
     if name in PRESETS:
         return DecoderConfig(**PRESETS[name], value_head=value_head)
     if name == "toy":
-        from rrc_jax.config import TOY_MODELS
+        from rrc_jax.data.toy.task import TOY_MODELS
         from rrc_jax.data.toy.task import ALPHABET
         from rrc_jax.data.toy.world import ModelSpec, model_config as toy_config
         from rrc_jax.models.char_tokenizer import SPECIAL_TOKENS

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import ml_collections
+
 from rrc_jax.errors import ConfigError
 
 
@@ -46,3 +48,14 @@ def at_least(group: str, field: str, value, least, why: str = "") -> None:
     """A `ConfigError` unless `value >= least` (NaN fails)."""
     if not value >= least:
         raise field_error(group, field, f"{value} must be >= {least}" + (f" ({why})" if why else ""))
+
+
+def flat_fields(config, prefix: str = "") -> dict:
+    """`{"group.field": value}` of every leaf of a `ConfigDict`."""
+    out = {}
+    for k, v in config.items():
+        if isinstance(v, ml_collections.ConfigDict):
+            out.update(flat_fields(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

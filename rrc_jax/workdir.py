@@ -7,15 +7,15 @@ Only process 0 writes a workdir, so only process 0 locks it. A remote workdir (`
 the lock is skipped there, with one line saying so.
 
 `check_resume(config, workdir)` refuses, before anything loads, to resume a checkpoint under a config that changes
-the optimization (`rrc_jax.config.config_changes`) unless `resume.allow_changes`. What it compares against is the
-config recorded in the newest readable checkpoint manifest (`Checkpointer.trained_config`), so a deleted or damaged
-`config.json` never switches the check off; only checkpoints written before manifests held the config fall back to
-`config.json`. `save_config` writes `config.json`, keeping a different earlier one as `config.v<N>.json`. The GRPO
-trainer and `train_rm` use all three.
-"""
+the optimization (`config_changes`: every field but `RESUMABLE_CHANGES`) unless `resume.allow_changes`. What it
+compares against is the config recorded in the newest readable checkpoint manifest (`Checkpointer.trained_config`),
+so a deleted or damaged `config.json` never switches the check off; only checkpoints written before manifests held
+the config fall back to `config.json`. `save_config` writes `config.json`, keeping a different earlier one as
+`config.v<N>.json`. The GRPO trainer and `train_rm` use all three."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -24,13 +24,56 @@ import time
 import numpy as np
 
 import filelock
+import ml_collections
 from etils import epath
 
 from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer, steps_on_disk
-from rrc_jax.config import config_changes, config_json
 from rrc_jax.errors import ConfigError
 from rrc_jax.progress import say
+from rrc_jax.settings import flat_fields
+
+
+# Fields a resumed run may change freely: they do not alter the optimization (where and how it logs, evaluates,
+# checkpoints and shards, memory-only settings; the run's length under a schedule that does not depend on it). A
+# change to any other field is refused on resume. Not here: `reward.judge.max_batch` (the judge's random draws
+# follow its chunks of questions) and, under a schedule that depends on it, `steps` (`resumable`).
+RESUMABLE_CHANGES = ("steps", "workdir", "eval.", "log.", "checkpoint.", "distributed.", "mesh.", "resume.",
+                     "toy.cache_dir", "reward.drm.max_batch", "rl.micro_batch_size", "rl.remat", "rl.logprob_chunk",
+                     "rl.max_skipped_fraction", "rl.guard_window", "rl.max_param_growth")
+
+
+def resumable(leaves: dict) -> tuple[str, ...]:
+    """The prefixes of `RESUMABLE_CHANGES` for a config's flattened `leaves`: without `steps` when the learning
+    rate's schedule depends on the run's length (`rl.lr_schedule` 'cosine': a longer run would decay on another
+    curve from the resumed step on)."""
+    if leaves.get("rl.lr_schedule", "constant") != "constant":
+        return tuple(p for p in RESUMABLE_CHANGES if p != "steps")
+    return RESUMABLE_CHANGES
+
+
+def config_json(config) -> dict:
+    """A config as the JSON dict `config.json` and checkpoint manifests hold."""
+    return json.loads(config.to_json_best_effort())
+
+
+def config_hash(config) -> str:
+    """A short hash of the fields that define a run's optimization (all but `resumable`'s) of a `ConfigDict` or its
+    JSON dict, recorded in each checkpoint's manifest."""
+    leaves = flat_fields(ml_collections.ConfigDict(config if isinstance(config, dict) else config_json(config)))
+    exempt = resumable(leaves)
+    kept = {k: v for k, v in leaves.items() if not k.startswith(exempt)}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_changes(saved: dict, new: dict) -> list[str]:
+    """`KEY: OLD -> NEW` for every field of two trainer configs (as JSON dicts) that differs and is not `resumable`
+    (by the saved config's schedule). A field only one of them has (added or removed by an upgrade of rrc-jax) is
+    not a change."""
+    a, b = flat_fields(ml_collections.ConfigDict(saved)), flat_fields(ml_collections.ConfigDict(new))
+    exempt = resumable(a)
+    return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(a.keys() & b.keys())
+            if a[k] != b[k] and not k.startswith(exempt)]
 
 
 class WorkdirLock:

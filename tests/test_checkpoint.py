@@ -16,7 +16,8 @@ import pytest
 from flax import nnx
 
 from rrc_jax.checkpoint import Checkpointer, Replay
-from rrc_jax.config import base_config, config_hash, config_json
+from rrc_jax.config import base_config
+from rrc_jax.workdir import config_hash, config_json
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder, DecoderConfig
 from rrc_jax.rl.grpo import grpo_objective

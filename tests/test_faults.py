@@ -112,7 +112,8 @@ def test_checkpoints_without_a_recorded_config_need_a_readable_config_json(tmp_p
 
 def test_steps_may_change_on_resume_only_under_a_constant_schedule():
     """Item 3: the length of a run sets a cosine schedule's curve, so a changed `steps` is drift there."""
-    from rrc_jax.config import base_config, config_changes, config_hash
+    from rrc_jax.config import base_config
+    from rrc_jax.workdir import config_changes, config_hash
 
     constant, cosine = base_config("agr"), base_config("agr")
     cosine.rl.lr_schedule = "cosine"

@@ -370,7 +370,7 @@ def test_bfloat16_roles_keep_float32_master_weights_for_the_policy(tmp_path):
 
     ckpt = tmp_path / "ckpt"
     make_hf_model("llama3_tied", seed=2).save_pretrained(ckpt)
-    roles = Roles(tiny_config("agr", tmp_path / "w", tmp_path / "cache", **{
+    roles = Roles.from_config(tiny_config("agr", tmp_path / "w", tmp_path / "cache", **{
         "models.policy": str(ckpt), "models.grm": str(ckpt), "models.dtype": "bfloat16"}))
     dtypes = {role: {str(x.dtype) for x in jax.tree.leaves(nnx.state(roles.model(role), nnx.Param))}
               for role in ("policy", "reference", "grm")}

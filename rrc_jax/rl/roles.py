@@ -11,7 +11,9 @@ starts from.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 from rrc_jax import distributed
 from rrc_jax.errors import ConfigError
@@ -19,29 +21,59 @@ from rrc_jax.models import Decoder, load_hf, load_tokenizer
 from rrc_jax.models.decoder import is_sequence_classifier
 from rrc_jax.models.hf_io import read_hf_config
 from rrc_jax.progress import say
+from rrc_jax.settings import field_error, one_of, parse
 
 ROLES = ("policy", "reference", "grm", "drm")
 TOY_NAMES = ("policy", "grm", "drm", "pointwise")  # `toy:<name>`; the pointwise judge is built only when asked for
 
 
-class Roles:
-    """Lazily resolved and loaded models of a trainer config, each sharded over `mesh` by its logical axes (None:
-    the default device); `loaded` lists the roles loaded so far."""
+@dataclasses.dataclass(frozen=True)
+class ModelsConfig:
+    """The model of each role (`models`): a Hugging Face directory, `toy` (the toy world's model for the role) or
+    `toy:<name>` (`TOY_NAMES`); the reference defaults to the policy's initial weights. `dtype` is the compute dtype
+    of every model and the storage dtype of the frozen ones (reference, GRM, DRM); the policy's parameters and
+    optimizer state stay float32 (master weights): at lr 1e-6, AdamW updates on bfloat16 weights are mostly rounded
+    away. Only the roles a run needs are resolved and loaded."""
 
-    def __init__(self, config, mesh=None):
-        self.config, self.mesh = config, mesh
+    GROUP: ClassVar[str] = "models"
+    policy: str = "toy"
+    reference: str = ""
+    grm: str = "toy"
+    drm: str = "toy"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        for role in ("policy", "grm", "drm"):
+            if not getattr(self, role):
+                raise field_error("models", role, "empty; give a Hugging Face directory or 'toy'")
+        one_of("models", "dtype", self.dtype, ("float32", "bfloat16"))
+
+    def name(self, role: str) -> str:
+        """The model `role` names (the reference: the policy's unless set)."""
+        return (self.reference or self.policy) if role == "reference" else getattr(self, role)
+
+    def field(self, role: str) -> str:
+        """The `config.models` field that names `role`'s model."""
+        return "policy" if role == "reference" and not self.reference else role
+
+
+class Roles:
+    """Lazily resolved and loaded models of a run (`models`), each sharded over `mesh` by its logical axes (None:
+    the default device); `toy`: the config's `toy` group (the toy world's build settings, `rrc_jax.data.toy.world`);
+    `init_from`: another run's checkpoints, where the policy (and, unless `models.reference` is set, the reference)
+    start. `loaded` lists the roles loaded so far."""
+
+    def __init__(self, models: ModelsConfig, *, toy=None, init_from: str = "", mesh=None):
+        self.models, self.toy, self.init_from, self.mesh = models, toy, init_from, mesh
         self.loaded: list[str] = []
         self._models: dict[str, Decoder] = {}
         self._tokenizers: dict[str, object] = {}
         self._toy_paths: dict[str, Path] = {}
 
-    def _name(self, role: str) -> str:
-        m = self.config.models
-        return {"policy": m.policy, "reference": m.reference or m.policy, "grm": m.grm, "drm": m.drm}[role]
-
-    def _field(self, role: str) -> str:
-        """The `config.models` field that names `role`'s model (the reference defaults to the policy's)."""
-        return "policy" if role == "reference" and not self.config.models.reference else role
+    @classmethod
+    def from_config(cls, config, mesh=None) -> Roles:
+        """The roles of a trainer config (`models`, `toy`, `init_from`)."""
+        return cls(parse(ModelsConfig, config), toy=config.toy, init_from=config.init_from, mesh=mesh)
 
     def path(self, role: str) -> Path:
         """The Hugging Face directory of `role` (the toy world's, built on first use, for `toy`; `toy:<name>`
@@ -49,7 +81,7 @@ class Roles:
         pointwise judge as IRPO's)."""
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
-        name = self._name(role)
+        name = self.models.name(role)
         if name == "toy" or name.startswith("toy:"):
             which = name.partition(":")[2] or ("policy" if role == "reference" else role)
             if which not in TOY_NAMES:
@@ -59,15 +91,17 @@ class Roles:
         else:
             path = Path(name).expanduser()
         if not (path / "config.json").is_file():
-            raise ConfigError(f"config.models.{self._field(role)}: {path} is not a Hugging Face model directory (no "
-                              "config.json); give a local checkpoint directory or 'toy'")
+            raise ConfigError(f"config.models.{self.models.field(role)}: {path} is not a Hugging Face model directory "
+                              "(no config.json); give a local checkpoint directory or 'toy'")
         return path
 
     def _toy(self, which: str) -> Path:
         """The directory of toy model `which`, built (or read from the cache) by process 0 while the others wait."""
         from rrc_jax.data.toy.world import ModelSpec, WorldSettings, build_pointwise, build_world
 
-        toy = self.config.toy
+        if self.toy is None:
+            raise ConfigError(f"config.models: 'toy:{which}' needs the config's toy group (Roles.from_config)")
+        toy = self.toy
         settings = WorldSettings.from_config(toy)
         if which not in self._toy_paths:
             if not distributed.is_main():  # process 0 builds (or reads) the cache; the others then read it
@@ -91,25 +125,24 @@ class Roles:
         the policy and, by default, the reference from `init_from` when it is set). Every model computes in
         `models.dtype`; the frozen ones are stored in it too, the policy's parameters stay float32 (master weights)."""
         if role not in self._models:
-            path, dtype = self.path(role), self.config.models.dtype
+            path, dtype = self.path(role), self.models.dtype
             if role != "drm" and is_sequence_classifier(read_hf_config(path)):
-                raise ConfigError(f"config.models.{self._field(role)}: {path} is a sequence-classification reward "
-                                  "model (a score head, no LM head); it can be config.models.drm only, give a "
+                raise ConfigError(f"config.models.{self.models.field(role)}: {path} is a sequence-classification "
+                                  "reward model (a score head, no LM head); it can be config.models.drm only, give a "
                                   "causal LM here")
             model = load_hf(path, dtype=dtype, param_dtype="float32" if role == "policy" else dtype,
                             value_head=role == "drm" or None, mesh=self.mesh)
             if self._from_init(role):
                 from rrc_jax.checkpoint import Checkpointer
 
-                if "://" not in self.config.init_from and not Path(self.config.init_from).expanduser().is_dir():
-                    raise ConfigError(f"config.init_from: {self.config.init_from} is not a directory; give another "
+                if "://" not in self.init_from and not Path(self.init_from).expanduser().is_dir():
+                    raise ConfigError(f"config.init_from: {self.init_from} is not a directory; give another "
                                       "run's checkpoints directory (its workdir/checkpoints)")
-                step = Checkpointer(self.config.init_from, create=False).restore_params(model)
-                say(f"initialized the {role} from {self.config.init_from} (step {step})")
+                step = Checkpointer(self.init_from, create=False).restore_params(model)
+                say(f"initialized the {role} from {self.init_from} (step {step})")
             self._models[role] = model
             self.loaded.append(role)
         return self._models[role]
 
     def _from_init(self, role: str) -> bool:
-        c = self.config
-        return bool(c.init_from) and (role == "policy" or (role == "reference" and not c.models.reference))
+        return bool(self.init_from) and (role == "policy" or (role == "reference" and not self.models.reference))

@@ -41,12 +41,12 @@ from flax import nnx
 
 from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer, CheckpointWriteError, StopSignals
-from rrc_jax.config import TrainerSettings, config_hash, config_json, validate
+from rrc_jax.config import TrainerSettings, validate
 from rrc_jax.constructions import RewardContext, make_construction
 from rrc_jax.data.prompts import PromptSet, check_toy_eval_prompts, load_prompts, prompt_batches, prompt_token_limit
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.factory import make_sampler
-from rrc_jax.workdir import WorkdirLock, check_resume, save_config
+from rrc_jax.workdir import WorkdirLock, check_resume, config_hash, config_json, save_config
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import save_hf
 from rrc_jax.progress import Progress, say
@@ -82,7 +82,7 @@ class Trainer:
         config, s = self.config, self.settings
         rollout, learner, grpo = s.rollout, s.learner, s.grpo
         self.workdir = epath.Path(config.workdir).expanduser()
-        self.roles = Roles(config, self.mesh)
+        self.roles = Roles(s.models, toy=config.toy, init_from=config.init_from, mesh=self.mesh)
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
         self.sampler = make_sampler(self.policy, self.tokenizer, engine=config.inference.engine,

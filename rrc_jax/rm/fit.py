@@ -37,7 +37,7 @@ from rrc_jax.models import Decoder
 from rrc_jax.progress import Progress
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer
 from rrc_jax.rm.losses import LOSSES
-from rrc_jax.config import config_hash, config_json
+from rrc_jax.workdir import config_hash, config_json
 from rrc_jax.workdir import WorkdirLock, check_resume, save_config
 
 

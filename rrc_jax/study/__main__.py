@@ -34,7 +34,7 @@ def audit_judge(study) -> dict:
     from rrc_jax.study.runs import plan, trainer_config
 
     config = trainer_config(study, *plan(study)[0])
-    roles, j, t = Roles(config), config.reward.judge, config.toy
+    roles, j, t = Roles.from_config(config), config.reward.judge, config.toy
     sampler = make_sampler(roles.model("grm"), roles.tokenizer("grm"), engine=config.inference.engine)
     judge = Judge(sampler, roles.tokenizer("grm"), JudgeConfig(
         template=j.template, max_new_tokens=j.max_new_tokens, temperature=j.temperature, seed=0))

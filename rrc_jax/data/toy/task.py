@@ -128,7 +128,7 @@ class Annotator:
     2. each written score is off by one, up or down, with probability `miscount` (at least 0);
     3. on a close call (written scores within one), A's written score gains one with probability `position_bias`.
     The verdict follows the written scores, ties to A. `Annotator()` (all zero) writes `toy_judgment` exactly; the
-    toy world's is `rrc_jax.config.TOY_ANNOTATOR`.
+    toy world's is `TOY_ANNOTATOR`.
     """
 
     miscount: float = 0.0
@@ -170,6 +170,17 @@ def bubble_passes(digits: str, k: int) -> str:
             if out[i] > out[i + 1]:
                 out[i], out[i + 1] = out[i + 1], out[i]
     return "".join(out)
+
+
+# The toy world's models (docs/design.md, the toy world): width, depth and training steps of each tiny Llama-style
+# decoder.
+# The DRM matches the GRM (backbone, steps, and the same pairs: the paper's matched setting).
+TOY_MODELS = {"policy": dict(hidden=64, layers=2, steps=500), "grm": dict(hidden=96, layers=3, steps=1500),
+              "drm": dict(hidden=96, layers=3, steps=1500),
+              "pointwise": dict(hidden=96, layers=3, steps=400)}  # IRPO's starting point, built only for it
+# The toy GRM's imperfect annotator (`rrc_jax.data.toy.task.Annotator`): probabilities of a miscount per written
+# score, of favouring A on a close call, and of crediting padding instead of deducting it.
+TOY_ANNOTATOR = dict(miscount=0.2, position_bias=0.25, length_bias=0.5)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,9 +41,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rrc_jax.config import TOY_ANNOTATOR, TOY_MODELS
 from rrc_jax.errors import ConfigError
-from rrc_jax.data.toy.task import ALPHABET, Annotator, SortTask, sample_pair, sample_response, toy_score_judgment
+from rrc_jax.data.toy.task import (TOY_ANNOTATOR, TOY_MODELS, ALPHABET, Annotator, SortTask, sample_pair,
+                                   sample_response, toy_score_judgment)
 from rrc_jax.judge.templates import direct_template, encode_text, get_template, render_parts
 from rrc_jax.judge.verdicts import parse_verdict
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer, prompt_ids, save_hf
