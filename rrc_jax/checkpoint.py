@@ -6,7 +6,7 @@ step and exit).
 
 One composite item per saved step under `directory/<step>/`: `state` (a pytree of arrays: `params`, a pure dict of
 the policy's parameters; `opt`, the optimizer state's leaves; `step`), `data` (the grain iterator state, JSON) and
-`manifest` (JSON: the step, the run's config and its hash (`rrc_jax.config.config_hash`), and per array of `state`
+`manifest` (JSON: the step, the run's config and its hash (`rrc_jax.workdir.config_hash`), and per array of `state`
 its name, shape, dtype, whether it is finite and a checksum of its bits; a CRC-32 of `data`). The manifest is
 written by the same asynchronous save as the arrays and committed with them (Orbax finalizes a step directory as a
 whole), so it never describes a partial checkpoint. RNG keys are not stored: every random draw of step s derives
@@ -236,7 +236,7 @@ def _move(src: epath.Path, dst: epath.Path) -> None:
 class Checkpointer:
     """Save every `save_every` steps (0: only when forced), keep the last `keep` (and the last `keep` finite ones),
     resume from the latest usable one (module docstring). `config` (the run's config as a JSON dict,
-    `rrc_jax.config.config_json`) and `config_hash` are recorded in each step's manifest: what `trained_config`
+    `rrc_jax.workdir.config_json`) and `config_hash` are recorded in each step's manifest: what `trained_config`
     reads back. `create=False` reads a directory that must exist (another run's) without ever creating it."""
 
     def __init__(self, directory: str | os.PathLike, save_every: int = 0, keep: int = 2,
