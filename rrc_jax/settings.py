@@ -2,7 +2,7 @@
 
 Its fields are the config fields the component reads, with their defaults (the defaults `rrc_jax.config` builds
 the command line's `ConfigDict` from); its `__post_init__` checks them, naming `config.<GROUP>.<field>` and the fix.
-`parse(cls, config)` builds it once from the group `cls.GROUP` (a dotted path: `rl`, `reward.scr`), which may hold
+`parse(cls, config)` builds it once from the group `cls.GROUP` (a dotted path: `rl`, `reward.judge`), which may hold
 other components' fields too (`rl` holds the rollout's, the learner's, the GRPO objective's and the guard's).
 ml_collections stays the command-line format: the files and the dotted names users type do not change.
 """
@@ -17,10 +17,10 @@ import ml_collections
 from rrc_jax.errors import ConfigError
 
 
-def parse(cls, config):
-    """The `cls` settings of `config`'s group `cls.GROUP` (a `ConfigDict` or a dict); checked by `cls`."""
+def parse(cls, config, path: str | None = None):
+    """The `cls` settings of `config`'s group at `path` (dotted; default `cls.GROUP`), checked by `cls`."""
     group = config
-    for key in cls.GROUP.split("."):
+    for key in (path or cls.GROUP).split("."):
         group = group[key]
     return cls(**{f.name: group[f.name] for f in dataclasses.fields(cls)})
 

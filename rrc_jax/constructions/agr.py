@@ -4,7 +4,6 @@ the anchors it beats (Eq. 22)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 import numpy as np
 from etils import epath
@@ -24,8 +23,6 @@ from rrc_jax.settings import field_error, one_of
 
 @dataclasses.dataclass(frozen=True)
 class AGRSettings:
-    GROUP: ClassVar[str] = "reward.agr"
-
     alpha: float = 0.1  # Eq. 22
     ties: str = "win"  # Algorithm 2 line 10: c_ik >= c_ki counts as a win
     n_anchors: int = 8  # n (the paper's main table: 8)

@@ -87,7 +87,7 @@ class Construction:
     @classmethod
     def settings(cls, config):
         """Its `Settings`, parsed (and so validated) from `config.reward.<kind>`."""
-        return parse(cls.Settings, config)
+        return parse(cls.Settings, config, f"reward.{cls.kind}")
 
     @classmethod
     def roles(cls, config) -> frozenset[str]:

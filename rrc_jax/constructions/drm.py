@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import ClassVar
 
 import jax
 import numpy as np
@@ -27,8 +26,6 @@ def _values(graphdef, state, ids, mask):
 
 @dataclasses.dataclass(frozen=True)
 class DRMSettings:
-    GROUP: ClassVar[str] = "reward.drm"
-
     max_batch: int = 256  # sequences per value-head call
 
     def __post_init__(self):

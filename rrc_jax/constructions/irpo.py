@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from typing import ClassVar
 
 import numpy as np
 
@@ -24,8 +23,6 @@ RULES = ("median", "mean", "interval", "auc", "strength")
 
 @dataclasses.dataclass(frozen=True)
 class IRPOSettings:
-    GROUP: ClassVar[str] = "reward.irpo"
-
     # the intergroup reward of a pointwise judge's scores: 'median' (IRPO's default), 'mean', 'interval' (95% CI
     # bounds), 'auc' or 'strength' (Eq. 5-6); plus the format reward (-0.5)
     rule: str = "median"

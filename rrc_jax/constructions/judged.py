@@ -21,9 +21,8 @@ from rrc_jax.settings import field_error, parse
 @dataclasses.dataclass(frozen=True)
 class JudgeSettings:
     """How the GRM is asked (`reward.judge`: the judge rewards and the held-out win rate)."""
+
     GROUP: ClassVar[str] = "reward.judge"
-
-
     template: str = "toy_pairwise_cot"  # a built-in name or a .json / .yaml template file
     max_new_tokens: int = 24
     temperature: float = 1.0  # the judge samples its reasoning: judgments vary, as a real GRM's do

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import ClassVar
 
 import numpy as np
 
@@ -19,8 +18,6 @@ REFERENCES = ("current", "initial")
 
 @dataclasses.dataclass(frozen=True)
 class PRCSettings:
-    GROUP: ClassVar[str] = "reward.prc"
-
     think: bool = True  # the judge reasons before the verdict; False: its direct-verdict template
     reference: str = "current"  # o_ref: the current policy's greedy response (RRC paper 2.3), or 'initial'
 

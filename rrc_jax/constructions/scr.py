@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
 
 import numpy as np
 
@@ -21,8 +20,6 @@ TOURNAMENTS = ("round_robin", "merge_sort", "knockout")  # how the group is orde
 
 @dataclasses.dataclass(frozen=True)
 class SCRSettings:
-    GROUP: ClassVar[str] = "reward.scr"
-
     alpha: float = 0.1  # Eq. 16 (the paper: 0.1)
     ties: str = "zero"  # Eq. 16: a strict majority wins; 'half' gives a tie 0.5
     cara: bool = False  # Kemeny aggregation (Eq. 21)
