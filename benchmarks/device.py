@@ -168,7 +168,7 @@ def part_sampler(args) -> dict:
     print(f"sampler: {n_params / 1e9:.3f}B params, bfloat16, saved to {args.ckpt_dir} in "
           f"{time.perf_counter() - t:.1f} s", flush=True)
     rows = args.prompts * args.group
-    sampler = make_sampler(model, max_batch=rows)  # one chunk: every group in one call
+    sampler = make_sampler("policy", model, max_batch=rows)  # one chunk: every group in one call
     params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, stop_token_ids=())
     ids = prompts(args)
     calls = iter(range(1 << 30))

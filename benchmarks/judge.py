@@ -112,7 +112,7 @@ def main() -> None:
     anchors = [[random_text(rng, 40) for _ in range(args.n)] for _ in prompts]
 
     def judge(reuse: bool) -> Judge:
-        sampler = make_sampler(model, tok, max_batch=args.max_batch, prefix_reuse=reuse, stop_token_ids=())
+        sampler = make_sampler("grm", model, tok, max_batch=args.max_batch, prefix_reuse=reuse, stop_token_ids=())
         return Judge(sampler, tok, template="rrc_pairwise_cot", temperature=0.0, max_new_tokens=args.new_tokens)
 
     workloads = {

@@ -32,7 +32,7 @@ def main(argv) -> None:
         with jax.set_mesh(mesh):
             roles = Roles(settings.models, toy=config.toy, init_from=config.init_from, mesh=mesh)
             train, _ = training_prompts(settings, roles)
-            reference = make_sampler(roles.model("reference"), roles.tokenizer("reference"),
+            reference = make_sampler("reference", roles.model("reference"), roles.tokenizer("reference"),
                                      engine=config.inference.engine)
             anchor_store(config, train, roles.tokenizer("policy"), settings.rollout).generate(reference, config.seed)
 

@@ -27,6 +27,7 @@ from rrc_jax.constructions import Construction, JudgeSettings, reward_defaults, 
 from rrc_jax.data.prompts import DataConfig, PromptSource
 from rrc_jax.data.toy.task import TOY_ANNOTATOR, TOY_MODELS, ToyTaskConfig
 from rrc_jax.errors import ConfigError
+from rrc_jax.inference.factory import InferenceConfig
 from rrc_jax.metrics import MetricsConfig
 from rrc_jax.rl.alarms import AlarmConfig
 from rrc_jax.rl.evaluation import EvalConfig
@@ -84,7 +85,7 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     # refused (`config_changes`) unless `allow_changes`.
     c.resume = ml_collections.ConfigDict(dict(allow_changes=False))
     # The inference engine every sampler of the run is built with (`rrc_jax.inference.factory.ENGINES`).
-    c.inference = ml_collections.ConfigDict(dict(engine="jax"))
+    c.inference = ml_collections.ConfigDict(defaults(InferenceConfig))
     c.mesh = ml_collections.ConfigDict(defaults(MeshConfig))  # `rrc_jax.sharding.MeshConfig`
     # Multi-host start-up (`rrc_jax.distributed`): automatic on Cloud TPU VMs; elsewhere give all three, or set
     # JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID. num_processes 0 = a single process.
@@ -129,7 +130,7 @@ def rm_config(kind: str) -> ml_collections.ConfigDict:
     c.log = ml_collections.ConfigDict(defaults(MetricsConfig))
     c.checkpoint = ml_collections.ConfigDict(dict(defaults(CheckpointConfig), save_every=100))
     c.resume = ml_collections.ConfigDict(dict(allow_changes=False))  # as the trainer's (`config_changes`)
-    c.inference = ml_collections.ConfigDict(dict(engine="jax"))  # as the trainer's: the held-out judge's sampler
+    c.inference = ml_collections.ConfigDict(defaults(InferenceConfig))  # as the trainer's: the held-out judge's sampler
     c.mesh = ml_collections.ConfigDict(defaults(MeshConfig))
     c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0, process_id=-1))
     c.lock()
@@ -167,6 +168,7 @@ class TrainerSettings:
     alarms: AlarmConfig
     metrics: MetricsConfig
     models: ModelsConfig
+    inference: InferenceConfig
 
 
 def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
@@ -184,12 +186,9 @@ def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
     prompts = PromptSource.from_config(c)
     checkpoint, evaluation = parse(CheckpointConfig, c), parse(EvalConfig, c)
     samples, alarms, metrics = parse(SamplesConfig, c), parse(AlarmConfig, c), parse(MetricsConfig, c)
-    models = parse(ModelsConfig, c)
-    from rrc_jax.inference.factory import check_engine
-
-    check_engine(c.inference.engine)
+    models, inference = parse(ModelsConfig, c), parse(InferenceConfig, c)
     return TrainerSettings(rollout, learner, grpo, guard, mesh, prompts, JudgeSettings.from_config(c), reward,
-                           reward.roles(c), evaluation, checkpoint, samples, alarms, metrics, models)
+                           reward.roles(c), evaluation, checkpoint, samples, alarms, metrics, models, inference)
 
 
 def resolve_config_file(value: str) -> str:

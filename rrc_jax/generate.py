@@ -35,7 +35,7 @@ def generate() -> None:
     logging.info("prompt: %d tokens; generating up to %d", len(ids), s.max_new_tokens.value)
     params = SamplingParams(s.temperature.value, s.top_k.value, s.top_p.value, max_new_tokens=s.max_new_tokens.value)
     with jax.set_mesh(mesh):
-        out = make_sampler(model, tokenizer).generate([ids], 1, params, rng=s.seed.value)
+        out = make_sampler("policy", model, tokenizer).generate([ids], 1, params, rng=s.seed.value)
     n = int(out.lengths[0])
     sys.stdout.write(tokenizer.decode(out.tokens[0, :n].tolist(), skip_special_tokens=True) + "\n")
     logging.info("generated %d tokens%s", n, " (truncated)" if out.truncated[0] else "")

@@ -25,6 +25,7 @@ class TextSampler:
         question; default `log 0.75`, `log 0.25` for the first two ids (P(A) = 0.75).
       eos_id: the id written after each answer (default the tokenizer's EOS).
       context_length: what `context_length` reports (None: questions are not checked against it).
+      role: what `role` reports (`grm`: it usually stands in for a judge).
 
     An answer longer than `max_new_tokens` with its EOS is cut there and marked truncated. Every question is kept in
     `questions`; `stats.calls` counts `generate` and `complete` calls, `stats.generated_tokens` their tokens.
@@ -32,8 +33,8 @@ class TextSampler:
 
     def __init__(self, tokenizer, answer: Callable[[str], str] = lambda text: "[[A]]",
                  logprobs: Callable[[str, Sequence[int]], Sequence[float]] | None = None, *,
-                 eos_id: int | None = None, context_length: int | None = None):
-        self.tokenizer, self.answer, self.logprobs = tokenizer, answer, logprobs
+                 eos_id: int | None = None, context_length: int | None = None, role: str = "grm"):
+        self.tokenizer, self.answer, self.logprobs, self.role = tokenizer, answer, logprobs, role
         self.eos_id = int(tokenizer.eos_token_id if eos_id is None else eos_id)
         self.pad_id, self.stop_token_ids, self.context_length = 0, (self.eos_id,), context_length
         self.questions: list[str] = []

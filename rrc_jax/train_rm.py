@@ -48,7 +48,7 @@ def run_rm(config) -> Path:
     from rrc_jax import distributed
     from rrc_jax.data.toy import world
     from rrc_jax.data.toy.task import ALPHABET, Annotator, SortTask, toy_preferences
-    from rrc_jax.inference.factory import check_engine
+    from rrc_jax.inference.factory import InferenceConfig
     from rrc_jax.models import save_hf
     from rrc_jax.models.char_tokenizer import make_char_tokenizer
     from rrc_jax.rm.fit import recording
@@ -57,7 +57,7 @@ def run_rm(config) -> Path:
     from rrc_jax.sharding import MeshConfig, model_context
 
     check_finite(config)
-    check_engine(config.inference.engine)
+    parse(InferenceConfig, config)
     if config.kind not in ("grm", "drm"):
         raise ConfigError(f"config.kind: {config.kind!r}; use 'grm' (SFT on rationale + verdict) or 'drm' "
                           "(Bradley-Terry)")

@@ -52,7 +52,7 @@ def run(path, mesh, complete=False):
     with jax.set_mesh(mesh) if mesh is not None else nnx.use_eager_sharding(False):
         forward = nnx.jit(lambda m, x, mask: m(x, mask))
         logits = np.asarray(jax.device_get(forward(model, *put_batch((ids, np.ones_like(ids)), mesh))))
-        sampler = make_sampler(model, max_batch=16)
+        sampler = make_sampler("policy", model, max_batch=16)
         generated = sampler.generate([[1, 5, 6], [1, 7], [1, 9, 9, 9]], 4, GREEDY).tokens
         completed = sampler.complete([[1, 5, 6, 7], [1, 8]], [(0, [3, 4]), (1, []), (0, [9]), (1, [10, 11, 12])],
                                      GREEDY).tokens if complete else None

@@ -57,16 +57,16 @@ def main(out: str, *dist: str) -> None:
     tokenizer = make_char_tokenizer()
     results = {}
     with jax.set_mesh(mesh):
-        sampler = make_sampler(model, max_batch=16)
+        sampler = make_sampler("policy", model, max_batch=16)
         gen = sampler.generate(prompts, 2, GREEDY)
         results["generate"] = gen.tokens.tolist()
         for reuse in (True, False):
-            done = make_sampler(model, max_batch=8, prefix_reuse=reuse).complete(prefixes, suffixes, GREEDY)
+            done = make_sampler("policy", model, max_batch=8, prefix_reuse=reuse).complete(prefixes, suffixes, GREEDY)
             results[f"complete_{reuse}"] = done.tokens.tolist()
             results[f"complete_{reuse}_logprobs"] = done.logprobs.tolist()
-        results["next_token"] = make_sampler(model, max_batch=8).next_token_logprobs(prefixes, suffixes,
+        results["next_token"] = make_sampler("policy", model, max_batch=8).next_token_logprobs(prefixes, suffixes,
                                                                                    [5, 9]).tolist()
-        judge = Judge(make_sampler(model, tokenizer, max_batch=16), tokenizer, template="toy_pairwise_direct",
+        judge = Judge(make_sampler("grm", model, tokenizer, max_batch=16), tokenizer, template="toy_pairwise_direct",
                       max_new_tokens=4, temperature=0.0)
         texts, responses = [g[0] for g in groups], [g[1] for g in groups]
         results["merge_sort"] = merge_sort(judge, texts, responses).order.tolist()

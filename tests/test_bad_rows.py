@@ -120,7 +120,7 @@ def tiny():
 
 def judge_of(tiny, template="toy_pairwise_cot"):
     model, tok = tiny
-    judge = Judge(make_sampler(model, tok, max_batch=8), tok, template=template, temperature=0.0, max_new_tokens=8)
+    judge = Judge(make_sampler("grm", model, tok, max_batch=8), tok, template=template, temperature=0.0, max_new_tokens=8)
     assert judge.context_length == CONTEXT and judge.sampler.prefix_reuse
     return judge
 

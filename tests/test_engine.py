@@ -44,7 +44,7 @@ def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max
     max_batch 4 (each chunk prefills its own prefixes: prefix 1's questions span two chunks, so it is prefilled
     twice)."""
     prefixes, suffixes = questions()
-    sampler = make_sampler(model, max_batch=max_batch, prefix_reuse=prefix_reuse)
+    sampler = make_sampler("policy", model, max_batch=max_batch, prefix_reuse=prefix_reuse)
     out = sampler.complete(prefixes, suffixes, GREEDY)
     whole = [prefixes[o] + s for o, s in suffixes]
     ref = generate(model, whole, GREEDY)
@@ -61,7 +61,7 @@ def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max
 def test_chunks_pack_prompts_times_rows_within_max_batch(model):
     """Questions are packed P prefixes x M rows (powers of two, P * M <= max_batch); a prefix with more questions
     than max_batch spans chunks."""
-    sampler = make_sampler(model, max_batch=8)
+    sampler = make_sampler("policy", model, max_batch=8)
     owners = [0] * 4 + [1] * 11 + [2] * 2 + [3]
     chunks = list(prefix_chunks(list(range(len(owners))), owners, sampler.host_batch))
     assert [[len(g) for g in c] for c in chunks] == [[4], [8], [3, 2], [1]]
@@ -74,7 +74,7 @@ def test_chunks_pack_prompts_times_rows_within_max_batch(model):
 def test_next_token_logprobs_equal_the_forward_pass(model, prefix_reuse):
     prefixes, suffixes = questions(1)
     token_ids = [5, 9, 2]
-    lp = make_sampler(model, max_batch=4, prefix_reuse=prefix_reuse).next_token_logprobs(prefixes, suffixes, token_ids)
+    lp = make_sampler("policy", model, max_batch=4, prefix_reuse=prefix_reuse).next_token_logprobs(prefixes, suffixes, token_ids)
     whole = [prefixes[o] + s for o, s in suffixes]
     ids, mask = pad_sequences(whole, max(map(len, whole)), 0, "right")
     logp = np.asarray(jax.nn.log_softmax(model(jnp.asarray(ids), jnp.asarray(mask)), axis=-1))
@@ -84,8 +84,8 @@ def test_next_token_logprobs_equal_the_forward_pass(model, prefix_reuse):
 
 def test_generate_chunks_whole_groups(model):
     prompts = [[1, 7, 8], [1, 9], [1, 4, 4, 4, 5], [1, 30]]
-    one = make_sampler(model, max_batch=64).generate(prompts, 3, GREEDY)
-    chunked_sampler = make_sampler(model, max_batch=6)  # two groups of 3 per call
+    one = make_sampler("policy", model, max_batch=64).generate(prompts, 3, GREEDY)
+    chunked_sampler = make_sampler("policy", model, max_batch=6)  # two groups of 3 per call
     chunked = chunked_sampler.generate(prompts, 3, GREEDY)
     assert one.tokens.shape == (12, 10) and chunked_sampler.stats.calls == 2
     np.testing.assert_array_equal(one.tokens, chunked.tokens)
@@ -98,24 +98,27 @@ def test_stop_tokens_are_the_models_and_the_tokenizers(model):
         eos_token_id = 7
         pad_token_id = 0
 
-    assert make_sampler(model, Tok()).stop_token_ids == (2, 7)
-    assert make_sampler(model).stop_token_ids == (2,)
+    assert make_sampler("policy", model, Tok()).stop_token_ids == (2, 7)
+    assert make_sampler("policy", model).stop_token_ids == (2,)
     with pytest.raises(ValueError, match="prefix index 5"):
-        make_sampler(model).complete([[1, 2]], [(5, [3])], GREEDY)
+        make_sampler("policy", model).complete([[1, 2]], [(5, [3])], GREEDY)
 
 
 def test_samplers_come_from_the_factory_and_take_new_weights(model):
     """Issue 26 item 2 (the factory and the protocol's explicit weight sync): `make_sampler` builds the engine
-    named in `inference.engine` (an unknown one is a one-line error listing the known ones); the sampler states
+    named in `inference.engine` for a role (an unknown engine or role is a one-line error listing the known ones); the sampler states
     its context length and pad id, and `update_weights` points it at other parameters."""
     from rrc_jax.config import base_config, validate
     from rrc_jax.errors import ConfigError
 
-    sampler = make_sampler(model, max_batch=8)
+    sampler = make_sampler("policy", model, max_batch=8)
     assert isinstance(sampler, JaxSampler) and sampler.max_batch == 8
+    assert sampler.role == "policy" and sampler.tokenizer is None and make_sampler("grm", model).role == "grm"
+    with pytest.raises(ValueError, match="unknown role 'critic'; roles are policy, reference, grm, drm"):
+        make_sampler("critic", model)
     assert sampler.context_length == model.cfg.max_position_embeddings and sampler.pad_id == 0
     with pytest.raises(ConfigError, match=r"config.inference.engine: 'vllm' is not an inference engine; known: jax"):
-        make_sampler(model, engine="vllm")
+        make_sampler("policy", model, engine="vllm")
     config = base_config("agr")
     config.inference.engine = "vllm"
     with pytest.raises(ConfigError, match="config.inference.engine: 'vllm'"):
@@ -125,7 +128,7 @@ def test_samplers_come_from_the_factory_and_take_new_weights(model):
     before = sampler.generate(prompts, 1, GREEDY).tokens
     with model_context(None):
         other = nnx.state(Decoder(model.cfg, rngs=nnx.Rngs(9)), nnx.Param)
-        held = make_sampler(Decoder(model.cfg, rngs=nnx.Rngs(0)), max_batch=8)
+        held = make_sampler("policy", Decoder(model.cfg, rngs=nnx.Rngs(0)), max_batch=8)
     held.update_weights(nnx.state(model, nnx.Param))  # the weights of `model`: the same greedy continuations
     np.testing.assert_array_equal(held.generate(prompts, 1, GREEDY).tokens, before)
     held.update_weights(other)

@@ -30,7 +30,7 @@ def test_cli_prints_votes_and_tally(model_dir):
                   "--template=toy_pairwise_cot", "--max_new_tokens=10", "--temperature=0")
     assert out.returncode == 0, out.stderr[-2000:]
     tok = load_tokenizer(model_dir)
-    judge = Judge(make_sampler(load_hf(model_dir), tok), tok, template="toy_pairwise_cot", max_new_tokens=10,
+    judge = Judge(make_sampler("grm", load_hf(model_dir), tok), tok, template="toy_pairwise_cot", max_new_tokens=10,
                   temperature=0.0)
     votes, log = judge.explain(["sort 3 1 2"], ["1 2 3"], ["3 2 1"], votes=3)
     lines = out.stdout

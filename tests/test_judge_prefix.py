@@ -95,8 +95,8 @@ def test_greedy_judgments_with_reuse_equal_without(tokenizer_kind, template):
         tokenizer_kind]()
     model = tiny_decoder(len(tok), seed=0)  # a seed whose random judge writes different texts for different pairs
     kw = dict(template=template, temperature=0.0, max_new_tokens=16)
-    reuse = Judge(make_sampler(model, tok, max_batch=16), tok, **kw)
-    full = Judge(make_sampler(model, tok, max_batch=16, prefix_reuse=False), tok, **kw)
+    reuse = Judge(make_sampler("grm", model, tok, max_batch=16), tok, **kw)
+    full = Judge(make_sampler("grm", model, tok, max_batch=16, prefix_reuse=False), tok, **kw)
     a = [g[i] for g in GROUPS for i in (0, 0, 1)]
     b = [g[j] for g in GROUPS for j in (1, 2, 2)]
     prompts = [p for p in PROMPTS for _ in range(3)]
@@ -120,8 +120,8 @@ def test_fallback_questions_are_prefilled_in_full_and_counted():
     model = tiny_decoder(len(tok), seed=4)
     bad = JudgeTemplate("bad_split", "pairwise", None, "{prompt} resp", "onses: A {a} B {b}\n", think=True)
     kw = dict(template=bad, temperature=0.0, max_new_tokens=16)
-    reuse = Judge(make_sampler(model, tok), tok, **kw)
-    full = Judge(make_sampler(model, tok, prefix_reuse=False), tok, **kw)
+    reuse = Judge(make_sampler("grm", model, tok), tok, **kw)
+    full = Judge(make_sampler("grm", model, tok, prefix_reuse=False), tok, **kw)
     _, log1 = reuse.explain(PROMPTS, ["4", "11"], ["5", "12"], votes=2)
     _, log2 = full.explain(PROMPTS, ["4", "11"], ["5", "12"], votes=2)
     assert [v.text for v in log1] == [v.text for v in log2]

@@ -31,7 +31,7 @@ def rollout_batch(model, *, prompts=4, group=4, temperature=1.0, seed=0, length=
     """Rollouts of `model` rewarded by a lambda (the number of token 7 in the response) with GRPO advantages and
     old log-probabilities at the sampling temperature."""
     ids = [[1, 3 + i] for i in range(prompts)]
-    out = make_sampler(model).generate(ids, group, SamplingParams(temperature, max_new_tokens=6), rng=seed)
+    out = make_sampler("policy", model).generate(ids, group, SamplingParams(temperature, max_new_tokens=6), rng=seed)
     responses = [out.tokens[r, :out.lengths[r]] for r in range(prompts * group)]
     reward = lambda resp: float(np.sum(resp == 7))
     r = np.array([reward(x) for x in responses]).reshape(prompts, group)

@@ -27,7 +27,7 @@ class RewardContext:
     def reference(self) -> Sampler:
         """A sampler of the frozen reference policy (`models.reference`, by default the initial policy)."""
         if self._reference is None:
-            self._reference = make_sampler(self.roles.model("reference"), self.roles.tokenizer("reference"),
+            self._reference = make_sampler("reference", self.roles.model("reference"), self.roles.tokenizer("reference"),
                                            engine=self.config.inference.engine,
                                            max_batch=self.rollout.max_batch)
         return self._reference

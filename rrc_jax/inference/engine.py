@@ -49,19 +49,20 @@ class JaxSampler:
 
     Args:
       model: the decoder (held, not copied: parameter updates applied to it are seen by the next call).
-      tokenizer: its tokenizer; only its EOS id is read (added to the model's stop tokens).
+      tokenizer: its tokenizer (`tokenizer`); its EOS id is added to the model's stop tokens.
       max_batch: most rows per model call (a chunk), over the whole mesh.
       prefix_reuse: prefill a shared prefix once for all its questions (see the module docstring).
       stop_token_ids: ids that end a continuation when `SamplingParams.stop_token_ids` is None (default: the
         model's EOS ids and the tokenizer's, `stop_tokens`).
       pad_id: id written after a row ends (default: the model's pad id, else the tokenizer's, else 0).
+      role: the role it samples for (`rrc_jax.rl.roles.ROLES`; `make_sampler` sets it).
     """
 
     def __init__(self, model: Decoder, tokenizer=None, *, max_batch: int = 256, prefix_reuse: bool = True,
-                 stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None):
+                 stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None, role: str = "policy"):
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
-        self.model = model
+        self.model, self.tokenizer, self.role = model, tokenizer, role
         self.max_batch = int(max_batch)
         self.prefix_reuse = prefix_reuse
         self.stop_token_ids = (tuple(int(t) for t in stop_token_ids) if stop_token_ids is not None

@@ -82,13 +82,16 @@ Suffix = tuple[int, Sequence[int]]  # (index into prefixes, token ids after that
 class Sampler(Protocol):
     """See the module docstring. `rng` is a PRNG key or an int seed; a given key always gives the same result.
 
-    What callers read: `pad_id` (written after a row's end), `stop_token_ids` (the default stop tokens),
+    What callers read: `role` (what it samples for: `policy`, `reference`, `grm`, `drm`), `tokenizer` (None when
+    built without one), `pad_id` (written after a row's end), `stop_token_ids` (the default stop tokens),
     `context_length` (the most tokens, prompt plus continuation, a row holds; None when unknown) and `stats`.
     `update_weights(params)` is called by the trainer after each optimizer step with the policy's new parameters
     (an `nnx.State` of `nnx.Param`s): an engine that holds its own copy of the weights syncs it there; one that
     shares the learner's model object sees the update already."""
 
     stats: SamplerStats
+    role: str
+    tokenizer: object
     pad_id: int
     stop_token_ids: tuple[int, ...]
     context_length: int | None

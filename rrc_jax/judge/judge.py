@@ -148,7 +148,7 @@ class Judge:
     """A generative reward model that answers pairwise (and pointwise) questions in batches.
 
     Args:
-      sampler: a `rrc_jax.inference.Sampler` over the judge model (e.g. `make_sampler(grm, tokenizer)`).
+      sampler: a `rrc_jax.inference.Sampler` over the judge model (e.g. `make_sampler("grm", grm, tokenizer)`).
       tokenizer: the judge model's Hugging Face tokenizer (its chat template is used when present).
       config: `JudgeConfig`; keyword overrides are applied on top (`Judge(s, tok, temperature=0)`).
     """

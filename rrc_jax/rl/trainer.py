@@ -85,7 +85,7 @@ class Trainer:
         self.roles = Roles(s.models, toy=config.toy, init_from=config.init_from, mesh=self.mesh)
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
-        self.sampler = make_sampler(self.policy, self.tokenizer, engine=config.inference.engine,
+        self.sampler = make_sampler("policy", self.policy, self.tokenizer, engine=s.inference.engine,
                                     max_batch=rollout.max_batch)
         self.train_prompts, self.eval_prompts = training_prompts(s, self.roles)
         self.context = RewardContext(config, self.roles, self.sampler, self.tokenizer, self.train_prompts, rollout)

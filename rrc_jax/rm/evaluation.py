@@ -288,7 +288,7 @@ def fitted_judge(model, tokenizer, template, lengths: Sequence[int], max_new_tok
     from rrc_jax.judge.judge import sampler_context_length
     from rrc_jax.progress import say
 
-    sampler = make_sampler(model, tokenizer, max_batch=max_batch)
+    sampler = make_sampler("grm", model, tokenizer, max_batch=max_batch)
     budget, note = fit_judgment_budget(max_new_tokens, sampler_context_length(sampler), lengths)
     if note:
         say(note)

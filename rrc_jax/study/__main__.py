@@ -35,7 +35,7 @@ def audit_judge(study) -> dict:
 
     config = trainer_config(study, *plan(study)[0])
     roles, j, t = Roles.from_config(config), config.reward.judge, config.toy
-    sampler = make_sampler(roles.model("grm"), roles.tokenizer("grm"), engine=config.inference.engine)
+    sampler = make_sampler("grm", roles.model("grm"), roles.tokenizer("grm"), engine=config.inference.engine)
     judge = Judge(sampler, roles.tokenizer("grm"), JudgeConfig(
         template=j.template, max_new_tokens=j.max_new_tokens, temperature=j.temperature, seed=0))
     result = {"temperature": j.temperature, **audit(judge, SortTask(t.min_len, t.max_len, t.noise),
