@@ -30,7 +30,7 @@ def main(argv) -> None:
         distributed.initialize(config.distributed)
         mesh = settings.mesh.make()
         with jax.set_mesh(mesh):
-            roles = Roles(settings.models, toy=config.toy, init_from=config.init_from, mesh=mesh)
+            roles = Roles(settings.models, toy=config.toy, init_from=config.init_from, mesh=mesh, layouts=settings.mesh)
             train, _ = training_prompts(settings, roles)
             reference = make_sampler("reference", roles.model("reference"), roles.tokenizer("reference"),
                                      engine=config.inference.engine)

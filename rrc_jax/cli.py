@@ -84,14 +84,15 @@ class SamplingFlags(NamedTuple):
     seed: flags.FlagHolder
 
 
-def model_flags(what: str = "", dtype: str = "float32", mesh: str = "1,-1,1") -> ModelFlags:
+def model_flags(what: str = "", dtype: str = "float32", mesh: str = "auto") -> ModelFlags:
     """`--model` (required), `--dtype`, `--mesh`: the checkpoint and how it is held."""
     holders = ModelFlags(
         flags.DEFINE_string("model", None, "Hugging Face model directory (config.json, safetensors, tokenizer)"
                             + (f": {what}." if what else ".")),
         flags.DEFINE_enum("dtype", dtype, ["float32", "bfloat16"], "Parameter and compute dtype."),
-        flags.DEFINE_string("mesh", mesh, "Device mesh DATA,FSDP,TENSOR (-1: the remaining devices); the model is "
-                            "sharded over fsdp x tensor."))
+        flags.DEFINE_string("mesh", mesh, "Device mesh DATA,FSDP,TENSOR (-1: the remaining devices) or auto; the "
+                            "model is held in the inference layout, split over TENSOR, rows over DATA x FSDP (auto: "
+                            "TENSOR over a host's devices, as many as divide the heads)."))
     flags.mark_flag_as_required("model")
     return holders
 
@@ -108,15 +109,20 @@ def sampling_flags(*, max_new_tokens: int, temperature: float, what: str = "", s
 
 def load_model(path: str, dtype: str, mesh_spec: str):
     """(model, tokenizer, mesh) of a checkpoint command: the process group started, the mesh of `--mesh`, the
-    checkpoint sharded over it in `dtype`. A checkpoint that does not load is a `ConfigError` naming `--model`."""
+    checkpoint in `dtype` in the inference layout over it. A checkpoint that does not load is a `ConfigError`
+    naming `--model`."""
     from rrc_jax import distributed
     from rrc_jax.models import load_hf, load_tokenizer
-    from rrc_jax.sharding import mesh_from_flag
+    from rrc_jax.models.hf_io import read_hf_config
+    from rrc_jax.sharding import Layout, inference_mesh, make_mesh, mesh_from_flag
 
     distributed.initialize()
-    mesh = mesh_from_flag(mesh_spec)
     try:
-        return load_hf(path, dtype=dtype, mesh=mesh), load_tokenizer(path), mesh
+        if mesh_spec == "auto":
+            mesh = inference_mesh(make_mesh(1, -1, 1), "auto", int(read_hf_config(path).get("num_attention_heads", 1)))
+        else:
+            mesh = mesh_from_flag(mesh_spec)
+        return load_hf(path, dtype=dtype, layout=Layout(mesh, "inference")), load_tokenizer(path), mesh
     except ConfigError:
         raise
     except (FileNotFoundError, ValueError, OSError) as e:

@@ -3,7 +3,7 @@
     python -m rrc_jax.evaluate_rm --model=DIR --data=FILE --format=helpsteer3|rmbench|judgebench|pairs
         [--kind=pairwise|pointwise|drm --votes=V --template=NAME --max_new_tokens=N --temperature=T --top_p=P
          --top_k=K --seed=S --prc --nothink --split=NAME --skip_bad_rows --min_strength=S --limit=N --chunk=N
-         --max_batch=N --out=result.json --dump=verdicts.jsonl --mesh=1,-1,1 --dtype=float32]
+         --max_batch=N --out=result.json --dump=verdicts.jsonl --mesh=auto --dtype=float32]
 
 `--model` is a local Hugging Face checkpoint with its tokenizer: the judge (`--kind=pairwise`, default, or
 `pointwise`) or the DRM (`--kind=drm`: a checkpoint with a value head, `score.weight`). The data is read with
@@ -88,7 +88,7 @@ class Args:
     max_batch: int = 256
     out: str = ""
     dump: str = ""
-    mesh: str = "1,-1,1"
+    mesh: str = "auto"
     dtype: str = "float32"
 
 

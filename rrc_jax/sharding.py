@@ -47,6 +47,81 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 )
 
 
+# The inference layout (the policy's rollout copy, the GRM, the DRM): parameters over `tensor` only (heads, kv heads,
+# mlp, vocab) and replicated over the row axes, so that no decoding step gathers a weight; what crosses chips per
+# token is activations (an all-reduce of `[rows, embed]` after the attention and MLP outputs of each layer).
+INFERENCE_RULES = tuple((name, None if name == "embed" else axes) for name, axes in LOGICAL_RULES)
+LAYOUTS = {"train": LOGICAL_RULES, "inference": INFERENCE_RULES}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where one role's parameters live: a `mesh` (None: one device, unsharded) and the logical-axis rules of
+    `kind` that place them on it (`LAYOUTS`: `train`, FSDP x tensor, or `inference`, tensor-parallel only).
+
+    An axis whose size its mesh axes do not divide is replicated (kv heads fewer than `tensor`: Llama-3-8B's 8 kv
+    heads on 16-way tensor parallelism), as is an axis whose mesh axis an earlier axis of the array already uses.
+    """
+
+    mesh: jax.sharding.Mesh | None = None
+    kind: str = "train"
+
+    def __post_init__(self):
+        if self.kind not in LAYOUTS:
+            raise ValueError(f"layout {self.kind!r}: known layouts are {', '.join(LAYOUTS)}")
+
+    @property
+    def rules(self) -> tuple:
+        return LAYOUTS[self.kind]
+
+    def spec(self, names: Sequence[str | None] | None, shape: Sequence[int]) -> jax.sharding.PartitionSpec:
+        """The PartitionSpec of an array of `shape` whose axes carry the logical `names`."""
+        rules, used, out = dict(self.rules), set(), []
+        sizes = dict(self.mesh.shape) if self.mesh is not None else {}
+        for size, name in zip(shape, tuple(names or ()) + (None,) * (len(shape) - len(names or ()))):
+            axes = rules.get(name) if name is not None else None
+            parts = tuple(a for a in ((axes,) if isinstance(axes, str) else tuple(axes or ())) if a not in used)
+            n = 1
+            for a in parts:
+                n *= sizes.get(a, 1)
+            keep = bool(parts) and size % n == 0
+            out.append((parts if len(parts) > 1 else parts[0]) if keep else None)
+            used.update(parts if keep else ())
+        return jax.sharding.PartitionSpec(*out)
+
+    def sharding(self, names: Sequence[str | None] | None, shape: Sequence[int]) -> jax.sharding.NamedSharding:
+        """The NamedSharding of an array of `shape` with logical axis `names` (needs a mesh)."""
+        return jax.sharding.NamedSharding(self.mesh, self.spec(names, shape))
+
+    @property
+    def devices(self) -> int:
+        return 1 if self.mesh is None else self.mesh.size
+
+
+def inference_mesh(mesh: jax.sharding.Mesh, shape: str = "auto", num_heads: int = 1) -> jax.sharding.Mesh:
+    """The mesh of the inference layout over the devices of `mesh`, in their order (so that arrays of both layouts
+    meet in one program): `shape` `DATA,FSDP,TENSOR` (-1: the remaining devices), or `auto`: tensor over the
+    largest number of devices that divides the mesh, fits on one host (a host's chips share the fastest links)
+    and divides `num_heads`, rows over the rest (`data`)."""
+    devices = list(mesh.devices.flat)
+    if shape != "auto":
+        try:
+            data, fsdp, tensor = (int(v) for v in shape.split(","))
+        except ValueError:
+            raise ConfigError(f"config.mesh.inference: {shape!r}; give 'auto' or three sizes DATA,FSDP,TENSOR, e.g. "
+                              "-1,1,4") from None
+        return make_mesh(data, fsdp, tensor, devices=devices)
+    local = max(1, len(devices) // jax.process_count())
+    tensor = max(t for t in range(1, local + 1) if len(devices) % t == 0 and num_heads % t == 0)
+    return make_mesh(len(devices) // tensor, 1, tensor, devices=devices)
+
+
+def use_mesh(mesh: jax.sharding.Mesh | None):
+    """`jax.set_mesh(mesh)` (a program's activations are then placed by the logical rules on `mesh`), or nothing
+    without one."""
+    return jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()
+
+
 def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[jax.Device] | None = None
               ) -> jax.sharding.Mesh:
     """A `(data, fsdp, tensor)` mesh with Auto axes over `data * fsdp * tensor` devices (all local and remote
@@ -87,15 +162,41 @@ class MeshConfig:
     data: int = 1
     fsdp: int = -1
     tensor: int = 1
+    # The inference layout's mesh over the same devices: 'auto' (tensor over a host's devices, as many as divide
+    # the heads; rows over the rest) or DATA,FSDP,TENSOR (`inference_mesh`). The policy's rollout copy uses it
+    # (unless rl.share_weights), and each frozen role below whose layout is 'inference'.
+    inference: str = "auto"
+    reference: str = "train"  # its log-prob passes run beside the learner's, on the same rows
+    grm: str = "inference"
+    drm: str = "inference"
 
     def __post_init__(self):
         sizes = (self.data, self.fsdp, self.tensor)
         if sizes.count(-1) > 1 or any(n == 0 or n < -1 for n in sizes):
             raise ConfigError(f"config.mesh: data={self.data} fsdp={self.fsdp} tensor={self.tensor}: sizes are >= 1, "
                               "and at most one is -1 (the remaining devices)")
+        for role in ("reference", "grm", "drm"):
+            if getattr(self, role) not in LAYOUTS:
+                raise ConfigError(f"config.mesh.{role}: {getattr(self, role)!r}; use one of {', '.join(LAYOUTS)}")
+        if self.inference != "auto" and not _is_shape(self.inference):
+            raise ConfigError(f"config.mesh.inference: {self.inference!r}; give 'auto' or three sizes "
+                              "DATA,FSDP,TENSOR, e.g. -1,1,4")
 
     def make(self) -> jax.sharding.Mesh:
         return make_mesh(self.data, self.fsdp, self.tensor)
+
+    def layout(self, role: str, mesh: jax.sharding.Mesh, num_heads: int, kind: str | None = None) -> Layout:
+        """The layout of `role` (the policy's master: `train`; a frozen role: its field) or of `kind`, over the
+        devices of the training `mesh`; `num_heads` (the model's attention heads) bounds `auto` tensor sizes."""
+        kind = kind or ("train" if role == "policy" else getattr(self, role))
+        if kind == "train" or mesh.size == 1:
+            return Layout(mesh, kind)
+        return Layout(inference_mesh(mesh, self.inference, num_heads), kind)
+
+
+def _is_shape(value: str) -> bool:
+    parts = value.split(",")
+    return len(parts) == 3 and all(p.strip().lstrip("-").isdigit() for p in parts)
 
 
 def mesh_from_flag(value: str) -> jax.sharding.Mesh:
@@ -110,9 +211,10 @@ def mesh_from_flag(value: str) -> jax.sharding.Mesh:
 
 @contextlib.contextmanager
 def model_context(mesh: jax.sharding.Mesh | None = None) -> Iterator[None]:
-    """Context in which models are created: sharded over `mesh` by the logical rules, or unsharded if None."""
+    """Context in which models are created: sharded over `mesh` by the logical rules, or unsharded if None (the
+    logical names kept as metadata only, whatever mesh is set around it)."""
     if mesh is None:
-        with nnx.use_eager_sharding(False):
+        with jax.set_mesh(None), nnx.use_eager_sharding(False):
             yield
     else:
         with jax.set_mesh(mesh), nnx.logical_axis_rules(LOGICAL_RULES):

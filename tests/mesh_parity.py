@@ -20,7 +20,7 @@ from rrc_jax.inference import SamplingParams, make_sampler
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, save_hf
 from rrc_jax.rl.grpo import grpo_objective
 from rrc_jax.rl.learner import Learner, make_optimizer, token_logprobs
-from rrc_jax.sharding import make_mesh, model_context, put_batch
+from rrc_jax.sharding import Layout, make_mesh, model_context, put_batch
 
 MESHES = [(1, 1, 1), (8, 1, 1), (1, 8, 1), (1, 4, 2), (2, 2, 2)]
 GREEDY = SamplingParams(0.0, max_new_tokens=6, stop_token_ids=())
@@ -46,7 +46,7 @@ def fixed_batch(model):
 
 def run(path, mesh, complete=False):
     """(logits, generated tokens, completed tokens or None, parameters after one step) of the model on `mesh`."""
-    model = load_hf(path, mesh=mesh)
+    model = load_hf(path, layout=Layout(mesh))
     ids = np.random.default_rng(1).integers(3, 64, (8, 12)).astype(np.int32)
     batch = fixed_batch(load_hf(path))
     with jax.set_mesh(mesh) if mesh is not None else nnx.use_eager_sharding(False):

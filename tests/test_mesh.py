@@ -1,7 +1,7 @@
 """Sharding on an 8-device CPU mesh (subprocesses with `--xla_force_host_platform_device_count=8`): model, sampler
 and learner parity on every mesh shape (`mesh_parity.py`), and the trainer on a mesh: a 2-step AGR run with
-`mesh.fsdp=8` completes and holds at most a sixth of the parameter bytes per device of mesh (1, 1, 1); its
-checkpoint restores on mesh (2, 2, 2) and on one device with the same parameters, placed on the new mesh."""
+`mesh.fsdp=8` completes and holds at most a sixth of the policy's parameter bytes per device of
+mesh (1, 1, 1), and at most half of the GRM's (its inference layout splits it over tensor only); its checkpoint restores on mesh (2, 2, 2) and on one device with the same parameters, placed on the new mesh."""
 
 import json
 import subprocess
@@ -71,9 +71,13 @@ def test_trainer_on_a_mesh_shards_its_parameters(tmp_path, toy_cache):
     memory = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
     rows = [json.loads(line) for line in (tmp_path / "fsdp8" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2] and all(r["judge/questions"] > 0 for r in rows[1:])
-    key = "memory/params_bytes_per_device"
+    key = "memory/policy_params_bytes_per_device"  # the training layout: FSDP over the 8 devices
     one = memory["one"][key]
     assert rows[0][key] * 6 <= one, (rows[0][key], one)
     assert memory["fsdp4_tensor2"][key] * 6 <= one, (memory["fsdp4_tensor2"][key], one)
+    assert rows[0]["memory/reference_params_bytes_per_device"] == rows[0][key]  # the same model, the same layout
+    key = "memory/grm_params_bytes_per_device"  # the inference layout: split over tensor only, as far as the heads go
+    assert rows[0][key] * 2 <= memory["one"][key] and memory["fsdp4_tensor2"][key] * 2 <= memory["one"][key]
+    assert rows[1]["memory/weight_sync_bytes_per_device"] > 0  # the rollout copy, resharded after the update
     assert rows[0]["memory/optimizer_bytes_per_device"] * 6 <= memory["one"]["memory/optimizer_bytes_per_device"]
     assert "mesh222 restored" in out.stdout and "device1 restored" in out.stdout

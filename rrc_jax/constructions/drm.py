@@ -16,7 +16,7 @@ from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder
 from rrc_jax.rm.examples import scored_ids
 from rrc_jax.settings import field_error
-from rrc_jax.sharding import host_row_multiple, host_rows, mesh_of, put_rows
+from rrc_jax.sharding import host_row_multiple, host_rows, mesh_of, put_rows, use_mesh
 
 
 @jax.jit
@@ -70,7 +70,8 @@ class DRMReward(Construction):
             n = round_up(n, host_row_multiple(mesh))
             ids, mask = put_rows(pad_sequences([rows[i] for i in chunk] + [[pad]] * (n - len(chunk)), t, pad,
                                                "right"), mesh)
-            out[chunk] = host_rows(_values(graphdef, state, ids, mask), mesh)[:len(chunk)]
+            with use_mesh(mesh):  # the DRM's own layout (`mesh.drm`)
+                out[chunk] = host_rows(_values(graphdef, state, ids, mask), mesh)[:len(chunk)]
         return out
 
     def construct(self, prompts, responses, prompt_index, step) -> RewardResult:

@@ -19,12 +19,19 @@ questions: `max_batch` counts the rows of a call over the whole mesh, each host 
 the hosts agree on each chunk's shape (`distributed.agree`: the largest of their counts and lengths), a host with
 fewer chunks runs padding chunks, and each host gets back only its own rows (`sharding.put_rows` / `host_rows`).
 
+With a `layout` (the trainer passes the inference layout for the rollout) the sampler decodes from its own copy of
+the model in that layout (`rollout_copy.RolloutCopy`: bf16 where the run computes in bf16, tensor-parallel, no weight
+gathered in the decode loop), which `update_weights` refreshes after every optimizer step; without one, or on one
+device, it decodes from the model it is given (the learner's own object: every update is seen at once). Every call
+runs on the mesh of the model it decodes from (`sharding.use_mesh`), so activations are placed for that layout.
+
 Shapes: Q questions, P prefixes, R rows of a chunk, N new tokens, V vocab.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 
 import jax
@@ -36,12 +43,24 @@ from rrc_jax.data.batches import bucket_length, length_bucket, pad_sequences, ro
 from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix, stop_tokens
 from rrc_jax.inference.sampling import decode, extend, generate, prefill
 from rrc_jax.models.decoder import ATTENTION_BLOCK, Decoder, KVCache
-from rrc_jax.sharding import host_row_multiple, host_rows, mesh_of
+from rrc_jax.inference.rollout_copy import RolloutCopy
+from rrc_jax.sharding import Layout, host_row_multiple, host_rows, mesh_of, use_mesh
+
+
+def _on_model_mesh(method):
+    """A sampler call run on the mesh of the model it decodes from (`use_mesh`)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with use_mesh(self.mesh):
+            return method(self, *args, **kwargs)
+    return call
 
 
 def _key(rng: jax.Array | int, i: int) -> jax.Array:
-    """The PRNG key of chunk i of a call."""
-    return jax.random.fold_in(jax.random.key(rng) if isinstance(rng, int) else rng, i)
+    """The PRNG key of chunk i of a call (a key made on another mesh, e.g. the trainer's, is taken by value)."""
+    key = jax.random.key(rng) if isinstance(rng, int) else jax.random.wrap_key_data(
+        np.asarray(jax.random.key_data(rng)), impl=jax.random.key_impl(rng))
+    return jax.random.fold_in(key, i)
 
 
 class JaxSampler:
@@ -56,13 +75,18 @@ class JaxSampler:
         model's EOS ids and the tokenizer's, `stop_tokens`).
       pad_id: id written after a row ends (default: the model's pad id, else the tokenizer's, else 0).
       role: the role it samples for (`rrc_jax.rl.roles.ROLES`; `make_sampler` sets it).
+      layout: decode from a copy of `model` in this layout (module docstring), its parameters in the model's
+        compute dtype; None, or a layout of one device: decode from `model` itself.
     """
 
     def __init__(self, model: Decoder, tokenizer=None, *, max_batch: int = 256, prefix_reuse: bool = True,
-                 stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None, role: str = "policy"):
+                 stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None, role: str = "policy",
+                 layout: Layout | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
-        self.model, self.tokenizer, self.role = model, tokenizer, role
+        self.copy = RolloutCopy(model, layout, model.cfg.dtype) if layout is not None and layout.devices > 1 else None
+        self.model = self.copy.model if self.copy is not None else model
+        self.tokenizer, self.role = tokenizer, role
         self.max_batch = int(max_batch)
         self.prefix_reuse = prefix_reuse
         self.stop_token_ids = (tuple(int(t) for t in stop_token_ids) if stop_token_ids is not None
@@ -72,19 +96,23 @@ class JaxSampler:
                 tokenizer, "pad_token_id", None)
         self.pad_id = int(pad_id or 0)
         self.stats = SamplerStats()
-        self.mesh = mesh_of(model)
+        self.mesh = mesh_of(self.model)
 
     @property
     def context_length(self) -> int:
         """The most tokens (prompt plus continuation) the model's positions hold."""
         return int(self.model.cfg.max_position_embeddings)
 
-    def update_weights(self, params) -> None:
-        """Point the held model at `params` (an `nnx.State` of its `nnx.Param`s): nothing moves when they are its
-        own, as when the learner updates the same model object in place."""
+    def update_weights(self, params) -> int:
+        """Take the policy's new `params` (an `nnx.State` of its `nnx.Param`s): resharded into the own copy when
+        there is one (returns the bytes per device it moved), else the held model pointed at them (nothing moves
+        when they are its own, as when the learner updates the same model object in place; returns 0)."""
+        if self.copy is not None:
+            return self.copy.sync(params)
         from flax import nnx
 
         nnx.update(self.model, params)
+        return 0
 
     @property
     def host_batch(self) -> int:
@@ -105,6 +133,7 @@ class JaxSampler:
 
     # -- generate ---------------------------------------------------------------------------------------
 
+    @_on_model_mesh
     def generate(self, prompt_ids: Sequence[Sequence[int]], group_size: int = 1,
                  params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0) -> SampleOutput:
         """`group_size` continuations of each prompt: `SampleOutput` of `[B * G]` rows, prompt b's at
@@ -131,6 +160,7 @@ class JaxSampler:
 
     # -- questions after shared prefixes ----------------------------------------------------------------
 
+    @_on_model_mesh
     def complete(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix],
                  params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0) -> SampleOutput:
         """One continuation of `prefixes[i] + suffix` per question `(i, suffix)`: `SampleOutput` of `[Q]` rows."""
@@ -147,6 +177,7 @@ class JaxSampler:
             self.stats.generated_tokens += int(out.lengths[rows].sum())
         return SampleOutput(tokens, logprobs, lengths, truncated)
 
+    @_on_model_mesh
     def next_token_logprobs(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix],
                             token_ids: Sequence[int]) -> np.ndarray:
         """`log_softmax(logits)[token_ids]` `[Q, len(token_ids)]` float32 at the position after each question."""

@@ -85,9 +85,10 @@ class Sampler(Protocol):
     What callers read: `role` (what it samples for: `policy`, `reference`, `grm`, `drm`), `tokenizer` (None when
     built without one), `pad_id` (written after a row's end), `stop_token_ids` (the default stop tokens),
     `context_length` (the most tokens, prompt plus continuation, a row holds; None when unknown) and `stats`.
-    `update_weights(params)` is called by the trainer after each optimizer step with the policy's new parameters
-    (an `nnx.State` of `nnx.Param`s): an engine that holds its own copy of the weights syncs it there; one that
-    shares the learner's model object sees the update already."""
+    `update_weights(params)` is called by the trainer after each optimizer step (and after a resume) with the
+    policy's new parameters (an `nnx.State` of `nnx.Param`s): an engine that holds its own copy of the weights syncs
+    it there and returns the bytes per device it moved; one that shares the learner's model object sees the update
+    already and returns 0."""
 
     stats: SamplerStats
     role: str
@@ -96,7 +97,7 @@ class Sampler(Protocol):
     stop_token_ids: tuple[int, ...]
     context_length: int | None
 
-    def update_weights(self, params) -> None: ...
+    def update_weights(self, params) -> int: ...
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], group_size: int = 1,
                  params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0) -> SampleOutput: ...

@@ -166,7 +166,7 @@ def _tensor_files(path: Path) -> dict[str, Path]:
 
 def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str | None = None,
             value_head: bool | None = None, pad_token_id: int | None = None,
-            mesh: jax.sharding.Mesh | None = None) -> Decoder:
+            layout: sharding.Layout = sharding.Layout()) -> Decoder:
     """Load a Llama / Qwen2 checkpoint (causal LM or sequence classifier) from a local Hugging Face directory.
 
     Args:
@@ -179,7 +179,8 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
       pad_token_id: the pad id when `config.json` names none. A value head scores the last token that is not
         padding (`Decoder.values`), and `save_hf` writes this id, so a DRM trained from a checkpoint without one
         scores the same before and after export.
-      mesh: shard parameters over this mesh by their logical axes (`rrc_jax.sharding`); None = default device.
+      layout: where the parameters go (`rrc_jax.sharding.Layout`: a mesh and the rules of the training or the
+        inference layout; the default, no mesh, is the default device). Each tensor is placed as it is read.
     """
     path = Path(path)
     hf = read_hf_config(path)
@@ -201,7 +202,7 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
         raise ConfigError(f"{path}: a sequence-classification checkpoint (a score head, no lm_head) loads only as a "
                           "reward model (value_head=True, the DRM); give a causal LM checkpoint here")
     cfg = cfg.replace(value_head=value_head)
-    with sharding.model_context(mesh):
+    with sharding.model_context(None):  # abstract, the logical names kept as metadata; placed by `layout` below
         model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     tensors = _tensor_map(cfg)
     missing = [n for names, _, _ in tensors.values() for n in names if n not in files]
@@ -232,8 +233,8 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
                 raise ConfigError(f"{files[names[0]]}: tensor {', '.join(names)} holds NaN or inf values; the "
                                   "checkpoint is broken (a diverged run, or a corrupted file)")
             w = w.astype(cfg.params_dtype)
-            var.value = (jax.device_put(w, sharding.logical_to_sharding(var.sharding_names, mesh))
-                         if mesh is not None else jax.device_put(w))
+            var.value = (jax.device_put(w, layout.sharding(var.sharding_names, w.shape))
+                         if layout.mesh is not None else jax.device_put(w))
     return model
 
 

@@ -22,6 +22,7 @@ from rrc_jax.models.decoder import is_sequence_classifier
 from rrc_jax.models.hf_io import read_hf_config
 from rrc_jax.progress import say
 from rrc_jax.settings import field_error, one_of, parse
+from rrc_jax.sharding import Layout, MeshConfig
 
 ROLES = ("policy", "reference", "grm", "drm")
 TOY_NAMES = ("policy", "grm", "drm", "pointwise")  # `toy:<name>`; the pointwise judge is built only when asked for
@@ -63,8 +64,9 @@ class Roles:
     `init_from`: another run's checkpoints, where the policy (and, unless `models.reference` is set, the reference)
     start. `loaded` lists the roles loaded so far."""
 
-    def __init__(self, models: ModelsConfig, *, toy=None, init_from: str = "", mesh=None):
-        self.models, self.toy, self.init_from, self.mesh = models, toy, init_from, mesh
+    def __init__(self, models: ModelsConfig, *, toy=None, init_from: str = "", mesh=None,
+                 layouts: MeshConfig = MeshConfig()):
+        self.models, self.toy, self.init_from, self.mesh, self.layouts = models, toy, init_from, mesh, layouts
         self.loaded: list[str] = []
         self._models: dict[str, Decoder] = {}
         self._tokenizers: dict[str, object] = {}
@@ -72,8 +74,17 @@ class Roles:
 
     @classmethod
     def from_config(cls, config, mesh=None) -> Roles:
-        """The roles of a trainer config (`models`, `toy`, `init_from`)."""
-        return cls(parse(ModelsConfig, config), toy=config.toy, init_from=config.init_from, mesh=mesh)
+        """The roles of a trainer config (`models`, `toy`, `init_from`, the layouts of `mesh`)."""
+        return cls(parse(ModelsConfig, config), toy=config.toy, init_from=config.init_from, mesh=mesh,
+                   layouts=parse(MeshConfig, config))
+
+    def layout(self, role: str, kind: str | None = None) -> Layout:
+        """Where `role`'s parameters live (`MeshConfig.layout`: the policy's master in the training layout, a frozen
+        role in its `mesh.<role>` layout), or those of a copy in the layout `kind`."""
+        if self.mesh is None:
+            return Layout()
+        heads = int(read_hf_config(self.path(role)).get("num_attention_heads", 1))
+        return self.layouts.layout(role, self.mesh, heads, kind)
 
     def path(self, role: str) -> Path:
         """The Hugging Face directory of `role` (the toy world's, built on first use, for `toy`; `toy:<name>`
@@ -131,7 +142,7 @@ class Roles:
                                   "reward model (a score head, no LM head); it can be config.models.drm only, give a "
                                   "causal LM here")
             model = load_hf(path, dtype=dtype, param_dtype="float32" if role == "policy" else dtype,
-                            value_head=role == "drm" or None, mesh=self.mesh)
+                            value_head=role == "drm" or None, layout=self.layout(role))
             if self._from_init(role):
                 from rrc_jax.checkpoint import Checkpointer
 

@@ -27,6 +27,10 @@ class RolloutConfig:
     max_new_tokens: int = 12  # also Dr.GRPO's constant (loss_aggregation='seq_mean_token_sum_norm')
     temperature: float = 1.0  # rollouts, and every log-probability of the loss
     top_p: float = 1.0
+    # Sample from the learner's float32 master weights instead of a rollout copy in the inference layout
+    # (`mesh.inference`, the compute dtype, refreshed after every update): no copy's memory, but every decoding
+    # step gathers the weights. On one device there is no copy either way.
+    share_weights: bool = False
 
     def __post_init__(self):
         if self.group_size < 2:

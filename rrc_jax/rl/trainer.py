@@ -82,11 +82,12 @@ class Trainer:
         config, s = self.config, self.settings
         rollout, learner, grpo = s.rollout, s.learner, s.grpo
         self.workdir = epath.Path(config.workdir).expanduser()
-        self.roles = Roles(s.models, toy=config.toy, init_from=config.init_from, mesh=self.mesh)
+        self.roles = Roles(s.models, toy=config.toy, init_from=config.init_from, mesh=self.mesh, layouts=s.mesh)
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
         self.sampler = make_sampler("policy", self.policy, self.tokenizer, engine=s.inference.engine,
-                                    max_batch=rollout.max_batch)
+                                    max_batch=rollout.max_batch,  # its rollout copy, unless the weights are shared
+                                    layout=None if rollout.share_weights else self.roles.layout("policy", "inference"))
         self.train_prompts, self.eval_prompts = training_prompts(s, self.roles)
         self.context = RewardContext(config, self.roles, self.sampler, self.tokenizer, self.train_prompts, rollout)
         self.reward = make_construction(config, self.context)
@@ -149,10 +150,13 @@ class Trainer:
             order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), n))
             for start in range(0, n, size):
                 logs.append(self.learner.update(take_rows(data, jnp.asarray(order[start:start + size]))))
-        self.sampler.update_weights(self.learner.params)  # the rollout sampler samples the updated policy next
         logs = jax.device_get(logs)  # the step's one read-back
         out = {k: float(np.mean([log[k] for log in logs])) for k in logs[0] if k != "skipped"}
         out["skipped_updates"] = int(sum(log["skipped"] for log in logs))
+        start = time.perf_counter()
+        moved = self.sampler.update_weights(self.learner.params)  # the rollout samples the updated policy next
+        out["time/weight_sync"] = time.perf_counter() - start
+        out["memory/weight_sync_bytes_per_device"] = moved
         return out
 
     def step(self, step: int) -> dict[str, float]:
@@ -215,6 +219,8 @@ class Trainer:
         ckpt = Checkpointer(workdir / "checkpoints", save_every=s.checkpoint.save_every, keep=s.checkpoint.keep,
                             config=config_json(config), config_hash=config_hash(config))
         start = ckpt.resume(self.learner, self.batches)
+        if start:
+            self.sampler.update_weights(self.learner.params)  # the rollout copy of the restored policy
         save_config(workdir, config)
         guard = DivergenceGuard(s.guard, s.learner.updates(s.rollout.rows), config.steps, self.policy,
                                 abstain_abort=s.alarms.abstain_abort, abstain_steps=s.alarms.flat_alarm_steps)

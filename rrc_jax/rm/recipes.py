@@ -98,7 +98,7 @@ def train_on_preferences(config, mesh) -> Path:
     """Train `config.kind` ('grm' | 'drm') on `config.data` from `config.model.init` (module docstring); returns
     the export directory."""
     from rrc_jax.models import load_hf, load_tokenizer, save_hf
-    from rrc_jax.sharding import model_context
+    from rrc_jax.sharding import Layout, model_context
 
     if not config.model.init:
         raise ConfigError("config.model.init: a Hugging Face model directory to fine-tune is needed when "
@@ -114,7 +114,7 @@ def train_on_preferences(config, mesh) -> Path:
     t = config.train
     with jax.set_mesh(mesh), model_context(mesh):
         model = load_hf(config.model.init, dtype=config.model.dtype, param_dtype="float32",  # master weights
-                        value_head=config.kind == "drm", pad_token_id=pad, mesh=mesh)
+                        value_head=config.kind == "drm", pad_token_id=pad, layout=Layout(mesh))
         if config.kind == "grm":
             example, too_long = grm_examples(train, tokenizer, config.judge.template, config.judge.direct_share,
                                              config.data.max_tokens, rng)

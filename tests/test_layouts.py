@@ -1,0 +1,42 @@
+"""A layout per role (issue 27): the inference layout (tensor-parallel, rows over the data axes) against the
+training layout, on 8 CPU devices (a subprocess, `layout_parity.py`)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import cpu_devices_env
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def result():
+    out = subprocess.run([sys.executable, str(HERE / "layout_parity.py")], env=cpu_devices_env(8),
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_inference_layout_decodes_and_judges_as_one_device(result):
+    """Greedy rollouts, judge verdicts and their texts token-identical, log-probs within 1e-4, on (1, 2, 4) and
+    (2, 1, 4) with 2 kv heads under 4-way tensor parallelism (replicated); the rollout copy after `update_weights`
+    equals a fresh copy of the new weights (the checks raise inside the script)."""
+    assert [p["mesh"] for p in result["parity"]] == [[1, 2, 4], [2, 1, 4]]
+    assert all(p["weight_sync_bytes"] > 0 for p in result["parity"])
+
+
+def test_no_weight_is_gathered_in_the_inference_decode_step(result):
+    """The compiled decode step (the sampler's `lax.while_loop`) of the rollout and of the judge (a branched cache
+    of shared prefixes) holds no all-gather of a weight in the inference layout, while the training layout (FSDP
+    over 8) gathers every weight matrix at every step: the check catches exactly the regression it guards against.
+
+    A weight gather is an all-gather whose result is at least the smallest weight matrix and does not change
+    between 16 and 32 decoded rows; what a decode step moves otherwise (activations, cache blocks) grows with the
+    rows."""
+    gathers = result["gathers"]
+    assert len(gathers["train_fsdp8"]["rollout"]) >= 5 and len(gathers["train_fsdp8"]["judge"]) >= 5, gathers
+    for name in ("inference_1x2x4", "inference_2x1x4"):
+        assert gathers[name]["rollout"] == [] and gathers[name]["judge"] == [], (name, gathers[name])
