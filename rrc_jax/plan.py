@@ -25,16 +25,20 @@ from rrc_jax.errors import ConfigError
 GiB = 1 << 30
 HEADROOM = 0.9  # the share of HBM a plan may use: XLA's scratch, fragmentation and collectives take the rest
 
-# HBM per device (GiB) of each accelerator family; `per_chip` devices of the name's count per chip.
+# Per device of each accelerator family (a chip; v4 and v5p name TensorCores, 2 per chip, one JAX device per chip):
+# HBM (GiB), devices per host (`host`; slices of at most 8 chips of v5e / v6e are one host of 8), and the
+# roofline's peak dense bf16 FLOP/s, HBM bytes/s and interconnect bytes/s one way (Cloud TPU system architecture
+# pages; NVIDIA's H100 / H200 SXM data sheets, NVLink 900 GB/s both ways).
 ACCELERATORS = {
-    "v4": dict(hbm=32, unit="TensorCores", per_chip=2),
-    "v5p": dict(hbm=95, unit="TensorCores", per_chip=2),
-    "v5e": dict(hbm=16, unit="chips", per_chip=1),
-    "v5litepod": dict(hbm=16, unit="chips", per_chip=1),
-    "v6e": dict(hbm=32, unit="chips", per_chip=1),
-    "h100": dict(hbm=80, unit="GPUs", per_chip=1),
-    "h200": dict(hbm=141, unit="GPUs", per_chip=1),
-    "cpu": dict(hbm=1024, unit="devices", per_chip=1),  # nominal, for tests (host memory is not HBM)
+    "v4": dict(hbm=32, unit="TensorCores", per_chip=2, host=4, flops=275e12, hbm_bw=1.2e12, ici_bw=300e9),
+    "v5p": dict(hbm=95, unit="TensorCores", per_chip=2, host=4, flops=459e12, hbm_bw=2.765e12, ici_bw=600e9),
+    "v5e": dict(hbm=16, unit="chips", per_chip=1, host=4, flops=197e12, hbm_bw=819e9, ici_bw=200e9),
+    "v5litepod": dict(hbm=16, unit="chips", per_chip=1, host=4, flops=197e12, hbm_bw=819e9, ici_bw=200e9),
+    "v6e": dict(hbm=32, unit="chips", per_chip=1, host=4, flops=918e12, hbm_bw=1.64e12, ici_bw=400e9),
+    "h100": dict(hbm=80, unit="GPUs", per_chip=1, host=8, flops=989e12, hbm_bw=3.35e12, ici_bw=450e9),
+    "h200": dict(hbm=141, unit="GPUs", per_chip=1, host=8, flops=989e12, hbm_bw=4.8e12, ici_bw=450e9),
+    # nominal, for tests (host memory is not HBM; the speeds are placeholders, not a CPU's)
+    "cpu": dict(hbm=1024, unit="devices", per_chip=1, host=1 << 20, flops=1e12, hbm_bw=1e11, ici_bw=1e10),
 }
 
 # Size presets: DecoderConfig fields from the public Hugging Face config.json of each model.
@@ -75,11 +79,16 @@ PHASES = ("resident", "rollout", "reward", "log-prob", "backward", "update")
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-    """A slice or host: `devices` JAX devices (TPU chips, GPUs) of `hbm_bytes` each."""
+    """A slice or host: `devices` JAX devices (TPU chips, GPUs) of `hbm_bytes` each, `host_devices` to a host; per
+    device the peak dense bf16 `flops` (FLOP/s), `hbm_bw` and one-way interconnect `ici_bw` (bytes/s)."""
 
     name: str
     devices: int
     hbm_bytes: int
+    host_devices: int = 1
+    flops: float = 0.0
+    hbm_bw: float = 0.0
+    ici_bw: float = 0.0
 
 
 def topology(name: str) -> Topology:
@@ -93,7 +102,9 @@ def topology(name: str) -> Topology:
         known = ", ".join(f"{k}-N ({v['unit']}{', 2 per chip' if v['per_chip'] == 2 else ''})"
                           for k, v in ACCELERATORS.items())
         raise ConfigError(f"--topology={name}: unknown topology; known: {known}")
-    return Topology(name, count // family["per_chip"], family["hbm"] * GiB)
+    devices = count // family["per_chip"]
+    host = devices if family["unit"] == "chips" and devices <= 8 else min(devices, family["host"])
+    return Topology(name, devices, family["hbm"] * GiB, host, family["flops"], family["hbm_bw"], family["ici_bw"])
 
 
 def resolve_mesh(data: int, fsdp: int, tensor: int, devices: int) -> tuple[int, int, int]:
@@ -185,31 +196,22 @@ def param_count(cfg) -> int:
     return sum(math.prod(shape) for shape, _ in param_shapes(cfg).values())
 
 
-def _mesh_axes(names, mesh_shape) -> list[int]:
-    """Ways each axis of an array with logical `names` is split on a `(data, fsdp, tensor)` mesh."""
-    from rrc_jax.sharding import LOGICAL_RULES, MESH_AXES
+def _mesh_axes(names, shape, mesh_shape, layout: str = "train") -> list[int]:
+    """Ways each axis of an array of `shape` with logical `names` is split on a `(data, fsdp, tensor)` mesh in
+    `layout` (`rrc_jax.sharding.partition`: an axis its mesh axes do not divide is replicated, as JAX places it)."""
+    from rrc_jax.sharding import LAYOUTS, MESH_AXES, partition
 
-    rules, size = dict(LOGICAL_RULES), dict(zip(MESH_AXES, mesh_shape))
-    ways = []
-    for name in names:
-        axes = rules.get(name) if name else None
-        axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
-        ways.append(math.prod(size[a] for a in axes))
-    return ways
+    size = dict(zip(MESH_AXES, mesh_shape))
+    return [math.prod(size[a] for a in axes) for axes in partition(names, shape, LAYOUTS[layout], size)]
 
 
-def param_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int]) -> int:
-    """Bytes per device of `Decoder(cfg)`'s parameters stored in `dtype` on a `(data, fsdp, tensor)` mesh: each
-    parameter's shard (its axes split by `LOGICAL_RULES`; replicated over data). Raises `ConfigError` when a mesh
-    axis does not divide a parameter axis it shards (JAX cannot load it)."""
+def param_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int], layout: str = "train") -> int:
+    """Bytes per device of `Decoder(cfg)`'s parameters stored in `dtype` on a `(data, fsdp, tensor)` mesh in
+    `layout` (`rrc_jax.sharding.LAYOUTS`): each parameter's shard, replicated over data (and, in the inference
+    layout, over fsdp); an axis its mesh axes do not divide is whole."""
     total = 0
-    for path, (shape, names) in param_shapes(cfg).items():
-        ways = _mesh_axes(names, mesh_shape)
-        for n, w, name in zip(shape, ways, names):
-            if n % w:
-                raise ConfigError(f"{name} axis of {'.'.join(map(str, path))} ({n}) is not divisible by its mesh "
-                                  f"axes ({w} ways): the model cannot be sharded on mesh {mesh_shape}")
-        total += math.prod(n // w for n, w in zip(shape, ways))
+    for shape, names in param_shapes(cfg).values():
+        total += math.prod(n // w for n, w in zip(shape, _mesh_axes(names, shape, mesh_shape, layout)))
     return total * _itemsize(dtype)
 
 
@@ -255,11 +257,11 @@ def branched_cache_bytes(cfg, prefixes: int, prefix_slots: int, group: int, own:
                          mesh_shape: tuple[int, int, int], dtype: str) -> int:
     """Bytes per device of the caches of a `branch(group, own)` of a P-row cache of N = `prefix_slots` slots,
     through its extension and decode: the P shared prefixes (read, never copied) plus the P x group rows' own
-    slots, twice (`_decode`'s loop and `extend` copy the cache they are given: the inputs are not donated); or,
-    while branching, the own slots once next to the P-row cache branched from (as large as the prefixes)."""
+    slots, once (`extend` and `decode` take the cache donated and update it in place); while branching, also the
+    P-row cache branched from (as large as the prefixes)."""
     shared = kv_cache_bytes(cfg, prefixes, prefix_slots, mesh_shape, dtype, shared=True)
     rows = kv_cache_bytes(cfg, prefixes * group, own, mesh_shape, dtype)
-    return shared + rows + max(rows, shared)
+    return 2 * shared + rows
 
 
 def _attention_residual_bytes(cfg, hq: int, keys: int, dtype: str) -> int:
@@ -391,6 +393,7 @@ class Plan:
     rows: tuple[Row, ...]
     notes: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
+    layouts: dict = dataclasses.field(default_factory=dict)  # role (and `rollout`) -> (layout, mesh shape)
 
     def phase_bytes(self, phase: str) -> int:
         return sum(r.bytes for r in self.rows if r.phase == phase)
@@ -438,10 +441,12 @@ def _template_tokens(config) -> tuple[int, int]:
     return prefix, -(-fixed(t.item) // rate)
 
 
-def _policy_rollouts(config, cfg, shape, dtype) -> list[Row]:
-    """The rollout phase: the policy sampler's caches (a step's groups or the held-out greedy generation, the
-    larger), its transients and the gathered weights of its decode loop."""
+def _policy_rollouts(config, cfg, shape, dtype, layout: str) -> list[Row]:
+    """The rollout phase on mesh `shape` in `layout`: the policy sampler's caches (a step's groups or the held-out
+    greedy generation, the larger), its transients and, sampling from the training layout, the weights its decode
+    loop gathers."""
     from rrc_jax.data.batches import bucket_length, round_up
+    from rrc_jax.inference.sampling import PREFILL_CHUNK
     from rrc_jax.models.decoder import ATTENTION_BLOCK
     from rrc_jax.rl.rollout import RolloutConfig
     from rrc_jax.settings import parse
@@ -455,19 +460,20 @@ def _policy_rollouts(config, cfg, shape, dtype) -> list[Row]:
     group = branched_cache_bytes(cfg, prompts, prompt, rl.group_size, own, shape, dtype)
     eval_rows, eval_slots = min(config.data.eval_prompts, max_batch), round_up(prompt + n_new,
                                                                                        ATTENTION_BLOCK)
-    greedy = 2 * kv_cache_bytes(cfg, eval_rows, eval_slots, shape, dtype)
+    greedy = kv_cache_bytes(cfg, eval_rows, eval_slots, shape, dtype)  # decoded in place (donated)
     if group >= greedy:
-        out = [Row("rollout KV cache", "rollout", group, f"{rows} rows x {own} slots x2 (decode copy) + "
-                                                          f"{prompts} shared prefixes x {prompt} slots")]
+        out = [Row("rollout KV cache", "rollout", group, f"{rows} rows x {own} slots + {prompts} shared prefixes "
+                                                          f"x {prompt} slots (x2 while branching)")]
     else:
-        out = [Row("rollout KV cache", "rollout", greedy, f"eval: {eval_rows} rows x {eval_slots} slots x2 "
-                                                           "(decode copy)")]
-    transient = max(forward_bytes(cfg, prompts, prompt, shape, dtype, keys=ATTENTION_BLOCK),
-                    forward_bytes(cfg, eval_rows, prompt, shape, dtype, keys=ATTENTION_BLOCK),
+        out = [Row("rollout KV cache", "rollout", greedy, f"eval: {eval_rows} rows x {eval_slots} slots")]
+    chunk = min(prompt, PREFILL_CHUNK)  # chunked prefill
+    transient = max(forward_bytes(cfg, prompts, chunk, shape, dtype, keys=ATTENTION_BLOCK),
+                    forward_bytes(cfg, eval_rows, chunk, shape, dtype, keys=ATTENTION_BLOCK),
                     decode_step_bytes(cfg, rows, prompt, shape))
     out.append(Row("prefill / decode transients", "rollout", transient, "one layer"))
-    out.append(Row("gathered policy weights", "rollout", gathered_bytes(cfg, "float32", shape),
-                   "hoisted out of the decode loop"))
+    if layout == "train":
+        out.append(Row("gathered policy weights", "rollout", gathered_bytes(cfg, "float32", shape),
+                       "hoisted out of the decode loop"))
     return out
 
 
@@ -485,10 +491,11 @@ def judge_chunk(questions: int, prompts: int, max_batch: int) -> tuple[int, int]
     return min(bucket_length(pieces, 1), fit), m
 
 
-def _judging(config, cfg, shape, dtype) -> tuple[list[Row], str]:
-    """The reward phase of a judge reward: the call (a step's questions or the judged evaluation's) whose caches
-    and transients are the larger; and a note on the estimated question lengths."""
+def _judging(config, cfg, shape, dtype, layout: str) -> tuple[list[Row], str]:
+    """The reward phase of a judge reward on mesh `shape` in `layout`: the call (a step's questions or the judged
+    evaluation's) whose caches and transients are the larger; and a note on the estimated question lengths."""
     from rrc_jax.data.batches import length_bucket, round_up
+    from rrc_jax.inference.sampling import PREFILL_CHUNK
     from rrc_jax.models.decoder import ATTENTION_BLOCK
 
     r, n_new = config.reward, config.rl.max_new_tokens
@@ -507,23 +514,48 @@ def _judging(config, cfg, shape, dtype) -> tuple[list[Row], str]:
         p, m = judge_chunk(q, prompts, r.judge.max_batch)
         rows = p * m
         out = [Row("judge KV cache", "reward", branched_cache_bytes(cfg, p, prefix, m, own, shape, dtype),
-                   f"{kind}: {p} prefixes x {m} rows x {own} slots x2 (decode copy) + {p} shared prefixes x "
+                   f"{kind}: {p} prefixes x {m} rows x {own} slots + {p} shared prefixes (x2 while branching) x "
                    f"{prefix} slots"),
                Row("judge prefill transients", "reward",
-                   max(forward_bytes(cfg, p, prefix, shape, dtype, keys=ATTENTION_BLOCK),
-                       forward_bytes(cfg, rows, suffix, shape, dtype,
+                   max(forward_bytes(cfg, p, min(prefix, PREFILL_CHUNK), shape, dtype, keys=ATTENTION_BLOCK),
+                       forward_bytes(cfg, rows, min(suffix, PREFILL_CHUNK), shape, dtype,
                                      keys=shared_block(prefix) + ATTENTION_BLOCK),
                        decode_step_bytes(cfg, rows, prefix, shape)),
-                   f"one layer; {suffix} suffix tokens attend to their prefix's {prefix} slots, "
-                   f"{shared_block(prefix)} at a time"),
-               Row("gathered GRM weights", "reward", gathered_bytes(cfg, dtype, shape), "hoisted out of the decode "
-                                                                                       "loop")]
+                   f"one layer; {suffix} suffix tokens in chunks of {min(suffix, PREFILL_CHUNK)} attend to their "
+                   f"prefix's {prefix} slots, {shared_block(prefix)} at a time")]
+        if layout == "train":
+            out.append(Row("gathered GRM weights", "reward", gathered_bytes(cfg, dtype, shape),
+                           "hoisted out of the decode loop"))
         if sum(x.bytes for x in out) > sum(x.bytes for x in best):
             best = out
     note = (f"judge questions estimated at {config.data.max_prompt_tokens} + {pre_tokens} prefix tokens (prompt + "
             f"template), 2 x {n_new} + {item_tokens} suffix tokens, {r.judge.max_new_tokens} new tokens; "
             f"{load.questions} questions and up to {load.tokens} judge tokens per prompt of a step")
     return best, note
+
+
+def inference_shape(config, topo: Topology, num_heads: int) -> tuple[int, int, int]:
+    """The inference layout's mesh `(data, fsdp, tensor)` (`mesh.inference`: `auto`, as
+    `rrc_jax.sharding.inference_mesh` makes it, or DATA,FSDP,TENSOR)."""
+    from rrc_jax.sharding import inference_tensor
+
+    if config.mesh.inference == "auto":
+        t = inference_tensor(topo.devices, topo.host_devices, num_heads)
+        return topo.devices // t, 1, t
+    return resolve_mesh(*(int(v) for v in config.mesh.inference.split(",")), topo.devices)
+
+
+def role_layouts(config, topo: Topology, shape: tuple[int, int, int], cfgs: dict) -> dict:
+    """Each role's (layout, mesh shape), as `MeshConfig.layout` places it: the policy's master in the training
+    layout on `shape`; the reference, GRM and DRM in their `mesh.<role>` layout; `rollout`, the policy's rollout
+    copy in the inference layout, unless `rl.share_weights` or one device."""
+    out = {}
+    for role, cfg in cfgs.items():
+        kind = "train" if role == "policy" or topo.devices == 1 else config.mesh[role]
+        out[role] = (kind, shape if kind == "train" else inference_shape(config, topo, cfg.num_heads))
+    if topo.devices > 1 and not config.rl.share_weights:
+        out["rollout"] = ("inference", inference_shape(config, topo, cfgs["policy"].num_heads))
+    return out
 
 
 def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = None,
@@ -544,19 +576,21 @@ def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = No
     cfgs = {role: model_config(name, field=field(role), value_head=role == "drm")
             for role, name in roles(config).items()}
     policy = cfgs["policy"]
+    layouts = role_layouts(config, topo, shape, cfgs)
     for role, cfg in cfgs.items():
         stored = "float32" if role == "policy" else dtype
-        try:
-            b = param_bytes(cfg, stored, shape)
-        except ConfigError as e:
-            problems.append(f"{role}: {e}")
-            b = 0
+        kind, where = layouts[role]
         n = param_count(cfg)
-        rows.append(Row(f"{role} parameters", "resident", b,
-                        f"{n / 1e9:.2f}B {stored}" if n >= 1e8 else f"{n / 1e6:.2f}M {stored}"))
-        if cfg.num_kv_heads % tensor:
-            notes.append(f"{role}: tensor={tensor} does not divide its {cfg.num_kv_heads} kv heads: its KV caches and "
-                         "attention are replicated over tensor")
+        rows.append(Row(f"{role} parameters", "resident", param_bytes(cfg, stored, where, kind),
+                        (f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M") + f" {stored}, {kind} layout"
+                        + ("" if kind == "train" else f" (data={where[0]} tensor={where[2]})")))
+        if cfg.num_kv_heads % where[2]:
+            notes.append(f"{role}: tensor={where[2]} does not divide its {cfg.num_kv_heads} kv heads: they are "
+                         "replicated over tensor (their weights, KV caches and attention)")
+    if "rollout" in layouts:
+        kind, where = layouts["rollout"]
+        rows.append(Row("policy rollout copy", "resident", param_bytes(policy, dtype, where, kind),
+                        f"{dtype}, inference layout (data={where[0]} tensor={where[2]}), resharded after each update"))
     p32 = rows[0].bytes
     rows.append(Row("optimizer state (AdamW)", "resident", 2 * p32, "2 float32 moments"))
     batch = rl.prompts_per_step * rl.group_size
@@ -564,17 +598,18 @@ def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = No
         problems.append(f"a step's {batch} rollouts are not divisible by data x fsdp = {data * fsdp} (batches are "
                         "sharded evenly)")
     if problems:  # the run would not start: no phases
-        return Plan(topo, shape, micro, remat, tuple(rows), tuple(notes), tuple(problems))
+        return Plan(topo, shape, micro, remat, tuple(rows), tuple(notes), tuple(problems), layouts)
 
-    rows += _policy_rollouts(config, policy, shape, dtype)
+    rows += _policy_rollouts(config, policy, layouts.get("rollout", layouts["policy"])[1], dtype,
+                             layouts.get("rollout", layouts["policy"])[0])
     if "grm" in cfgs:
-        judged, note = _judging(config, cfgs["grm"], shape, dtype)
+        judged, note = _judging(config, cfgs["grm"], layouts["grm"][1], dtype, layouts["grm"][0])
         rows += judged
         notes.append(note)
     if "drm" in cfgs:
         length = length_bucket(config.data.max_prompt_tokens + rl.max_new_tokens + CHAT_FORMAT_TOKENS)
         rows.append(Row("DRM forward", "reward", forward_bytes(cfgs["drm"], config.reward.drm.max_batch, length,
-                                                               shape, dtype),
+                                                               layouts["drm"][1], dtype),
                         f"{config.reward.drm.max_batch} rows x {length} tokens, one layer"))
 
     length = bucket_length(config.data.max_prompt_tokens + rl.max_new_tokens)
@@ -611,7 +646,7 @@ def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = No
         notes.append(f"micro-batch of {learn_rows} rows over data x fsdp = {data * fsdp}: "
                      f"{_rows_per_device(learn_rows, shape)} per device, padded")
     rows = [r for r in rows if r.bytes or r.phase == "resident"]  # e.g. no gathered weights without fsdp
-    return Plan(topo, shape, micro, remat, tuple(rows), tuple(notes), tuple(problems))
+    return Plan(topo, shape, micro, remat, tuple(rows), tuple(notes), tuple(problems), layouts)
 
 
 def _factorizations(n: int) -> list[tuple[int, int, int]]:

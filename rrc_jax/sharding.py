@@ -76,18 +76,9 @@ class Layout:
 
     def spec(self, names: Sequence[str | None] | None, shape: Sequence[int]) -> jax.sharding.PartitionSpec:
         """The PartitionSpec of an array of `shape` whose axes carry the logical `names`."""
-        rules, used, out = dict(self.rules), set(), []
         sizes = dict(self.mesh.shape) if self.mesh is not None else {}
-        for size, name in zip(shape, tuple(names or ()) + (None,) * (len(shape) - len(names or ()))):
-            axes = rules.get(name) if name is not None else None
-            parts = tuple(a for a in ((axes,) if isinstance(axes, str) else tuple(axes or ())) if a not in used)
-            n = 1
-            for a in parts:
-                n *= sizes.get(a, 1)
-            keep = bool(parts) and size % n == 0
-            out.append((parts if len(parts) > 1 else parts[0]) if keep else None)
-            used.update(parts if keep else ())
-        return jax.sharding.PartitionSpec(*out)
+        parts = partition(names, shape, self.rules, sizes)
+        return jax.sharding.PartitionSpec(*[(p if len(p) > 1 else p[0]) if p else None for p in parts])
 
     def sharding(self, names: Sequence[str | None] | None, shape: Sequence[int]) -> jax.sharding.NamedSharding:
         """The NamedSharding of an array of `shape` with logical axis `names` (needs a mesh)."""
@@ -96,6 +87,28 @@ class Layout:
     @property
     def devices(self) -> int:
         return 1 if self.mesh is None else self.mesh.size
+
+
+def partition(names: Sequence[str | None] | None, shape: Sequence[int], rules: tuple,
+              sizes: dict[str, int]) -> list[tuple[str, ...]]:
+    """The mesh axes each axis of an array of `shape` with logical `names` is split over, by `rules`, on a mesh of
+    axis `sizes`: none where its mesh axes do not divide it (replicated) or an earlier axis already uses them."""
+    rules, used, out = dict(rules), set(), []
+    for size, name in zip(shape, tuple(names or ()) + (None,) * (len(shape) - len(names or ()))):
+        axes = rules.get(name) if name is not None else None
+        parts = tuple(a for a in ((axes,) if isinstance(axes, str) else tuple(axes or ())) if a not in used)
+        n = 1
+        for a in parts:
+            n *= sizes.get(a, 1)
+        keep = bool(parts) and size % n == 0
+        out.append(parts if keep else ())
+        used.update(parts if keep else ())
+    return out
+
+
+def inference_tensor(devices: int, host_devices: int, num_heads: int) -> int:
+    """`auto`'s tensor size: the most devices that divide `devices`, fit on one host and divide `num_heads`."""
+    return max(t for t in range(1, max(1, host_devices) + 1) if devices % t == 0 and num_heads % t == 0)
 
 
 def inference_mesh(mesh: jax.sharding.Mesh, shape: str = "auto", num_heads: int = 1) -> jax.sharding.Mesh:
@@ -111,8 +124,7 @@ def inference_mesh(mesh: jax.sharding.Mesh, shape: str = "auto", num_heads: int 
             raise ConfigError(f"config.mesh.inference: {shape!r}; give 'auto' or three sizes DATA,FSDP,TENSOR, e.g. "
                               "-1,1,4") from None
         return make_mesh(data, fsdp, tensor, devices=devices)
-    local = max(1, len(devices) // jax.process_count())
-    tensor = max(t for t in range(1, local + 1) if len(devices) % t == 0 and num_heads % t == 0)
+    tensor = inference_tensor(len(devices), len(devices) // jax.process_count(), num_heads)
     return make_mesh(len(devices) // tensor, 1, tensor, devices=devices)
 
 

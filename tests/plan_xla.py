@@ -14,9 +14,11 @@ XLA's figure is what the program holds on a device at its peak: arguments + outp
 aliased to donated arguments (the parameters and optimizer state are updated in place). The planner's counterpart:
 for the update, the resident parameters and optimizer state plus its backward phase (activations, log-prob chunk,
 gathered weights, accumulator, weight copy; the gradients build up while activations are freed, so they are not
-added); for the decode, the parameters, the cache and the loop's copy of it, and the weights gathered for the loop; for
-the branched decode the shared prefixes (passed to the loop block-major, read in place by `shared_attention`'s scan
-over two blocks of 512 slots), the rows' own cache and its copy, and a step's scores over a block.
+added); for the decode, the parameters, the cache (donated: the loop updates it in place) and, in the training layout, the
+weights gathered for the loop; for the branched decode the shared prefixes (passed to the loop block-major, read in
+place by `shared_attention`'s scan over two blocks of 512 slots), the rows' own cache, and a step's scores over a
+block. The decode cases run in the training layout and in the inference layout (`rrc_jax.sharding.Layout`:
+tensor-parallel, nothing gathered).
 """
 
 import json
@@ -33,14 +35,15 @@ from rrc_jax.models import Decoder, DecoderConfig
 from rrc_jax.models.decoder import init_cache
 from rrc_jax.rl.grpo import grpo_objective
 from rrc_jax.rl.learner import Learner, make_optimizer
-from rrc_jax.sharding import make_mesh, model_context, put_batch
+from rrc_jax.sharding import Layout, make_mesh, model_context, put_batch
 
 ROWS, LENGTH, CACHE_ROWS, CACHE_SLOTS = 32, 128, 16, 256
 UPDATES = [((1, 1, 1), "bfloat16", 0), ((1, 8, 1), "float32", 0), ((1, 8, 1), "float32", 16),
            ((2, 2, 2), "float32", 0), ((1, 8, 1), "float32", 0, 1024)]
-DECODES = [((1, 8, 1), "float32"), ((2, 4, 1), "float32")]
+DECODES = [((1, 8, 1), "float32"), ((2, 4, 1), "float32"), ((2, 1, 4), "float32", "inference"),
+           ((1, 2, 4), "float32", "inference")]
 PREFIXES, PREFIX_SLOTS, GROUP = 8, 1024, 2  # the branched decode: 8 prefixes x 2 rows = CACHE_ROWS
-BRANCHED = [((1, 8, 1), "float32"), ((2, 4, 1), "float32")]
+BRANCHED = [((1, 8, 1), "float32"), ((2, 4, 1), "float32"), ((2, 1, 4), "float32", "inference")]
 
 
 def config(dtype: str, param_dtype: str = "float32") -> DecoderConfig:
@@ -84,36 +87,37 @@ def update_case(shape, dtype, micro, length=LENGTH) -> dict:
             "plan": sum(parts.values()), "parts": parts}
 
 
-def decode_case(shape, dtype, branched: bool = False) -> dict:
+def placed(cfg, mesh, kind: str):
+    """`Decoder(cfg)` with its parameters placed in layout `kind` on `mesh` (`rrc_jax.sharding.Layout`)."""
+    with model_context(None):
+        graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
+    layout = Layout(mesh, kind)
+    leaves, tree = jax.tree.flatten(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    leaves = [v.replace(jax.device_put(v.get_value(), layout.sharding(v.out_sharding, v.get_value().shape)))
+              for v in leaves]
+    return graphdef, jax.tree.unflatten(tree, leaves)
+
+
+def decode_case(shape, dtype, layout: str = "train", branched: bool = False) -> dict:
     cfg = config(dtype, dtype)
     mesh = make_mesh(*shape)
     with jax.set_mesh(mesh):
-        with model_context(mesh):
-            model = Decoder(cfg, rngs=nnx.Rngs(0))
-        graphdef, state = nnx.split(model)
-        rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
+        graphdef, state = placed(cfg, mesh, layout)
         if branched:  # 8 prefixes (sharded by branch) continued by 2 rows each
-            cache = init_cache(cfg, PREFIXES, PREFIX_SLOTS).branch(GROUP, CACHE_SLOTS)
-        else:
-            cache = init_cache(cfg, CACHE_ROWS, CACHE_SLOTS)
-        shared = (cache.shared_k, cache.shared_v, cache.shared_mask)
-        cache = jax.tree.map(lambda x: jax.device_put(x, rows) if x.ndim else x,  # axis 0: rows
-                             cache.replace(shared_k=None, shared_v=None, shared_mask=None))
-        if branched:  # the block-major prefixes [J, P, ...]: axis 1 over rows
-            prefixes = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, ("data", "fsdp")))
-            k, v, mask = jax.tree.map(lambda x: jax.device_put(x, prefixes), shared)
-            cache = cache.replace(shared_k=k, shared_v=v, shared_mask=mask)
+            cache = jax.jit(lambda: init_cache(cfg, PREFIXES, PREFIX_SLOTS))().branch(GROUP, CACHE_SLOTS)
+        else:  # placed as a prefill leaves it: rows over data x fsdp, kv heads over tensor
+            cache = jax.jit(lambda: init_cache(cfg, CACHE_ROWS, CACHE_SLOTS))()
         compiled = sampling._decode.lower(graphdef, state, cache, jax.random.key(0),
                                           params=SamplingParams(1.0, max_new_tokens=8), stop_ids=(2,),
                                           pad_id=0).compile()
-    parts = {"parameters": plan.param_bytes(cfg, dtype, shape),
-             "cache x2": 2 * plan.kv_cache_bytes(cfg, CACHE_ROWS, CACHE_SLOTS, shape, dtype),
-             "gathered weights": plan.gathered_bytes(cfg, dtype, shape)}
-    if branched:  # the prefixes once (read in place, block-major), the rows' own slots twice
-        parts["cache x2"] = 2 * plan.kv_cache_bytes(cfg, PREFIXES * GROUP, CACHE_SLOTS, shape, dtype)
+    parts = {"parameters": plan.param_bytes(cfg, dtype, shape, layout),
+             "cache": plan.kv_cache_bytes(cfg, CACHE_ROWS, CACHE_SLOTS, shape, dtype),  # donated
+             "gathered weights": plan.gathered_bytes(cfg, dtype, shape) if layout == "train" else 0}
+    if branched:  # the prefixes once (read in place, block-major), the rows' own slots (donated)
+        parts["cache"] = plan.kv_cache_bytes(cfg, PREFIXES * GROUP, CACHE_SLOTS, shape, dtype)
         parts["shared prefixes"] = plan.kv_cache_bytes(cfg, PREFIXES, PREFIX_SLOTS, shape, dtype, shared=True)
         parts["prefix scores"] = plan.decode_step_bytes(cfg, CACHE_ROWS, PREFIX_SLOTS, shape)
-    return {"case": f"{'branched ' if branched else ''}decode mesh={shape} {dtype}", "xla": peak(compiled),
+    return {"case": f"{'branched ' if branched else ''}decode mesh={shape} {dtype} {layout}", "xla": peak(compiled),
             "plan": sum(parts.values()), "parts": parts}
 
 

@@ -100,6 +100,7 @@ def test_prefill_extend_decode_equals_whole_prompt(llama):
     s_ids, s_mask = pad_sequences(suffixes, 8, 0, "right")
     cache = extend(model, prefix_cache.take(jnp.asarray(owner)), s_ids, s_mask)
     assert int(prefix_cache.end) == 16 and int(cache.end) == 24  # the prefix cache itself is untouched
+    logits = np.asarray(cache.logits)  # read before decode consumes the cache (donated)
     out = decode(model, cache, params(n_new, 0.0, stop_token_ids=[]))
     whole = [prefixes[o] + s for o, s in zip(owner, suffixes)]
     ref = gen(model, whole, max_new_tokens=n_new, temperature=0.0, stop_token_ids=[])
@@ -109,7 +110,23 @@ def test_prefill_extend_decode_equals_whole_prompt(llama):
     w_ids, w_mask = pad_sequences(whole, 24, 0, "right")
     full = np.asarray(model(jnp.asarray(w_ids), jnp.asarray(w_mask)))
     last = np.array([len(w) - 1 for w in whole])
-    np.testing.assert_allclose(np.asarray(cache.logits), full[np.arange(4), last], atol=1e-4)
+    np.testing.assert_allclose(logits, full[np.arange(4), last], atol=1e-4)
+
+
+def test_chunked_prefill_equals_one_pass(llama, monkeypatch):
+    """Prompts and suffixes longer than `PREFILL_CHUNK` run through the model a chunk at a time (left-padded
+    prompts, right-padded suffixes, rows whose chunk is all padding): the same next-token logits as one pass, and
+    the same greedy continuations."""
+    model, _ = llama
+    ids, mask = padded_batch(LENGTHS, "left", seed=5)
+    s_ids, s_mask = pad_sequences([[7, 8, 9, 10, 11, 12, 13], [5], [], [20, 21, 22]], 8, 0, "right")
+    whole = extend(model, prefill(model, ids, mask, cache_size=64), s_ids, s_mask)
+    logits = np.asarray(whole.logits)
+    one = decode(model, whole, params(12, 0.0, stop_token_ids=[]))
+    monkeypatch.setattr(sampling, "PREFILL_CHUNK", 3)
+    chunked = extend(model, prefill(model, ids, mask, cache_size=64), s_ids, s_mask)
+    np.testing.assert_allclose(np.asarray(chunked.logits), logits, atol=1e-5)
+    np.testing.assert_array_equal(decode(model, chunked, params(12, 0.0, stop_token_ids=[])).tokens, one.tokens)
 
 
 def test_logprobs_equal_log_softmax_of_model_logits(llama):

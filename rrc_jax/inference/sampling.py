@@ -10,7 +10,8 @@
   shared across calls: one per batch size, bucket and `max_new_tokens`), prefills and decodes.
 
 `rrc_jax.inference.engine.JaxSampler` builds the Sampler protocol on these; the trainer and the judge never call
-them directly. On several hosts every call is collective: each host passes its own rows (the same number on every
+them directly. `extend` and `decode` consume the cache they are given (donated: the new cache takes its buffers, so
+a cache is never held twice). On several hosts every call is collective: each host passes its own rows (the same number on every
 host) and gets its own rows back (`sharding.put_rows` / `host_rows`). Returned log-probs are those of the model's raw distribution, `log_softmax(logits)[token]`, whatever
 the sampling temperature / top-k / top-p. Shapes: B rows, T prompt tokens, S cache slots, N new tokens, V vocab.
 """
@@ -72,12 +73,13 @@ def _prefill(graphdef, state, ids, mask, *, size):
     return model.extend(init_cache(model.cfg, ids.shape[0], size), ids, mask)
 
 
-@functools.partial(jax.jit, static_argnums=(0,))
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
 def _extend(graphdef, state, cache, ids, mask):
     return nnx.merge(graphdef, state).extend(cache, ids, mask)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("params", "stop_ids", "pad_id"))
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("params", "stop_ids", "pad_id"),
+                   donate_argnums=(2,))
 def _decode(graphdef, state, cache, rng, *, params, stop_ids, pad_id):
     model = nnx.merge(graphdef, state)
     b, n = cache.batch_size, params.max_new_tokens
@@ -102,7 +104,7 @@ def _decode(graphdef, state, cache, rng, *, params, stop_ids, pad_id):
     init = (jnp.zeros((), jnp.int32), cache, jnp.full((b, n), pad_id, jnp.int32), jnp.zeros((b, n), jnp.float32),
             jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32))
     _, cache, tokens, logprobs, done, lengths = jax.lax.while_loop(cond, body, init)
-    return tokens, logprobs, lengths, ~done
+    return (tokens, logprobs, lengths, ~done), cache  # the cache returned: its buffers are the donated input's
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -115,28 +117,36 @@ def _pad_id(model: Decoder, pad_id: int | None) -> int:
     return int(model.cfg.pad_token_id) if model.cfg.pad_token_id is not None else 0
 
 
+PREFILL_CHUNK = 256  # tokens a row runs through the model per call (chunked prefill: a layer's internals hold one chunk)
+
+
 def prefill(model: Decoder, ids, mask, *, cache_size: int) -> KVCache:
     """A cache of `cache_size` slots holding the (left-padded) prompts `ids [B, T]`, `mask [B, T]` (this host's
-    rows)."""
-    ids, mask = put_rows((np.asarray(ids, np.int32), np.asarray(mask, bool)), mesh_of(model))
+    rows), run `PREFILL_CHUNK` tokens at a time."""
+    ids, mask = np.asarray(ids, np.int32), np.asarray(mask, bool)
     if ids.shape[1] > cache_size:
         raise ValueError(f"prompt of {ids.shape[1]} (padded) tokens is longer than the cache of {cache_size} slots; "
                          "raise cache_size or shorten the prompt")
+    first, rest = (ids[:, :PREFILL_CHUNK], mask[:, :PREFILL_CHUNK]), (ids[:, PREFILL_CHUNK:], mask[:, PREFILL_CHUNK:])
     graphdef, state = nnx.split(model)
-    return _prefill(graphdef, state, ids, mask, size=cache_size)
+    cache = _prefill(graphdef, state, *put_rows(first, mesh_of(model)), size=cache_size)
+    return extend(model, cache, *rest) if rest[0].shape[1] else cache
 
 
 def extend(model: Decoder, cache: KVCache, ids, mask=None) -> KVCache:
-    """`cache` with `ids [B, T]` (this host's rows, real where `mask`) appended; the input cache is left
-    unchanged."""
+    """`cache` with `ids [B, T]` (this host's rows, real where `mask`) appended, `PREFILL_CHUNK` tokens at a time;
+    the input cache is consumed (donated to the result)."""
     ids = np.asarray(ids, np.int32)
-    ids, mask = put_rows((ids, np.ones(ids.shape, bool) if mask is None else np.asarray(mask, bool)), mesh_of(model))
+    mask = np.ones(ids.shape, bool) if mask is None else np.asarray(mask, bool)
     end = int(cache.end)
     if end + ids.shape[1] > cache.size:
         raise ValueError(f"extending a cache holding {end} slots by {ids.shape[1]} tokens exceeds its "
                          f"{cache.size} slots; prefill with a larger cache_size")
     graphdef, state = nnx.split(model)
-    return _extend(graphdef, state, cache, ids, mask)
+    for start in range(0, ids.shape[1], PREFILL_CHUNK):
+        chunk = put_rows((ids[:, start:start + PREFILL_CHUNK], mask[:, start:start + PREFILL_CHUNK]), mesh_of(model))
+        cache = _extend(graphdef, state, cache, *chunk)
+    return cache
 
 
 def decode(model: Decoder, cache: KVCache, params: SamplingParams, *, rng: jax.Array | int = 0,
@@ -154,8 +164,8 @@ def decode(model: Decoder, cache: KVCache, params: SamplingParams, *, rng: jax.A
     stop = model.cfg.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
     key = jax.random.key(rng) if isinstance(rng, int) else rng
     graphdef, state = nnx.split(model)
-    out = _decode(graphdef, state, cache, key, params=params, stop_ids=tuple(stop),
-                  pad_id=_pad_id(model, pad_id))
+    out, _ = _decode(graphdef, state, cache, key, params=params, stop_ids=tuple(stop),
+                     pad_id=_pad_id(model, pad_id))
     mesh = mesh_of(model)
     return SampleOutput(*(host_rows(x, mesh) for x in out))
 

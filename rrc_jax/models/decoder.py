@@ -278,7 +278,7 @@ class KVCache:
             raise ValueError("take() of a branched cache: take the rows before branching")
         take = lambda x: jnp.take(x, rows, axis=0)
         return self.replace(k=jax.tree.map(take, self.k), v=jax.tree.map(take, self.v), valid=take(self.valid),
-                            positions=take(self.positions), logits=take(self.logits))
+                            positions=take(self.positions), logits=take(self.logits), end=jnp.copy(self.end))
 
     def branch(self, group: int, size: int) -> KVCache:
         """A cache of P * `group` new rows with `size` slots of their own, rows `p*group ... p*group + group - 1`
