@@ -319,3 +319,29 @@ def test_planner_agrees_with_xla_within_a_quarter():
     for c in cases:
         print(f"{c['case']}: XLA {c['xla'] / 1e6:.1f} MB, plan {c['plan'] / 1e6:.1f} MB")
         assert abs(c["plan"] - c["xla"]) <= 0.25 * c["xla"], c
+
+
+def test_the_planner_predicts_time_per_phase():
+    """Issue 27 item 5: a roofline per phase. A decode step of the inference layout by hand: every weight shard and
+    every cached token read once, 2 FLOP per parameter and row, two all-reduces of `[rows, embed]` per layer; and
+    the report's breakdown with the JetStream anchor."""
+    cfg = DecoderConfig(**TINY)
+    topo = plan.Topology("t", 4, 1 << 30, 4, flops=1e12, hbm_bw=1e9, ici_bw=1e8)
+    kv = 2 * 2 * 1 * 8 * 4                                      # 2 layers, kv heads 2 over tensor 2, D 8, float32
+    weights = plan.param_bytes(cfg, "float32", (2, 1, 2), "inference")
+    cached = 2 * 10 * kv + 4 * (3 + 5 / 2) * kv                 # 2 prefixes, 4 rows a device; mean over 5 steps
+    hbm = (weights + cached) / 1e9
+    ici = 2 * 2 * 4 * 32 * 4 * 2 * (2 - 1) / 2 / 1e8
+    flops = 2 * plan.matmul_params(cfg) * 4 / 2 / 1e12
+    seconds, bound = plan.decode_time(topo, cfg, "float32", (2, 1, 2), "inference", rows=8, steps=5, prefixes=4,
+                                      prefix=10, own=3)
+    assert seconds == pytest.approx(5 * (max(hbm, flops) + ici)) and bound == "HBM"
+    assert plan.matmul_params(cfg) == plan.param_count(cfg) - 96 * 32  # the embedding lookup is not a matmul
+
+    config = paper_recipe()
+    out = plan.report(config, "v5e-64")
+    for phase in ("rollout prefill", "rollout decode", "judge prefill", "judge decode", "log-prob passes", "update",
+                  "weight sync", "step"):
+        assert f"\n{phase} " in out, out
+    ratio = plan.jetstream_prediction() / plan.JETSTREAM["tokens_per_s"]
+    assert f"published 8,249 (ratio {ratio:.2f})" in out and "tokens/s a chip" in out
