@@ -11,6 +11,13 @@ of its parts (`time/rollout`, `time/reward`: the judge, `time/update`), and the 
 of every model loaded (listed; the first mesh also loads the reference, to make the anchors), of the policy's, and
 of the optimizer state (`Trainer.memory()` after the steps, the most on any device).
 
+A second table (`--layouts`, on by default) measures the layouts of issue 27 on a tiny Llama (hidden 256, vocab
+1024; 4 layers unless said): per mesh and layout, the parameter bytes per device; the collective bytes per decoded
+token, read from the compiled decode step (`rrc_jax.inference.sampling._decode`: each collective's result bytes on
+a device, those inside the decode loop per step, divided by the rows); the weight sync (`RolloutCopy.sync`) from
+the training layout on (1, 8, 1) into each inference layout, its bytes per device and time; and the compile time
+of the learner's update and of the decode step for 4 and 32 layers (training layout, 8-way FSDP).
+
 The 8 devices are XLA host-platform devices (`--xla_force_host_platform_device_count=8`, set here before jax is
 imported unless XLA_FLAGS already holds it) that share this machine's cores: the times show the overhead of
 sharding (collectives, partitioned programs), not a speed-up. The memory columns are exact. Prints a table and
@@ -103,6 +110,130 @@ def measure(mesh: tuple[int, int, int], args, workdir: Path) -> dict:
                 optimizer_bytes_per_device=memory["memory/optimizer_bytes_per_device"])
 
 
+LAYOUTS = [((1, 8, 1), "train"), ((2, 2, 2), "train"), ((2, 1, 4), "inference"), ((1, 2, 4), "inference"),
+           ((1, 1, 8), "inference")]
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+DTYPE_BYTES = {"f32": 4, "bf16": 2, "s32": 4, "u32": 4, "pred": 1, "f16": 2, "s8": 1, "u8": 1}
+
+
+def tiny_llama(layers: int = 4):
+    from rrc_jax.models import DecoderConfig
+
+    return DecoderConfig(model_type="llama", vocab_size=1024, hidden_size=256, intermediate_size=768, num_layers=layers,
+                         num_heads=8, num_kv_heads=4, head_dim=32, max_position_embeddings=1024, bos_token_id=1,
+                         eos_token_ids=(2,), pad_token_id=0)
+
+
+def collective_bytes(hlo: str) -> tuple[int, int]:
+    """(bytes once, bytes per loop iteration) of the collectives of a compiled program's HLO text on one device:
+    the result bytes of each collective, in the entry computation or in any other (the loop's body and what it
+    calls)."""
+    once = per_step = 0
+    entry = False
+    for line in hlo.splitlines():
+        if line.startswith("ENTRY"):
+            entry = True
+        elif line.startswith("}"):
+            entry = False
+        m = re.search(r"= (\w+)\[([\d,]*)\][^=]*? (" + "|".join(COLLECTIVES) + r")(?:-start)?\(", line)
+        if m:
+            n = DTYPE_BYTES.get(m.group(1), 4)
+            for d in m.group(2).split(","):
+                n *= int(d) if d else 1
+            if entry:
+                once += n
+            else:
+                per_step += n
+    return once, per_step
+
+
+def measure_layouts(rows: int = 16) -> list[dict]:
+    """The layout table's rows (module docstring)."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from rrc_jax.inference import SamplingParams
+    from rrc_jax.inference.rollout_copy import RolloutCopy
+    from rrc_jax.inference.sampling import _decode, prefill
+    from rrc_jax.models import Decoder
+    from rrc_jax.rl.grpo import grpo_objective
+    from rrc_jax.rl.learner import Learner, make_optimizer
+    from rrc_jax.sharding import Layout, bytes_per_device, make_mesh, model_context, put_batch, use_mesh
+
+    def placed(cfg, layout):
+        with model_context(None):
+            model = Decoder(cfg, rngs=nnx.Rngs(0))
+        return RolloutCopy(model, layout, "float32").model  # the model placed in `layout`
+
+    def decode_program(model, mesh, rows=rows):
+        with use_mesh(mesh):
+            ids = np.ones((rows, 8), np.int32)
+            cache = prefill(model, ids, np.ones_like(ids, bool), cache_size=128)
+            graphdef, state = nnx.split(model)
+            t = time.perf_counter()
+            compiled = _decode.lower(graphdef, state, cache, jax.random.key(0), params=SamplingParams(
+                1.0, max_new_tokens=16), stop_ids=(2,), pad_id=0).compile()
+            return compiled, time.perf_counter() - t
+
+    out = []
+    train = Layout(make_mesh(1, 8, 1), "train")
+    for layers in (4, 32):  # first: no program of these shapes compiled yet in this process
+        mesh = make_mesh(1, 8, 1)
+        model = placed(tiny_llama(layers), train)
+        _, decode_s = decode_program(model, mesh)
+        with jax.set_mesh(mesh):
+            learner = Learner(model, make_optimizer(1e-3), grpo_objective())
+            rng = np.random.default_rng(0)
+            batch = put_batch({"ids": rng.integers(3, 1024, (rows, 64)).astype(np.int32),
+                               "mask": np.ones((rows, 64), bool), "loss_mask": np.ones((rows, 64), bool),
+                               "advantages": rng.normal(size=rows).astype(np.float32),
+                               "old_logp": np.zeros((rows, 64), np.float32)}, mesh)
+            t = time.perf_counter()
+            learner._update.lower(learner.params, learner.opt_state, learner._rest, batch, n_micro=1).compile()
+            update_s = time.perf_counter() - t
+        out.append(dict(mesh=[1, 8, 1], layout="train", layers=layers, compile_decode_s=decode_s,
+                        compile_update_s=update_s))
+
+    with model_context(None):
+        master = Decoder(tiny_llama(), rngs=nnx.Rngs(0))
+    master = RolloutCopy(master, train, "float32").model
+    for shape, kind in LAYOUTS:
+        layout = Layout(make_mesh(*shape), kind)
+        model = placed(tiny_llama(), layout)
+        compiled, _ = decode_program(model, layout.mesh)
+        once, per_step = collective_bytes(compiled.as_text())
+        row = dict(mesh=list(shape), layout=kind, params_bytes_per_device=bytes_per_device(nnx.state(model)),
+                   collective_bytes_per_token=per_step / rows, collective_bytes_once=once)
+        if kind == "inference":
+            copy = RolloutCopy(master, layout, "bfloat16")
+            params = nnx.state(master, nnx.Param)
+            copy.sync(params)  # compiled
+            t = time.perf_counter()
+            row["weight_sync_bytes_per_device"] = copy.sync(params)
+            row["weight_sync_s"] = time.perf_counter() - t
+        out.append(row)
+    return out
+
+
+def print_layouts(rows: list[dict]) -> None:
+    print("\nLayouts (tiny Llama, 4 layers, float32 models; the rollout copy in bfloat16), 16 rows decoding:")
+    head = ["mesh (d,f,t)", "layout", "params KiB/dev", "collective B/token", "collective KiB once",
+            "sync KiB/dev", "sync ms"]
+    print("  ".join(f"{h:>{len(h)}}" for h in head))
+    for r in (r for r in rows if "layers" not in r):
+        cells = [",".join(map(str, r["mesh"])), r["layout"], f"{r['params_bytes_per_device'] / 1024:.0f}",
+                 f"{r['collective_bytes_per_token']:.0f}", f"{r['collective_bytes_once'] / 1024:.0f}",
+                 f"{r['weight_sync_bytes_per_device'] / 1024:.0f}" if "weight_sync_s" in r else "-",
+                 f"{1000 * r['weight_sync_s']:.1f}" if "weight_sync_s" in r else "-"]
+        print("  ".join(f"{c:>{len(h)}}" for c, h in zip(cells, head)))
+    times = {r["layers"]: r for r in rows if "layers" in r}
+    print(f"compile time (training layout, fsdp 8): update {times[4]['compile_update_s']:.1f} s at 4 layers, "
+          f"{times[32]['compile_update_s']:.1f} s at 32 ({times[32]['compile_update_s'] / times[4]['compile_update_s']:.1f}x); "
+          f"decode step {times[4]['compile_decode_s']:.1f} s, {times[32]['compile_decode_s']:.1f} s "
+          f"({times[32]['compile_decode_s'] / times[4]['compile_decode_s']:.1f}x)")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--meshes", default=DEFAULT_MESHES, type=parse_meshes,
@@ -111,6 +242,8 @@ def main(argv=None) -> None:
     ap.add_argument("--cache_dir", default="~/.cache/rrc_jax", help="the toy world's cache (built on first use)")
     ap.add_argument("--workdir", default=None, help="trainer workdirs and anchors (default: a temporary directory)")
     ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/scaling.json)")
+    ap.add_argument("--layouts", action=argparse.BooleanOptionalAction, default=True,
+                    help="also measure the layouts: bytes, collectives per token, weight sync, compile times")
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error("--steps must be >= 1")
@@ -142,11 +275,14 @@ def main(argv=None) -> None:
                  f"{r['update_s']:.3f}", mb(r["params_bytes_per_device"]), mb(r["policy_params_bytes_per_device"]),
                  mb(r["optimizer_bytes_per_device"])]
         print("  ".join(f"{c:>{max(len(h), 8)}}" for c, h in zip(cells, head)) + "  " + "+".join(r["models"]))
+    layouts = measure_layouts() if args.layouts else []
+    if layouts:
+        print_layouts(layouts)
     out = Path(args.out or Path(__file__).parent / "results" / "scaling.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(steps=args.steps, devices=DEVICES, backend=jax.default_backend(),
                                    jax=jax.__version__, machine=platform.machine(), cpus=os.cpu_count(),
-                                   rows=rows), indent=2))
+                                   rows=rows, layouts=layouts), indent=2))
     print(f"wrote {out}")
 
 

@@ -53,7 +53,8 @@ def verdicts(sampler, tokenizer):
 
 
 def gathers(sampler, group: bool, rows: int) -> list[tuple[int, ...]]:
-    """The result shapes of the all-gathers in the compiled decode step of `sampler`'s model over `rows` rows."""
+    """The result shapes of the all-gathers and all-reduces in the compiled decode step of `sampler`'s model over
+    `rows` rows."""
     model = sampler.model
     with use_mesh(sampler.mesh):
         ids = np.asarray([[1, 5, 6, 7]] * (rows // 2 if group else rows), np.int32)
@@ -64,11 +65,11 @@ def gathers(sampler, group: bool, rows: int) -> list[tuple[int, ...]]:
         text = _decode.lower(graphdef, state, cache, jax.random.key(0), params=GREEDY, stop_ids=(2,),
                              pad_id=0).compile().as_text()
     return [tuple(int(d) for d in shape.split(",") if d)
-            for shape in re.findall(r"= \w+\[([\d,]*)\][^=]*? all-gather(?:-start)?\(", text)]
+            for shape in re.findall(r"= \w+\[([\d,]*)\][^=]*? all-(?:gather|reduce)(?:-start)?\(", text)]
 
 
 def weight_gathers(sampler, group: bool, smallest_weight: int) -> list[tuple[int, ...]]:
-    """All-gathers of the decode step that move weights: as large as the smallest weight matrix and the same at 16
+    """Collectives of the decode step that move weights: as large as the smallest weight matrix and the same at 16
     and at 32 rows (a decode step's activations and cache blocks grow with the rows; a weight does not)."""
     few, many = gathers(sampler, group, 16), gathers(sampler, group, 32)
     return [s for s in few if s in many and int(np.prod(s)) >= smallest_weight]
@@ -111,11 +112,12 @@ def main():
     result["smallest_weight"] = smallest = min(int(np.prod(p.shape)) for p in params if p.ndim >= 2)
     for name, layout in [("train_fsdp8", Layout(make_mesh(1, 8, 1), "train")),
                          ("inference_1x2x4", Layout(make_mesh(1, 2, 4), "inference")),
-                         ("inference_2x1x4", Layout(make_mesh(2, 1, 4), "inference"))]:
+                         ("inference_2x1x4", Layout(make_mesh(2, 1, 4), "inference")),
+                         ("inference_4x1x2", Layout(make_mesh(4, 1, 2), "inference"))]:  # kv heads split too
         sampler = make_sampler("policy", load_hf(path, layout=layout))
         result["gathers"][name] = {"rollout": weight_gathers(sampler, False, smallest),
                                    "judge": weight_gathers(sampler, True, smallest),
-                                   "all_rollout": gathers(sampler, False, 16)}
+                                   "all_rollout": gathers(sampler, False, 16), "all_judge": gathers(sampler, True, 16)}
     print(json.dumps(result))
 
 

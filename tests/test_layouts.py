@@ -38,5 +38,5 @@ def test_no_weight_is_gathered_in_the_inference_decode_step(result):
     rows."""
     gathers = result["gathers"]
     assert len(gathers["train_fsdp8"]["rollout"]) >= 5 and len(gathers["train_fsdp8"]["judge"]) >= 5, gathers
-    for name in ("inference_1x2x4", "inference_2x1x4"):
+    for name in ("inference_1x2x4", "inference_2x1x4", "inference_4x1x2"):
         assert gathers[name]["rollout"] == [] and gathers[name]["judge"] == [], (name, gathers[name])

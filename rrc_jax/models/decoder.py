@@ -475,16 +475,18 @@ class Attention(nnx.Module):
 
 
 def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
-    """Unscaled attention scores `[B, K, G, T, S]` (float32) of q `[B, K, G, T, D]` against k `[B, K, D, S]`."""
+    """Unscaled attention scores `[B, K, G, T, S]` (float32) of q `[B, K, G, T, D]` against k `[B, K, D, S]`.
+    Rows and kv heads stay two batch axes: merging them would merge an axis split over the row axes with one split
+    over `tensor`, which XLA does by gathering the cache's kv heads at every decoding step."""
     b, kh, g, t, d = q.shape
-    return jnp.einsum("xqd,xds->xqs", q.reshape(b * kh, g * t, d), k.reshape(b * kh, d, -1).astype(q.dtype),
+    return jnp.einsum("bkqd,bkds->bkqs", q.reshape(b, kh, g * t, d), k.astype(q.dtype),
                       preferred_element_type=jnp.float32).reshape(b, kh, g, t, -1)
 
 
 def _weighted(p: jax.Array, v: jax.Array) -> jax.Array:
-    """`p [B, K, G, T, S] @ v [B, K, S, D]` -> `[B, K, G, T, D]` float32."""
+    """`p [B, K, G, T, S] @ v [B, K, S, D]` -> `[B, K, G, T, D]` float32 (rows and kv heads two batch axes)."""
     b, kh, g, t, s = p.shape
-    return jnp.einsum("xqs,xsd->xqd", p.astype(v.dtype).reshape(b * kh, g * t, s), v.reshape(b * kh, s, -1),
+    return jnp.einsum("bkqs,bksd->bkqd", p.astype(v.dtype).reshape(b, kh, g * t, s), v,
                       preferred_element_type=jnp.float32).reshape(b, kh, g, t, -1)
 
 
