@@ -2,6 +2,7 @@
 training layout, on 8 CPU devices (a subprocess, `layout_parity.py`)."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -40,3 +41,16 @@ def test_no_weight_is_gathered_in_the_inference_decode_step(result):
     assert len(gathers["train_fsdp8"]["rollout"]) >= 5 and len(gathers["train_fsdp8"]["judge"]) >= 5, gathers
     for name in ("inference_1x2x4", "inference_2x1x4", "inference_4x1x2"):
         assert gathers[name]["rollout"] == [] and gathers[name]["judge"] == [], (name, gathers[name])
+
+
+def test_only_activations_cross_chips_in_the_inference_decode_step(result):
+    """Every all-gather and all-reduce of the inference layout's decode step, for the rollout and for the judge's
+    branched cache, with kv heads split over tensor (4x1x2) or replicated (2 kv heads on tensor 4), is at most a
+    `[rows, embed]` activation on a device (16 rows over at least 2 row groups, embed 128): the all-reduces after
+    each attention and MLP and the logits' reductions. Never a weight, never the KV cache: before the attention
+    output was pinned to its kv heads, XLA split the attention by query heads to suit the output projection and
+    gathered each layer's cache block at every step (e.g. [8, 2, 32, 64] on (2, 1, 4))."""
+    for name in ("inference_1x2x4", "inference_2x1x4", "inference_4x1x2"):
+        for part in ("all_rollout", "all_judge"):
+            shapes = result["gathers"][name][part]
+            assert shapes and max(math.prod(s) for s in shapes) <= 8 * 128, (name, part, shapes)

@@ -469,7 +469,8 @@ class Attention(nnx.Module):
                         tuple(sharding.constrain(x, KV_V) for x in write_blocks(kv_cache[1], v, end, axis=2)))
             carry = _empty_carry(q) if shared is None else shared_attention(_empty_carry(q), q, *shared)
             out = _normalize(cache_attention(carry, q, *kv_cache, mask, n_slots=end + n_new))
-        out = out.astype(x.dtype).transpose(0, 3, 1, 2, 4).reshape(b, t, cfg.num_heads * d)
+        out = sharding.constrain(out.astype(x.dtype).transpose(0, 3, 1, 2, 4),  # [B, T, K, G, D], where q was
+                                 ("batch", "length", "kv_heads", None, None)).reshape(b, t, cfg.num_heads * d)
         y = dense(out, self.o[...].reshape(cfg.num_heads * d, -1), self.o_bias[...] if cfg.o_bias else None)
         return y, kv_cache
 
