@@ -7,8 +7,8 @@ questions are sorted by prefix, then by suffix length, and packed into chunks of
 powers of two, P * M at most `max_batch`; a prefix with more than `max_batch` questions spans several chunks,
 `prefix_chunks`). Each chunk prefills its P prefixes (left-padded, one call), branches from them
 (`KVCache.branch`: shared, not copied; each row attends to its own prefix, read once per step for its M rows),
-appends its right-padded suffixes (`extend`, a chunk of `PREFILL_CHUNK` tokens at a time) and decodes, or reads the next-token logits; rows without a question
-are padding and dropped. A prefix used by k questions of a chunk saves (k - 1) x its length in prefill tokens
+appends its right-padded suffixes (`extend`, `PREFILL_CHUNK` tokens at a time) and decodes, or reads the next-token
+logits; rows without a question are padding and dropped. A prefix used by k questions of a chunk saves (k - 1) x its length in prefill tokens
 (`stats.prefill_tokens_saved`). Without reuse every question is prefilled in full, in chunks of `max_batch` (rows
 padded to multiples of 8). Lengths are padded to `length_bucket`s, so compilations are shared across chunks and
 calls while padding stays small. A chunk never gathers rows of another chunk, so its rows stay where they are on
