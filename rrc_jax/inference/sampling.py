@@ -11,9 +11,10 @@
 
 `rrc_jax.inference.engine.JaxSampler` builds the Sampler protocol on these; the trainer and the judge never call
 them directly. `extend` and `decode` consume the cache they are given (donated: the new cache takes its buffers, so
-a cache is never held twice). On several hosts every call is collective: each host passes its own rows (the same number on every
-host) and gets its own rows back (`sharding.put_rows` / `host_rows`). Returned log-probs are those of the model's raw distribution, `log_softmax(logits)[token]`, whatever
-the sampling temperature / top-k / top-p. Shapes: B rows, T prompt tokens, S cache slots, N new tokens, V vocab.
+a cache is never held twice). On several hosts every call is collective: each host passes its own rows (the same
+number on every host) and gets its own rows back (`sharding.put_rows` / `host_rows`). Returned log-probs are those
+of the model's raw distribution, `log_softmax(logits)[token]`, whatever the sampling temperature / top-k / top-p.
+Shapes: B rows, T prompt tokens, S cache slots, N new tokens, V vocab.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def _pad_id(model: Decoder, pad_id: int | None) -> int:
     return int(model.cfg.pad_token_id) if model.cfg.pad_token_id is not None else 0
 
 
-PREFILL_CHUNK = 256  # tokens a row runs through the model per call (chunked prefill: a layer's internals hold one chunk)
+PREFILL_CHUNK = 256  # tokens a row runs through the model per call (chunked prefill: a layer holds one chunk)
 
 
 def prefill(model: Decoder, ids, mask, *, cache_size: int) -> KVCache:
