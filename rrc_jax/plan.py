@@ -549,9 +549,12 @@ def role_layouts(config, topo: Topology, shape: tuple[int, int, int], cfgs: dict
     """Each role's (layout, mesh shape), as `MeshConfig.layout` places it: the policy's master in the training
     layout on `shape`; the reference, GRM and DRM in their `mesh.<role>` layout; `rollout`, the policy's rollout
     copy in the inference layout, unless `rl.share_weights` or one device."""
-    out = {}
+    from rrc_jax.settings import parse
+    from rrc_jax.sharding import MeshConfig
+
+    out, layouts = {}, parse(MeshConfig, config)
     for role, cfg in cfgs.items():
-        kind = "train" if role == "policy" or topo.devices == 1 else config.mesh[role]
+        kind = layouts.kind(role, topo.devices)
         out[role] = (kind, shape if kind == "train" else inference_shape(config, topo, cfg.num_heads))
     if topo.devices > 1 and not config.rl.share_weights:
         out["rollout"] = ("inference", inference_shape(config, topo, cfgs["policy"].num_heads))

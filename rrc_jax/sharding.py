@@ -197,10 +197,15 @@ class MeshConfig:
     def make(self) -> jax.sharding.Mesh:
         return make_mesh(self.data, self.fsdp, self.tensor)
 
+    def kind(self, role: str, devices: int) -> str:
+        """The layout kind of `role` on `devices` devices: the policy's master `train`, a frozen role its field;
+        on one device `train` (the layouts place nothing differently there)."""
+        return "train" if role == "policy" or devices == 1 else getattr(self, role)
+
     def layout(self, role: str, mesh: jax.sharding.Mesh, num_heads: int, kind: str | None = None) -> Layout:
-        """The layout of `role` (the policy's master: `train`; a frozen role: its field) or of `kind`, over the
-        devices of the training `mesh`; `num_heads` (the model's attention heads) bounds `auto` tensor sizes."""
-        kind = kind or ("train" if role == "policy" else getattr(self, role))
+        """The layout of `role` (`kind(role)`) or of `kind`, over the devices of the training `mesh`; `num_heads`
+        (the model's attention heads) bounds `auto` tensor sizes."""
+        kind = kind or self.kind(role, mesh.size)
         if kind == "train" or mesh.size == 1:
             return Layout(mesh, kind)
         return Layout(inference_mesh(mesh, self.inference, num_heads), kind)

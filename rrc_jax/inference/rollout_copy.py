@@ -27,7 +27,6 @@ class RolloutCopy:
     """
 
     def __init__(self, master: Decoder, layout: Layout, dtype: str):
-        self.layout = layout
         cfg = master.cfg.replace(param_dtype=dtype)
         with model_context(None):  # abstract, the logical names kept as metadata; placed by `layout` below
             graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
