@@ -8,6 +8,7 @@ import math
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,9 @@ def test_resume_after_an_anchor_refresh_is_exact(tmp_path, toy_cache):
         written += "wrote " in line and " anchors to " in line
         if written == 3:
             break
+    deadline = time.time() + 600  # the step-3 save is asynchronous: kill once it is committed
+    while not (killed / "checkpoints" / "3").is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert written == 3
