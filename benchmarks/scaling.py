@@ -14,7 +14,8 @@ of the optimizer state (`Trainer.memory()` after the steps, the most on any devi
 A second table (`--layouts`, on by default) measures the layouts of issue 27 on a tiny Llama (hidden 256, vocab
 1024; 4 layers unless said): per mesh and layout, the parameter bytes per device; the collective bytes per decoded
 token, read from the compiled decode step (`rrc_jax.inference.sampling._decode`: each collective's result bytes on
-a device, those inside the decode loop per step, divided by the rows); the weight sync (`RolloutCopy.sync`) from
+a device, those inside the decode loop per step, each inner loop's (the scan over layers) times its trip count,
+divided by the rows); the weight sync (`RolloutCopy.sync`) from
 the training layout on (1, 8, 1) into each inference layout, its bytes per device and time; and the compile time
 of the learner's update and of the decode step for 4 and 32 layers (training layout, 8-way FSDP).
 
@@ -125,26 +126,44 @@ def tiny_llama(layers: int = 4):
 
 
 def collective_bytes(hlo: str) -> tuple[int, int]:
-    """(bytes once, bytes per loop iteration) of the collectives of a compiled program's HLO text on one device:
-    the result bytes of each collective, in the entry computation or in any other (the loop's body and what it
-    calls)."""
-    once = per_step = 0
-    entry = False
+    """(bytes once, bytes per decode step) of the collectives of a compiled decode program's HLO text on one device:
+    the result bytes of each collective, weighted by how often it runs. A while loop's body runs its known trip
+    count of times (the scan over layers: once per layer); the decode loop (the outermost loop of the entry
+    computation with the most collective bytes) counts once per step, and what runs outside it counts once."""
+    own: dict[str, int] = {}
+    calls: dict[str, list[tuple[str, int]]] = {}
+    entry, name = "", None
     for line in hlo.splitlines():
-        if line.startswith("ENTRY"):
-            entry = True
-        elif line.startswith("}"):
-            entry = False
+        header = re.match(r"(ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if header and not line.startswith(" "):
+            name = header.group(2)
+            own[name], calls[name] = 0, []
+            entry = name if header.group(1) else entry
+            continue
+        if name is None:
+            continue
         m = re.search(r"= (\w+)\[([\d,]*)\][^=]*? (" + "|".join(COLLECTIVES) + r")(?:-start)?\(", line)
         if m:
             n = DTYPE_BYTES.get(m.group(1), 4)
             for d in m.group(2).split(","):
                 n *= int(d) if d else 1
-            if entry:
-                once += n
-            else:
-                per_step += n
-    return once, per_step
+            own[name] += n
+        body = re.search(r"body=%?([\w.\-]+)", line)
+        if body:
+            trips = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+            calls[name].append((body.group(1), int(trips.group(1)) if trips else 1, "while"))
+        for callee in re.findall(r"(?:calls|to_apply|true_computation|false_computation)=%?([\w.\-]+)", line):
+            calls[name].append((callee, 1, "call"))
+        for group in re.findall(r"branch_computations=\{([^}]*)\}", line):
+            calls[name] += [(c.strip().lstrip("%"), 1, "call") for c in group.split(",")]
+
+    def total(comp: str) -> int:
+        return own.get(comp, 0) + sum(n * total(c) for c, n, _ in calls.get(comp, ()))
+
+    loops = [(total(c), c, n) for c, n, kind in calls[entry] if kind == "while"]
+    decode = max(loops)[1] if loops else None
+    once = own[entry] + sum(n * total(c) for c, n, _ in calls[entry] if c != decode)
+    return once, (total(decode) if decode else 0)
 
 
 def measure_layouts(rows: int = 16) -> list[dict]:

@@ -107,7 +107,7 @@ _digest_tree = jax.jit(lambda tree: jax.tree.map(_leaf_digest, tree))
 
 
 def _name(path) -> str:
-    """`params/layers/0/attn/o` for a tree path."""
+    """`params/layers/attn/o` for a tree path."""
     return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 

@@ -159,30 +159,32 @@ def model_config(name: str, *, field: str = "models.policy", value_head: bool = 
 def param_shapes(cfg) -> dict[tuple, tuple[tuple[int, ...], tuple[str | None, ...]]]:
     """Every parameter of `Decoder(cfg)`: its state path -> (shape, logical axis names), as the decoder builds them.
 
-    Embedding `[V, E]`; per layer qkv `[E, K, G + 2, D]` (+ bias `[K, G + 2, D]`), o `[H, D, E]` (+ bias `[E]`),
-    gate_up `[E, I, 2]`, down `[I, E]` (+ biases), two RMSNorm scales `[E]`; the final norm `[E]`; the LM head
-    `[E, V]` unless tied; the value head `[E]` (DRM).
+    Embedding `[V, E]`; every layer's, stacked on a leading `[L, ...]` axis: qkv `[E, K, G + 2, D]` (+ bias
+    `[K, G + 2, D]`), o `[H, D, E]` (+ bias `[E]`), gate_up `[E, I, 2]`, down `[I, E]` (+ biases), two RMSNorm
+    scales `[E]`; the final norm `[E]`; the LM head `[E, V]` unless tied; the value head `[E]` (DRM).
     """
+    from rrc_jax.models.decoder import LAYERS
+
     e, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     h, k, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     out = {("embed",): ((v, e), ("vocab", "embed"))}
-    for n in range(cfg.num_layers):
-        layer = {
-            ("attn", "qkv"): ((e, k, h // k + 2, d), ("embed", "kv_heads", None, "head_dim")),
-            ("attn", "o"): ((h, d, e), ("heads", "head_dim", "embed")),
-            ("mlp", "gate_up"): ((e, i, 2), ("embed", "mlp", None)),
-            ("mlp", "down"): ((i, e), ("mlp", "embed")),
-            ("attn_norm", "scale"): ((e,), ("norm",)),
-            ("mlp_norm", "scale"): ((e,), ("norm",)),
-        }
-        if cfg.qkv_bias:
-            layer["attn", "qkv_bias"] = ((k, h // k + 2, d), ("kv_heads", None, "head_dim"))
-        if cfg.o_bias:
-            layer["attn", "o_bias"] = ((e,), ("embed",))
-        if cfg.mlp_bias:
-            layer["mlp", "gate_up_bias"] = ((i, 2), ("mlp", None))
-            layer["mlp", "down_bias"] = ((e,), ("embed",))
-        out.update({("layers", n, *path): value for path, value in layer.items()})
+    layer = {
+        ("attn", "qkv"): ((e, k, h // k + 2, d), ("embed", "kv_heads", None, "head_dim")),
+        ("attn", "o"): ((h, d, e), ("heads", "head_dim", "embed")),
+        ("mlp", "gate_up"): ((e, i, 2), ("embed", "mlp", None)),
+        ("mlp", "down"): ((i, e), ("mlp", "embed")),
+        ("attn_norm", "scale"): ((e,), ("norm",)),
+        ("mlp_norm", "scale"): ((e,), ("norm",)),
+    }
+    if cfg.qkv_bias:
+        layer["attn", "qkv_bias"] = ((k, h // k + 2, d), ("kv_heads", None, "head_dim"))
+    if cfg.o_bias:
+        layer["attn", "o_bias"] = ((e,), ("embed",))
+    if cfg.mlp_bias:
+        layer["mlp", "gate_up_bias"] = ((i, 2), ("mlp", None))
+        layer["mlp", "down_bias"] = ((e,), ("embed",))
+    out.update({("layers", *path): ((cfg.num_layers, *shape), (LAYERS, *names))
+                for path, (shape, names) in layer.items()})
     out["final_norm", "scale"] = ((e,), ("norm",))
     if cfg.lm_head and not cfg.tie_word_embeddings:  # a sequence-classification DRM has no LM head
         out["lm_head",] = ((e, v), ("embed", "vocab"))
@@ -301,18 +303,21 @@ def layer_activation_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, i
 def activation_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, int], dtype: str, *,
                      remat: bool = False) -> int:
     """Bytes per device of the activations the learner's backward pass keeps for `rows` sequences of `length`
-    tokens: every layer's (`layer_activation_bytes`), or with `remat` each layer's input residual plus one layer's
-    internals; then the final norm, the hidden states the log-prob chunks read and the loss's per-token terms.
-    With `blockwise_attention` (over `TRAINING_ATTENTION_BLOCK` keys), also the block of one layer that the backward
+    tokens: per layer, its input residual and (without `remat`) the products the scan saves
+    (`rrc_jax.models.decoder.SAVED_RESIDUALS`: q/k/v, the attention output, the residual after attention, gate/up),
+    plus one layer's internals (`layer_activation_bytes`), which the backward pass recomputes a layer at a time;
+    then the final norm, the hidden states the log-prob chunks read and the loss's per-token terms. With
+    `blockwise_attention` (over `TRAINING_ATTENTION_BLOCK` keys), also the block of one layer that the backward
     pass recomputes at a time: its dense internals (masked scores, exp, mask, probabilities `[heads, block]` a
     token)."""
     from rrc_jax.models.decoder import TRAINING_ATTENTION_BLOCK as block
 
-    c, e = _itemsize(dtype), cfg.hidden_size
+    c, e, d = _itemsize(dtype), cfg.hidden_size, cfg.head_dim
     tokens = _rows_per_device(rows, mesh_shape) * length
-    layer = layer_activation_bytes(cfg, rows, length, mesh_shape, dtype)
-    layers = (cfg.num_layers * c * e * tokens + layer) if remat else cfg.num_layers * layer
-    hq = _split(cfg.num_kv_heads, mesh_shape[2]) * (cfg.num_heads // cfg.num_kv_heads)
+    kv = _split(cfg.num_kv_heads, mesh_shape[2])
+    hq = kv * (cfg.num_heads // cfg.num_kv_heads)
+    saved = e if remat else (e + (hq + 2 * kv) * d + hq * d + e + 2 * _split(cfg.intermediate_size, mesh_shape[2]))
+    layers = cfg.num_layers * c * saved * tokens + layer_activation_bytes(cfg, rows, length, mesh_shape, dtype)
     recompute = tokens * (4 + 4 + 1 + c) * hq * block if length > block else 0
     return layers + recompute + tokens * ((4 + 2 * c) * e + c * e + 8 * 4)
 
@@ -355,16 +360,33 @@ def decode_step_bytes(cfg, rows: int, prefix_slots: int, mesh_shape: tuple[int, 
 
 
 def gathered_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int], *, lm_head_only: bool = False) -> int:
-    """Bytes per device of weights all-gathered over fsdp (still split over tensor) in `dtype`: the whole model,
-    or its LM head (the embedding when tied). XLA hoists a loop-invariant all-gather out of a loop (decode's while
-    loop, the micro-batch scan, the log-prob chunks' map), so what a loop reads stays gathered through it.
+    """Bytes per device of weights all-gathered over fsdp (still split over tensor) that a pass holds at once, in
+    `dtype`: one layer's (the layers run under a scan, which gathers each layer's weights in its turn) and the LM
+    head (the embedding when tied), or the LM head alone. XLA hoists the LM head's loop-invariant all-gather out of
+    a loop (decode's while loop, the micro-batch scan, the log-prob chunks' map), so it stays gathered through it.
     0 without fsdp."""
     data, fsdp, tensor = mesh_shape
     if fsdp == 1:
         return 0
-    if lm_head_only:
-        return cfg.hidden_size * _split(cfg.vocab_size, tensor) * _itemsize(dtype)
-    return param_bytes(cfg, dtype, (1, 1, tensor))
+    head = cfg.hidden_size * _split(cfg.vocab_size, tensor) * _itemsize(dtype)
+    return head if lm_head_only else head + layer_param_bytes(cfg, dtype, (1, 1, tensor))
+
+
+def layer_param_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int], layout: str = "train") -> int:
+    """Bytes per device of one decoder layer's parameters in `dtype` on a mesh in `layout` (a layer's slice of the
+    stacked parameters, which the scan reads in its turn)."""
+    total = 0
+    for path, (shape, names) in param_shapes(cfg).items():
+        if path[0] == "layers":
+            shape, names = shape[1:], names[1:]
+            total += math.prod(n // w for n, w in zip(shape, _mesh_axes(names, shape, mesh_shape, layout)))
+    return total * _itemsize(dtype)
+
+
+def gather_traffic_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int]) -> int:
+    """Bytes per device that one pass of the training layout all-gathers over fsdp: every weight once (each layer's
+    in its turn). 0 without fsdp."""
+    return param_bytes(cfg, dtype, (1, 1, mesh_shape[2])) if mesh_shape[1] > 1 else 0
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -473,7 +495,7 @@ def _policy_rollouts(config, cfg, shape, dtype, layout: str) -> list[Row]:
     out.append(Row("prefill / decode transients", "rollout", transient, "one layer"))
     if layout == "train":
         out.append(Row("gathered policy weights", "rollout", gathered_bytes(cfg, "float32", shape),
-                       "hoisted out of the decode loop"))
+                       "one layer at a time, and the LM head"))
     return out
 
 
@@ -525,7 +547,7 @@ def _judging(config, cfg, shape, dtype, layout: str) -> tuple[list[Row], str]:
                    f"prefix's {prefix} slots, {shared_block(prefix)} at a time")]
         if layout == "train":
             out.append(Row("gathered GRM weights", "reward", gathered_bytes(cfg, dtype, shape),
-                           "hoisted out of the decode loop"))
+                           "one layer at a time, and the LM head"))
         if sum(x.bytes for x in out) > sum(x.bytes for x in best):
             best = out
     note = (f"judge questions estimated at {config.data.max_prompt_tokens} + {pre_tokens} prefix tokens (prompt + "
@@ -636,7 +658,7 @@ def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = No
     if accumulating:
         rows.append(Row("gradient accumulator", "backward", p32, "float32"))
         rows.append(Row("gathered policy weights", "backward", gathered_bytes(policy, "float32", shape),
-                        "hoisted out of the micro-batch loop"))
+                        "one layer at a time, and the LM head"))
     else:
         rows.append(Row("gathered LM head", "backward", gathered_bytes(policy, "float32", shape, lm_head_only=True),
                         "hoisted out of the chunk loop"))
@@ -696,12 +718,12 @@ def _allreduce_bytes(cfg, rows: float, dtype: str, tensor: int) -> float:
 def forward_time(topo: Topology, cfg, dtype: str, shape, layout: str, tokens: float) -> tuple[float, str]:
     """A forward pass over `tokens` tokens (rows over the mesh's row groups): every weight read once, 2 FLOP per
     parameter and token, and the layout's communication (the inference layout's all-reduces; the training
-    layout's gather of every weight over fsdp)."""
+    layout's gather of every weight over fsdp, a layer at a time)."""
     groups, tensor = shape[0] * shape[1], shape[2]
     flops = 2 * matmul_params(cfg) * tokens / (groups * tensor)
     hbm = param_bytes(cfg, dtype, shape, layout)
     ici = (_allreduce_bytes(cfg, tokens / groups, dtype, tensor) if layout == "inference"
-           else gathered_bytes(cfg, dtype, shape))
+           else gather_traffic_bytes(cfg, dtype, shape))
     return _roofline(topo, flops, hbm, ici)
 
 
@@ -716,10 +738,10 @@ def decode_time(topo: Topology, cfg, dtype: str, shape, layout: str, rows: int, 
     cached = -(-prefixes // groups) * prefix * kv + per_row * (own + steps / 2) * kv  # mean over the steps
     flops = 2 * matmul_params(cfg) * per_row / tensor
     hbm = param_bytes(cfg, dtype, shape, layout) + cached
-    ici = _allreduce_bytes(cfg, per_row, dtype, tensor) if layout == "inference" else 0.0
+    ici = (_allreduce_bytes(cfg, per_row, dtype, tensor) if layout == "inference"
+           else gather_traffic_bytes(cfg, dtype, shape))  # the training layout gathers every layer at every step
     step, bound = _roofline(topo, flops, hbm, ici)
-    gather = gathered_bytes(cfg, dtype, shape) / topo.ici_bw if layout == "train" else 0.0  # once, hoisted
-    return steps * step + gather, bound
+    return steps * step, bound
 
 
 def step_times(config, p: Plan) -> list[PhaseTime]:
@@ -759,7 +781,7 @@ def step_times(config, p: Plan) -> list[PhaseTime]:
         out.append(PhaseTime("log-prob passes", passes * one, bound, f"{passes} x {rows} rows x {length} tokens"))
     updates = rl.mu * -(-rows // rl.minibatch_size)
     flops = (8 if p.remat else 6) * matmul_params(policy) * rl.mu * rows * length / topo.devices
-    ici = updates * 3 * gathered_bytes(policy, "float32", shape)  # gather (forward, backward), reduce-scatter
+    ici = updates * 3 * gather_traffic_bytes(policy, "float32", shape)  # gather (forward, backward), reduce-scatter
     out.append(PhaseTime("update", *_roofline(topo, flops, updates * 3 * p.rows[0].bytes, ici),
                          f"{updates} updates, {'8' if p.remat else '6'} FLOP per parameter and token"))
     if "rollout" in p.layouts:

@@ -44,6 +44,7 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("kv_heads", "tensor"),
     ("head_dim", None),
     ("norm", None),
+    ("layers", None),  # stacked decoder layers: every device holds every layer's part
 )
 
 

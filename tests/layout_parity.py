@@ -98,8 +98,8 @@ def main():
                 np.testing.assert_array_equal(a, b, err_msg=f"{name} on {shape}")
         grm = load_hf(path, layout=inference)  # a frozen role loaded straight into its layout
         assert verdicts(make_sampler("grm", grm, tokenizer), tokenizer) == want_verdicts, shape
-        spec = grm.layers[0].attn.qkv[...].sharding.spec
-        assert spec[1] is None and "tensor" not in str(spec[0]), f"kv heads 2 < tensor 4 must replicate: {spec}"
+        spec = grm.layers.attn.qkv[...].sharding.spec  # [L, E, K, G + 2, D]
+        assert spec[2] is None and "tensor" not in str(spec[1]), f"kv heads 2 < tensor 4 must replicate: {spec}"
         # the copy follows the master: new weights in, the same as a copy made from them
         new = jax.tree.map(lambda x: x * 1.5, nnx.state(master, nnx.Param))
         moved = sampler.update_weights(new)

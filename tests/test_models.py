@@ -90,8 +90,9 @@ def test_fused_projections_with_all_biases_round_trip_exactly(tmp_path):
     ref.save_pretrained(tmp_path / "in")
     model = load_hf(tmp_path / "in")
     assert model.cfg.qkv_bias and model.cfg.o_bias and model.cfg.mlp_bias
-    assert model.layers[0].attn.qkv[...].shape == (48, 2, 5, 8)  # [E, K, G + 2, D]
-    assert model.layers[0].mlp.gate_up[...].shape == (48, 64, 2)  # [E, I, 2]
+    layers = model.cfg.num_layers  # every layer's parameters stacked on a leading axis
+    assert model.layers.attn.qkv[...].shape == (layers, 48, 2, 5, 8)  # [L, E, K, G + 2, D]
+    assert model.layers.mlp.gate_up[...].shape == (layers, 48, 64, 2)  # [L, E, I, 2]
     ids, mask = padded_batch([9, 4, 14], "left", seed=6)
     ours = np.asarray(model(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
     np.testing.assert_allclose(ours[mask.astype(bool)], torch_logits(ref, ids, mask)[mask.astype(bool)], atol=1e-4)
@@ -154,10 +155,10 @@ def test_meshed_construction_on_8_devices():
         mesh = make_mesh(data=2, fsdp=2, tensor=2)
         with model_context(mesh):
             model = Decoder(cfg, rngs=nnx.Rngs(0))
-        spec = model.layers[0].mlp.gate_up[...].sharding.spec
-        assert tuple(spec) == ("fsdp", "tensor", None), spec
-        spec = model.layers[0].attn.qkv[...].sharding.spec  # [E, K, G + 2, D]: kv heads over tensor
-        assert tuple(spec) == ("fsdp", "tensor", None, None), spec
+        spec = model.layers.mlp.gate_up[...].sharding.spec  # [L, E, I, 2]: the layers axis replicated
+        assert tuple(spec) == (None, "fsdp", "tensor", None), spec
+        spec = model.layers.attn.qkv[...].sharding.spec  # [L, E, K, G + 2, D]: kv heads over tensor
+        assert tuple(spec) == (None, "fsdp", "tensor", None, None), spec
         assert tuple(model.embed[...].sharding.spec) == ("tensor", "fsdp")
         print("ok")
     """)

@@ -214,9 +214,10 @@ def test_blocked_attention_equals_dense():
     mask[:, :, end + t:] = False
     mask[0, 1] = False  # a query that sees nothing must not produce NaN
     mask = jnp.asarray(mask)
-    blocks = lambda x, axis: tuple(jnp.split(x, s // 128, axis=axis))  # four blocks of 128 slots
+    blocks = lambda x, axis: tuple(jnp.split(x[None], s // 128, axis=axis + 1))  # 4 blocks of 128 slots, 1 layer
     dense = dense_attention(q, k, v, mask)
-    blocked = _normalize(cache_attention(_empty_carry(q), q, blocks(k, 3), blocks(v, 2), mask, jnp.asarray(end + t)))
+    blocked = _normalize(cache_attention(_empty_carry(q), q, blocks(k, 3), blocks(v, 2), mask, jnp.asarray(end + t),
+                                         layer=0))
     assert not np.isnan(np.asarray(blocked)).any()
     sees = np.asarray(mask.any(-1))[:, None, None, :, None]  # a query that sees nothing has no defined output
     np.testing.assert_allclose(np.where(sees, np.asarray(blocked), 0), np.where(sees, np.asarray(dense), 0),
@@ -232,14 +233,16 @@ def test_long_cache_uses_blocks_and_matches(llama, monkeypatch):
     ids, mask = padded_batch(LENGTHS, "left", seed=9)
     small = gen(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=96)
     monkeypatch.setattr(decoder, "BLOCKED_ATTENTION_MIN_BYTES", 0)  # a tiny model's cache is blocked too
-    assert [len(b) for b in decoder.init_cache(model.cfg, 4, 576).k] == [9] * model.cfg.num_layers
+    blocks = decoder.init_cache(model.cfg, 4, 576).k  # 9 blocks [L, B, K, D, 64]
+    assert len(blocks) == 9 and {b.shape for b in blocks} == {(model.cfg.num_layers, 4, model.cfg.num_kv_heads,
+                                                                model.cfg.head_dim, 64)}
     large = gen(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=576)
     np.testing.assert_array_equal(small.tokens, large.tokens)
     np.testing.assert_allclose(small.logprobs, large.logprobs, atol=1e-5)
     # writing several tokens across block boundaries: 60 slots of padding first, then the prompts from slot 60 on
     cache = extend(model, prefill(model, np.zeros((len(ids), 60), np.int32), np.zeros((len(ids), 60), bool),
                                   cache_size=576), ids, mask)
-    assert len(cache.k[0]) == 9 and int(cache.end) == 60 + ids.shape[1]
+    assert len(cache.k) == 9 and int(cache.end) == 60 + ids.shape[1]
     later = decode(model, cache, params(40, 0.0))
     np.testing.assert_array_equal(small.tokens, later.tokens)
     np.testing.assert_allclose(small.logprobs, later.logprobs, atol=1e-5)
@@ -263,7 +266,7 @@ def test_branch_equals_take(llama, monkeypatch, blocked):
     owner = jnp.asarray([0, 0, 1, 1, 2, 2], jnp.int32)
     copied = extend(model, prefill(model, ids, mask, cache_size=16 + own).take(owner), s_ids, s_mask)
     shared = extend(model, prefill(model, ids, mask, cache_size=16).branch(2, own), s_ids, s_mask)
-    assert shared.shared and shared.size == own and int(shared.end) == 8 and shared.shared_k[0].shape[1] == 3
+    assert shared.shared and shared.size == own and int(shared.end) == 8 and shared.shared_k.shape[2] == 3
     np.testing.assert_allclose(np.asarray(shared.logits), np.asarray(copied.logits), atol=1e-5)
     greedy = params(n_new, 0.0, stop_token_ids=[])
     a, b = decode(model, copied, greedy), decode(model, shared, greedy)
@@ -311,10 +314,11 @@ def test_shared_then_blocked_attention_equals_dense(monkeypatch, prefix_block):
     k, v = (jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in ((b, kh, d, s), (b, kh, s, d)))
     shared_mask = jnp.asarray(rng.random((p, n)) < 0.6)
     mask = jnp.asarray(np.broadcast_to(np.arange(s) < 70, (b, t, s)))
-    blocks = prefix_blocks(ks, vs, shared_mask)
-    assert blocks[0].shape[0] == (2 if prefix_block else 1)
-    carry = shared_attention(_empty_carry(q), q, *blocks)
-    out = _normalize(cache_attention(carry, q, jnp.split(k, 2, axis=3), jnp.split(v, 2, axis=2), mask, jnp.asarray(70)))
+    bk, bv, bmask = prefix_blocks(ks[None], vs[None], shared_mask)  # one layer: [1, J, P, ...]
+    assert bk.shape[1] == (2 if prefix_block else 1)
+    carry = shared_attention(_empty_carry(q), q, bk[0], bv[0], bmask)
+    out = _normalize(cache_attention(carry, q, jnp.split(k[None], 2, axis=4), jnp.split(v[None], 2, axis=3), mask,
+                                     jnp.asarray(70), layer=0))
     rows = lambda x: jnp.repeat(x, m, axis=0)
     full_k = jnp.concatenate([rows(ks), k], axis=3)
     full_v = jnp.concatenate([rows(vs), v], axis=2)

@@ -1,7 +1,8 @@
 """One Flax NNX decoder for the Llama 3.x and Qwen2 / Qwen2.5 families.
 
 Pre-norm transformer: token embedding -> L x [RMSNorm -> GQA self-attention with RoPE -> residual,
-RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied to the embedding or not) and, optionally,
+RMSNorm -> SwiGLU MLP -> residual] (the L layers' parameters stacked on a leading `layers` axis and run under a
+scan, as MaxText's scanned layers) -> RMSNorm -> LM head (tied to the embedding or not) and, optionally,
 a scalar value head (the DRM's Bradley-Terry score, Eq. 1). A sequence-classification checkpoint
 (`LlamaForSequenceClassification` / `Qwen2ForSequenceClassification`: a `score` head, no LM head) is a decoder with
 the value head only (`lm_head=False`).
@@ -30,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
+from jax.ad_checkpoint import checkpoint_name
 
 from rrc_jax import sharding
 
@@ -217,8 +219,9 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 # KV cache
 # ----------------------------------------------------------------------------------------------------------
 
-KV_K = ("batch", "kv_heads", "head_dim", "length")  # logical axes of a key block [B, K, D, S_j]
-KV_V = ("batch", "kv_heads", "length", "head_dim")  # and of a value block [B, K, S_j, D]
+LAYERS = "layers"  # the logical axis of the decoder layers, stacked (replicated: each device holds every layer)
+KV_K = (LAYERS, "batch", "kv_heads", "head_dim", "length")  # logical axes of a key block [L, B, K, D, S_j]
+KV_V = (LAYERS, "batch", "kv_heads", "length", "head_dim")  # and of a value block [L, B, K, S_j, D]
 
 
 @struct.dataclass
@@ -229,8 +232,9 @@ class KVCache:
     only where `valid[b, s]`. Attention of a new token at slot `e` sees the valid slots `s <= e`, so padding may
     sit anywhere (left-padded prompts, right-padded suffixes, rows that finished decoding).
 
-    k: per layer, a tuple of blocks `[B, K, D, S_j]`; v: per layer, blocks `[B, K, S_j, D]`; the blocks hold
-    consecutive slots and their S_j sum to S. Rows are sharded over `(data, fsdp)` and kv heads over `tensor`
+    k: a tuple of blocks `[L, B, K, D, S_j]`; v: blocks `[L, B, K, S_j, D]`, every layer's stacked on the leading
+    axis as the parameters are (`Decoder` scans over it); the blocks hold consecutive slots and their S_j sum to S.
+    Rows are sharded over `(data, fsdp)` and kv heads over `tensor`
     (`KV_K`, `KV_V`), so sampling and judging run as one program over the mesh. A small cache is one block; from
     `BLOCKED_ATTENTION_MIN_BYTES` per layer on, blocks of `ATTENTION_BLOCK` slots, so that attention visits only the
     filled ones (a decode step costs in proportion to the tokens so far). Keys are `[.., D, S_j]` so that both
@@ -243,20 +247,20 @@ class KVCache:
 
     A cache made by `branch(group, size)` also holds P read-only prefixes, prefix p continued by the `group`
     consecutive rows `p*group ... p*group + group - 1` (B = P * group) and attended before their own slots:
-    the prefixes' N slots stored block-major (`prefix_blocks`), J blocks of N_b slots: shared_k per layer
-    `[J, P, K, D, N_b]`, shared_v `[J, P, K, N_b, D]`, shared_mask `[J, P, N_b]` (the prefix's valid slots). Each
+    the prefixes' N slots stored block-major (`prefix_blocks`), J blocks of N_b slots: shared_k
+    `[L, J, P, K, D, N_b]`, shared_v `[L, J, P, K, N_b, D]`, shared_mask `[J, P, N_b]` (the prefix's valid slots). Each
     row attends to its own prompt's prefix only, so the cost is linear in the number of prompts. Otherwise these
     are None.
     """
 
-    k: tuple[tuple[jax.Array, ...], ...]
-    v: tuple[tuple[jax.Array, ...], ...]
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
     valid: jax.Array
     positions: jax.Array
     end: jax.Array
     logits: jax.Array
-    shared_k: tuple[jax.Array, ...] | None = None
-    shared_v: tuple[jax.Array, ...] | None = None
+    shared_k: jax.Array | None = None
+    shared_v: jax.Array | None = None
     shared_mask: jax.Array | None = None
 
     @property
@@ -276,8 +280,9 @@ class KVCache:
         rows. `branch` reuses it without the copies. Not for a branched cache (its rows are grouped by prefix)."""
         if self.shared:
             raise ValueError("take() of a branched cache: take the rows before branching")
-        take = lambda x: jnp.take(x, rows, axis=0)
-        return self.replace(k=jax.tree.map(take, self.k), v=jax.tree.map(take, self.v), valid=take(self.valid),
+        take = lambda x, axis=0: jnp.take(x, rows, axis=axis)
+        blocks = lambda x: take(x, axis=1)  # [L, B, ...]
+        return self.replace(k=jax.tree.map(blocks, self.k), v=jax.tree.map(blocks, self.v), valid=take(self.valid),
                             positions=take(self.positions), logits=take(self.logits), end=jnp.copy(self.end))
 
     def branch(self, group: int, size: int) -> KVCache:
@@ -296,27 +301,27 @@ class KVCache:
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _branch(cache: KVCache, group: int, size: int) -> KVCache:
-    p = cache.batch_size
-    _, kh, d, _ = cache.k[0][0].shape
-    layers = [prefix_blocks(jnp.concatenate(kb, axis=3), jnp.concatenate(vb, axis=2), cache.valid)
-              for kb, vb in zip(cache.k, cache.v)]
-    k, v = _empty_kv(len(cache.k), p * group, kh, size, d, cache.k[0][0].dtype)
+    layers, p, kh, d, _ = cache.k[0].shape
+    shared_k, shared_v, shared_mask = prefix_blocks(jnp.concatenate(cache.k, axis=4),
+                                                    jnp.concatenate(cache.v, axis=3), cache.valid)
+    k, v = _empty_kv(layers, p * group, kh, size, d, cache.k[0].dtype)
     rows = lambda x: jnp.repeat(x, group, axis=0)
     return KVCache(k=k, v=v, valid=jnp.zeros((p * group, size), bool), positions=rows(cache.positions),
-                   end=jnp.zeros((), jnp.int32), logits=rows(cache.logits), shared_k=tuple(x[0] for x in layers),
-                   shared_v=tuple(x[1] for x in layers), shared_mask=layers[0][2])
+                   end=jnp.zeros((), jnp.int32), logits=rows(cache.logits), shared_k=shared_k, shared_v=shared_v,
+                   shared_mask=shared_mask)
 
 
 def prefix_blocks(k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Prefixes k `[P, K, D, N]`, v `[P, K, N, D]`, mask `[P, N]` stored block-major for `shared_attention`:
-    `[J, P, K, D, N_b]`, `[J, P, K, N_b, D]`, `[J, P, N_b]`, J blocks of `SHARED_ATTENTION_BLOCK` slots (one block
-    of N when N is not a multiple of it), so that the attention scans them as they are, with no copy per step."""
-    p, kh, d, n = k.shape
+    """Every layer's prefixes k `[L, P, K, D, N]`, v `[L, P, K, N, D]`, mask `[P, N]` stored block-major for
+    `shared_attention`: `[L, J, P, K, D, N_b]`, `[L, J, P, K, N_b, D]`, `[J, P, N_b]`, J blocks of
+    `SHARED_ATTENTION_BLOCK` slots (one block of N when N is not a multiple of it), so that the attention scans
+    them as they are, with no copy per step."""
+    layers, p, kh, d, n = k.shape
     nb = SHARED_ATTENTION_BLOCK if n > SHARED_ATTENTION_BLOCK and n % SHARED_ATTENTION_BLOCK == 0 else n
     j = n // nb
-    names = (None,) + KV_K
-    k = sharding.constrain(k.reshape(p, kh, d, j, nb).transpose(3, 0, 1, 2, 4), names)
-    v = sharding.constrain(v.reshape(p, kh, j, nb, d).transpose(2, 0, 1, 3, 4), (None,) + KV_V)
+    blocked = lambda names: names[:1] + (None,) + names[1:]
+    k = sharding.constrain(k.reshape(layers, p, kh, d, j, nb).transpose(0, 4, 1, 2, 3, 5), blocked(KV_K))
+    v = sharding.constrain(v.reshape(layers, p, kh, j, nb, d).transpose(0, 3, 1, 2, 4, 5), blocked(KV_V))
     return k, v, mask.reshape(p, j, nb).swapaxes(0, 1)
 
 
@@ -336,38 +341,49 @@ def block_slots(b: int, kh: int, s: int, d: int, dtype) -> int:
 
 
 def _empty_kv(layers: int, b: int, kh: int, s: int, d: int, dtype) -> tuple[tuple, tuple]:
-    """Zero key blocks `[B, K, D, S_j]` and value blocks `[B, K, S_j, D]` for each of `layers` layers, sharded by
+    """Zero key blocks `[L, B, K, D, S_j]` and value blocks `[L, B, K, S_j, D]` of `layers` layers, sharded by
     `KV_K` / `KV_V` under a mesh."""
     n = block_slots(b, kh, s, d, dtype)
     zeros = lambda shape, names: sharding.constrain(jnp.zeros(shape, dtype), names)
-    return (tuple(tuple(zeros((b, kh, d, n), KV_K) for _ in range(s // n)) for _ in range(layers)),
-            tuple(tuple(zeros((b, kh, n, d), KV_V) for _ in range(s // n)) for _ in range(layers)))
+    return (tuple(zeros((layers, b, kh, d, n), KV_K) for _ in range(s // n)),
+            tuple(zeros((layers, b, kh, n, d), KV_V) for _ in range(s // n)))
 
 
-def write_blocks(blocks: tuple[jax.Array, ...], new: jax.Array, end: jax.Array, axis: int) -> tuple[jax.Array, ...]:
-    """`blocks` (consecutive slots along `axis`) with `new` (T slots along `axis`) written at slots
-    `[end, end + T)`; the caller keeps `end + T <= S`.
+def write_blocks(blocks: tuple[jax.Array, ...], new: jax.Array, end: jax.Array, axis: int, layer: jax.Array
+                 ) -> tuple[jax.Array, ...]:
+    """`blocks` (every layer's, stacked: `[L, ...]`, consecutive slots along the per-layer `axis`) with layer
+    `layer`'s `new` (T slots along `axis`) written at slots `[end, end + T)`; the caller keeps `end + T <= S`.
 
     One block, or one new token: an in-place update of each block (a block that does not hold the slot rewrites
     its own value there, so decoding touches one slot per block). Several tokens over several blocks (prefill,
-    extend): each block is rebuilt from a gather of the tokens that land in it.
+    extend): the layer's part of each block is rebuilt from a gather of the tokens that land in it.
     """
-    t, upd, out, start = new.shape[axis], new.astype(blocks[0].dtype), [], 0
+    axis += 1  # in the stacked block
+    t, upd, out, start = new.shape[axis - 1], new.astype(blocks[0].dtype)[None], [], 0
+
+    def put(block, value, slot):  # `value [1, ...]` into layer `layer` of `block`, from `slot` along `axis`
+        index = [layer] + [0] * (block.ndim - 1)
+        index[axis] = slot
+        return jax.lax.dynamic_update_slice(block, value, index)
+
     for block in blocks:
         n = block.shape[axis]
         if len(blocks) == 1:
-            block = jax.lax.dynamic_update_slice_in_dim(block, upd, end, axis)
+            block = put(block, upd, end)
         elif t == 1:
             pos = jnp.clip(end - start, 0, n - 1)
             inside = (end >= start) & (end < start + n)
-            old = jax.lax.dynamic_slice_in_dim(block, pos, 1, axis)
-            block = jax.lax.dynamic_update_slice_in_dim(block, jnp.where(inside, upd, old), pos, axis)
+            index = [layer] + [0] * (block.ndim - 1)
+            index[axis] = pos
+            old = jax.lax.dynamic_slice(block, index, upd.shape)
+            block = put(block, jnp.where(inside, upd, old), pos)
         else:
             idx = start + jnp.arange(n) - end  # which new token lands in each slot of this block
             shape = [1] * block.ndim
             shape[axis] = n
             hit = ((idx >= 0) & (idx < t)).reshape(shape)
-            block = jnp.where(hit, jnp.take(upd, jnp.clip(idx, 0, t - 1), axis=axis), block)
+            mine = jax.lax.dynamic_index_in_dim(block, layer, 0, keepdims=True)
+            block = put(block, jnp.where(hit, jnp.take(upd, jnp.clip(idx, 0, t - 1), axis=axis), mine), 0)
         out.append(block)
         start += n
     return tuple(out)
@@ -439,14 +455,15 @@ class Attention(nnx.Module):
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
                  kv_cache: tuple[tuple, tuple] | None = None, end: jax.Array | None = None,
                  shared: tuple[jax.Array, jax.Array, jax.Array] | None = None,
-                 query_index: jax.Array | None = None
+                 query_index: jax.Array | None = None, layer: jax.Array | int = 0
                  ) -> tuple[jax.Array, tuple[tuple, tuple] | None]:
         """x `[B, T, E]`, cos/sin `[B, T, D]`, mask `[B, T, S]` (S = T without cache) -> `[B, T, E]`, cache.
 
-        `kv_cache` = (key blocks, value blocks) of this layer (`KVCache`), written at slots `[end, end + T)`.
+        `kv_cache` = (key blocks, value blocks) of every layer (`KVCache`: `[L, ...]`); this one, layer `layer`,
+        writes its keys and values at slots `[end, end + T)` and reads its own.
 
-        `shared` = (k `[J, P, K, D, N_b]`, v `[J, P, K, N_b, D]`, mask `[J, P, N_b]`): each group of B / P rows'
-        prefix in J blocks (`prefix_blocks`), attended before the cache (`KVCache.branch`).
+        `shared` = this layer's (k `[J, P, K, D, N_b]`, v `[J, P, K, N_b, D]`) and the mask `[J, P, N_b]`: each
+        group of B / P rows' prefix in J blocks (`prefix_blocks`), attended before the cache (`KVCache.branch`).
         `query_index [B]`: keys and values of all T tokens go to the cache, but only token `query_index[b]` of
         each row queries; the output is then `[B, 1, E]` (the last layer of `Decoder.extend`).
         """
@@ -454,6 +471,7 @@ class Attention(nnx.Module):
         g = cfg.num_heads // cfg.num_kv_heads
         qkv = sharding.constrain(dense(x, self.qkv[...], self.qkv_bias[...] if cfg.qkv_bias else None),
                                  ("batch", "length", "kv_heads", None, None))  # [B, T, K, G + 2, D]
+        qkv = checkpoint_name(qkv, "qkv")
         qk = apply_rope(qkv[..., :g + 1, :], cos, sin)
         q, k, v = qk[..., :g, :], qk[..., g, :], qkv[..., g + 1, :]
         k, v = k.transpose(0, 2, 3, 1), v.swapaxes(1, 2)  # [B, K, D, T], [B, K, T, D]
@@ -465,12 +483,13 @@ class Attention(nnx.Module):
             out = blockwise_attention(q, k, v, mask)
         else:  # (see KVCache for the layout)
             n_new = k.shape[3]
-            kv_cache = (tuple(sharding.constrain(x, KV_K) for x in write_blocks(kv_cache[0], k, end, axis=3)),
-                        tuple(sharding.constrain(x, KV_V) for x in write_blocks(kv_cache[1], v, end, axis=2)))
+            kv_cache = (tuple(sharding.constrain(x, KV_K) for x in write_blocks(kv_cache[0], k, end, 3, layer)),
+                        tuple(sharding.constrain(x, KV_V) for x in write_blocks(kv_cache[1], v, end, 2, layer)))
             carry = _empty_carry(q) if shared is None else shared_attention(_empty_carry(q), q, *shared)
-            out = _normalize(cache_attention(carry, q, *kv_cache, mask, n_slots=end + n_new))
+            out = _normalize(cache_attention(carry, q, *kv_cache, mask, n_slots=end + n_new, layer=layer))
         out = sharding.constrain(out.astype(x.dtype).transpose(0, 3, 1, 2, 4),  # [B, T, K, G, D], where q was
                                  ("batch", "length", "kv_heads", None, None)).reshape(b, t, cfg.num_heads * d)
+        out = checkpoint_name(out, "attn_out")
         y = dense(out, self.o[...].reshape(cfg.num_heads * d, -1), self.o_bias[...] if cfg.o_bias else None)
         return y, kv_cache
 
@@ -557,16 +576,18 @@ def _normalize(carry: tuple) -> jax.Array:
 
 
 def cache_attention(carry: tuple, q: jax.Array, k_blocks: tuple[jax.Array, ...], v_blocks: tuple[jax.Array, ...],
-                    mask: jax.Array, n_slots: jax.Array) -> tuple:
-    """`_attend` over a cache stored as blocks (`KVCache`), skipping at run time the blocks that start at or after
-    `n_slots` (the filled slots): a decoding step then costs in proportion to the tokens so far, not to S.
+                    mask: jax.Array, n_slots: jax.Array, layer: jax.Array | int) -> tuple:
+    """`_attend` over layer `layer` of a cache stored as blocks (`KVCache`), skipping at run time the blocks that
+    start at or after `n_slots` (the filled slots): a decoding step then costs in proportion to the tokens so far,
+    not to S.
 
-    k_blocks `[B, K, D, S_j]`, v_blocks `[B, K, S_j, D]`, mask `[B, T, S]`.
+    k_blocks `[L, B, K, D, S_j]`, v_blocks `[L, B, K, S_j, D]`, mask `[B, T, S]`.
     """
     start = 0
+    mine = lambda block: jax.lax.dynamic_index_in_dim(block, layer, 0, keepdims=False)
     for j, (k, v) in enumerate(zip(k_blocks, v_blocks)):
         n = k.shape[-1]
-        step = lambda c, k=k, v=v, m=mask[:, :, start:start + n]: _attend(c, q, k, v, m)
+        step = lambda c, k=k, v=v, m=mask[:, :, start:start + n]: _attend(c, q, mine(k), mine(v), m)
         carry = step(carry) if j == 0 else jax.lax.cond(start < n_slots, step, lambda c: c, carry)
         start += n
     return carry
@@ -623,20 +644,41 @@ class MLP(nnx.Module):
         bias = lambda name: getattr(self, f"{name}_bias")[...] if self.mlp_bias else None
         gate_up = sharding.constrain(dense(x, self.gate_up[...], bias("gate_up")),  # [B, T, I, 2]
                                      ("batch", "length", "mlp", None))
+        gate_up = checkpoint_name(gate_up, "gate_up")
         return dense(jax.nn.silu(gate_up[..., 0]) * gate_up[..., 1], self.down[...], bias("down"))
 
 
+# What the backward pass of a scanned layer keeps without `remat` (`Decoder._run_layers`), besides the layer's input:
+# the products of the expensive operations (the q/k/v projection `[B, T, K, G + 2, D]`, the attention output before
+# o `[B, T, H * D]`, the residual stream after attention `[B, T, E]`, the gate/up projection `[B, T, I, 2]`). The
+# rest of the layer (norms, rotary, softmax, SwiGLU's elementwise ops) is recomputed from them, one layer at a time.
+SAVED_RESIDUALS = ("qkv", "attn_out", "mid", "gate_up")
+
+
 class Block(nnx.Module):
+    """One decoder layer (pre-norm attention, then pre-norm MLP, each with a residual). `Decoder` holds every
+    layer's parameters stacked in one `Block` (`stack_layers`) and runs them under a scan."""
+
     def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.params_dtype, rngs=rngs)
         self.attn = Attention(cfg, rngs=rngs)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.params_dtype, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, cos, sin, mask, kv_cache=None, end=None, shared=None, query_index=None):
-        h, kv_cache = self.attn(self.attn_norm(x), cos, sin, mask, kv_cache, end, shared, query_index)
-        x = x + h if query_index is None else rows_at(x, query_index) + h
+    def __call__(self, x, cos, sin, mask, kv_cache=None, end=None, shared=None, query_index=None, layer=0):
+        h, kv_cache = self.attn(self.attn_norm(x), cos, sin, mask, kv_cache, end, shared, query_index, layer)
+        x = checkpoint_name(x + h if query_index is None else rows_at(x, query_index) + h, "mid")
         return x + self.mlp(self.mlp_norm(x)), kv_cache
+
+
+def stack_layers(blocks: list[nnx.Module]) -> nnx.Module:
+    """One module of the `blocks`' structure whose parameters are theirs stacked on a leading `layers` axis
+    (`[L, ...]`, logical axis `LAYERS`). The blocks are built one by one first, so that random initial values are
+    drawn in the order of a list of layers (a model's random initialization does not depend on the stacking)."""
+    graphdef, _ = nnx.split(blocks[0])
+    stack = lambda *vs: sharding.param(jnp.stack([v[...] for v in vs]), (LAYERS,) + tuple(vs[0].out_sharding))
+    return nnx.merge(graphdef, jax.tree.map(stack, *map(nnx.state, blocks),
+                                            is_leaf=lambda x: isinstance(x, nnx.Variable)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -678,7 +720,7 @@ class Decoder(nnx.Module):
         self.inv_freq = tuple(float(f) for f in rope_inv_freq(cfg))  # static (hashable) constant, not a parameter
         pd = cfg.params_dtype
         self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
-        self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.layers = stack_layers([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])  # [L, ...] each
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
         if cfg.lm_head and not cfg.tie_word_embeddings:
             self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
@@ -690,30 +732,46 @@ class Decoder(nnx.Module):
     def _run_layers(self, input_ids: jax.Array, positions: jax.Array, mask: jax.Array,
                     cache: KVCache | None = None, last_index: jax.Array | None = None, remat: bool = False
                     ) -> tuple[jax.Array, tuple | None]:
-        """Final-normed hidden states `[B, T, E]` and the updated per-layer (k, v) when a cache is given.
+        """Final-normed hidden states `[B, T, E]` and the updated cache blocks (k, v) when a cache is given.
+
+        The layers run under one `lax.scan` over their stacked parameters (one layer traced and compiled, whatever
+        L). Without a cache (training, log-probs) the parameters are the scan's input, so their gradient is stacked
+        the same way, and with FSDP each step gathers one layer's weights. The backward pass keeps each layer's
+        input `[B, T, E]` and `SAVED_RESIDUALS`, and recomputes the rest one layer at a time; with `remat` it keeps
+        only the input and recomputes the whole layer. With a cache (prefill, decode) the scan runs
+        over layer indices, carrying the stacked cache, which each layer updates in place at its own index.
 
         With `last_index [B]`, only the hidden state `[B, 1, E]` of token `last_index[b]` of each row: the last
-        layer still writes every token's keys and values, but skips the attention and MLP of the others (nothing
-        reads them). With `remat` (no cache), each block is recomputed in the backward pass: only its input
-        `[B, T, E]` is kept per layer.
+        layer, run after the scan, still writes every token's keys and values, but skips the attention and MLP of
+        the others (nothing reads them).
         """
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(self.cfg.compute_dtype)
         x = sharding.constrain(x, ACTIVATION)
         cos, sin = rope_cos_sin(positions, self.inv_freq)
-        new_kv = []
-        for i, layer in enumerate(self.layers):
-            kv = (cache.k[i], cache.v[i]) if cache is not None else None
-            shared = (cache.shared_k[i], cache.shared_v[i], cache.shared_mask) if cache is not None and \
-                cache.shared else None
-            final = last_index is not None and i == len(self.layers) - 1
-            if remat and cache is None:
-                x, kv = nnx.remat(lambda block, h: block(h, cos, sin, mask))(layer, x)
-            else:
-                x, kv = layer(x, cos, sin, mask, kv, cache.end if cache is not None else None, shared,
-                              last_index if final else None)
-            x = sharding.constrain(x, ACTIVATION)
-            new_kv.append(kv)
-        return self.final_norm(x), (tuple(new_kv) if cache is not None else None)
+        graphdef, params = nnx.split(self.layers)
+        if cache is None:
+            def layer(h, p):
+                h, _ = nnx.merge(graphdef, p)(h, cos, sin, mask)
+                return sharding.constrain(h, ACTIVATION), None
+
+            policy = None if remat else jax.checkpoint_policies.save_only_these_names(*SAVED_RESIDUALS)
+            x, _ = jax.lax.scan(jax.checkpoint(layer, prevent_cse=False, policy=policy), x, params)
+            return self.final_norm(x), None
+
+        def run(i, h, k, v, query_index=None):
+            p = jax.tree.map(lambda a: a[i], params)  # a slice of the stacked weights, no copy of the others
+            shared = (cache.shared_k[i], cache.shared_v[i], cache.shared_mask) if cache.shared else None
+            h, (k, v) = nnx.merge(graphdef, p)(h, cos, sin, mask, (k, v), cache.end, shared, query_index, i)
+            return sharding.constrain(h, ACTIVATION), k, v
+
+        n = self.cfg.num_layers - (last_index is not None)
+        carry = (x, cache.k, cache.v)
+        if n:
+            carry, _ = jax.lax.scan(lambda c, i: (run(i, *c), None), carry, jnp.arange(n))
+        if last_index is not None:
+            carry = run(n, *carry, query_index=last_index)
+        x, k, v = carry
+        return self.final_norm(x), (k, v)
 
     def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
                       remat: bool = False) -> jax.Array:
@@ -804,9 +862,10 @@ class Decoder(nnx.Module):
         slot_q = cache.end + jnp.arange(t)
         mask = valid[:, None, :] & (jnp.arange(s)[None, None, :] <= slot_q[None, :, None])
         positions = cache.positions[:, None] + jnp.maximum(jnp.cumsum(new.astype(jnp.int32), axis=1) - 1, 0)
-        h, kv = self._run_layers(input_ids, positions, mask, cache, last_index=last_valid_index(new))
+        last = last_valid_index(new) if t > 1 else None  # (one token: the layers' output is already [B, 1, E])
+        h, (k, v) = self._run_layers(input_ids, positions, mask, cache, last_index=last)
         last = h[:, 0]
         logits = jnp.where(new.any(axis=1)[:, None], self.logits_from_hidden(last), cache.logits)
-        return cache.replace(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv), valid=valid,
+        return cache.replace(k=k, v=v, valid=valid,
                              positions=cache.positions + new.sum(axis=1, dtype=jnp.int32), end=cache.end + t,
                              logits=logits)

@@ -16,6 +16,7 @@ tokenizer's chat template when it has one and uses the raw text otherwise (the d
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import tempfile
@@ -47,8 +48,12 @@ _IDENT = _one(lambda w: w)
 _T = _one(lambda w: w.T)
 
 
-def _tensor_map(cfg: DecoderConfig) -> dict[tuple[Any, ...], tuple[tuple[str, ...], Combine, Split]]:
-    """Path of each `Decoder` parameter -> (the HF tensors it is made of, HF -> ours, ours -> HF).
+Target = tuple[tuple[str, ...], int | None]  # a parameter's path in `Decoder`, and the layer within it (stacked)
+
+
+def _tensor_map(cfg: DecoderConfig) -> dict[Target, tuple[tuple[str, ...], Combine, Split]]:
+    """Each `Decoder` parameter, or layer n of a stacked one (`(path, n)`; n is None for an unstacked one) -> (the
+    HF tensors it is made of, HF -> ours, ours -> HF).
 
     Ours fuses some HF tensors: `attn.qkv [E, K, G + 2, D]` is q_proj, k_proj and v_proj regrouped by kv head
     (query head h belongs to kv head h // G, as in transformers' `repeat_kv`); `mlp.gate_up [E, I, 2]` stacks
@@ -70,39 +75,45 @@ def _tensor_map(cfg: DecoderConfig) -> dict[tuple[Any, ...], tuple[tuple[str, ..
         t = (lambda w: w.T) if weight else (lambda w: w)
         return (lambda ws: np.stack([t(w) for w in ws], axis=-1)), (lambda w: [t(w[..., 0]), t(w[..., 1])])
 
-    m: dict[tuple[Any, ...], tuple[tuple[str, ...], Combine, Split]] = {
-        ("embed",): (("model.embed_tokens.weight",), *_IDENT),
-        ("final_norm", "scale"): (("model.norm.weight",), *_IDENT),
+    m: dict[Target, tuple[tuple[str, ...], Combine, Split]] = {
+        (("embed",), None): (("model.embed_tokens.weight",), *_IDENT),
+        (("final_norm", "scale"), None): (("model.norm.weight",), *_IDENT),
     }
     if cfg.lm_head and not cfg.tie_word_embeddings:
-        m[("lm_head",)] = (("lm_head.weight",), *_T)
+        m[("lm_head",), None] = (("lm_head.weight",), *_T)
     if cfg.value_head:
-        m[("value_head", "kernel")] = (("score.weight",), lambda ws: ws[0][0], lambda w: [w[None]])
+        m[("value_head", "kernel"), None] = (("score.weight",), lambda ws: ws[0][0], lambda w: [w[None]])
     for n in range(cfg.num_layers):
-        p, L = f"model.layers.{n}.", ("layers", n)
-        m[L + ("attn_norm", "scale")] = ((p + "input_layernorm.weight",), *_IDENT)
-        m[L + ("mlp_norm", "scale")] = ((p + "post_attention_layernorm.weight",), *_IDENT)
+        p = f"model.layers.{n}."
+        m[("layers", "attn_norm", "scale"), n] = ((p + "input_layernorm.weight",), *_IDENT)
+        m[("layers", "mlp_norm", "scale"), n] = ((p + "post_attention_layernorm.weight",), *_IDENT)
         fused = lambda module, projs, what: tuple(f"{p}{module}.{x}_proj.{what}" for x in projs)
-        m[L + ("attn", "qkv")] = (fused("self_attn", "qkv", "weight"), *qkv(True))
+        m[("layers", "attn", "qkv"), n] = (fused("self_attn", "qkv", "weight"), *qkv(True))
         if cfg.qkv_bias:
-            m[L + ("attn", "qkv_bias")] = (fused("self_attn", "qkv", "bias"), *qkv(False))
-        m[L + ("attn", "o")] = ((p + "self_attn.o_proj.weight",), lambda ws: ws[0].T.reshape(h, d, e),
-                                lambda w: [w.reshape(h * d, e).T])
+            m[("layers", "attn", "qkv_bias"), n] = (fused("self_attn", "qkv", "bias"), *qkv(False))
+        m[("layers", "attn", "o"), n] = ((p + "self_attn.o_proj.weight",), lambda ws: ws[0].T.reshape(h, d, e),
+                                         lambda w: [w.reshape(h * d, e).T])
         if cfg.o_bias:
-            m[L + ("attn", "o_bias")] = ((p + "self_attn.o_proj.bias",), *_IDENT)
-        m[L + ("mlp", "gate_up")] = (fused("mlp", ("gate", "up"), "weight"), *gate_up(True))
-        m[L + ("mlp", "down")] = ((p + "mlp.down_proj.weight",), *_T)
+            m[("layers", "attn", "o_bias"), n] = ((p + "self_attn.o_proj.bias",), *_IDENT)
+        m[("layers", "mlp", "gate_up"), n] = (fused("mlp", ("gate", "up"), "weight"), *gate_up(True))
+        m[("layers", "mlp", "down"), n] = ((p + "mlp.down_proj.weight",), *_T)
         if cfg.mlp_bias:
-            m[L + ("mlp", "gate_up_bias")] = (fused("mlp", ("gate", "up"), "bias"), *gate_up(False))
-            m[L + ("mlp", "down_bias")] = ((p + "mlp.down_proj.bias",), *_IDENT)
+            m[("layers", "mlp", "gate_up_bias"), n] = (fused("mlp", ("gate", "up"), "bias"), *gate_up(False))
+            m[("layers", "mlp", "down_bias"), n] = ((p + "mlp.down_proj.bias",), *_IDENT)
     return m
 
 
-def _variable(model: Decoder, path: tuple[Any, ...]) -> nnx.Variable:
+def _variable(model: Decoder, path: tuple[str, ...]) -> nnx.Variable:
     obj: Any = model
     for p in path:
-        obj = obj[p] if isinstance(p, int) else getattr(obj, p)
+        obj = getattr(obj, p)
     return obj
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _set_layer(stacked: jax.Array, value: jax.Array, n: jax.Array) -> jax.Array:
+    """`stacked [L, ...]` with layer `n` set to `value [...]`, in place (donated)."""
+    return stacked.at[n].set(value.astype(stacked.dtype))
 
 
 def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
@@ -223,19 +234,32 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
                 raise ConfigError(f"{files[name]}: tensor {name} does not read ({e}); the file may be truncated or "
                                   "corrupted") from None
 
-        for target, (names, combine, _) in tensors.items():
-            var = _variable(model, target)
+        place = lambda w, names: (jax.device_put(w, layout.sharding(names, w.shape)) if layout.mesh is not None
+                                  else jax.device_put(w))
+        for (path, layer), (names, combine, _) in tensors.items():
+            var = _variable(model, path)
+            shape = var.shape if layer is None else var.shape[1:]
             if missing and names == ("score.weight",):  # a fresh value head on a causal-LM checkpoint
-                w = np.zeros(var.value.shape)
+                w = np.zeros(shape)
             else:
-                w = _convert(names, [read(n) for n in names], combine, var.value.shape, files[names[0]])
+                w = _convert(names, [read(n) for n in names], combine, shape, files[names[0]])
             if np.issubdtype(w.dtype, np.inexact) and not np.isfinite(w).all():
                 raise ConfigError(f"{files[names[0]]}: tensor {', '.join(names)} holds NaN or inf values; the "
                                   "checkpoint is broken (a diverged run, or a corrupted file)")
             w = w.astype(cfg.params_dtype)
-            var.value = (jax.device_put(w, layout.sharding(var.sharding_names, w.shape))
-                         if layout.mesh is not None else jax.device_put(w))
+            if layer is None:
+                var.set_value(place(w, var.out_sharding))
+                continue
+            if layer == 0:  # the stacked parameter, placed whole, then filled one layer at a time
+                var.set_value(_zeros(var.shape, w.dtype, var.out_sharding, layout))
+            var.set_value(_set_layer(var[...], place(w, var.out_sharding[1:]), layer))
     return model
+
+
+def _zeros(shape: tuple[int, ...], dtype, names: tuple, layout: sharding.Layout) -> jax.Array:
+    """Zeros of `shape` and `dtype` with logical axes `names`, made where `layout` places them."""
+    sharded = layout.sharding(names, shape) if layout.mesh is not None else None
+    return jax.jit(lambda: jax.numpy.zeros(shape, dtype), out_shardings=sharded)()
 
 
 def _convert(names: tuple[str, ...], sources: list[np.ndarray], combine: Combine, shape: tuple[int, ...],
@@ -336,8 +360,9 @@ def _shards(model: Decoder, cfg: DecoderConfig, out_dtype, max_bytes: int) -> It
     `cfg` (the model's, as written) maps."""
     shard: dict[str, np.ndarray] = {}
     size = 0
-    for target, (names, _, split) in _tensor_map(cfg).items():
-        for name, w in zip(names, split(sharding.to_host(_variable(model, target).value))):
+    for (path, layer), (names, _, split) in _tensor_map(cfg).items():
+        value = _variable(model, path)[...]
+        for name, w in zip(names, split(sharding.to_host(value if layer is None else value[layer]))):
             w = np.ascontiguousarray(w.astype(out_dtype))
             if shard and size + w.nbytes > max_bytes:
                 yield shard
