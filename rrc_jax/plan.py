@@ -70,7 +70,7 @@ PRESETS = {
 LOGPROB_CHUNK_ARRAYS = 4  # float32 [rows, chunk, vocab] arrays live at once in a log-prob chunk (see above)
 CHARS_PER_TOKEN = 4       # judge template text -> tokens (BPE on English); 1 for the toy character tokenizer
 CHAT_FORMAT_TOKENS = 32   # special tokens and role headers of a chat template, per judge question
-PHASES = ("resident", "rollout", "reward", "log-prob", "backward", "update")
+PHASES = ("resident", "rollout", "reward", "log-prob", "backward", "update", "sync")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -383,6 +383,14 @@ def layer_param_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int], layout:
     return total * _itemsize(dtype)
 
 
+def sync_transient_bytes(cfg, dtype: str) -> int:
+    """Bytes per device that the rollout copy's sync (`RolloutCopy`) holds besides the copy: XLA reshards a tensor
+    between the two layouts' meshes through a replicated copy of it, and the sync moves the stacked layers one layer
+    at a time, the embedding and the LM head whole (in `dtype`, the copy's)."""
+    layer = layer_param_bytes(cfg, dtype, (1, 1, 1))
+    return max(layer, param_bytes(cfg, dtype, (1, 1, 1)) - cfg.num_layers * layer)
+
+
 def gather_traffic_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int]) -> int:
     """Bytes per device that one pass of the training layout all-gathers over fsdp: every weight once (each layer's
     in its turn). 0 without fsdp."""
@@ -667,6 +675,9 @@ def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = No
                         "the policy's weights as the backward pass multiplies by them"))
     rows.append(Row("gradients", "update", p32 * (2 if accumulating else 1),
                     "float32 + accumulator" if accumulating else "float32"))
+    if "rollout" in layouts:
+        rows.append(Row("weight sync transient", "sync", sync_transient_bytes(policy, dtype),
+                        "one layer, or the embedding and LM head, replicated while resharded"))
     if learn_rows % (data * fsdp):
         notes.append(f"micro-batch of {learn_rows} rows over data x fsdp = {data * fsdp}: "
                      f"{_rows_per_device(learn_rows, shape)} per device, padded")

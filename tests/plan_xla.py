@@ -18,7 +18,9 @@ added); for the decode, the parameters, the cache (donated: the loop updates it 
 weights gathered for the loop; for the branched decode the shared prefixes (passed to the loop block-major, read in
 place by `shared_attention`'s scan over two blocks of 512 slots), the rows' own cache, and a step's scores over a
 block. The decode cases run in the training layout and in the inference layout (`rrc_jax.sharding.Layout`:
-tensor-parallel, nothing gathered).
+tensor-parallel, nothing gathered). The sync case compiles the rollout copy's reshard (`RolloutCopy`) of a 16-layer
+model from the training layout on (1, 8, 1) into the inference layout on (2, 1, 4): the master, the copy (donated,
+updated in place) and the transient (float32 copies: XLA:CPU runs bfloat16 updates in float32).
 """
 
 import json
@@ -30,6 +32,7 @@ from flax import nnx
 
 from rrc_jax import plan
 from rrc_jax.inference import sampling
+from rrc_jax.inference.rollout_copy import RolloutCopy
 from rrc_jax.inference.sampler import SamplingParams
 from rrc_jax.models import Decoder, DecoderConfig
 from rrc_jax.models.decoder import init_cache
@@ -121,6 +124,20 @@ def decode_case(shape, dtype, layout: str = "train", branched: bool = False) -> 
             "plan": sum(parts.values()), "parts": parts}
 
 
+def sync_case(layers: int = 16) -> dict:
+    cfg = config("float32").replace(num_layers=layers)
+    train, shape = make_mesh(1, 8, 1), (2, 1, 4)
+    with model_context(None):
+        master = RolloutCopy(Decoder(cfg, rngs=nnx.Rngs(0)), Layout(train, "train"), "float32").model
+    copy = RolloutCopy(master, Layout(make_mesh(*shape, devices=list(train.devices.flat)), "inference"), "float32")
+    compiled = copy._reshard.lower(copy._leaves(nnx.state(master, nnx.Param)), copy._values).compile()
+    parts = {"master": plan.param_bytes(cfg, "float32", (1, 8, 1)),
+             "rollout copy": plan.param_bytes(cfg, "float32", shape, "inference"),
+             "sync transient": plan.sync_transient_bytes(cfg, "float32")}
+    return {"case": f"sync {layers} layers (1, 8, 1) -> {shape} float32", "xla": peak(compiled),
+            "plan": sum(parts.values()), "parts": parts}
+
+
 def main() -> None:
     assert jax.device_count() == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
     for args in UPDATES:
@@ -129,6 +146,7 @@ def main() -> None:
         print(json.dumps(decode_case(*args)), flush=True)
     for args in BRANCHED:
         print(json.dumps(decode_case(*args, branched=True)), flush=True)
+    print(json.dumps(sync_case()), flush=True)
     print("ok")
 
 

@@ -7,6 +7,12 @@ onto every chip at each step. The rollout samples instead from a copy in the inf
 which one jitted program refreshes after each optimizer step (`sync`): cast and reshard, the old copy's buffers
 donated to the new one (no second copy at the peak). tunix reshards its trainer's weights into its rollout layout
 the same way (its docs/performance.md).
+
+The program moves the stacked layers one layer at a time (a `fori_loop` writing each layer in place into the donated
+copy). XLA reshards a tensor between two meshes of different shapes through a replicated copy of it ("involuntary
+full rematerialization"): whole, the stacked weights would be replicated on every chip at once; a layer at a time,
+the transient is one layer's weights in the copy's dtype (`rrc_jax.plan` counts it in the sync phase). The
+embedding and the LM head are resharded whole.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rrc_jax.models import Decoder
+from rrc_jax.models.decoder import LAYERS
 from rrc_jax.sharding import Layout, bytes_per_device, model_context
 
 
@@ -31,11 +38,40 @@ class RolloutCopy:
         with model_context(None):  # abstract, the logical names kept as metadata; placed by `layout` below
             graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
         self._variables, self._treedef = jax.tree.flatten(abstract, is_leaf=_is_variable)
-        shardings = [layout.sharding(v.sharding_names, v.value.shape) for v in self._variables]
-        cast = lambda leaves: [x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in leaves]
-        self._reshard = jax.jit(lambda master, old: cast(master), out_shardings=shardings, donate_argnums=1,
-                                keep_unused=True)
-        self._values = jax.jit(cast, out_shardings=shardings)(self._leaves(nnx.state(master, nnx.Param)))
+        names = [tuple(v.out_sharding or ()) for v in self._variables]
+        shapes = [v.shape for v in self._variables]
+        shardings = [layout.sharding(n, shape) for n, shape in zip(names, shapes)]
+        stacked = [i for i, n in enumerate(names) if n[:1] == (LAYERS,)]
+        layer_shardings = {i: layout.sharding(names[i][1:], shapes[i][1:]) for i in stacked}
+        cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+        sources = {i: _layer_sharding(x) for i, x in enumerate(self._leaves(nnx.state(master, nnx.Param)))
+                   if i in layer_shardings}
+
+        def layer_copy(i, x):
+            """A layer of master leaf i cast where it lies (the barrier keeps XLA from moving the cast after the
+            gather, which would move float32), then placed as the copy's layer."""
+            x = cast(x)
+            if sources[i] is not None:
+                x = jax.lax.optimization_barrier(jax.lax.with_sharding_constraint(x, sources[i]))
+            return jax.lax.with_sharding_constraint(x, layer_shardings[i])
+
+        def reshard(master: list, old: list) -> list:
+            """`master`'s leaves cast and placed as `old`'s (donated): the stacked ones a layer at a time."""
+            out = [old[i] if i in layer_shardings else cast(x) for i, x in enumerate(master)]
+
+            def layer(n, acc):
+                put = lambda i, a: jax.lax.dynamic_update_index_in_dim(a, layer_copy(i, master[i][n]), n, 0)
+                return tuple(put(i, a) for i, a in zip(stacked, acc))
+
+            if stacked:
+                moved = jax.lax.fori_loop(0, shapes[stacked[0]][0], layer, tuple(out[i] for i in stacked))
+                for i, x in zip(stacked, moved):
+                    out[i] = x
+            return out
+
+        self._reshard = jax.jit(reshard, out_shardings=shardings, donate_argnums=1, keep_unused=True)
+        zeros = jax.jit(lambda: [jnp.zeros(v.shape, v.dtype) for v in self._variables], out_shardings=shardings)
+        self._values = self._reshard(self._leaves(nnx.state(master, nnx.Param)), zeros())  # as `sync` does
         self.model = nnx.merge(graphdef, self._state())
         self.bytes_per_device = bytes_per_device(self._values)
 
@@ -54,6 +90,16 @@ class RolloutCopy:
         self._values = jax.block_until_ready(self._reshard(self._leaves(params), self._values))
         nnx.update(self.model, self._state())
         return self.bytes_per_device
+
+
+def _layer_sharding(x: jax.Array) -> jax.sharding.NamedSharding | None:
+    """The sharding of one layer `x[n]` of a stacked array `x` placed on a mesh (its layers axis unsplit), None for
+    an array without a mesh."""
+    sharding = getattr(x, "sharding", None)
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return None
+    spec = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
+    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec[1:]))
 
 
 def _is_variable(x) -> bool:
