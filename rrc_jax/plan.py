@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from rrc_jax.errors import ConfigError
+from rrc_jax.models import families
 
 GiB = 1 << 30
 HEADROOM = 0.9  # the share of HBM a plan may use: XLA's scratch, fragmentation and collectives take the rest
@@ -41,31 +42,9 @@ ACCELERATORS = {
     "cpu": dict(hbm=1024, unit="devices", per_chip=1, host=1 << 20, flops=1e12, hbm_bw=1e11, ici_bw=1e10),
 }
 
-# Size presets: DecoderConfig fields from the public Hugging Face config.json of each model.
-_LLAMA3 = dict(model_type="llama", vocab_size=128256, rms_norm_eps=1e-5, rope_theta=500000.0, rope_type="llama3",
-               rope_scaling=(("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
-                             ("original_max_position_embeddings", 8192.0)),
-               max_position_embeddings=131072, bos_token_id=128000, eos_token_ids=(128001, 128008, 128009))
-_QWEN25 = dict(model_type="qwen2", rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768,
-               qkv_bias=True, eos_token_ids=(151643,))
-PRESETS = {
-    "llama3-8b": dict(_LLAMA3, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
-                      num_kv_heads=8, head_dim=128),  # Llama-3.1-8B
-    "llama3-70b": dict(_LLAMA3, hidden_size=8192, intermediate_size=28672, num_layers=80, num_heads=64,
-                       num_kv_heads=8, head_dim=128),  # Llama-3.1-70B
-    "llama3.2-1b": dict(_LLAMA3, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
-                        num_kv_heads=8, head_dim=64, tie_word_embeddings=True,
-                        rope_scaling=(("factor", 32.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
-                                      ("original_max_position_embeddings", 8192.0))),
-    "llama3.2-3b": dict(_LLAMA3, hidden_size=3072, intermediate_size=8192, num_layers=28, num_heads=24,
-                        num_kv_heads=8, head_dim=128, tie_word_embeddings=True,
-                        rope_scaling=(("factor", 32.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
-                                      ("original_max_position_embeddings", 8192.0))),
-    "qwen2.5-7b": dict(_QWEN25, vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
-                       num_heads=28, num_kv_heads=4, head_dim=128, tie_word_embeddings=False),
-    "qwen2.5-1.5b": dict(_QWEN25, vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
-                         num_heads=12, num_kv_heads=2, head_dim=128, tie_word_embeddings=True),
-}
+# Size presets: DecoderConfig fields from the public Hugging Face config.json of each model, one family's in its
+# module (`rrc_jax.models.families`).
+PRESETS = families.presets()
 
 LOGPROB_CHUNK_ARRAYS = 4  # float32 [rows, chunk, vocab] arrays live at once in a log-prob chunk (see above)
 CHARS_PER_TOKEN = 4       # judge template text -> tokens (BPE on English); 1 for the toy character tokenizer
@@ -183,6 +162,8 @@ def param_shapes(cfg) -> dict[tuple, tuple[tuple[int, ...], tuple[str | None, ..
     if cfg.mlp_bias:
         layer["mlp", "gate_up_bias"] = ((i, 2), ("mlp", None))
         layer["mlp", "down_bias"] = ((e,), ("embed",))
+    if cfg.qk_norm:
+        layer["attn", "q_norm", "scale"] = layer["attn", "k_norm", "scale"] = ((d,), ("norm",))
     out.update({("layers", *path): ((cfg.num_layers, *shape), (LAYERS, *names))
                 for path, (shape, names) in layer.items()})
     out["final_norm", "scale"] = ((e,), ("norm",))

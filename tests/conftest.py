@@ -5,34 +5,26 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rrc_jax.models.families import FAMILIES
+
 VOCAB = 96
 
 TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
-KINDS = {
-    "llama3_untied": ("llama", dict(tie_word_embeddings=False, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32}, rope_theta=500000.0)),
-    "llama3_tied": ("llama", dict(tie_word_embeddings=True, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32}, rope_theta=500000.0)),
-    "qwen2_tied": ("qwen2", dict(tie_word_embeddings=True, rope_theta=1000000.0)),
-}
+# kind -> (model_type, transformers config kwargs): every family's test configs (`Family.examples`)
+KINDS = {kind: (model_type, extra) for model_type, family in FAMILIES.items() for kind, extra in family.examples.items()}
 
 
 def make_hf_model(kind: str, seed: int = 0, **overrides):
     """A tiny random transformers model (float32, eval mode) of one of `KINDS`, with non-zero biases."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    family, extra = KINDS[kind]
+    model_type, extra = KINDS[kind]
     kwargs = {**TINY, **extra, **overrides}
     torch.manual_seed(seed)
-    if family == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**kwargs))
-    else:
-        model = Qwen2ForCausalLM(Qwen2Config(**kwargs))
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **kwargs))
     with torch.no_grad():  # random init leaves biases at zero; make them count
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:

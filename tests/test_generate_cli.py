@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import make_hf_model
+from conftest import KINDS, make_hf_model
 from rrc_jax.models import load_hf, load_tokenizer, prompt_ids
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
 from rrc_jax.inference.sampling import SamplingParams, generate
@@ -35,6 +35,25 @@ def test_cli_prints_only_the_continuation(model_dir):
     ref = generate(model, [ids], SamplingParams(0.0, max_new_tokens=12, stop_token_ids=(2,)))
     expected = tok.decode(ref.tokens[0, :ref.lengths[0]].tolist(), skip_special_tokens=True)
     assert out.stdout == expected + "\n"
+
+
+@pytest.mark.parametrize("kind", sorted({model_type: kind for kind, (model_type, _) in reversed(KINDS.items())}.values()))
+def test_cli_greedy_text_is_transformers_greedy_text(tmp_path, kind):
+    """`generate --temperature=0` on a tiny checkpoint of each family (its first test config) prints the text of
+    transformers' own greedy `generate` on the same checkpoint."""
+    import torch
+
+    ref = make_hf_model(kind, seed=4, vocab_size=112)
+    ref.save_pretrained(tmp_path)
+    tok = make_char_tokenizer()
+    tok.save_pretrained(tmp_path)
+    out = run_cli(f"--model={tmp_path}", "--prompt=Sort: 3 1 2", "--max_new_tokens=12", "--temperature=0")
+    assert out.returncode == 0, out.stderr[-2000:]
+    ids = torch.tensor([prompt_ids(tok, "Sort: 3 1 2")])
+    with torch.no_grad():
+        want = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                            eos_token_id=2, pad_token_id=0)[0, ids.shape[1]:].tolist()
+    assert out.stdout == tok.decode(want, skip_special_tokens=True) + "\n"
 
 
 def test_cli_sampling_flags_and_seed(model_dir):

@@ -29,13 +29,12 @@ RESPONSES = ["1 2 3", "a b and more words to pad the others", "!"]
 
 def make_hf_classifier(kind: str, seed: int = 0, **overrides):
     """A tiny random transformers `*ForSequenceClassification` (one label, float32, eval mode) of a `KINDS` family."""
-    from transformers import LlamaConfig, LlamaForSequenceClassification, Qwen2Config, Qwen2ForSequenceClassification
+    from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    family, extra = KINDS[kind]
+    model_type, extra = KINDS[kind]
     kwargs = {**TINY, **extra, "vocab_size": VOCAB, "num_labels": 1, **overrides}
     torch.manual_seed(seed)
-    model = (LlamaForSequenceClassification(LlamaConfig(**kwargs)) if family == "llama" else
-             Qwen2ForSequenceClassification(Qwen2Config(**kwargs)))
+    model = AutoModelForSequenceClassification.from_config(AutoConfig.for_model(model_type, **kwargs))
     with torch.no_grad():  # random init leaves biases at zero and norms at one; make them count
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
@@ -64,7 +63,7 @@ def right_padded(rows, pad: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # pad 2 is also EOS (as many Llama reward models): the rows end in EOS, which transformers does not score
-@pytest.mark.parametrize("kind,pad", [("llama3_untied", 2), ("qwen2_tied", 0)])
+@pytest.mark.parametrize("kind,pad", [("llama3_untied", 2), ("qwen2_tied", 0), ("qwen3_untied", 0)])
 def test_transformers_sequence_classifier_is_the_drm(tmp_path, kind, pad):
     ref = make_hf_classifier(kind, pad_token_id=pad)
     ref.save_pretrained(tmp_path)
@@ -104,7 +103,8 @@ def test_sequence_classifier_is_refused_as_policy_and_with_two_labels(tmp_path):
 def tiny_drm(model_type: str) -> Decoder:
     """A random untied DRM (an LM head and a value head) with pad id 0, as `train_rm` holds it before export."""
     cfg = DecoderConfig(model_type=model_type, vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
-                        num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=model_type == "qwen2", value_head=True,
+                        num_heads=4, num_kv_heads=2, head_dim=8, qkv_bias=model_type == "qwen2",
+                        qk_norm=model_type == "qwen3", value_head=True,
                         bos_token_id=1, eos_token_ids=(2,), pad_token_id=0)
     model = Decoder(cfg, rngs=nnx.Rngs(3))
     model.value_head.kernel.value = jnp.asarray(np.random.default_rng(0).normal(size=32), jnp.float32)
@@ -112,7 +112,8 @@ def tiny_drm(model_type: str) -> Decoder:
 
 
 @pytest.mark.parametrize("model_type,arch", [("llama", "LlamaForSequenceClassification"),
-                                             ("qwen2", "Qwen2ForSequenceClassification")])
+                                             ("qwen2", "Qwen2ForSequenceClassification"),
+                                             ("qwen3", "Qwen3ForSequenceClassification")])
 def test_drm_export_loads_with_auto_model_for_sequence_classification(tmp_path, model_type, arch):
     from transformers import AutoModelForSequenceClassification
 

@@ -58,10 +58,12 @@ def test_blockwise_attention_matches_transformers_and_dense_gradients(hf_checkpo
 
 
 def test_config_reads_family_details(hf_checkpoint):
-    kind, path, _ = hf_checkpoint
+    kind, path, ref = hf_checkpoint
     cfg = load_hf(path).cfg
     assert cfg.tie_word_embeddings == kind.endswith("_tied")
-    assert cfg.qkv_bias == kind.startswith("qwen2")
+    assert cfg.qkv_bias == (kind.startswith("qwen2") or bool(getattr(ref.config, "attention_bias", False)))
+    assert cfg.qk_norm == kind.startswith("qwen3")  # per-head RMSNorm of queries and keys
+    assert cfg.head_dim == (ref.config.head_dim if kind.startswith("qwen3") else cfg.hidden_size // cfg.num_heads)
     assert cfg.rope_type == ("llama3" if kind.startswith("llama3") else "default")
 
 

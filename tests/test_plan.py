@@ -210,7 +210,8 @@ def test_activations_follow_the_layer_count_and_remat():
     dict(model_type="qwen2", qkv_bias=True, tie_word_embeddings=True),      # Qwen2.5, tied
     dict(model_type="qwen2", qkv_bias=True),                                 # Qwen2.5-7B style, untied
     dict(o_bias=True, mlp_bias=True, value_head=True),                       # biases everywhere, a DRM
-], ids=["llama-untied", "llama-tied", "qwen-tied", "qwen-untied", "llama-biases-drm"])
+    dict(model_type="qwen3", qk_norm=True, head_dim=16),                     # Qwen3: q/k norms, explicit head_dim
+], ids=["llama-untied", "llama-tied", "qwen-tied", "qwen-untied", "llama-biases-drm", "qwen3"])
 def test_parameter_table_matches_the_decoder(overrides):
     cfg = DecoderConfig(**{**TINY, **overrides})
     with model_context(None):
@@ -223,9 +224,14 @@ def test_parameter_table_matches_the_decoder(overrides):
 
 def test_presets_have_their_published_sizes():
     published = {"llama3-8b": 8.03e9, "llama3-70b": 70.55e9, "llama3.2-1b": 1.236e9, "llama3.2-3b": 3.213e9,
-                 "qwen2.5-7b": 7.616e9, "qwen2.5-1.5b": 1.544e9}
+                 "qwen2.5-7b": 7.616e9, "qwen2.5-1.5b": 1.544e9, "qwen3-8b": 8.191e9}
     for name, n in published.items():
         assert plan.param_count(plan.model_config(name)) == pytest.approx(n, rel=2e-3), name
+    # the Qwen3 model cards give the non-embedding parameters to two digits
+    for name, n in {"qwen3-8b": 6.95e9, "qwen3-1.7b": 1.4e9, "qwen3-0.6b": 0.44e9}.items():
+        cfg = plan.model_config(name)
+        embeddings = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+        assert plan.param_count(cfg) - embeddings == pytest.approx(n, rel=1e-2), name
     toy = plan.model_config("toy", field="models.grm")
     assert (toy.hidden_size, toy.num_layers, toy.vocab_size) == (96, 3, 36)
 

@@ -1,4 +1,4 @@
-"""One Flax NNX decoder for the Llama 3.x and Qwen2 / Qwen2.5 families.
+"""The decoder that the model families share (Llama 3.x, Qwen2 / Qwen2.5, Qwen3: `rrc_jax.models.families`).
 
 Pre-norm transformer: token embedding -> L x [RMSNorm -> GQA self-attention with RoPE -> residual,
 RMSNorm -> SwiGLU MLP -> residual] (the L layers' parameters stacked on a leading `layers` axis and run under a
@@ -7,9 +7,10 @@ a scalar value head (the DRM's Bradley-Terry score, Eq. 1). A sequence-classific
 (`LlamaForSequenceClassification` / `Qwen2ForSequenceClassification`: a `score` head, no LM head) is a decoder with
 the value head only (`lm_head=False`).
 
-Family differences are configuration, not code: Qwen2 has biases on q/k/v (`qkv_bias`), Llama may have
-biases on all four attention projections (`attention_bias`) and on the MLP (`mlp_bias`); Llama 3.1+ uses the
-`llama3` RoPE frequency scaling.
+What a family does differently lives in its module of `rrc_jax.models.families` (its `config.json` fields, its
+extra tensors); the decoder implements the features they switch on: biases on q/k/v (`qkv_bias`), on o (`o_bias`)
+and on the MLP (`mlp_bias`), RMSNorm of each query and key head (`qk_norm`, Qwen3), tied embeddings, and the
+`linear` and `llama3` RoPE frequency scalings.
 
 Padding can sit anywhere. Positions derive from the attention mask (`cumsum(mask) - 1`), so left- and
 right-padded batches give the same logits at their real tokens. For generation the model reads and writes a
@@ -34,11 +35,9 @@ from flax import nnx, struct
 from jax.ad_checkpoint import checkpoint_name
 
 from rrc_jax import sharding
+from rrc_jax.models.families import family
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-CAUSAL_LM = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}  # `architectures` in config.json
-SEQUENCE_CLASSIFIER = {"llama": "LlamaForSequenceClassification", "qwen2": "Qwen2ForSequenceClassification"}
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a query with no visible key gives no NaN
 ACTIVATION = ("batch", "length", "embed")  # logical axes of the residual stream [B, T, E] (`sharding.constrain`)
 
@@ -65,6 +64,7 @@ class DecoderConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False  # RMSNorm of each query and key head before RoPE (Qwen3)
     value_head: bool = False
     lm_head: bool = True  # False: a sequence classifier (the value head only), which gives no logits
     bos_token_id: int | None = None
@@ -74,8 +74,7 @@ class DecoderConfig:
     param_dtype: str = "float32"
 
     def __post_init__(self):
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"unknown model_type {self.model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        family(self.model_type)  # a one-line error for an unknown one
         if self.rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"unsupported rope type {self.rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
         if self.num_heads % self.num_kv_heads:
@@ -96,20 +95,19 @@ class DecoderConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], **overrides: Any) -> DecoderConfig:
-        """From a Hugging Face `config.json` dict (transformers 4.x `rope_scaling` or 5.x `rope_parameters`)."""
+        """From a Hugging Face `config.json` dict (transformers 4.x `rope_scaling` or 5.x `rope_parameters`): the
+        fields every family reads alike here, its own from its module (`Family.decoder_fields`)."""
         model_type = hf.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"unknown model_type {model_type!r} in config.json; supported: "
-                             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+        try:
+            fam = family(model_type)
+        except ValueError as e:
+            raise ValueError(f"{e} (config.json)") from None
         if hf.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}: only 'silu' (SwiGLU) is implemented")
         rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
         rope_theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
         rope_type = rope.pop("rope_type", rope.pop("type", "default")) or "default"
         heads = hf["num_attention_heads"]
-        is_qwen = model_type == "qwen2"
-        if is_qwen and hf.get("use_sliding_window"):
-            raise ValueError("Qwen2 sliding-window attention (use_sliding_window=true) is not supported")
         kwargs = dict(
             model_type=model_type,
             vocab_size=hf["vocab_size"],
@@ -124,22 +122,21 @@ class DecoderConfig:
             rope_type=rope_type,
             rope_scaling=tuple(sorted((k, float(v)) for k, v in rope.items() if isinstance(v, (int, float)))),
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", is_qwen)),
-            qkv_bias=True if is_qwen else bool(hf.get("attention_bias", False)),
-            o_bias=False if is_qwen else bool(hf.get("attention_bias", False)),
-            mlp_bias=False if is_qwen else bool(hf.get("mlp_bias", False)),
             lm_head=not is_sequence_classifier(hf),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=token_ids(hf.get("eos_token_id")),
             pad_token_id=hf.get("pad_token_id"),
         )
+        kwargs.update(fam.decoder_fields(hf))
         kwargs.update(overrides)
         return cls(**kwargs)
 
     def to_hf(self) -> dict[str, Any]:
-        """A `config.json` dict that transformers loads as `LlamaForCausalLM` / `Qwen2ForCausalLM`, or, with a value
-        head, as `LlamaForSequenceClassification` / `Qwen2ForSequenceClassification` with one label (the score)."""
-        arch = (SEQUENCE_CLASSIFIER if self.value_head else CAUSAL_LM)[self.model_type]
+        """A `config.json` dict that transformers loads as the family's causal LM (`LlamaForCausalLM`, ...), or,
+        with a value head, as its sequence classifier (`LlamaForSequenceClassification`, ...) with one label (the
+        score)."""
+        fam = family(self.model_type)
+        arch = fam.sequence_classifier if self.value_head else fam.causal_lm
         rope = {"rope_type": self.rope_type, "rope_theta": self.rope_theta, **dict(self.rope_scaling)}
         if "original_max_position_embeddings" in rope:
             rope["original_max_position_embeddings"] = int(rope["original_max_position_embeddings"])
@@ -156,8 +153,7 @@ class DecoderConfig:
                           (self.eos_token_ids[0] if self.eos_token_ids else None)),
             pad_token_id=self.pad_token_id, dtype=self.param_dtype,
         )
-        if self.model_type == "llama":
-            hf.update(attention_bias=self.qkv_bias, mlp_bias=self.mlp_bias)
+        hf.update(fam.hf_fields(self))
         if self.value_head:
             hf.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
         return hf
@@ -451,6 +447,9 @@ class Attention(nnx.Module):
             self.qkv_bias = _param(rngs, (k, h // k + 2, d), ("kv_heads", None, "head_dim"), pd, init="zeros")
         if cfg.o_bias:
             self.o_bias = _param(rngs, (e,), ("embed",), pd, init="zeros")
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
                  kv_cache: tuple[tuple, tuple] | None = None, end: jax.Array | None = None,
@@ -472,7 +471,10 @@ class Attention(nnx.Module):
         qkv = sharding.constrain(dense(x, self.qkv[...], self.qkv_bias[...] if cfg.qkv_bias else None),
                                  ("batch", "length", "kv_heads", None, None))  # [B, T, K, G + 2, D]
         qkv = checkpoint_name(qkv, "qkv")
-        qk = apply_rope(qkv[..., :g + 1, :], cos, sin)
+        qk = qkv[..., :g + 1, :]
+        if cfg.qk_norm:  # each query head, then the key head, normed over head_dim (Qwen3)
+            qk = jnp.concatenate([self.q_norm(qk[..., :g, :]), self.k_norm(qk[..., g:, :])], axis=-2)
+        qk = apply_rope(qk, cos, sin)
         q, k, v = qk[..., :g, :], qk[..., g, :], qkv[..., g + 1, :]
         k, v = k.transpose(0, 2, 3, 1), v.swapaxes(1, 2)  # [B, K, D, T], [B, K, T, D]
         if query_index is not None:

@@ -3,10 +3,10 @@
 `load_hf(dir)` reads `config.json` and `model.safetensors` (or the shards listed in
 `model.safetensors.index.json`) one tensor at a time: each tensor is memory-mapped, converted to our layout and
 dtype, placed on its device(s) and released before the next, so host RAM never holds a second copy of the model.
-`save_hf(model, dir)` writes `config.json` and safetensors shards that transformers loads as
-`LlamaForCausalLM` / `Qwen2ForCausalLM` (with `generation_config.json`) or, for a model with a value head (a DRM),
-as `LlamaForSequenceClassification` / `Qwen2ForSequenceClassification`; such sequence-classification checkpoints
-made by transformers (a `score` head, no `lm_head`) load back as DRMs. Stop tokens come from
+`save_hf(model, dir)` writes `config.json` and safetensors shards that transformers loads as the family's causal
+LM (`LlamaForCausalLM`, `Qwen3ForCausalLM`, ...; with `generation_config.json`) or, for a model with a value head (a
+DRM), as its sequence classifier (`LlamaForSequenceClassification`, ...); such sequence-classification checkpoints
+made by transformers (a `score` head, no `lm_head`) load back as DRMs. The families are `rrc_jax.models.families`. Stop tokens come from
 `generation_config.json`'s `eos_token_id` when there is one (as transformers' `generate`), else from `config.json`.
 
 Tokenizers come from the same directory through `AutoTokenizer`; `prompt_ids` renders a user prompt with the
@@ -34,6 +34,7 @@ from safetensors.numpy import save as safetensors_bytes
 from rrc_jax import sharding
 from rrc_jax.errors import ConfigError
 from rrc_jax.models.decoder import Decoder, DecoderConfig, is_sequence_classifier, token_ids
+from rrc_jax.models.families import family
 
 Combine = Callable[[list[np.ndarray]], np.ndarray]  # HF tensors -> our parameter
 Split = Callable[[np.ndarray], list[np.ndarray]]  # our parameter -> HF tensors
@@ -57,7 +58,7 @@ def _tensor_map(cfg: DecoderConfig) -> dict[Target, tuple[tuple[str, ...], Combi
 
     Ours fuses some HF tensors: `attn.qkv [E, K, G + 2, D]` is q_proj, k_proj and v_proj regrouped by kv head
     (query head h belongs to kv head h // G, as in transformers' `repeat_kv`); `mlp.gate_up [E, I, 2]` stacks
-    gate_proj and up_proj.
+    gate_proj and up_proj. A family's own per-layer tensors (`Family.layer_tensors`) map one to one.
     """
     e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     g = h // k
@@ -100,6 +101,8 @@ def _tensor_map(cfg: DecoderConfig) -> dict[Target, tuple[tuple[str, ...], Combi
         if cfg.mlp_bias:
             m[("layers", "mlp", "gate_up_bias"), n] = (fused("mlp", ("gate", "up"), "bias"), *gate_up(False))
             m[("layers", "mlp", "down_bias"), n] = ((p + "mlp.down_proj.bias",), *_IDENT)
+        for path, name in family(cfg.model_type).layer_tensors(cfg).items():
+            m[("layers", *path), n] = ((p + name,), *_IDENT)
     return m
 
 
@@ -178,7 +181,8 @@ def _tensor_files(path: Path) -> dict[str, Path]:
 def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str | None = None,
             value_head: bool | None = None, pad_token_id: int | None = None,
             layout: sharding.Layout = sharding.Layout()) -> Decoder:
-    """Load a Llama / Qwen2 checkpoint (causal LM or sequence classifier) from a local Hugging Face directory.
+    """Load a checkpoint of a supported family (`rrc_jax.models.families`; causal LM or sequence classifier) from a
+    local Hugging Face directory.
 
     Args:
       path: directory with `config.json` and `model.safetensors` or a sharded `model.safetensors.index.json`;
@@ -201,7 +205,7 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
     try:
         cfg = DecoderConfig.from_hf(hf, dtype=dtype, param_dtype=param_dtype or dtype)
     except KeyError as e:
-        raise ConfigError(f"{path / 'config.json'}: no {e.args[0]}; a Llama / Qwen2 config.json has vocab_size, "
+        raise ConfigError(f"{path / 'config.json'}: no {e.args[0]}; a decoder's config.json has vocab_size, "
                           "hidden_size, intermediate_size, num_hidden_layers and num_attention_heads") from None
     stop = _generation_stop_tokens(path)
     cfg = cfg.replace(eos_token_ids=cfg.eos_token_ids if stop is None else stop,
