@@ -49,7 +49,7 @@ def test_every_family_has_test_configs_and_its_own_tensors_load():
 
 
 def test_two_step_run_with_a_qwen3_policy_and_judge_on_8_devices(tmp_path):
-    """`python -m rrc_jax.train` (AGR) with a tiny Qwen3 policy and a tiny Qwen3 GRM, sharded over 8 CPU devices,
+    """`python -m rrc_jax.train` (SCR) with a tiny Qwen3 policy and a tiny Qwen3 GRM, sharded over 8 CPU devices,
     finishes its two steps and exports a Qwen3 checkpoint."""
     tokenizer = make_char_tokenizer()
     for role, seed in (("policy", 1), ("grm", 2)):
@@ -57,10 +57,10 @@ def test_two_step_run_with_a_qwen3_policy_and_judge_on_8_devices(tmp_path):
                       max_position_embeddings=1024).save_pretrained(tmp_path / role)
         tokenizer.save_pretrained(tmp_path / role)
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "rrc_jax.train", "--config=agr.py", f"--config.models.policy={tmp_path / 'policy'}",
+    cmd = [sys.executable, "-m", "rrc_jax.train", "--config=scr.py", f"--config.models.policy={tmp_path / 'policy'}",
            f"--config.models.grm={tmp_path / 'grm'}", f"--config.workdir={run}", "--config.steps=2",
            "--config.rl.prompts_per_step=4", "--config.rl.group_size=2", "--config.rl.minibatch_size=8",
-           "--config.rl.max_new_tokens=8", "--config.reward.agr.n_anchors=2", "--config.reward.judge.max_new_tokens=16",
+           "--config.rl.max_new_tokens=8", "--config.reward.judge.max_new_tokens=16",
            "--config.eval.every=0", "--config.data.eval_prompts=8", "--config.checkpoint.save_every=0"]
     out = subprocess.run(cmd, env=cpu_devices_env(8), capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
