@@ -68,10 +68,11 @@ def gathers(sampler, group: bool, rows: int) -> list[tuple[int, ...]]:
             for shape in re.findall(r"= \w+\[([\d,]*)\][^=]*? all-(?:gather|reduce)(?:-start)?\(", text)]
 
 
-def weight_gathers(sampler, group: bool, smallest_weight: int) -> list[tuple[int, ...]]:
-    """Collectives of the decode step that move weights: as large as the smallest weight matrix and the same at 16
-    and at 32 rows (a decode step's activations and cache blocks grow with the rows; a weight does not)."""
-    few, many = gathers(sampler, group, 16), gathers(sampler, group, 32)
+def weight_gathers(few: list[tuple[int, ...]], sampler, group: bool, smallest_weight: int) -> list[tuple[int, ...]]:
+    """Collectives of the decode step that move weights: of the collectives `few` at 16 rows, those as large as the
+    smallest weight matrix and the same at 32 rows (a decode step's activations and cache blocks grow with the
+    rows; a weight does not)."""
+    many = gathers(sampler, group, 32)
     return [s for s in few if s in many and int(np.prod(s)) >= smallest_weight]
 
 
@@ -108,16 +109,19 @@ def main():
         np.testing.assert_array_equal(rollouts(sampler)[0], rollouts(fresh)[0], err_msg=f"synced copy on {shape}")
         result["parity"].append({"mesh": list(shape), "weight_sync_bytes": moved})
         del mesh
-    params = jax.tree.leaves(nnx.state(load_hf(path), nnx.Param))
-    result["smallest_weight"] = smallest = min(int(np.prod(p.shape)) for p in params if p.ndim >= 2)
+    # the smallest weight matrix: a layer's (the layers are stacked on a leading axis) or the embedding
+    variables = jax.tree.leaves(nnx.state(load_hf(path), nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))
+    shapes = [v.shape[1:] if v.out_sharding[:1] == ("layers",) else v.shape for v in variables]
+    result["smallest_weight"] = smallest = min(int(np.prod(s)) for s in shapes if len(s) >= 2)
     for name, layout in [("train_fsdp8", Layout(make_mesh(1, 8, 1), "train")),
                          ("inference_1x2x4", Layout(make_mesh(1, 2, 4), "inference")),
                          ("inference_2x1x4", Layout(make_mesh(2, 1, 4), "inference")),
                          ("inference_4x1x2", Layout(make_mesh(4, 1, 2), "inference"))]:  # kv heads split too
         sampler = make_sampler("policy", load_hf(path, layout=layout))
-        result["gathers"][name] = {"rollout": weight_gathers(sampler, False, smallest),
-                                   "judge": weight_gathers(sampler, True, smallest),
-                                   "all_rollout": gathers(sampler, False, 16), "all_judge": gathers(sampler, True, 16)}
+        few = {"rollout": gathers(sampler, False, 16), "judge": gathers(sampler, True, 16)}
+        result["gathers"][name] = {"rollout": weight_gathers(few["rollout"], sampler, False, smallest),
+                                   "judge": weight_gathers(few["judge"], sampler, True, smallest),
+                                   "all_rollout": few["rollout"], "all_judge": few["judge"]}
     print(json.dumps(result))
 
 

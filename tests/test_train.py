@@ -419,6 +419,7 @@ def test_hf_export_matches_the_trained_policy(tmp_path, toy_cache, finished):
     np.testing.assert_allclose(np.asarray(load_hf(workdir / "hf_export")(ids)), ours, atol=1e-5)
 
 
+@pytest.mark.slow  # exact resume after SIGKILL: test_faults (an AGR refresh) and test_multihost; the lock: below
 def test_resume_after_sigkill_gives_identical_metrics(tmp_path, toy_cache):
     """A 4-step run, and a command-line run SIGKILLed three times just after logging step 3 (once its step-2
     checkpoint is committed) and restarted each time with the same command, log the same losses and rewards for steps 3-4, and
