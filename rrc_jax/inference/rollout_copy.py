@@ -48,8 +48,9 @@ class RolloutCopy:
                    if i in layer_shardings}
 
         def layer_copy(i, x):
-            """A layer of master leaf i cast where it lies (the barrier keeps XLA from moving the cast after the
-            gather, which would move float32), then placed as the copy's layer."""
+            """A layer of master leaf i cast where it lies, then placed as the copy's layer. The barrier is there so
+            that the reshard moves the copy's dtype rather than float32; XLA:CPU, which computes bfloat16 in
+            float32, still gathers float32 (not checked on a TPU yet)."""
             x = cast(x)
             if sources[i] is not None:
                 x = jax.lax.optimization_barrier(jax.lax.with_sharding_constraint(x, sources[i]))
