@@ -192,10 +192,13 @@ def param_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int], layout: str =
     """Bytes per device of `Decoder(cfg)`'s parameters stored in `dtype` on a `(data, fsdp, tensor)` mesh in
     `layout` (`rrc_jax.sharding.LAYOUTS`): each parameter's shard, replicated over data (and, in the inference
     layout, over fsdp); an axis its mesh axes do not divide is whole."""
-    total = 0
-    for shape, names in param_shapes(cfg).values():
-        total += math.prod(n // w for n, w in zip(shape, _mesh_axes(names, shape, mesh_shape, layout)))
-    return total * _itemsize(dtype)
+    return sum(_shard_size(shape, names, mesh_shape, layout)
+               for shape, names in param_shapes(cfg).values()) * _itemsize(dtype)
+
+
+def _shard_size(shape, names, mesh_shape, layout: str) -> int:
+    """Elements on one device of an array of `shape` with logical `names` (`_mesh_axes`)."""
+    return math.prod(n // w for n, w in zip(shape, _mesh_axes(names, shape, mesh_shape, layout)))
 
 
 def _itemsize(dtype: str) -> int:
@@ -355,13 +358,10 @@ def gathered_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int], *, lm_head
 
 def layer_param_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int], layout: str = "train") -> int:
     """Bytes per device of one decoder layer's parameters in `dtype` on a mesh in `layout` (a layer's slice of the
-    stacked parameters, which the scan reads in its turn)."""
-    total = 0
-    for path, (shape, names) in param_shapes(cfg).items():
-        if path[0] == "layers":
-            shape, names = shape[1:], names[1:]
-            total += math.prod(n // w for n, w in zip(shape, _mesh_axes(names, shape, mesh_shape, layout)))
-    return total * _itemsize(dtype)
+    stacked parameters, which the scan reads in its turn; the layers axis is never split)."""
+    stacked = sum(_shard_size(shape, names, mesh_shape, layout)
+                  for path, (shape, names) in param_shapes(cfg).items() if path[0] == "layers")
+    return stacked // cfg.num_layers * _itemsize(dtype)
 
 
 def sync_transient_bytes(cfg, dtype: str) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import math
 from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
@@ -78,8 +79,7 @@ class Layout:
     def spec(self, names: Sequence[str | None] | None, shape: Sequence[int]) -> jax.sharding.PartitionSpec:
         """The PartitionSpec of an array of `shape` whose axes carry the logical `names`."""
         sizes = dict(self.mesh.shape) if self.mesh is not None else {}
-        parts = partition(names, shape, self.rules, sizes)
-        return jax.sharding.PartitionSpec(*[(p if len(p) > 1 else p[0]) if p else None for p in parts])
+        return _partition_spec(partition(names, shape, self.rules, sizes))
 
     def sharding(self, names: Sequence[str | None] | None, shape: Sequence[int]) -> jax.sharding.NamedSharding:
         """The NamedSharding of an array of `shape` with logical axis `names` (needs a mesh)."""
@@ -105,6 +105,11 @@ def partition(names: Sequence[str | None] | None, shape: Sequence[int], rules: t
         out.append(parts if keep else ())
         used.update(parts if keep else ())
     return out
+
+
+def _partition_spec(parts: list[tuple[str, ...]]) -> jax.sharding.PartitionSpec:
+    """The PartitionSpec of `partition`'s mesh axes per array axis."""
+    return jax.sharding.PartitionSpec(*[(p if len(p) > 1 else p[0]) if p else None for p in parts])
 
 
 def inference_tensor(devices: int, host_devices: int, num_heads: int) -> int:
@@ -268,16 +273,10 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return x
-    spec, used = [], set()
-    for size, axes in zip(x.shape, logical_spec(names)):
-        parts = tuple(a for a in ((axes,) if isinstance(axes, str) else tuple(axes or ())) if a not in used)
-        n = 1
-        for a in parts:
-            n *= mesh.shape[a]
-        keep = bool(parts) and size % n == 0 and n > 1
-        spec.append((parts if len(parts) > 1 else parts[0]) if keep else None)
-        used.update(parts if keep else ())
-    return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(*spec))
+    sizes = dict(mesh.shape)
+    parts = partition(names, x.shape, LOGICAL_RULES, sizes)
+    split = [p if math.prod(sizes[a] for a in p) > 1 else () for p in parts]  # over one device: left to XLA
+    return jax.lax.with_sharding_constraint(x, _partition_spec(split))
 
 
 def batch_sharding(mesh: jax.sharding.Mesh, ndim: int = 1) -> jax.sharding.NamedSharding:
@@ -321,8 +320,6 @@ def host_row_multiple(mesh: jax.sharding.Mesh | None) -> int:
     times the hosts divide over the batch shards `data x fsdp`. 1 on one process."""
     if mesh is None or jax.process_count() == 1:
         return 1
-    import math
-
     return _batch_shards(mesh) // math.gcd(_batch_shards(mesh), jax.process_count())
 
 
