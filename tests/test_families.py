@@ -48,6 +48,7 @@ def test_every_family_has_test_configs_and_its_own_tensors_load():
     assert model.cfg.head_dim == 16 != TINY["hidden_size"] // TINY["num_attention_heads"]
 
 
+@pytest.mark.slow  # sharded training: test_mesh and test_train; Qwen3 itself: the parity tests and the DRM fit below
 def test_two_step_run_with_a_qwen3_policy_and_judge_on_8_devices(tmp_path):
     """`python -m rrc_jax.train` (SCR) with a tiny Qwen3 policy and a tiny Qwen3 GRM, sharded over 8 CPU devices,
     finishes its two steps and exports a Qwen3 checkpoint."""
