@@ -140,7 +140,7 @@ def param_shapes(cfg) -> dict[tuple, tuple[tuple[int, ...], tuple[str | None, ..
 
     Embedding `[V, E]`; every layer's, stacked on a leading `[L, ...]` axis: qkv `[E, K, G + 2, D]` (+ bias
     `[K, G + 2, D]`), o `[H, D, E]` (+ bias `[E]`), gate_up `[E, I, 2]`, down `[I, E]` (+ biases), two RMSNorm
-    scales `[E]`; the final norm `[E]`; the LM head `[E, V]` unless tied; the value head `[E]` (DRM).
+    scales `[E]` (four with sandwich norms), q/k norms `[D]`; the final norm `[E]`; the LM head `[E, V]` unless tied; the value head `[E]` (DRM).
     """
     from rrc_jax.models.decoder import LAYERS
 
@@ -164,6 +164,8 @@ def param_shapes(cfg) -> dict[tuple, tuple[tuple[int, ...], tuple[str | None, ..
         layer["mlp", "down_bias"] = ((e,), ("embed",))
     if cfg.qk_norm:
         layer["attn", "q_norm", "scale"] = layer["attn", "k_norm", "scale"] = ((d,), ("norm",))
+    if cfg.sandwich_norms:
+        layer["post_attn_norm", "scale"] = layer["post_mlp_norm", "scale"] = ((e,), ("norm",))
     out.update({("layers", *path): ((cfg.num_layers, *shape), (LAYERS, *names))
                 for path, (shape, names) in layer.items()})
     out["final_norm", "scale"] = ((e,), ("norm",))

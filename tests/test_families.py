@@ -26,7 +26,7 @@ def test_an_unknown_model_type_is_one_line_listing_the_families(tmp_path):
         load_hf(tmp_path)
     assert str(e.value).count("\n") == 0 and "'gemma5'" in str(e.value)
     assert all(name in str(e.value) for name in FAMILIES)
-    with pytest.raises(ValueError, match="supported: llama, qwen2, qwen3"):
+    with pytest.raises(ValueError, match="supported: llama, qwen2, qwen3, mistral, gemma2, gemma3_text"):
         family("gemma5")
 
 
@@ -93,3 +93,53 @@ def test_a_drm_fit_from_a_qwen3_classifier(tmp_path):
     exported = json.loads((export / "config.json").read_text())
     assert exported["architectures"] == ["Qwen3ForSequenceClassification"]
     assert load_hf(export).cfg.value_head and load_hf(export).cfg.qk_norm
+
+
+@pytest.mark.parametrize("kind,arch", [("mistral_window", "MistralForSequenceClassification"),
+                                       ("gemma2_tied", "Gemma2ForSequenceClassification"),
+                                       ("gemma3_tied", "Gemma3TextForSequenceClassification")])
+def test_a_sequence_classifier_exports_back_to_transformers(tmp_path, kind, arch):
+    """A transformers sequence classifier of Mistral / Gemma 2 / Gemma 3 loads as the DRM, and `save_hf` writes it
+    back as the same class, which transformers loads whole and which scores as ours (within 1e-4)."""
+    import jax.numpy as jnp
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from rrc_jax.models import save_hf
+    from test_hf_interop import VOCAB, make_hf_classifier, torch_scores
+    from conftest import padded_batch
+
+    make_hf_classifier(kind, seed=4).save_pretrained(tmp_path / "in")
+    drm = load_hf(tmp_path / "in")
+    save_hf(drm, tmp_path / "out", tokenizer=make_char_tokenizer())
+    ref, info = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out", dtype=torch.float32,
+                                                                   output_loading_info=True)
+    assert type(ref).__name__ == arch and not info["missing_keys"] and not info["unexpected_keys"]
+    ids, mask = padded_batch([6, 11, 3], "right", seed=2, vocab=VOCAB)
+    ours = np.asarray(drm.values(jnp.asarray(ids), jnp.asarray(mask)))
+    np.testing.assert_allclose(torch_scores(ref.eval(), ids, mask), ours, atol=1e-4, rtol=0)
+
+
+def test_gemma3_reads_both_config_layouts():
+    """Gemma 3's RoPE and layer pattern from transformers 5's `rope_parameters` per layer type and from 4.x's
+    `rope_theta` / `rope_local_base_freq` / `rope_scaling` / `sliding_window_pattern` give one `DecoderConfig`."""
+    from rrc_jax.models.decoder import DecoderConfig
+
+    common = dict(model_type="gemma3_text", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=7,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+                  sliding_window=4)
+    v5 = DecoderConfig.from_hf(dict(common, layer_types=["sliding_attention"] * 5 + ["full_attention"] * 2,
+                                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                                     "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                                        "rope_theta": 1e6}}))
+    v4 = DecoderConfig.from_hf(dict(common, sliding_window_pattern=6, rope_theta=1e6, rope_local_base_freq=1e4,
+                                    rope_scaling={"rope_type": "linear", "factor": 8.0}))
+    assert v4.sliding[:6] == v5.sliding[:6] == (True,) * 5 + (False,)
+    assert v4.sliding[6] and not v5.sliding[6]  # the pattern repeats; a listed layer type wins
+    for cfg in (v4, v5):
+        assert (cfg.rope_type, cfg.rope_scaling, cfg.rope_theta, cfg.local_rope_theta) == (
+            "linear", (("factor", 8.0),), 1e6, 1e4)
+        assert cfg.attn_logit_softcapping is None and cfg.final_logit_softcapping is None and cfg.qk_norm
+    exported = v5.to_hf()
+    assert exported["rope_parameters"]["sliding_attention"] == {"rope_type": "default", "rope_theta": 1e4}
+    assert DecoderConfig.from_hf(exported) == v5

@@ -63,7 +63,8 @@ def right_padded(rows, pad: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # pad 2 is also EOS (as many Llama reward models): the rows end in EOS, which transformers does not score
-@pytest.mark.parametrize("kind,pad", [("llama3_untied", 2), ("qwen2_tied", 0), ("qwen3_untied", 0)])
+@pytest.mark.parametrize("kind,pad", [("llama3_untied", 2), ("qwen2_tied", 0), ("qwen3_untied", 0),
+                                      ("mistral_window", 0), ("gemma2_tied", 0), ("gemma3_tied", 0)])
 def test_transformers_sequence_classifier_is_the_drm(tmp_path, kind, pad):
     ref = make_hf_classifier(kind, pad_token_id=pad)
     ref.save_pretrained(tmp_path)

@@ -62,9 +62,18 @@ def test_config_reads_family_details(hf_checkpoint):
     cfg = load_hf(path).cfg
     assert cfg.tie_word_embeddings == kind.endswith("_tied")
     assert cfg.qkv_bias == (kind.startswith("qwen2") or bool(getattr(ref.config, "attention_bias", False)))
-    assert cfg.qk_norm == kind.startswith("qwen3")  # per-head RMSNorm of queries and keys
-    assert cfg.head_dim == (ref.config.head_dim if kind.startswith("qwen3") else cfg.hidden_size // cfg.num_heads)
-    assert cfg.rope_type == ("llama3" if kind.startswith("llama3") else "default")
+    assert cfg.qk_norm == hasattr(ref.model.layers[0].self_attn, "q_norm")  # per-head RMSNorm (Qwen3, Gemma 3)
+    assert cfg.head_dim == ref.model.layers[0].self_attn.head_dim
+    assert cfg.head_dim == (cfg.hidden_size // cfg.num_heads if kind.startswith(("llama", "qwen2", "mistral")) else 16)
+    assert cfg.rope_type == ("llama3" if kind.startswith("llama3") else "linear" if kind.startswith("gemma3")
+                             else "default")  # (Gemma 3: the global layers')
+    # sliding layers: transformers' own per-layer choice (Mistral: every layer, when it has a window)
+    layer_types = getattr(ref.config, "layer_types", None) or ["sliding_attention" if getattr(
+        ref.config, "sliding_window", None) else "full_attention"] * cfg.num_layers
+    assert cfg.sliding == tuple(t == "sliding_attention" for t in layer_types)
+    assert cfg.sliding_window == (getattr(ref.config, "sliding_window", None) if any(cfg.sliding) else None)
+    for name in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"):
+        assert getattr(cfg, name) == getattr(ref.config, name, None)
 
 
 def test_round_trip_save_hf_loads_in_transformers(hf_checkpoint, tmp_path):

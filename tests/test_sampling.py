@@ -248,13 +248,24 @@ def test_long_cache_uses_blocks_and_matches(llama, monkeypatch):
     np.testing.assert_allclose(small.logprobs, later.logprobs, atol=1e-5)
 
 
-@pytest.mark.parametrize("blocked", [False, True])
-def test_branch_equals_take(llama, monkeypatch, blocked):
+@pytest.fixture(scope="module")
+def gemma2(tmp_path_factory):
+    """Sliding windows of 4 on alternate layers, soft-capped attention logits (Gemma 2)."""
+    ref = make_hf_model("gemma2_tied", seed=1)
+    path = tmp_path_factory.mktemp("gemma2")
+    ref.save_pretrained(path)
+    return load_hf(path), ref
+
+
+@pytest.mark.parametrize("blocked,family", [(False, "llama"), (True, "llama"), (False, "gemma2"), (True, "gemma2")])
+def test_branch_equals_take(request, monkeypatch, blocked, family):
     """A branched cache (each prefix shared by its group of rows, not copied) gives the logits, greedy tokens and
-    log-probs of `take`. With `blocked`, the rows' own slots are read by blocked attention after the prefix."""
+    log-probs of `take`. With `blocked`, the rows' own slots are read by blocked attention after the prefix. Gemma 2:
+    a sliding window (4) shorter than the prefixes, so the suffixes see only the last prefix slots, and soft-capped
+    scores in the prefix attention."""
     from rrc_jax.models import decoder
 
-    model, _ = llama
+    model, _ = request.getfixturevalue(family)
     if blocked:
         monkeypatch.setattr(decoder, "BLOCKED_ATTENTION_MIN_BYTES", 0)
     rng = np.random.default_rng(1)

@@ -1,16 +1,20 @@
-"""The decoder that the model families share (Llama 3.x, Qwen2 / Qwen2.5, Qwen3: `rrc_jax.models.families`).
+"""The decoder that the model families share (Llama 3.x, Qwen2 / Qwen2.5, Qwen3, Mistral, Gemma 2, Gemma 3:
+`rrc_jax.models.families`).
 
 Pre-norm transformer: token embedding -> L x [RMSNorm -> GQA self-attention with RoPE -> residual,
-RMSNorm -> SwiGLU MLP -> residual] (the L layers' parameters stacked on a leading `layers` axis and run under a
+RMSNorm -> gated MLP -> residual] (the L layers' parameters stacked on a leading `layers` axis and run under a
 scan, as MaxText's scanned layers) -> RMSNorm -> LM head (tied to the embedding or not) and, optionally,
 a scalar value head (the DRM's Bradley-Terry score, Eq. 1). A sequence-classification checkpoint
-(`LlamaForSequenceClassification` / `Qwen2ForSequenceClassification`: a `score` head, no LM head) is a decoder with
-the value head only (`lm_head=False`).
+(`LlamaForSequenceClassification`, ...: a `score` head, no LM head) is a decoder with the value head only
+(`lm_head=False`).
 
 What a family does differently lives in its module of `rrc_jax.models.families` (its `config.json` fields, its
 extra tensors); the decoder implements the features they switch on: biases on q/k/v (`qkv_bias`), on o (`o_bias`)
-and on the MLP (`mlp_bias`), RMSNorm of each query and key head (`qk_norm`, Qwen3), tied embeddings, and the
-`linear` and `llama3` RoPE frequency scalings.
+and on the MLP (`mlp_bias`), RMSNorm of each query and key head (`qk_norm`), tied embeddings, the `linear` and
+`llama3` RoPE frequency scalings, and Gemma's: embeddings scaled by sqrt(E), `(1 + w)` norms, norms after
+attention and MLP too, GeGLU, `query_pre_attn_scalar`, soft-capped attention and output logits, and sliding-window
+layers (`layer_types`, with their own RoPE base in Gemma 3). A sliding layer's window is a mask on RoPE positions,
+so it holds in every attention path: training, log-probs, prefill, decode and shared prefixes (`Window`).
 
 Padding can sit anywhere. Positions derive from the attention mask (`cumsum(mask) - 1`), so left- and
 right-padded batches give the same logits at their real tokens. For generation the model reads and writes a
@@ -26,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,8 +40,12 @@ from jax.ad_checkpoint import checkpoint_name
 
 from rrc_jax import sharding
 from rrc_jax.models.families import family
+from rrc_jax.models.families.base import rope_fields
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+LAYER_TYPES = ("full_attention", "sliding_attention")  # `config.json`'s `layer_types`
+NO_WINDOW = np.iinfo(np.int32).max  # the window of a full-attention layer
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True)}
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)  # finite: a query with no visible key gives no NaN
 ACTIVATION = ("batch", "length", "embed")  # logical axes of the residual stream [B, T, E] (`sharding.constrain`)
 
@@ -64,7 +72,18 @@ class DecoderConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
-    qk_norm: bool = False  # RMSNorm of each query and key head before RoPE (Qwen3)
+    qk_norm: bool = False  # RMSNorm of each query and key head before RoPE (Qwen3, Gemma 3)
+    hidden_act: str = "silu"  # the MLP's gate activation (`ACTIVATIONS`): SwiGLU, or GeGLU (Gemma)
+    norm_offset: float = 0.0  # every RMSNorm scales by (norm_offset + w): 1 for Gemma, whose weights are 0-centred
+    sandwich_norms: bool = False  # an RMSNorm after attention and after the MLP too, before each residual (Gemma)
+    embed_scale: bool = False  # token embeddings times sqrt(hidden_size), in the compute dtype (Gemma)
+    query_pre_attn_scalar: int | None = None  # attention logits scaled by its -1/2 power, not head_dim's (Gemma)
+    attn_logit_softcapping: float | None = None  # attention logits -> cap * tanh(logits / cap) (Gemma 2)
+    final_logit_softcapping: float | None = None  # the LM head's logits likewise (Gemma 2)
+    sliding_window: int | None = None  # a sliding layer's query sees the keys fewer than this many positions back
+    # per layer, 'full_attention' or 'sliding_attention' (`LAYER_TYPES`); () is every layer full
+    layer_types: tuple[str, ...] = ()
+    local_rope_theta: float | None = None  # the RoPE base of the sliding layers (default RoPE; Gemma 3)
     value_head: bool = False
     lm_head: bool = True  # False: a sequence classifier (the value head only), which gives no logits
     bos_token_id: int | None = None
@@ -81,6 +100,30 @@ class DecoderConfig:
             raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"unsupported hidden activation {self.hidden_act!r}; supported: {', '.join(ACTIVATIONS)}")
+        if self.layer_types and (len(self.layer_types) != self.num_layers or set(self.layer_types) - set(LAYER_TYPES)):
+            raise ValueError(f"layer_types must name one of {', '.join(LAYER_TYPES)} for each of the {self.num_layers} "
+                             f"layers; got {list(self.layer_types)}")
+        if any(self.sliding) and not (self.sliding_window and self.sliding_window >= 1):
+            raise ValueError(f"sliding-attention layers need sliding_window >= 1; got {self.sliding_window}")
+
+    @property
+    def sliding(self) -> tuple[bool, ...]:
+        """Per layer, whether it attends within `sliding_window` positions only."""
+        return tuple(t == "sliding_attention" for t in self.layer_types) or (False,) * self.num_layers
+
+    @property
+    def windows(self) -> np.ndarray | None:
+        """Per layer `[L]` int32, how many positions back (the query's own included) its queries see: the window
+        for a sliding layer, `NO_WINDOW` for a full one; None when no layer slides (nothing to mask)."""
+        if not any(self.sliding):
+            return None
+        return np.array([self.sliding_window if s else NO_WINDOW for s in self.sliding], np.int32)
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def compute_dtype(self) -> jnp.dtype:
@@ -102,11 +145,6 @@ class DecoderConfig:
             fam = family(model_type)
         except ValueError as e:
             raise ValueError(f"{e} (config.json)") from None
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}: only 'silu' (SwiGLU) is implemented")
-        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-        rope_theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
-        rope_type = rope.pop("rope_type", rope.pop("type", "default")) or "default"
         heads = hf["num_attention_heads"]
         kwargs = dict(
             model_type=model_type,
@@ -118,9 +156,8 @@ class DecoderConfig:
             num_kv_heads=hf.get("num_key_value_heads") or heads,
             head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope_theta=rope_theta,
-            rope_type=rope_type,
-            rope_scaling=tuple(sorted((k, float(v)) for k, v in rope.items() if isinstance(v, (int, float)))),
+            hidden_act=hf.get("hidden_act") or "silu",
+            **rope_fields(hf.get("rope_parameters") or hf.get("rope_scaling") or {}, hf.get("rope_theta", 10000.0)),
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
             lm_head=not is_sequence_classifier(hf),
             bos_token_id=hf.get("bos_token_id"),
@@ -144,7 +181,7 @@ class DecoderConfig:
             architectures=[arch], model_type=self.model_type, vocab_size=self.vocab_size,
             hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
             num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim, hidden_act="silu",
+            num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim, hidden_act=self.hidden_act,
             rms_norm_eps=self.rms_norm_eps, max_position_embeddings=self.max_position_embeddings,
             rope_parameters=rope, rope_theta=self.rope_theta,
             rope_scaling=None if self.rope_type == "default" else rope,
@@ -410,16 +447,24 @@ def _param(rngs: nnx.Rngs, shape: tuple[int, ...], names: tuple[str | None, ...]
 
 
 class RMSNorm(nnx.Module):
-    """`x / sqrt(mean(x^2) + eps) * scale`, normalized in float32."""
+    """`x / sqrt(mean(x^2) + eps) * scale`, normalized in float32; with an `offset` (Gemma: 1, its weights
+    0-centred), `* (offset + scale)` in float32 before the cast back, as Gemma's norm computes it."""
 
-    def __init__(self, dim: int, eps: float, *, param_dtype, rngs: nnx.Rngs):
-        self.eps = eps
-        self.scale = _param(rngs, (dim,), ("norm",), param_dtype, init="ones")
+    def __init__(self, dim: int, eps: float, *, param_dtype, rngs: nnx.Rngs, offset: float = 0.0):
+        self.eps, self.offset = eps, offset
+        self.scale = _param(rngs, (dim,), ("norm",), param_dtype, init="zeros" if offset else "ones")
 
     def __call__(self, x: jax.Array) -> jax.Array:
         xf = x.astype(jnp.float32)
         y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        if self.offset:
+            return (y * (self.offset + self.scale[...].astype(jnp.float32))).astype(x.dtype)
         return self.scale[...].astype(x.dtype) * y.astype(x.dtype)
+
+
+def norm(cfg: DecoderConfig, dim: int, rngs: nnx.Rngs) -> RMSNorm:
+    """An RMSNorm of `cfg`'s family over `dim` features."""
+    return RMSNorm(dim, cfg.rms_norm_eps, param_dtype=cfg.params_dtype, rngs=rngs, offset=cfg.norm_offset)
 
 
 def dense(x: jax.Array, w: jax.Array, bias: jax.Array | None = None) -> jax.Array:
@@ -448,13 +493,12 @@ class Attention(nnx.Module):
         if cfg.o_bias:
             self.o_bias = _param(rngs, (e,), ("embed",), pd, init="zeros")
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
-            self.k_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
+            self.q_norm, self.k_norm = norm(cfg, d, rngs), norm(cfg, d, rngs)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
                  kv_cache: tuple[tuple, tuple] | None = None, end: jax.Array | None = None,
                  shared: tuple[jax.Array, jax.Array, jax.Array] | None = None,
-                 query_index: jax.Array | None = None, layer: jax.Array | int = 0
+                 query_index: jax.Array | None = None, layer: jax.Array | int = 0, window: Window | None = None
                  ) -> tuple[jax.Array, tuple[tuple, tuple] | None]:
         """x `[B, T, E]`, cos/sin `[B, T, D]`, mask `[B, T, S]` (S = T without cache) -> `[B, T, E]`, cache.
 
@@ -465,8 +509,11 @@ class Attention(nnx.Module):
         group of B / P rows' prefix in J blocks (`prefix_blocks`), attended before the cache (`KVCache.branch`).
         `query_index [B]`: keys and values of all T tokens go to the cache, but only token `query_index[b]` of
         each row queries; the output is then `[B, 1, E]` (the last layer of `Decoder.extend`).
+        `window`: this layer's sliding window, which narrows `mask` and the prefixes' mask to the keys fewer than
+        `window.size` positions before each query.
         """
         cfg = self.cfg
+        scoring = Scoring(cfg.attention_scale, cfg.attn_logit_softcapping)
         g = cfg.num_heads // cfg.num_kv_heads
         qkv = sharding.constrain(dense(x, self.qkv[...], self.qkv_bias[...] if cfg.qkv_bias else None),
                                  ("batch", "length", "kv_heads", None, None))  # [B, T, K, G + 2, D]
@@ -477,23 +524,61 @@ class Attention(nnx.Module):
         qk = apply_rope(qk, cos, sin)
         q, k, v = qk[..., :g, :], qk[..., g, :], qkv[..., g + 1, :]
         k, v = k.transpose(0, 2, 3, 1), v.swapaxes(1, 2)  # [B, K, D, T], [B, K, T, D]
+        query_positions = None if window is None else window.query
+        if window is not None:
+            mask = mask & (window.query[:, :, None] - window.key[:, None, :] < window.size)
         if query_index is not None:
             q, mask = rows_at(q, query_index), rows_at(mask, query_index)
+            query_positions = None if window is None else rows_at(query_positions, query_index)
         b, t, _, _, d = q.shape
         q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
         if kv_cache is None:
-            out = blockwise_attention(q, k, v, mask)
+            out = blockwise_attention(q, k, v, mask, scoring=scoring)
         else:  # (see KVCache for the layout)
             n_new = k.shape[3]
             kv_cache = (tuple(sharding.constrain(x, KV_K) for x in write_blocks(kv_cache[0], k, end, 3, layer)),
                         tuple(sharding.constrain(x, KV_V) for x in write_blocks(kv_cache[1], v, end, 2, layer)))
-            carry = _empty_carry(q) if shared is None else shared_attention(_empty_carry(q), q, *shared)
-            out = _normalize(cache_attention(carry, q, *kv_cache, mask, n_slots=end + n_new, layer=layer))
+            carry = _empty_carry(q)
+            if shared is not None:
+                prefix_window = None if window is None else (query_positions, window.prefix, window.size)
+                carry = shared_attention(carry, q, *shared, scoring=scoring, window=prefix_window)
+            out = _normalize(cache_attention(carry, q, *kv_cache, mask, n_slots=end + n_new, layer=layer,
+                                             scoring=scoring))
         out = sharding.constrain(out.astype(x.dtype).transpose(0, 3, 1, 2, 4),  # [B, T, K, G, D], where q was
                                  ("batch", "length", "kv_heads", None, None)).reshape(b, t, cfg.num_heads * d)
         out = checkpoint_name(out, "attn_out")
         y = dense(out, self.o[...].reshape(cfg.num_heads * d, -1), self.o_bias[...] if cfg.o_bias else None)
         return y, kv_cache
+
+
+def softcap(x: jax.Array, cap: float) -> jax.Array:
+    """`cap * tanh(x / cap)`: `x` squashed smoothly into `(-cap, cap)` (Gemma 2's logit soft-capping)."""
+    return cap * jnp.tanh(x / cap)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scoring:
+    """How q.k products become attention logits: times `scale` (`head_dim^-1/2`, or Gemma's
+    `query_pre_attn_scalar^-1/2`), then soft-capped at `cap` when it is set (Gemma 2)."""
+
+    scale: float
+    cap: float | None = None
+
+    def __call__(self, s: jax.Array) -> jax.Array:
+        s = s * self.scale
+        return s if self.cap is None else softcap(s, self.cap)
+
+
+class Window(NamedTuple):
+    """A layer's sliding window: a query sees a key only when `query - key < size` (their RoPE positions, as
+    transformers' `sliding_window_overlay`). size `[]` int32 (`NO_WINDOW` for a full layer), query `[B, T]`, key
+    `[B, S]` (the attention's own keys or cache slots), prefix `[J, P, N_b]`: a branched cache's prefix slots
+    (`prefix_blocks`), else None."""
+
+    size: jax.Array
+    query: jax.Array
+    key: jax.Array
+    prefix: jax.Array | None = None
 
 
 def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
@@ -512,10 +597,12 @@ def _weighted(p: jax.Array, v: jax.Array) -> jax.Array:
                       preferred_element_type=jnp.float32).reshape(b, kh, g, t, -1)
 
 
-def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+def dense_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                    scoring: Scoring | None = None) -> jax.Array:
     """Softmax attention. q `[B, K, G, T, D]`, k `[B, K, D, S]`, v `[B, K, S, D]`, mask `[B, T, S]`
-    -> `[B, K, G, T, D]` float32."""
-    scores = jnp.where(mask[:, None, None], _scores(q, k) * (q.shape[-1] ** -0.5), _MASK_VALUE)
+    -> `[B, K, G, T, D]` float32; logits by `scoring` (default: scaled by `D^-1/2`)."""
+    scoring = scoring or Scoring(q.shape[-1] ** -0.5)
+    scores = jnp.where(mask[:, None, None], scoring(_scores(q, k)), _MASK_VALUE)
     return _weighted(jax.nn.softmax(scores, axis=-1), v)
 
 
@@ -524,7 +611,7 @@ SHARED_ATTENTION_BLOCK = 512  # prefix slots per block of `shared_attention`
 
 
 def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                        block: int | None = None) -> jax.Array:
+                        block: int | None = None, scoring: Scoring | None = None) -> jax.Array:
     """`dense_attention` over blocks of `block` keys with an online softmax, each block recomputed in the backward
     pass (`jax.checkpoint` in a `lax.scan`): the backward pass keeps one running output per block,
     `[B, K, G, T, D]`, instead of the float32 scores `[B, K, G, T, S]` (and their exp and mask). Pure JAX, so the
@@ -535,24 +622,27 @@ def blockwise_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arra
     """
     b, kh, d, s = k.shape
     block = block or TRAINING_ATTENTION_BLOCK
+    scoring = scoring or Scoring(q.shape[-1] ** -0.5)
     if s <= block:
-        return dense_attention(q, k, v, mask)
+        return dense_attention(q, k, v, mask, scoring)
     n = -(-s // block)
     pad = n * block - s
     k = jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, pad))).reshape(b, kh, d, n, block).transpose(3, 0, 1, 2, 4)
     v = jnp.pad(v, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(b, kh, n, block, d).transpose(2, 0, 1, 3, 4)
     mask = jnp.pad(mask, ((0, 0), (0, 0), (0, pad))).reshape(b, mask.shape[1], n, block).transpose(2, 0, 1, 3)
-    step = jax.checkpoint(lambda carry, kvm: (_attend(carry, q, *kvm), None))
+    step = jax.checkpoint(lambda carry, kvm: (_attend(carry, q, *kvm, scoring), None))
     carry, _ = jax.lax.scan(step, _empty_carry(q), (k, v, mask))
     return _normalize(carry)
 
 
-def _attend(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple:
+def _attend(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+            scoring: Scoring | None = None) -> tuple:
     """One online-softmax step over keys `k [B, K, D, S]`, values `v [B, K, S, D]` visible where `mask [B, T, S]`.
 
     carry = (running max `[B, K, G, T]`, running sum `[B, K, G, T]`, unnormalized output `[B, K, G, T, D]`).
     """
-    s = jnp.where(mask[:, None, None], _scores(q, k) * (q.shape[-1] ** -0.5), _MASK_VALUE)
+    scoring = scoring or Scoring(q.shape[-1] ** -0.5)
+    s = jnp.where(mask[:, None, None], scoring(_scores(q, k)), _MASK_VALUE)
     return _softmax_step(carry, s, lambda p: _weighted(p, v))
 
 
@@ -578,7 +668,8 @@ def _normalize(carry: tuple) -> jax.Array:
 
 
 def cache_attention(carry: tuple, q: jax.Array, k_blocks: tuple[jax.Array, ...], v_blocks: tuple[jax.Array, ...],
-                    mask: jax.Array, n_slots: jax.Array, layer: jax.Array | int) -> tuple:
+                    mask: jax.Array, n_slots: jax.Array, layer: jax.Array | int,
+                    scoring: Scoring | None = None) -> tuple:
     """`_attend` over layer `layer` of a cache stored as blocks (`KVCache`), skipping at run time the blocks that
     start at or after `n_slots` (the filled slots): a decoding step then costs in proportion to the tokens so far,
     not to S.
@@ -589,16 +680,18 @@ def cache_attention(carry: tuple, q: jax.Array, k_blocks: tuple[jax.Array, ...],
     mine = lambda block: jax.lax.dynamic_index_in_dim(block, layer, 0, keepdims=False)
     for j, (k, v) in enumerate(zip(k_blocks, v_blocks)):
         n = k.shape[-1]
-        step = lambda c, k=k, v=v, m=mask[:, :, start:start + n]: _attend(c, q, mine(k), mine(v), m)
+        step = lambda c, k=k, v=v, m=mask[:, :, start:start + n]: _attend(c, q, mine(k), mine(v), m, scoring)
         carry = step(carry) if j == 0 else jax.lax.cond(start < n_slots, step, lambda c: c, carry)
         start += n
     return carry
 
 
-def shared_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple:
+def shared_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                     scoring: Scoring | None = None, window: tuple | None = None) -> tuple:
     """`_attend` over per-prompt prefixes: q `[B, K, G, T, D]` of B = P * M rows, rows `p*M ... p*M + M - 1`
     seeing prefix p, stored in J blocks (`prefix_blocks`): k `[J, P, K, D, N_b]`, v `[J, P, K, N_b, D]`, valid
-    where `mask [J, P, N_b]`.
+    where `mask [J, P, N_b]`. `window` = (query positions `[B, T]`, prefix slot positions `[J, P, N_b]`, size
+    `[]`): a slot is seen only by the queries fewer than `size` positions after it (a sliding layer, `Window`).
 
     A group's queries meet their prefix in one matmul `[M*G*T, D] x [D, N]` per prompt and kv head, so each prefix
     slot is read once per step however many rows continue it, and the cost is linear in P. Scores are laid out
@@ -611,31 +704,41 @@ def shared_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mas
     to_groups = lambda x: x.reshape(p, m, kh, g, t, *x.shape[4:]).swapaxes(1, 2)  # [B, K, G, T, ..] -> [P, K, M, ..]
     from_groups = lambda x: x.swapaxes(1, 2).reshape(b, kh, g, t, *x.shape[5:])
     qg = to_groups(q).reshape(p, kh, m * g * t, d)
+    scoring = scoring or Scoring(d ** -0.5)
+    blocks = (k, v, mask)
+    if window is None:
+        seen = lambda mj: mj[:, None, None, None, None, :]  # [P, 1, 1, 1, 1, N_b]
+    else:
+        query, positions, size = window
+        query, blocks = query.reshape(p, m, t), blocks + (positions,)
+        seen = lambda mj, pj: (mj[:, None, None, :] & (query[..., None] - pj[:, None, None, :] < size)
+                               )[:, None, :, None]  # [P, 1, M, 1, T, N_b]
 
     def fold(c, kvm):
-        kj, vj, mj = kvm
+        kj, vj, mj = kvm[:3]
         nj = mj.shape[-1]
         s = jnp.einsum("pkqd,pkdn->pkqn", qg, kj.astype(q.dtype), preferred_element_type=jnp.float32)
-        s = jnp.where(mj[:, None, None, None, None, :], s.reshape(p, kh, m, g, t, nj) * (d ** -0.5), _MASK_VALUE)
+        s = jnp.where(seen(*kvm[2:]), scoring(s.reshape(p, kh, m, g, t, nj)), _MASK_VALUE)
         weighted = lambda w: jnp.einsum("pkqn,pknd->pkqd", w.astype(vj.dtype).reshape(p, kh, m * g * t, nj), vj,
                                         preferred_element_type=jnp.float32).reshape(p, kh, m, g, t, d)
         return _softmax_step(c, s, weighted), None
 
     carry = tuple(map(to_groups, carry))
     if j == 1:
-        carry, _ = fold(carry, (k[0], v[0], mask[0]))
+        carry, _ = fold(carry, tuple(x[0] for x in blocks))
     else:
-        carry, _ = jax.lax.scan(fold, carry, (k, v, mask))
+        carry, _ = jax.lax.scan(fold, carry, blocks)
     return tuple(map(from_groups, carry))
 
 
 class MLP(nnx.Module):
-    """SwiGLU: `down(silu(gate(x)) * up(x))`, gate and up as one weight `gate_up [E, I, 2]` (one matmul; the
-    I axis leads so that sharding it keeps each unit's gate and up together)."""
+    """SwiGLU, `down(silu(gate(x)) * up(x))`, or GeGLU with tanh GELU (Gemma; `hidden_act`), gate and up as one
+    weight `gate_up [E, I, 2]` (one matmul; the I axis leads so that sharding it keeps each unit's gate and up
+    together)."""
 
     def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
         e, i, pd = cfg.hidden_size, cfg.intermediate_size, cfg.params_dtype
-        self.mlp_bias = cfg.mlp_bias
+        self.mlp_bias, self.hidden_act = cfg.mlp_bias, cfg.hidden_act
         self.gate_up = _param(rngs, (e, i, 2), ("embed", "mlp", None), pd)
         self.down = _param(rngs, (i, e), ("mlp", "embed"), pd)
         if cfg.mlp_bias:
@@ -647,7 +750,8 @@ class MLP(nnx.Module):
         gate_up = sharding.constrain(dense(x, self.gate_up[...], bias("gate_up")),  # [B, T, I, 2]
                                      ("batch", "length", "mlp", None))
         gate_up = checkpoint_name(gate_up, "gate_up")
-        return dense(jax.nn.silu(gate_up[..., 0]) * gate_up[..., 1], self.down[...], bias("down"))
+        act = ACTIVATIONS[self.hidden_act]
+        return dense(act(gate_up[..., 0]) * gate_up[..., 1], self.down[...], bias("down"))
 
 
 # What the backward pass of a scanned layer keeps without `remat` (`Decoder._run_layers`), besides the layer's input:
@@ -662,15 +766,22 @@ class Block(nnx.Module):
     layer's parameters stacked in one `Block` (`stack_layers`) and runs them under a scan."""
 
     def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.params_dtype, rngs=rngs)
+        e = cfg.hidden_size
+        self.attn_norm = norm(cfg, e, rngs)
         self.attn = Attention(cfg, rngs=rngs)
-        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=cfg.params_dtype, rngs=rngs)
+        self.mlp_norm = norm(cfg, e, rngs)
         self.mlp = MLP(cfg, rngs=rngs)
+        if cfg.sandwich_norms:
+            self.post_attn_norm, self.post_mlp_norm = norm(cfg, e, rngs), norm(cfg, e, rngs)
 
-    def __call__(self, x, cos, sin, mask, kv_cache=None, end=None, shared=None, query_index=None, layer=0):
-        h, kv_cache = self.attn(self.attn_norm(x), cos, sin, mask, kv_cache, end, shared, query_index, layer)
+    def __call__(self, x, cos, sin, mask, kv_cache=None, end=None, shared=None, query_index=None, layer=0,
+                 window=None):
+        after = lambda name, y: getattr(self, name)(y) if hasattr(self, name) else y  # sandwich norms (Gemma)
+        h, kv_cache = self.attn(self.attn_norm(x), cos, sin, mask, kv_cache, end, shared, query_index, layer,
+                                window)
+        h = after("post_attn_norm", h)
         x = checkpoint_name(x + h if query_index is None else rows_at(x, query_index) + h, "mid")
-        return x + self.mlp(self.mlp_norm(x)), kv_cache
+        return x + after("post_mlp_norm", self.mlp(self.mlp_norm(x))), kv_cache
 
 
 def stack_layers(blocks: list[nnx.Module]) -> nnx.Module:
@@ -713,17 +824,20 @@ def score_index(input_ids: jax.Array, mask: jax.Array, pad_token_id: int | None)
 
 
 class Decoder(nnx.Module):
-    """Llama / Qwen2 decoder. `model(input_ids, attention_mask=mask)` -> logits `[B, T, V]` (float32)."""
+    """The shared decoder (module docstring). `model(input_ids, attention_mask=mask)` -> logits `[B, T, V]` (float32)."""
 
     def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
         from rrc_jax.models.heads import ScalarHead  # local: heads imports nothing from here at import time
 
         self.cfg = cfg
         self.inv_freq = tuple(float(f) for f in rope_inv_freq(cfg))  # static (hashable) constant, not a parameter
+        if cfg.local_rope_theta is not None:  # the sliding layers' RoPE (Gemma 3): default, its own base
+            local = cfg.replace(rope_theta=cfg.local_rope_theta, rope_type="default", rope_scaling=())
+            self.local_inv_freq = tuple(float(f) for f in rope_inv_freq(local))
         pd = cfg.params_dtype
         self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
         self.layers = stack_layers([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])  # [L, ...] each
-        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd, rngs=rngs)
+        self.final_norm = norm(cfg, cfg.hidden_size, rngs)
         if cfg.lm_head and not cfg.tie_word_embeddings:
             self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
         if cfg.value_head:
@@ -732,8 +846,8 @@ class Decoder(nnx.Module):
     # -- building blocks ---------------------------------------------------------------------------------
 
     def _run_layers(self, input_ids: jax.Array, positions: jax.Array, mask: jax.Array,
-                    cache: KVCache | None = None, last_index: jax.Array | None = None, remat: bool = False
-                    ) -> tuple[jax.Array, tuple | None]:
+                    cache: KVCache | None = None, last_index: jax.Array | None = None, remat: bool = False,
+                    key_positions: jax.Array | None = None) -> tuple[jax.Array, tuple | None]:
         """Final-normed hidden states `[B, T, E]` and the updated cache blocks (k, v) when a cache is given.
 
         The layers run under one `lax.scan` over their stacked parameters (one layer traced and compiled, whatever
@@ -745,28 +859,36 @@ class Decoder(nnx.Module):
 
         With `last_index [B]`, only the hidden state `[B, 1, E]` of token `last_index[b]` of each row: the last
         layer, run after the scan, still writes every token's keys and values, but skips the attention and MLP of
-        the others (nothing reads them).
+        the others (nothing reads them). `key_positions [B, S]`: the positions of the keys (the cache's slots;
+        default `positions`), read by sliding layers only (`layer_view`).
         """
-        x = jnp.take(self.embed[...], input_ids, axis=0).astype(self.cfg.compute_dtype)
+        cfg = self.cfg
+        x = jnp.take(self.embed[...], input_ids, axis=0).astype(cfg.compute_dtype)
+        if cfg.embed_scale:
+            x = x * jnp.asarray(math.sqrt(cfg.hidden_size), x.dtype)
         x = sharding.constrain(x, ACTIVATION)
-        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        view = self.layer_view(positions, positions if key_positions is None else key_positions, cache)
         graphdef, params = nnx.split(self.layers)
         if cache is None:
-            def layer(h, p):
-                h, _ = nnx.merge(graphdef, p)(h, cos, sin, mask)
+            def layer(h, xs):
+                p, i = xs
+                cos, sin, window = view(i)
+                h, _ = nnx.merge(graphdef, p)(h, cos, sin, mask, window=window)
                 return sharding.constrain(h, ACTIVATION), None
 
             policy = None if remat else jax.checkpoint_policies.save_only_these_names(*SAVED_RESIDUALS)
-            x, _ = jax.lax.scan(jax.checkpoint(layer, prevent_cse=False, policy=policy), x, params)
+            x, _ = jax.lax.scan(jax.checkpoint(layer, prevent_cse=False, policy=policy), x,
+                                (params, jnp.arange(cfg.num_layers)))
             return self.final_norm(x), None
 
         def run(i, h, k, v, query_index=None):
             p = jax.tree.map(lambda a: a[i], params)  # a slice of the stacked weights, no copy of the others
             shared = (cache.shared_k[i], cache.shared_v[i], cache.shared_mask) if cache.shared else None
-            h, (k, v) = nnx.merge(graphdef, p)(h, cos, sin, mask, (k, v), cache.end, shared, query_index, i)
+            cos, sin, window = view(i)
+            h, (k, v) = nnx.merge(graphdef, p)(h, cos, sin, mask, (k, v), cache.end, shared, query_index, i, window)
             return sharding.constrain(h, ACTIVATION), k, v
 
-        n = self.cfg.num_layers - (last_index is not None)
+        n = cfg.num_layers - (last_index is not None)
         carry = (x, cache.k, cache.v)
         if n:
             carry, _ = jax.lax.scan(lambda c, i: (run(i, *c), None), carry, jnp.arange(n))
@@ -774,6 +896,28 @@ class Decoder(nnx.Module):
             carry = run(n, *carry, query_index=last_index)
         x, k, v = carry
         return self.final_norm(x), (k, v)
+
+    def layer_view(self, positions: jax.Array, key_positions: jax.Array, cache: KVCache | None = None):
+        """`view(i)` -> (cos, sin `[B, T, D]`, `Window` or None): what layer `i` (traced) attends with. Full and
+        sliding layers differ in their RoPE base when the family has a local one (Gemma 3) and in their window
+        (None when no layer slides). positions `[B, T]` of the queries, key_positions `[B, S]`; with a branched
+        cache, the prefix slots' positions come from its `shared_mask`."""
+        cfg = self.cfg
+        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        sliding = jnp.asarray(cfg.sliding)
+        if cfg.local_rope_theta is not None:
+            local = rope_cos_sin(positions, self.local_inv_freq)
+            rope = lambda i: (jnp.where(sliding[i], local[0], cos), jnp.where(sliding[i], local[1], sin))
+        else:
+            rope = lambda i: (cos, sin)
+        if cfg.windows is None:
+            return lambda i: (*rope(i), None)
+        sizes, prefix = jnp.asarray(cfg.windows), None
+        if cache is not None and cache.shared:  # [J, P, N_b] -> each prefix's slots in order -> positions
+            j, p, nb = cache.shared_mask.shape
+            flat = cache.shared_mask.swapaxes(0, 1).reshape(p, j * nb).astype(jnp.int32)
+            prefix = (jnp.cumsum(flat, axis=1) - 1).reshape(p, j, nb).swapaxes(0, 1)
+        return lambda i: (*rope(i), Window(sizes[i], positions, key_positions, prefix))
 
     def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
                       remat: bool = False) -> jax.Array:
@@ -795,6 +939,8 @@ class Decoder(nnx.Module):
                              "(values) but gives no logits and cannot generate; use a causal LM checkpoint")
         w = self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
         logits = jnp.dot(h, w.astype(h.dtype), preferred_element_type=jnp.float32).astype(jnp.float32)
+        if self.cfg.final_logit_softcapping:
+            logits = softcap(logits, self.cfg.final_logit_softcapping)
         return sharding.constrain(logits, ("batch",) + (None,) * (logits.ndim - 2) + ("vocab",))
 
     # -- public API ----------------------------------------------------------------------------------------
@@ -864,8 +1010,12 @@ class Decoder(nnx.Module):
         slot_q = cache.end + jnp.arange(t)
         mask = valid[:, None, :] & (jnp.arange(s)[None, None, :] <= slot_q[None, :, None])
         positions = cache.positions[:, None] + jnp.maximum(jnp.cumsum(new.astype(jnp.int32), axis=1) - 1, 0)
+        key_positions = None
+        if self.cfg.windows is not None:  # a slot's position: the row's tokens before it (its prefix's included)
+            before = cache.positions - cache.valid.sum(axis=1, dtype=jnp.int32)
+            key_positions = before[:, None] + jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1
         last = last_valid_index(new) if t > 1 else None  # (one token: the layers' output is already [B, 1, E])
-        h, (k, v) = self._run_layers(input_ids, positions, mask, cache, last_index=last)
+        h, (k, v) = self._run_layers(input_ids, positions, mask, cache, last_index=last, key_positions=key_positions)
         last = h[:, 0]
         logits = jnp.where(new.any(axis=1)[:, None], self.logits_from_hidden(last), cache.logits)
         return cache.replace(k=k, v=v, valid=valid,

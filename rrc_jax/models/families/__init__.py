@@ -13,11 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from rrc_jax.models.families.base import Family
+from rrc_jax.models.families.gemma2 import Gemma2
+from rrc_jax.models.families.gemma3 import Gemma3
 from rrc_jax.models.families.llama import Llama
+from rrc_jax.models.families.mistral import Mistral
 from rrc_jax.models.families.qwen2 import Qwen2
 from rrc_jax.models.families.qwen3 import Qwen3
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (Llama(), Qwen2(), Qwen3())}
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (Llama(), Qwen2(), Qwen3(), Mistral(), Gemma2(), Gemma3())}
 
 
 def family(model_type: str | None) -> Family:

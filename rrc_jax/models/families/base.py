@@ -24,6 +24,17 @@ class Family:
         return {}
 
     def layer_tensors(self, cfg) -> dict[tuple[str, ...], str]:
-        """Per-layer parameters beyond the shared ones, each one HF tensor in the same layout: the parameter's path
-        in a decoder layer (`Block`) -> the tensor's name after `model.layers.N.`."""
+        """Per-layer parameters beyond the shared ones, or named otherwise than Llama names them, each one HF tensor
+        in the same layout: the parameter's path in a decoder layer (`Block`) -> the tensor's name after
+        `model.layers.N.` (an entry for a shared path replaces the shared name: Gemma's MLP pre-norm)."""
         return {}
+
+
+def rope_fields(params: dict[str, Any], theta: float) -> dict[str, Any]:
+    """`DecoderConfig`'s RoPE fields (`rope_theta`, `rope_type`, `rope_scaling`) from a `config.json` RoPE dict
+    (transformers 5.x `rope_parameters`, or 4.x `rope_scaling` beside a top-level `rope_theta`, given as `theta`)."""
+    rope = dict(params)
+    rope_theta = float(rope.pop("rope_theta", theta))
+    rope_type = rope.pop("rope_type", rope.pop("type", "default")) or "default"
+    scaling = tuple(sorted((k, float(v)) for k, v in rope.items() if isinstance(v, (int, float))))
+    return dict(rope_theta=rope_theta, rope_type=rope_type, rope_scaling=scaling)
