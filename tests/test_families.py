@@ -48,13 +48,14 @@ def test_every_family_has_test_configs_and_its_own_tensors_load():
     assert model.cfg.head_dim == 16 != TINY["hidden_size"] // TINY["num_attention_heads"]
 
 
-@pytest.mark.slow  # sharded training: test_mesh and test_train; Qwen3 itself: the parity tests and the DRM fit below
-def test_two_step_run_with_a_qwen3_policy_and_judge_on_8_devices(tmp_path):
-    """`python -m rrc_jax.train` (SCR) with a tiny Qwen3 policy and a tiny Qwen3 GRM, sharded over 8 CPU devices,
-    finishes its two steps and exports a Qwen3 checkpoint."""
+@pytest.mark.slow  # sharded training: test_mesh and test_train; the families themselves: the parity tests
+def test_two_step_run_with_a_qwen3_policy_and_a_gemma3_judge_on_8_devices(tmp_path):
+    """`python -m rrc_jax.train` (SCR) with a tiny Qwen3 policy and a tiny Gemma 3 GRM (a sliding layer with its
+    own RoPE base, then a global one), sharded over 8 CPU devices, finishes its two steps, judges, and exports a
+    Qwen3 checkpoint."""
     tokenizer = make_char_tokenizer()
-    for role, seed in (("policy", 1), ("grm", 2)):
-        make_hf_model("qwen3_untied", seed=seed, vocab_size=len(tokenizer),
+    for role, kind, seed in (("policy", "qwen3_untied", 1), ("grm", "gemma3_tied", 2)):
+        make_hf_model(kind, seed=seed, vocab_size=len(tokenizer),
                       max_position_embeddings=1024).save_pretrained(tmp_path / role)
         tokenizer.save_pretrained(tmp_path / role)
     run = tmp_path / "run"
@@ -67,6 +68,7 @@ def test_two_step_run_with_a_qwen3_policy_and_judge_on_8_devices(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows][-2:] == [1, 2] and rows[0]["system/devices"] == 8
+    assert all(r["judge/questions"] > 0 for r in rows if r.get("step", 0) >= 1)
     exported = json.loads((run / "hf_export" / "config.json").read_text())
     assert exported["model_type"] == "qwen3" and exported["architectures"] == ["Qwen3ForCausalLM"]
 
