@@ -145,3 +145,35 @@ def test_gemma3_reads_both_config_layouts():
     exported = v5.to_hf()
     assert exported["rope_parameters"]["sliding_attention"] == {"rope_type": "default", "rope_theta": 1e4}
     assert DecoderConfig.from_hf(exported) == v5
+
+
+@pytest.mark.parametrize("kind", ["qwen2_tied", "qwen3_untied"])
+def test_qwen_sliding_window_layers_match_transformers(tmp_path, kind):
+    """Qwen2 / Qwen3 with `use_sliding_window` (the layers from `max_window_layers` on slide, window 4): logits on
+    left- and right-padded rows and greedy continuations equal transformers', and the export keeps the windows."""
+    import jax.numpy as jnp
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from conftest import padded_batch
+    from rrc_jax.models import save_hf
+    from test_sampling import gen, hf_greedy, prompts_of
+
+    ref = make_hf_model(kind, use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    ref.save_pretrained(tmp_path / "in")
+    model = load_hf(tmp_path / "in")
+    assert model.cfg.sliding == (False, True) and model.cfg.sliding_window == 4
+    for side in ("left", "right"):
+        ids, mask = padded_batch([12, 7, 3], side)
+        with torch.no_grad():
+            want = ref(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+        got = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
+        np.testing.assert_allclose(got[mask.astype(bool)], want[mask.astype(bool)], atol=1e-4)
+    ids, mask = padded_batch([5, 9], "left", seed=5)
+    out = gen(model, prompts_of(ids, mask), max_new_tokens=12, temperature=0.0)
+    expected = hf_greedy(ref, ids, mask, 12, eos=2)
+    for b in range(2):
+        np.testing.assert_array_equal(out.tokens[b, :out.lengths[b]], expected[b, :out.lengths[b]])
+    save_hf(model, tmp_path / "out")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
+    assert again.config.layer_types == ["full_attention", "sliding_attention"] and again.config.sliding_window == 4
