@@ -25,12 +25,17 @@ def gen(model, prompts, *, max_new_tokens, temperature=1.0, top_k=0, top_p=1.0, 
     return generate(model, prompts, params(max_new_tokens, temperature, top_k, top_p, stop_token_ids), **kw)
 
 
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    ref = make_hf_model("llama3_untied", seed=1)
-    path = tmp_path_factory.mktemp("llama")
+def loaded(kind, tmp_path_factory):
+    """(our model, the transformers model) of a tiny `kind` checkpoint (seed 1)."""
+    ref = make_hf_model(kind, seed=1)
+    path = tmp_path_factory.mktemp(kind)
     ref.save_pretrained(path)
     return load_hf(path), ref
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return loaded("llama3_untied", tmp_path_factory)
 
 
 def prompts_of(ids, mask):
@@ -251,10 +256,7 @@ def test_long_cache_uses_blocks_and_matches(llama, monkeypatch):
 @pytest.fixture(scope="module")
 def gemma2(tmp_path_factory):
     """Sliding windows of 4 on alternate layers, soft-capped attention logits (Gemma 2)."""
-    ref = make_hf_model("gemma2_tied", seed=1)
-    path = tmp_path_factory.mktemp("gemma2")
-    ref.save_pretrained(path)
-    return load_hf(path), ref
+    return loaded("gemma2_tied", tmp_path_factory)
 
 
 @pytest.mark.parametrize("blocked,family", [(False, "llama"), (True, "llama"), (True, "gemma2")])
