@@ -21,7 +21,6 @@ compilation excluded). Prints a table and writes benchmarks/results/judge.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import string
@@ -30,6 +29,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from absl import flags
+
+from rrc_jax import cli
 
 
 def build_checkpoint(path: Path, vocab: int):
@@ -82,17 +84,24 @@ def best_of(fn, repeats: int) -> tuple[float, object]:
     return best, out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=2)
-    ap.add_argument("--m", type=int, default=8)
-    ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--new_tokens", type=int, default=128)
-    ap.add_argument("--max_batch", type=int, default=64)
-    ap.add_argument("--baseline_pairs", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "judge.json"))
-    args = ap.parse_args()
+def define_flags() -> None:
+    """The benchmark's flags (module docstring)."""
+    flags.DEFINE_integer("prompts", 2, "Prompts judged per call.")
+    flags.DEFINE_integer("m", 8, "Responses per prompt.")
+    flags.DEFINE_integer("n", 8, "Anchors per prompt (AGR).")
+    flags.DEFINE_integer("new_tokens", 128, "Tokens generated per judgment.")
+    flags.DEFINE_integer("max_batch", 64, "Most rows per sampler call.")
+    flags.DEFINE_integer("baseline_pairs", 8, "Judgments the transformers loop times (at most m - 1).")
+    flags.DEFINE_integer("repeats", 1, "Timed calls per row (the best counts).")
+    flags.DEFINE_string("out", str(Path(__file__).parent / "results" / "judge.json"), "JSON path.")
+
+
+def run() -> None:
+    """Time every workload with and without prefix reuse and the transformers loop; print the table, write the
+    JSON (module docstring)."""
+    args = flags.FLAGS
+    cli.check_at_least(1, "prompts", "new_tokens", "max_batch", "baseline_pairs", "repeats", "n")
+    cli.check_at_least(2, "m")
 
     import jax
     import torch
@@ -177,4 +186,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    cli.start(cli.flags_main(run))

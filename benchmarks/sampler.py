@@ -16,7 +16,6 @@ all rounds and the range of the per-round speedups. Prints a table and writes be
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -25,6 +24,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from absl import flags
+
+from rrc_jax import cli
 
 
 def build_checkpoint(path: Path):
@@ -49,16 +51,33 @@ def best_of(fn, repeats: int) -> float:
     return min(times)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch_sizes", default="1,8,64")
-    ap.add_argument("--new_tokens", type=int, default=128)
-    ap.add_argument("--prompt_len", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/sampler[_bfloat16].json)")
-    args = ap.parse_args()
+def define_flags() -> None:
+    """The benchmark's flags (module docstring)."""
+    flags.DEFINE_string("batch_sizes", "1,8,64", "Batch sizes to measure, comma-separated.")
+    flags.DEFINE_integer("new_tokens", 128, "Tokens generated per row.")
+    flags.DEFINE_integer("prompt_len", 32, "Prompt tokens per row.")
+    flags.DEFINE_integer("repeats", 3, "Timed calls per round and side (the best counts).")
+    flags.DEFINE_integer("rounds", 2, "Rounds per batch size (ours, then transformers).")
+    cli.dtype_flag("float32", "Weight and compute dtype of both sides.")
+    flags.DEFINE_string("out", None, "JSON path (default: benchmarks/results/sampler[_bfloat16].json).")
+
+
+def batch_sizes(text: str) -> list[int]:
+    """'1,8,64' -> [1, 8, 64]; a `flag_error` unless every size is a positive integer."""
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise cli.flag_error("batch_sizes", "give positive integers separated by commas, e.g. 1,8,64")
+    return sizes
+
+
+def run() -> None:
+    """Measure both sides at every batch size, print the table, write the JSON (module docstring)."""
+    args = flags.FLAGS
+    cli.check_at_least(1, "new_tokens", "prompt_len", "repeats", "rounds")
+    sizes = batch_sizes(args.batch_sizes)
 
     import jax
     import torch
@@ -72,7 +91,7 @@ def main() -> None:
     model = load_hf(tmp, dtype=args.dtype)
     rng = np.random.default_rng(0)
     rows = []
-    for b in [int(x) for x in args.batch_sizes.split(",")]:
+    for b in sizes:
         ids = rng.integers(3, 8192, (b, args.prompt_len))
         prompts = ids.tolist()
 
@@ -115,4 +134,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    cli.start(cli.flags_main(run))

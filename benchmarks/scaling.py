@@ -27,7 +27,6 @@ writes benchmarks/results/scaling.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -36,6 +35,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from absl import flags
 
 DEVICES = 8
 DEFAULT_MESHES = "1,1,1/8,1,1/1,8,1/1,4,2/2,2,2"
@@ -49,32 +50,48 @@ TINY_RUN = {
 }
 
 
+def define_flags() -> None:
+    """The benchmark's flags (module docstring)."""
+    flags.DEFINE_string("meshes", DEFAULT_MESHES, "data,fsdp,tensor of each mesh, separated by '/'.")
+    flags.DEFINE_integer("steps", 2, "Timed steps per mesh, after one warm-up step.")
+    flags.DEFINE_string("cache_dir", "~/.cache/rrc_jax", "The toy world's cache (built on first use).")
+    flags.DEFINE_string("workdir", None, "Trainer workdirs and anchors (default: a temporary directory).")
+    flags.DEFINE_string("out", None, "JSON path (default: benchmarks/results/scaling.json).")
+    flags.DEFINE_bool("layouts", True, "Also measure the layouts: bytes, collectives per token, weight sync, compile "
+                      "times (--nolayouts: not).")
+
+
 def parse_meshes(text: str) -> list[tuple[int, int, int]]:
-    """'1,1,1/8,1,1' (or separated by ';' or spaces) -> [(1, 1, 1), (8, 1, 1)]."""
+    """'1,1,1/8,1,1' (or separated by ';' or spaces) -> [(1, 1, 1), (8, 1, 1)]; a `ValueError` saying what is
+    wrong with a mesh that is not three positive integers or needs more than `DEVICES`."""
     meshes = []
     for part in re.split(r"[/;\s]+", text.strip()):
         if not part:
             continue
-        sizes = tuple(int(x) for x in part.split(","))
+        try:
+            sizes = tuple(int(x) for x in part.split(","))
+        except ValueError:
+            sizes = ()
         if len(sizes) != 3 or min(sizes) < 1:
-            raise argparse.ArgumentTypeError(f"mesh {part!r}: give data,fsdp,tensor (three positive integers)")
+            raise ValueError(f"mesh {part!r}: give data,fsdp,tensor (three positive integers)")
         if sizes[0] * sizes[1] * sizes[2] > DEVICES:
-            raise argparse.ArgumentTypeError(f"mesh {part!r} needs more than the {DEVICES} devices")
+            raise ValueError(f"mesh {part!r} needs more than the {DEVICES} devices")
         meshes.append(sizes)
     if not meshes:
-        raise argparse.ArgumentTypeError("no mesh given")
+        raise ValueError("no mesh given")
     return meshes
 
 
 def force_cpu_devices(n: int) -> None:
     """Ask XLA for n host-platform devices (before jax is imported) and run on the CPU."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    xla_flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in xla_flags:
+        os.environ["XLA_FLAGS"] = f"{xla_flags} --xla_force_host_platform_device_count={n}".strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-def measure(mesh: tuple[int, int, int], args, workdir: Path) -> dict:
+def measure(mesh: tuple[int, int, int], steps: int, cache_dir: str, workdir: Path) -> dict:
+    """One mesh's row: `steps` timed steps after a warm-up on the tiny toy world cached in `cache_dir`."""
     import jax
 
     from rrc_jax.config import base_config
@@ -84,7 +101,7 @@ def measure(mesh: tuple[int, int, int], args, workdir: Path) -> dict:
     name = "x".join(map(str, mesh))
     config = base_config("agr")
     config.update_from_flattened_dict({
-        **TINY_RUN, "steps": args.steps + 1, "workdir": str(workdir / name), "toy.cache_dir": args.cache_dir,
+        **TINY_RUN, "steps": steps + 1, "workdir": str(workdir / name), "toy.cache_dir": cache_dir,
         "reward.agr.anchors_path": str(workdir / "anchors.jsonl"),  # made by the first mesh, read by the others
         "mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor})
     t = time.perf_counter()
@@ -92,7 +109,7 @@ def measure(mesh: tuple[int, int, int], args, workdir: Path) -> dict:
     build = time.perf_counter() - t
     walls, parts = [], []
     with jax.set_mesh(trainer.mesh):
-        for step in range(1, args.steps + 2):  # step 1 is the warm-up (compilation)
+        for step in range(1, steps + 2):  # step 1 is the warm-up (compilation)
             t = time.perf_counter()
             metrics = trainer.step(step)
             wall = time.perf_counter() - t
@@ -253,31 +270,26 @@ def print_layouts(rows: list[dict]) -> None:
           f"({times[32]['compile_decode_s'] / times[4]['compile_decode_s']:.1f}x)")
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--meshes", default=DEFAULT_MESHES, type=parse_meshes,
-                    help="data,fsdp,tensor of each mesh, separated by '/' (default: %(default)s)")
-    ap.add_argument("--steps", type=int, default=2, help="timed steps per mesh, after one warm-up step")
-    ap.add_argument("--cache_dir", default="~/.cache/rrc_jax", help="the toy world's cache (built on first use)")
-    ap.add_argument("--workdir", default=None, help="trainer workdirs and anchors (default: a temporary directory)")
-    ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/scaling.json)")
-    ap.add_argument("--layouts", action=argparse.BooleanOptionalAction, default=True,
-                    help="also measure the layouts: bytes, collectives per token, weight sync, compile times")
-    args = ap.parse_args(argv)
-    if args.steps < 1:
-        ap.error("--steps must be >= 1")
-
-    force_cpu_devices(DEVICES)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's rrc_jax, also uninstalled
+def run() -> None:
+    """Measure every mesh (and the layouts), print the tables, write the JSON (module docstring)."""
     import jax
+
+    from rrc_jax import cli
+
+    args = flags.FLAGS
+    cli.check_at_least(1, "steps")
+    try:
+        meshes = parse_meshes(args.meshes)
+    except ValueError as e:
+        raise cli.flag_error("meshes", str(e)) from None
 
     if jax.device_count() < DEVICES:
         sys.exit(f"error: {jax.device_count()} devices ({jax.default_backend()}); this benchmark needs {DEVICES} "
                  f"(XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rrc_scaling_"))
     rows = []
-    for mesh in args.meshes:
-        rows.append(measure(mesh, args, workdir))
+    for mesh in meshes:
+        rows.append(measure(mesh, args.steps, args.cache_dir, workdir))
         print(f"mesh {mesh}: done ({rows[-1]['build_s']:.1f} s to build, {rows[-1]['warmup_s']:.1f} s warm-up step)",
               flush=True)
 
@@ -306,4 +318,9 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    force_cpu_devices(DEVICES)  # before jax is imported (rrc_jax.cli imports it)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's rrc_jax, also uninstalled
+    from rrc_jax import cli
+
+    define_flags()
+    cli.start(cli.flags_main(run))

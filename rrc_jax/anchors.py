@@ -27,10 +27,11 @@ def main(argv) -> None:
 
     def remake(config):
         settings = validate(config)
-        distributed.initialize(config.distributed)
+        distributed.initialize(settings.distributed)
         mesh = settings.mesh.make()
         with jax.set_mesh(mesh):
-            roles = Roles(settings.models, toy=config.toy, init_from=config.init_from, mesh=mesh, layouts=settings.mesh)
+            roles = Roles(settings.models, toy=settings.toy, init_from=config.init_from, mesh=mesh,
+                          layouts=settings.mesh)
             train, _ = training_prompts(settings, roles)
             reference = make_sampler("reference", roles.model("reference"), roles.tokenizer("reference"),
                                      engine=config.inference.engine)

@@ -1,7 +1,8 @@
 """What every command line shares: how it starts, the flags several define, how it loads a checkpoint and how a
 user's mistake ends it. The config-file commands (`train`, `train_rm`, `plan`, `anchors`, `study`) take
 `--config` (ml_collections: a file or a packaged recipe, overridden by `--config.GROUP.FIELD=VALUE`); the checkpoint
-commands (`generate`, `judge`, `evaluate_rm`) take `--model` and its flags. Both start through `start`.
+commands (`generate`, `judge`, `evaluate_rm`) take `--model` and its flags; the benchmark scripts (`benchmarks/`)
+take absl flags of their own. All start through `start`; a bad value is one `error:` line (`flag_error`).
 
 A library module never imports this one.
 """
@@ -15,6 +16,9 @@ from absl import app, flags, logging
 
 from rrc_jax.config import check_config_argv, resolve_config_argv
 from rrc_jax.errors import ConfigError, Diverged
+
+# The flags this module's helpers define belong to the command that calls them (its `--help` lists them).
+flags.disclaim_key_flags()
 
 
 def start(main, argv: list[str] | None = None) -> None:
@@ -42,6 +46,40 @@ def exit_on_user_error(fn, *args, also: tuple[type[Exception], ...] = (), **kwar
         sys.exit(3)
 
 
+def no_arguments(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+
+
+def quiet_logs() -> None:
+    """absl's INFO logs (Orbax's per-save lines, JAX's backend probing) silenced unless `--verbosity` is given."""
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+
+
+def flags_main(run):
+    """The absl `main` of a command that takes flags only (the benchmark scripts): `run()`, its INFO logs quiet
+    (`quiet_logs`), a user's mistake one line (`exit_on_user_error`)."""
+    def main(argv: list[str]) -> None:
+        no_arguments(argv)
+        quiet_logs()
+        exit_on_user_error(run)
+
+    return main
+
+
+def flag_error(name: str, message: str) -> ConfigError:
+    """The one-line error of a bad `--name` (its value as parsed, then `message`: what is wrong and the fix)."""
+    return ConfigError(f"--{name}={flags.FLAGS[name].value}: {message}")
+
+
+def check_at_least(least: int, *names: str) -> None:
+    """A `flag_error` for the first of the number flags `names` below `least`."""
+    for name in names:
+        if flags.FLAGS[name].value < least:
+            raise flag_error(name, f"must be >= {least}")
+
+
 # -- the config-file commands ------------------------------------------------------------------------------
 
 def config_flag(example: str, what: str = "Trainer config"):
@@ -52,20 +90,23 @@ def config_flag(example: str, what: str = "Trainer config"):
                                            lock_config=True)
 
 
+def join_processes(config) -> None:
+    """Start the multi-process runtime (`rrc_jax.distributed.initialize`) with a config's `distributed` group,
+    parsed and checked here; before anything touches a device."""
+    from rrc_jax import distributed
+    from rrc_jax.settings import parse
+
+    distributed.initialize(parse(distributed.DistributedConfig, config))
+
+
 def config_value(holder, argv: list[str], example: str):
     """The parsed `--config` of a config-file command (a usage error without one, or with stray arguments); Orbax's
     per-save INFO logs are silenced unless `--verbosity` is given."""
     no_arguments(argv)
     if holder.value is None:
         raise app.UsageError(f"--config is required, e.g. --config={example}")
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
+    quiet_logs()
     return holder.value
-
-
-def no_arguments(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
 
 
 # -- the checkpoint commands -------------------------------------------------------------------------------
@@ -89,12 +130,17 @@ def model_flags(what: str = "", dtype: str = "float32", mesh: str = "auto") -> M
     holders = ModelFlags(
         flags.DEFINE_string("model", None, "Hugging Face model directory (config.json, safetensors, tokenizer)"
                             + (f": {what}." if what else ".")),
-        flags.DEFINE_enum("dtype", dtype, ["float32", "bfloat16"], "Parameter and compute dtype."),
+        dtype_flag(dtype),
         flags.DEFINE_string("mesh", mesh, "Device mesh DATA,FSDP,TENSOR (-1: the remaining devices) or auto; the "
                             "model is held in the inference layout, split over TENSOR, rows over DATA x FSDP (auto: "
                             "TENSOR over a host's devices, as many as divide the heads)."))
     flags.mark_flag_as_required("model")
     return holders
+
+
+def dtype_flag(default: str = "float32", what: str = "Parameter and compute dtype.") -> flags.FlagHolder:
+    """`--dtype`: float32 or bfloat16 (`what` they apply to)."""
+    return flags.DEFINE_enum("dtype", default, ["float32", "bfloat16"], what)
 
 
 def sampling_flags(*, max_new_tokens: int, temperature: float, what: str = "", seed: int = 0) -> SamplingFlags:

@@ -25,7 +25,9 @@ from rrc_jax import configs
 from rrc_jax.checkpoint import CheckpointConfig
 from rrc_jax.constructions import Construction, JudgeSettings, reward_defaults, validate_reward
 from rrc_jax.data.prompts import DataConfig, PromptSource
-from rrc_jax.data.toy.task import TOY_ANNOTATOR, TOY_MODELS, ToyTaskConfig
+from rrc_jax.data.toy.task import TOY_MODELS, ToyTaskConfig
+from rrc_jax.data.toy.world import ToyBuildConfig, ToyWorldConfig
+from rrc_jax.distributed import DistributedConfig
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.factory import InferenceConfig
 from rrc_jax.metrics import MetricsConfig
@@ -39,6 +41,7 @@ from rrc_jax.rl.rollout import RolloutConfig
 from rrc_jax.rl.samples import SamplesConfig
 from rrc_jax.settings import defaults, flat_fields, parse
 from rrc_jax.sharding import MeshConfig
+from rrc_jax.workdir import ResumeConfig
 
 CONFIG_DIR = Path(configs.__file__).resolve().parent  # the top-level configs/, installed as rrc_jax.configs
 
@@ -59,12 +62,11 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     # is known: the prompts of RLVR and IRPO, which train the policy as a judge.
     c.data = ml_collections.ConfigDict(defaults(DataConfig))
 
-    # The toy world: its task's prompts (`rrc_jax.data.toy.task.ToyTaskConfig`), where its models are cached, their
-    # training steps and the imperfect annotator its GRM learns from.
-    c.toy = ml_collections.ConfigDict(dict(
-        cache_dir="~/.cache/rrc_jax", **defaults(ToyTaskConfig),
-        **{f"{role}_steps": spec["steps"] for role, spec in TOY_MODELS.items()},
-        **TOY_ANNOTATOR))
+    # The toy world (`rrc_jax.data.toy.world.ToyWorldConfig`): its task's prompts (`rrc_jax.data.toy.task.
+    # ToyTaskConfig`), where its models are cached, their training steps and the imperfect annotator its GRM learns
+    # from (`rrc_jax.data.toy.world.ToyBuildConfig`); `cache_dir` first, as config.json files have it.
+    build = defaults(ToyBuildConfig)
+    c.toy = ml_collections.ConfigDict(dict(cache_dir=build.pop("cache_dir"), **defaults(ToyTaskConfig), **build))
 
     # GRPO (`rl`): the rollout (`rrc_jax.rl.rollout.RolloutConfig`), the learner (`rrc_jax.rl.learner.LearnerConfig`),
     # the objective (`rrc_jax.rl.grpo.GRPOConfig`) and the divergence guard (`rrc_jax.rl.guard.GuardConfig`): each
@@ -82,14 +84,14 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     # abstention stop (`rrc_jax.rl.alarms.AlarmConfig`), TensorBoard and W&B (`rrc_jax.metrics.MetricsConfig`).
     c.log = ml_collections.ConfigDict(defaults(SamplesConfig, AlarmConfig, MetricsConfig))
     # A rerun resumes from the workdir's latest checkpoint; a change to the config that alters the optimization is
-    # refused (`config_changes`) unless `allow_changes`.
-    c.resume = ml_collections.ConfigDict(dict(allow_changes=False))
+    # refused (`config_changes`) unless `allow_changes` (`rrc_jax.workdir.ResumeConfig`).
+    c.resume = ml_collections.ConfigDict(defaults(ResumeConfig))
     # The inference engine every sampler of the run is built with (`rrc_jax.inference.factory.ENGINES`).
     c.inference = ml_collections.ConfigDict(defaults(InferenceConfig))
     c.mesh = ml_collections.ConfigDict(defaults(MeshConfig))  # `rrc_jax.sharding.MeshConfig`
-    # Multi-host start-up (`rrc_jax.distributed`): automatic on Cloud TPU VMs; elsewhere give all three, or set
-    # JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID. num_processes 0 = a single process.
-    c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0, process_id=-1))
+    # Multi-host start-up (`rrc_jax.distributed.DistributedConfig`): automatic on Cloud TPU VMs; elsewhere give all
+    # three, or set JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID. num_processes 0 = a single process.
+    c.distributed = ml_collections.ConfigDict(defaults(DistributedConfig))
     c.lock()
     return c
 
@@ -129,10 +131,10 @@ def rm_config(kind: str) -> ml_collections.ConfigDict:
     # rerunning the same command.
     c.log = ml_collections.ConfigDict(defaults(MetricsConfig))
     c.checkpoint = ml_collections.ConfigDict(dict(defaults(CheckpointConfig), save_every=100))
-    c.resume = ml_collections.ConfigDict(dict(allow_changes=False))  # as the trainer's (`config_changes`)
+    c.resume = ml_collections.ConfigDict(defaults(ResumeConfig))  # as the trainer's (`config_changes`)
     c.inference = ml_collections.ConfigDict(defaults(InferenceConfig))  # as the trainer's: the held-out judge's sampler
     c.mesh = ml_collections.ConfigDict(defaults(MeshConfig))
-    c.distributed = ml_collections.ConfigDict(dict(coordinator="", num_processes=0, process_id=-1))
+    c.distributed = ml_collections.ConfigDict(defaults(DistributedConfig))
     c.lock()
     return c
 
@@ -169,6 +171,9 @@ class TrainerSettings:
     metrics: MetricsConfig
     models: ModelsConfig
     inference: InferenceConfig
+    toy: ToyWorldConfig
+    distributed: DistributedConfig
+    resume: ResumeConfig
 
 
 def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
@@ -187,8 +192,10 @@ def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
     checkpoint, evaluation = parse(CheckpointConfig, c), parse(EvalConfig, c)
     samples, alarms, metrics = parse(SamplesConfig, c), parse(AlarmConfig, c), parse(MetricsConfig, c)
     models, inference = parse(ModelsConfig, c), parse(InferenceConfig, c)
+    toy, distributed, resume = ToyWorldConfig.from_config(c), parse(DistributedConfig, c), parse(ResumeConfig, c)
     return TrainerSettings(rollout, learner, grpo, guard, mesh, prompts, JudgeSettings.from_config(c), reward,
-                           reward.roles(c), evaluation, checkpoint, samples, alarms, metrics, models, inference)
+                           reward.roles(c), evaluation, checkpoint, samples, alarms, metrics, models, inference, toy,
+                           distributed, resume)
 
 
 def resolve_config_file(value: str) -> str:

@@ -3,10 +3,11 @@
 A run on a TPU pod (or several GPU hosts) is one JAX program per host: every host runs the same Python, the jitted
 steps run as one SPMD program over the global mesh, and the host side keeps in step with these helpers:
 
-- `initialize(config.distributed)` before anything touches a device: `jax.distributed.initialize()` with the
-  config's coordinator / process count / process id, else the `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`,
-  `JAX_PROCESS_ID` environment variables, else, on a Cloud TPU VM, JAX's own detection (no arguments). A single
-  process without any of these is left alone.
+- `initialize(settings)` before anything touches a device: `jax.distributed.initialize()` with the
+  `DistributedConfig`'s coordinator / process count / process id (the config's `distributed` group), else the
+  `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID` environment variables, else, on a Cloud TPU VM,
+  JAX's own detection (no arguments); each source gives all three or none. A single process without any of these
+  is left alone.
 - `is_main()`: process 0, the only one that writes files (metrics, anchors, exports, config.json).
 - `barrier(name)`: every host waits here (a host reads what process 0 has just written after one).
 - `host_concat(x)`: this host's numpy rows concatenated with every other host's, in process order (`host_gather`
@@ -28,17 +29,20 @@ On one process every helper is the identity (or a no-op), so library code calls 
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import math
 import importlib.util
 import os
 import zlib
 from collections.abc import Sequence
+from typing import ClassVar
 
 import jax
 import numpy as np
 
 from rrc_jax.errors import ConfigError
+from rrc_jax.settings import field_error
 
 
 def _on_cloud_tpu_vm() -> bool:
@@ -47,22 +51,73 @@ def _on_cloud_tpu_vm() -> bool:
                                                                       glob.glob("/dev/vfio/[0-9]*"))
 
 
-def initialize(cfg=None) -> None:
-    """Start JAX's distributed runtime when this is one of several processes (module docstring).
+# The environment variables of each `DistributedConfig` field, read when the config gives none of them.
+ENVIRONMENT = {"coordinator": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
+               "process_id": "JAX_PROCESS_ID"}
+_ALL_THREE = ("a multi-process run gives all three of coordinator HOST:PORT, num_processes >= 1 and "
+              "0 <= process_id < num_processes; or none of them on one process or a Cloud TPU VM")
 
-    cfg: a config's `distributed` group (`coordinator`, `num_processes`, `process_id`), or None.
-    """
+
+def start_up_problem(coordinator: str, num_processes: int, process_id: int) -> tuple[str, str] | None:
+    """(field, what is wrong) of the first setting a multi-process start-up lacks, None when all three or none of
+    them are given (none: `coordinator` empty, `num_processes` 0, `process_id` negative)."""
+    if not (coordinator or num_processes or process_id >= 0):
+        return None
+    if not coordinator:
+        return "coordinator", "empty; give process 0's HOST:PORT"
+    if num_processes < 1:
+        return "num_processes", f"{num_processes} must be >= 1"
+    if not 0 <= process_id < num_processes:
+        return "process_id", f"{process_id} must be in [0, num_processes={num_processes})"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """Multi-host start-up (`distributed`): process 0's `coordinator` address, the number of processes and this
+    one's id, all three or none (`start_up_problem`). None given: the environment's (`ENVIRONMENT`), else one
+    process (on a Cloud TPU VM, JAX's own detection)."""
+
+    GROUP: ClassVar[str] = "distributed"
+    coordinator: str = ""  # HOST:PORT of process 0
+    num_processes: int = 0  # 0 = not given
+    process_id: int = -1  # -1 = not given
+
+    def __post_init__(self):
+        problem = start_up_problem(self.coordinator, self.num_processes, self.process_id)
+        if problem:
+            field, why = problem
+            raise field_error("distributed", field, f"{why} ({_ALL_THREE})")
+
+    @property
+    def given(self) -> bool:
+        """Whether the settings start several processes (all three given)."""
+        return bool(self.coordinator)
+
+
+def environment_settings() -> DistributedConfig:
+    """The start-up settings of the `ENVIRONMENT` variables (a `ConfigError` naming the variable when they give
+    some but not all three)."""
+    coordinator = os.environ.get(ENVIRONMENT["coordinator"], "")
+    num = int(os.environ.get(ENVIRONMENT["num_processes"], "0"))
+    pid = int(os.environ.get(ENVIRONMENT["process_id"], "-1"))
+    problem = start_up_problem(coordinator, num, pid)
+    if problem:
+        field, why = problem
+        raise ConfigError(f"{ENVIRONMENT[field]}: {why} ({_ALL_THREE}; in the config or the environment)")
+    return DistributedConfig(coordinator, num, pid)
+
+
+def initialize(settings: DistributedConfig | None = None) -> None:
+    """Start JAX's distributed runtime when this is one of several processes (module docstring): with `settings`
+    (a config's `distributed` group, parsed) when they are given, else with the environment's."""
     if jax.distributed.is_initialized():
         return
-    coordinator = (cfg.coordinator if cfg is not None else "") or os.environ.get("JAX_COORDINATOR_ADDRESS", "")
-    num = (cfg.num_processes if cfg is not None else 0) or int(os.environ.get("JAX_NUM_PROCESSES", "0"))
-    pid = cfg.process_id if cfg is not None and cfg.process_id >= 0 else int(os.environ.get("JAX_PROCESS_ID", "-1"))
-    if coordinator or num:
-        if not (coordinator and num >= 1 and 0 <= pid < num):
-            raise ConfigError(f"config.distributed: coordinator={coordinator!r} num_processes={num} process_id={pid}; "
-                              "a multi-process run needs all three (coordinator HOST:PORT, num_processes >= 1 and "
-                              "0 <= process_id < num_processes), or none of them on a Cloud TPU VM")
-        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num, process_id=pid)
+    if settings is None or not settings.given:
+        settings = environment_settings()
+    if settings.given:
+        jax.distributed.initialize(coordinator_address=settings.coordinator, num_processes=settings.num_processes,
+                                   process_id=settings.process_id)
     elif _on_cloud_tpu_vm():
         jax.distributed.initialize()
 

@@ -37,15 +37,13 @@ CONFIG = cli.config_flag("grm_sft.py, drm_bt.py, rmr1_distill.py, rmr1_rlvr.py, 
 def run_rm(config) -> Path:
     """Train the configured reward model and export it to `workdir/hf_export` (with its tokenizer)."""
     if "rl" in config:  # a GRPO recipe: the trainer, whose policy is the judge
-        from rrc_jax import distributed
         from rrc_jax.rl.trainer import run
 
-        distributed.initialize(config.distributed)
+        cli.join_processes(config)
         return Path(run(config)) / "hf_export"
     import jax
     import numpy as np
 
-    from rrc_jax import distributed
     from rrc_jax.data.toy import world
     from rrc_jax.data.toy.task import ALPHABET, Annotator, SortTask, toy_preferences
     from rrc_jax.inference.factory import InferenceConfig
@@ -61,7 +59,7 @@ def run_rm(config) -> Path:
     if config.kind not in ("grm", "drm"):
         raise ConfigError(f"config.kind: {config.kind!r}; use 'grm' (SFT on rationale + verdict) or 'drm' "
                           "(Bradley-Terry)")
-    distributed.initialize(config.distributed)
+    cli.join_processes(config)
     mesh = parse(MeshConfig, config).make()
     if config.data.path != "toy":
         from rrc_jax.rm.recipes import train_on_preferences

@@ -6,8 +6,9 @@ run takes it (saying so). The holder writes `host pid time` into `workdir/.lock.
 Only process 0 writes a workdir, so only process 0 locks it. A remote workdir (`gs://...`) cannot be file-locked:
 the lock is skipped there, with one line saying so.
 
-`check_resume(config, workdir)` refuses, before anything loads, to resume a checkpoint under a config that changes
-the optimization (`config_changes`: every field but `RESUMABLE_CHANGES`) unless `resume.allow_changes`. What it
+`check_resume(config, workdir, resume)` refuses, before anything loads, to resume a checkpoint under a config that
+changes the optimization (`config_changes`: every field but `RESUMABLE_CHANGES`) unless `resume.allow_changes`
+(`ResumeConfig`). What it
 compares against is the config recorded in the newest readable checkpoint manifest (`Checkpointer.trained_config`),
 so a deleted or damaged `config.json` never switches the check off; only checkpoints written before manifests held
 the config fall back to `config.json`. `save_config` writes `config.json`, keeping a different earlier one as
@@ -15,11 +16,13 @@ the config fall back to `config.json`. `save_config` writes `config.json`, keepi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import socket
 import time
+from typing import ClassVar
 
 import numpy as np
 
@@ -31,7 +34,7 @@ from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer, steps_on_disk
 from rrc_jax.errors import ConfigError
 from rrc_jax.progress import say
-from rrc_jax.settings import flat_fields
+from rrc_jax.settings import field_error, flat_fields
 
 
 # Fields a resumed run may change freely: they do not alter the optimization (where and how it logs, evaluates,
@@ -41,6 +44,19 @@ from rrc_jax.settings import flat_fields
 RESUMABLE_CHANGES = ("steps", "workdir", "eval.", "log.", "checkpoint.", "distributed.", "mesh.", "resume.",
                      "toy.cache_dir", "reward.drm.max_batch", "rl.micro_batch_size", "rl.remat", "rl.logprob_chunk",
                      "rl.max_skipped_fraction", "rl.guard_window", "rl.max_param_growth")
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeConfig:
+    """How a rerun resumes its workdir's latest checkpoint (`resume`): a config that alters the optimization
+    (`config_changes`) is refused unless `allow_changes`."""
+
+    GROUP: ClassVar[str] = "resume"
+    allow_changes: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.allow_changes, bool):
+            raise field_error("resume", "allow_changes", f"{self.allow_changes!r}: use True or False")
 
 
 def resumable(leaves: dict) -> tuple[str, ...]:
@@ -138,13 +154,13 @@ def save_config(workdir: epath.Path, config) -> None:
     path.write_text(text)
 
 
-def check_resume(config, workdir: epath.Path) -> None:
+def check_resume(config, workdir: epath.Path, resume: ResumeConfig) -> None:
     """Before anything loads: a workdir holding a checkpoint is resumed only under the config it was trained with
-    (module docstring), unless `resume.allow_changes`; a one-line `ConfigError` lists the changes, or says why the
-    saved config cannot be read."""
+    (module docstring: the whole `config` is compared), unless `resume.allow_changes`; a one-line `ConfigError`
+    lists the changes, or says why the saved config cannot be read."""
     checkpoints = workdir / "checkpoints"
     resuming = bool(steps_on_disk(checkpoints))
-    if config.resume.allow_changes or not distributed.main_value(np.asarray(resuming)):
+    if resume.allow_changes or not distributed.main_value(np.asarray(resuming)):
         return
     ckpt = Checkpointer(checkpoints, create=False)
     try:

@@ -43,8 +43,7 @@ def workload():
 
 def main(out: str, *dist: str) -> None:
     if dist:
-        distributed.initialize(type("D", (), {"coordinator": dist[0], "num_processes": int(dist[1]),
-                                             "process_id": int(dist[2])})())
+        distributed.initialize(distributed.DistributedConfig(dist[0], int(dist[1]), int(dist[2])))
     mesh = make_mesh(1, -1, 1)
     with model_context(mesh):
         model = Decoder(CFG, rngs=nnx.Rngs(0))

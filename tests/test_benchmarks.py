@@ -1,6 +1,6 @@
 """The benchmark scripts run: `benchmarks/device.sh --dry-run` (the accelerator benchmark's code path on the CPU with
 a tiny model) prints both samplers' tokens/s and the learner's MFU, and passes shellcheck; `benchmarks/scaling.py`
-parses its flags (its full run, one mesh on the tests' tiny toy world, is marked slow). Timings are never
+parses its absl flags (its full run, one mesh on the tests' tiny toy world, is marked slow). Timings are never
 asserted."""
 
 import importlib.util
@@ -53,15 +53,22 @@ def _scaling():
 
 
 def test_scaling_flags():
-    out = subprocess.run([sys.executable, str(BENCH / "scaling.py"), "--help"], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0 and "--meshes" in out.stdout and "--cache_dir" in out.stdout, out.stderr
+    """absl flags as every command line here: `--help` lists them (exit status 1, absl's), a bad value is one
+    `error:` line naming the flag."""
+    run = lambda *args: subprocess.run([sys.executable, str(BENCH / "scaling.py"), *args], capture_output=True,
+                                       text=True, timeout=60)
+    out = run("--help")
+    assert out.returncode == 1 and "--meshes" in out.stdout and "--cache_dir" in out.stdout, out.stderr
+    assert "--[no]layouts" in out.stdout and "Traceback" not in out.stderr
+    out = run("--meshes=4,4,1")
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "error: --meshes=4,4,1: mesh '4,4,1' needs more than the 8 devices"
     scaling = _scaling()
     assert scaling.parse_meshes("1,1,1") == [(1, 1, 1)]
     assert scaling.parse_meshes(scaling.DEFAULT_MESHES) == [(1, 1, 1), (8, 1, 1), (1, 8, 1), (1, 4, 2), (2, 2, 2)]
     assert scaling.parse_meshes("1,1,1/2,2,2") == scaling.parse_meshes("1,1,1 2,2,2")
-    for bad in ("1,1", "4,4,1", "0,1,1", ""):
-        with pytest.raises(Exception):
+    for bad in ("1,1", "4,4,1", "0,1,1", "", "1,x,1"):
+        with pytest.raises(ValueError):
             scaling.parse_meshes(bad)
 
 

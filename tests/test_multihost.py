@@ -20,6 +20,7 @@ from conftest import cli_args, cpu_devices_env
 
 from rrc_jax import distributed
 from rrc_jax.errors import ConfigError
+from rrc_jax.settings import parse
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -110,14 +111,26 @@ def test_each_host_samples_and_judges_only_its_own_rows(tmp_path):
 
 
 def test_partial_distributed_settings_are_a_config_error(monkeypatch):
-    """A coordinator without a process count (or an id out of range) is named in one ConfigError; with nothing set
-    on a machine that is not a Cloud TPU VM, one process is left alone."""
-    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    """Some but not all of coordinator, process count and id (in the config, or else in the environment) are named
+    in one line; with nothing set on a machine that is not a Cloud TPU VM, one process is left alone."""
+    for name in distributed.ENVIRONMENT.values():
         monkeypatch.delenv(name, raising=False)
-    settings = lambda **kw: ml_collections.ConfigDict({"coordinator": "", "num_processes": 0, "process_id": -1, **kw})
-    with pytest.raises(ConfigError, match="config.distributed"):
-        distributed.initialize(settings(coordinator="127.0.0.1:1234"))
-    with pytest.raises(ConfigError, match="process_id=2"):
-        distributed.initialize(settings(coordinator="127.0.0.1:1234", num_processes=2, process_id=2))
-    distributed.initialize(settings())
+    DistributedConfig = distributed.DistributedConfig
+    for given, named in (({"coordinator": "127.0.0.1:1234"}, r"config.distributed.num_processes: 0 must be >= 1"),
+                         ({"coordinator": "127.0.0.1:1234", "num_processes": 2, "process_id": 2},
+                          r"config.distributed.process_id: 2 must be in \[0, num_processes=2\)"),
+                         ({"process_id": 0}, r"config.distributed.coordinator: empty")):
+        with pytest.raises(ConfigError, match=named) as e:
+            DistributedConfig(**given)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="config.distributed.num_processes"):  # parsed at the edge, as train does
+        config = ml_collections.ConfigDict({"distributed": {"coordinator": "127.0.0.1:1234", "num_processes": 0,
+                                                            "process_id": -1}})
+        distributed.initialize(parse(DistributedConfig, config))
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "127.0.0.1:1234")
+    with pytest.raises(ConfigError, match="JAX_NUM_PROCESSES: 0 must be >= 1"):
+        distributed.initialize(DistributedConfig())
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS")
+    distributed.initialize(DistributedConfig())
+    distributed.initialize()
     assert not jax.distributed.is_initialized() and jax.process_count() == 1

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rrc_jax.data.toy import Annotator, SortTask, is_held_out, oracle_quality, parse_digits, toy_judgment
-from rrc_jax.data.toy.world import WorldSettings, build_world, load_world
+from rrc_jax.data.toy.world import ToyWorldConfig, WorldSettings, build_world, load_world
 from rrc_jax.judge.verdicts import parse_verdict
 
 
@@ -44,7 +44,7 @@ def test_world_is_built_once_and_reused(toy_cache):
     """The tests' tiny world (built by whichever test needs it first) is read from its cache, not trained again."""
     from conftest import tiny_config
 
-    settings = WorldSettings.from_config(tiny_config("agr", "unused", toy_cache).toy)
+    settings = ToyWorldConfig.from_config(tiny_config("agr", "unused", toy_cache)).settings()
     world = build_world(settings, toy_cache)
     stamp = (world.grm / "model.safetensors").stat().st_mtime_ns
     again = build_world(settings, toy_cache)
@@ -140,10 +140,10 @@ def test_the_pointwise_judge_learns_the_toy_score():
 def test_pointwise_judge_is_cached_apart_from_the_world(toy_cache):
     """Only IRPO needs the toy pointwise judge: it has a cache directory of its own, built once."""
     from conftest import tiny_config
-    from rrc_jax.data.toy.world import ModelSpec, build_pointwise
+    from rrc_jax.data.toy.world import build_pointwise
 
-    toy = tiny_config("irpo", "unused", toy_cache).toy
-    settings, spec = WorldSettings.from_config(toy), ModelSpec.from_config(toy, "pointwise")
+    toy = ToyWorldConfig.from_config(tiny_config("irpo", "unused", toy_cache))
+    settings, spec = toy.settings(), toy.build.spec("pointwise")
     path = build_pointwise(settings, spec, toy_cache)
     stamp = (path / "model.safetensors").stat().st_mtime_ns
     assert build_pointwise(settings, spec, toy_cache) == path

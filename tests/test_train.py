@@ -94,7 +94,12 @@ def test_config_validation_errors():
                                 ("rl.learning_rate", -1.0, "rl.learning_rate: -1.0 must be > 0"),
                                 ("rl.grad_clip", -1.0, "rl.grad_clip"), ("rl.eps_high", -0.1, "rl.eps_high"),
                                 ("rl.eps_low", 1.0, "rl.eps_low"), ("reward.agr.alpha", 0.0, "reward.agr.alpha"),
-                                ("data.eval_prompts", -1, "data"), ("toy.min_len", 9, "toy")]:
+                                ("data.eval_prompts", -1, "data"), ("toy.min_len", 9, "toy"),
+                                ("toy.grm_steps", -1, "toy.grm_steps: -1 must be >= 0"),
+                                ("toy.miscount", 1.5, r"toy.miscount: 1.5 must be in \[0, 1\]"),
+                                ("toy.cache_dir", "", "toy.cache_dir: empty"),
+                                ("distributed.num_processes", 2, "distributed.coordinator: empty"),
+                                ("distributed.coordinator", "h:1", "distributed.num_processes: 0 must be >= 1")]:
         c = base_config("scr")
         *path, leaf = field.split(".")
         node = c

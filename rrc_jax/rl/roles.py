@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rrc_jax import distributed
 from rrc_jax.errors import ConfigError
@@ -23,6 +23,9 @@ from rrc_jax.models.hf_io import read_hf_config
 from rrc_jax.progress import say
 from rrc_jax.settings import field_error, one_of, parse
 from rrc_jax.sharding import Layout, MeshConfig
+
+if TYPE_CHECKING:
+    from rrc_jax.data.toy.world import ToyWorldConfig
 
 ROLES = ("policy", "reference", "grm", "drm")
 TOY_NAMES = ("policy", "grm", "drm", "pointwise")  # `toy:<name>`; the pointwise judge is built only when asked for
@@ -60,11 +63,11 @@ class ModelsConfig:
 
 class Roles:
     """Lazily resolved and loaded models of a run (`models`), each sharded over `mesh` by its logical axes (None:
-    the default device); `toy`: the config's `toy` group (the toy world's build settings, `rrc_jax.data.toy.world`);
-    `init_from`: another run's checkpoints, where the policy (and, unless `models.reference` is set, the reference)
-    start. `loaded` lists the roles loaded so far."""
+    the default device); `toy`: the toy world its `toy` roles are built from (the config's `toy` group,
+    `rrc_jax.data.toy.world.ToyWorldConfig`); `init_from`: another run's checkpoints, where the policy (and, unless
+    `models.reference` is set, the reference) start. `loaded` lists the roles loaded so far."""
 
-    def __init__(self, models: ModelsConfig, *, toy=None, init_from: str = "", mesh=None,
+    def __init__(self, models: ModelsConfig, *, toy: ToyWorldConfig | None = None, init_from: str = "", mesh=None,
                  layouts: MeshConfig = MeshConfig()):
         self.models, self.toy, self.init_from, self.mesh, self.layouts = models, toy, init_from, mesh, layouts
         self.loaded: list[str] = []
@@ -75,8 +78,10 @@ class Roles:
     @classmethod
     def from_config(cls, config, mesh=None) -> Roles:
         """The roles of a trainer config (`models`, `toy`, `init_from`, the layouts of `mesh`)."""
-        return cls(parse(ModelsConfig, config), toy=config.toy, init_from=config.init_from, mesh=mesh,
-                   layouts=parse(MeshConfig, config))
+        from rrc_jax.data.toy.world import ToyWorldConfig
+
+        return cls(parse(ModelsConfig, config), toy=ToyWorldConfig.from_config(config), init_from=config.init_from,
+                   mesh=mesh, layouts=parse(MeshConfig, config))
 
     def layout(self, role: str, kind: str | None = None) -> Layout:
         """Where `role`'s parameters live (`MeshConfig.layout`: the policy's master in the training layout, a frozen
@@ -108,19 +113,19 @@ class Roles:
 
     def _toy(self, which: str) -> Path:
         """The directory of toy model `which`, built (or read from the cache) by process 0 while the others wait."""
-        from rrc_jax.data.toy.world import ModelSpec, WorldSettings, build_pointwise, build_world
+        from rrc_jax.data.toy.world import build_pointwise, build_world
 
         if self.toy is None:
-            raise ConfigError(f"config.models: 'toy:{which}' needs the config's toy group (Roles.from_config)")
-        toy = self.toy
-        settings = WorldSettings.from_config(toy)
+            raise ConfigError(f"config.models: 'toy:{which}' needs the config's toy group (Roles.from_config, or "
+                              "Roles(..., toy=ToyWorldConfig(...)))")
+        settings, build = self.toy.settings(), self.toy.build
         if which not in self._toy_paths:
             if not distributed.is_main():  # process 0 builds (or reads) the cache; the others then read it
                 distributed.barrier(f"toy {which}")
             if which == "pointwise":
-                self._toy_paths[which] = build_pointwise(settings, ModelSpec.from_config(toy, which), toy.cache_dir)
+                self._toy_paths[which] = build_pointwise(settings, build.spec(which), build.cache_dir)
             else:
-                world = build_world(settings, toy.cache_dir)
+                world = build_world(settings, build.cache_dir)
                 self._toy_paths.update(policy=world.policy, grm=world.grm, drm=world.drm)
             if distributed.is_main():
                 distributed.barrier(f"toy {which}")

@@ -82,7 +82,7 @@ class Trainer:
         config, s = self.config, self.settings
         rollout, learner, grpo = s.rollout, s.learner, s.grpo
         self.workdir = epath.Path(config.workdir).expanduser()
-        self.roles = Roles(s.models, toy=config.toy, init_from=config.init_from, mesh=self.mesh, layouts=s.mesh)
+        self.roles = Roles(s.models, toy=s.toy, init_from=config.init_from, mesh=self.mesh, layouts=s.mesh)
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
         self.sampler = make_sampler("policy", self.policy, self.tokenizer, engine=s.inference.engine,
@@ -275,8 +275,8 @@ def training_prompts(settings: TrainerSettings, roles: Roles) -> tuple[PromptSet
 def run(config) -> epath.Path:
     """Train per `config`, holding its workdir against a second trainer and resuming only under
     the same config (`rrc_jax.workdir`); returns the workdir."""
-    validate(config)
+    settings = validate(config)
     workdir = epath.Path(config.workdir).expanduser()
     with WorkdirLock(workdir):
-        check_resume(config, workdir)
+        check_resume(config, workdir, settings.resume)
         return Trainer(config).run()

@@ -37,8 +37,8 @@ from rrc_jax.models import Decoder
 from rrc_jax.progress import Progress
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer
 from rrc_jax.rm.losses import LOSSES
-from rrc_jax.workdir import config_hash, config_json
-from rrc_jax.workdir import WorkdirLock, check_resume, save_config
+from rrc_jax.settings import parse
+from rrc_jax.workdir import ResumeConfig, WorkdirLock, check_resume, config_hash, config_json, save_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +106,7 @@ class _RunFiles:
         workdir.mkdir(parents=True, exist_ok=True)
         self.run, self.learner, self.data = run, learner, data
         stack.enter_context(WorkdirLock(workdir))  # one writer; then resume only under the same config
-        check_resume(c, workdir)
+        check_resume(c, workdir, parse(ResumeConfig, c))
         self.ckpt = Checkpointer(workdir / "checkpoints", save_every=c.checkpoint.save_every, keep=c.checkpoint.keep,
                                  config=config_json(c), config_hash=config_hash(c))
         stack.callback(self.ckpt.close)

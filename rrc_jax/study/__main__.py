@@ -27,19 +27,20 @@ def audit_judge(study) -> dict:
     if path.is_file():
         return json.loads(path.read_text())
     from rrc_jax.data.toy.audit import audit
-    from rrc_jax.data.toy.task import SortTask
+    from rrc_jax.data.toy.task import ToyTaskConfig
     from rrc_jax.inference import make_sampler
     from rrc_jax.judge import Judge, JudgeConfig
     from rrc_jax.rl.roles import Roles
+    from rrc_jax.settings import parse
     from rrc_jax.study.runs import plan, trainer_config
 
     config = trainer_config(study, *plan(study)[0])
-    roles, j, t = Roles.from_config(config), config.reward.judge, config.toy
+    roles, j, task = Roles.from_config(config), config.reward.judge, parse(ToyTaskConfig, config).task
     sampler = make_sampler("grm", roles.model("grm"), roles.tokenizer("grm"), engine=config.inference.engine)
     judge = Judge(sampler, roles.tokenizer("grm"), JudgeConfig(
         template=j.template, max_new_tokens=j.max_new_tokens, temperature=j.temperature, seed=0))
-    result = {"temperature": j.temperature, **audit(judge, SortTask(t.min_len, t.max_len, t.noise),
-                                                    pairs=study.audit_pairs, groups=study.audit_groups)}
+    result = {"temperature": j.temperature, **audit(judge, task, pairs=study.audit_pairs,
+                                                    groups=study.audit_groups)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     return result

@@ -1,6 +1,8 @@
 """Build (once) and cache the toy world's models: a policy, a generative judge (GRM) and a DRM.
 
-`build_world(settings, cache_dir)` trains, on first use:
+A trainer config's `toy` group parses into a `ToyWorldConfig`: the task's prompts (`task.ToyTaskConfig`) and how
+the models are built (`ToyBuildConfig`: the cache, each model's training steps, the annotator); its `settings()`
+are the `WorldSettings` that `build_world(settings, cache_dir)` trains, on first use:
 
 - the **policy**: SFT on noisy demonstrations of the sorting task, so it starts mediocre and diverse;
 - the **GRM**: SFT (Eq. 2) on an imperfect annotator's judgments (`task.Annotator`: miscounts, position bias on
@@ -35,6 +37,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import filelock
 import jax
@@ -42,8 +45,8 @@ import numpy as np
 from flax import nnx
 
 from rrc_jax.errors import ConfigError
-from rrc_jax.data.toy.task import (TOY_ANNOTATOR, TOY_MODELS, ALPHABET, Annotator, SortTask, sample_pair,
-                                   sample_response, toy_score_judgment)
+from rrc_jax.data.toy.task import (TOY_ANNOTATOR, TOY_MODELS, ALPHABET, Annotator, SortTask, ToyTaskConfig,
+                                   sample_pair, sample_response, toy_score_judgment)
 from rrc_jax.judge.templates import direct_template, encode_text, get_template, render_parts
 from rrc_jax.judge.verdicts import parse_verdict
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer, prompt_ids, save_hf
@@ -51,6 +54,7 @@ from rrc_jax.models.char_tokenizer import make_char_tokenizer
 from rrc_jax.data.preferences import Preference
 from rrc_jax.rm.examples import drm_batches, sft_batches
 from rrc_jax.rm.fit import fit
+from rrc_jax.settings import at_least, field_error, parse
 from rrc_jax.sharding import model_context
 
 VERSION = 6  # bump when the world's recipe changes, so stale caches are not reused
@@ -70,14 +74,11 @@ class ModelSpec:
     batch_size: int = 64
     learning_rate: float = 3e-3
 
-    @classmethod
-    def from_config(cls, toy, role: str) -> ModelSpec:
-        """The spec of toy model `role` (`TOY_MODELS`) with the steps of a trainer config's `toy.<role>_steps`."""
-        return cls(**{**TOY_MODELS[role], "steps": toy[f"{role}_steps"]})
-
 
 @dataclasses.dataclass(frozen=True)
 class WorldSettings:
+    """What a toy world is trained from (its cache key, `key`): the task, each model's spec, the GRM's annotator."""
+
     task: SortTask = SortTask()
     policy: ModelSpec = ModelSpec(**TOY_MODELS["policy"])
     grm: ModelSpec = ModelSpec(**TOY_MODELS["grm"])
@@ -85,17 +86,59 @@ class WorldSettings:
     annotator: Annotator = Annotator(**TOY_ANNOTATOR)
     seed: int = 0
 
-    @classmethod
-    def from_config(cls, toy) -> WorldSettings:
-        """The settings of a trainer config's `toy` group (`rrc_jax.config.base_config`)."""
-        spec = lambda role: ModelSpec.from_config(toy, role)
-        return cls(task=SortTask(toy.min_len, toy.max_len, toy.noise), policy=spec("policy"), grm=spec("grm"),
-                   drm=spec("drm"), annotator=Annotator(toy.miscount, toy.position_bias, toy.length_bias),
-                   seed=toy.seed)
-
     def key(self) -> str:
         blob = json.dumps({"version": VERSION, **dataclasses.asdict(self)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyBuildConfig:
+    """How the toy world's models are built (`toy`, beside the task's `ToyTaskConfig` fields): the directory they
+    are cached in (keyed by their settings), each model's training steps (`TOY_MODELS`' sizes) and the imperfect
+    annotator the GRM learns from (`task.Annotator`, `TOY_ANNOTATOR`)."""
+
+    GROUP: ClassVar[str] = "toy"
+    cache_dir: str = "~/.cache/rrc_jax"
+    policy_steps: int = TOY_MODELS["policy"]["steps"]
+    grm_steps: int = TOY_MODELS["grm"]["steps"]
+    drm_steps: int = TOY_MODELS["drm"]["steps"]
+    pointwise_steps: int = TOY_MODELS["pointwise"]["steps"]  # IRPO's starting point, built only for it
+    miscount: float = TOY_ANNOTATOR["miscount"]
+    position_bias: float = TOY_ANNOTATOR["position_bias"]
+    length_bias: float = TOY_ANNOTATOR["length_bias"]
+
+    def __post_init__(self):
+        if not self.cache_dir:
+            raise field_error("toy", "cache_dir", "empty; give a directory for the toy world's models")
+        for role in TOY_MODELS:
+            at_least("toy", f"{role}_steps", getattr(self, f"{role}_steps"), 0)
+        for name in TOY_ANNOTATOR:
+            if not 0 <= getattr(self, name) <= 1:
+                raise field_error("toy", name, f"{getattr(self, name)} must be in [0, 1] (a probability)")
+
+    def spec(self, role: str) -> ModelSpec:
+        """The spec of toy model `role` (`TOY_MODELS`) trained for `<role>_steps`."""
+        return ModelSpec(**{**TOY_MODELS[role], "steps": getattr(self, f"{role}_steps")})
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyWorldConfig:
+    """A trainer config's `toy` group as the toy world reads it: the task's prompts and seed, how its models are
+    built."""
+
+    task: ToyTaskConfig = ToyTaskConfig()
+    build: ToyBuildConfig = ToyBuildConfig()
+
+    @classmethod
+    def from_config(cls, config) -> ToyWorldConfig:
+        """The `toy` group of a trainer config (`rrc_jax.config.base_config`), checked."""
+        return cls(parse(ToyTaskConfig, config), parse(ToyBuildConfig, config))
+
+    def settings(self) -> WorldSettings:
+        """The world `build_world` trains (and keys its cache by)."""
+        b = self.build
+        return WorldSettings(task=self.task.task, policy=b.spec("policy"), grm=b.spec("grm"), drm=b.spec("drm"),
+                             annotator=Annotator(b.miscount, b.position_bias, b.length_bias), seed=self.task.seed)
 
 
 @dataclasses.dataclass(frozen=True)
