@@ -904,9 +904,8 @@ class Decoder(nnx.Module):
         cache, the prefix slots' positions come from its `shared_mask`."""
         cfg = self.cfg
         cos, sin = rope_cos_sin(positions, self.inv_freq)
-        sliding = jnp.asarray(cfg.sliding)
         if cfg.local_rope_theta is not None:
-            local = rope_cos_sin(positions, self.local_inv_freq)
+            sliding, local = jnp.asarray(cfg.sliding), rope_cos_sin(positions, self.local_inv_freq)
             rope = lambda i: (jnp.where(sliding[i], local[0], cos), jnp.where(sliding[i], local[1], sin))
         else:
             rope = lambda i: (cos, sin)
