@@ -27,7 +27,6 @@ from typing import ClassVar
 import jax
 import numpy as np
 from etils import epath
-from tensorboardX import SummaryWriter
 
 from rrc_jax.errors import ConfigError
 
@@ -109,6 +108,17 @@ def import_wandb():
     return wandb
 
 
+def tensorboard_writer(path: Path, purge_step: int | None):
+    """A `tensorboardX.SummaryWriter` into `path`, hiding the events of steps from `purge_step` on. Imported here,
+    not with the module: tensorboardX imports torch when it is installed (seconds), which only a run that writes
+    TensorBoard events should pay for."""
+    from tensorboardX import SummaryWriter
+
+    # tensorboardX names event files by the second and truncates an existing name: the suffix keeps a writer
+    # reopened within the same second (a quick resume) from erasing the previous file, and sorts after it.
+    return SummaryWriter(str(path), purge_step=purge_step, filename_suffix=f".{time.time_ns()}")
+
+
 class MetricsLogger:
     """`log(step, {name: value})` -> a line of `workdir/metrics.jsonl` (with `step`), TensorBoard scalars and, with
     `wandb=True`, a W&B run (`wandb_project`, `name`, `config`).
@@ -142,10 +152,7 @@ class MetricsLogger:
                 say(f"metrics: dropped the torn last line of {self.path} (a write cut short, e.g. by a full disk)")
             self.path.write_text("".join(rows))
         self._jsonl = open(self.path, "a")
-        # tensorboardX names event files by the second and truncates an existing name: the suffix keeps a writer
-        # reopened within the same second (a quick resume) from erasing the previous file, and sorts after it.
-        self._tb = SummaryWriter(str(local / "tensorboard"), purge_step=first,
-                                 filename_suffix=f".{time.time_ns()}") if tensorboard else None
+        self._tb = tensorboard_writer(local / "tensorboard", first) if tensorboard else None
         self._wandb = wandb_module.init(project=wandb_project, config=config, name=name, dir=str(local),
                                         resume="allow") if wandb_module else None
 

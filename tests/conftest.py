@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 from rrc_jax.models.families import FAMILIES
+
+# The tests' programs are tiny, so compiling them is most of the suite's time, and LLVM's optimisations do not pay
+# for themselves on them. Set before any test starts a backend; every subprocess inherits it (`cpu_devices_env`
+# keeps it). XLA's HLO passes, and so buffer assignment and the collectives the mesh tests read, are unaffected.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 VOCAB = 96
 
@@ -57,9 +66,9 @@ def console_tool(name: str) -> str | None:
 
 def cpu_devices_env(n: int = 8) -> dict:
     """The environment of a subprocess that sees `n` XLA host-platform (CPU) devices (mesh and multi-host tests)."""
-    import os
-
-    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform")]
+    return {**os.environ, "XLA_FLAGS": " ".join([*flags, f"--xla_force_host_platform_device_count={n}"]),
+            "JAX_PLATFORMS": "cpu"}
 
 
 def padded_batch(lengths, pad_side="left", seed=0, vocab=VOCAB, pad_id=0):
