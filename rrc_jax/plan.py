@@ -22,6 +22,7 @@ from pathlib import Path
 
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import families
+from rrc_jax.models.decoder import ring_size
 
 GiB = 1 << 30
 HEADROOM = 0.9  # the share of HBM a plan may use: XLA's scratch, fragmentation and collectives take the rest
@@ -232,13 +233,23 @@ def kv_cache_bytes(cfg, rows: int, slots: int, mesh_shape: tuple[int, int, int],
     `shared`: the shared prefixes of a branched cache (`KVCache.branch`), `rows` = P prefixes of `slots` = N slots:
     per layer `shared_k [P, kv_heads, head_dim, N]`, `shared_v [P, kv_heads, N, head_dim]`, and `shared_mask
     [P, N]`; no logits or positions (the branched rows hold those). P is over data x fsdp when it divides P, else
-    whole (`_prefixes_per_device`)."""
+    whole (`_prefixes_per_device`). A rows' cache longer than the sliding window keeps the sliding layers' window
+    only (`KVCache.ring`: `layer_slots`), with the positions its slots hold `[rows, window]` (int32); the shared
+    prefixes keep every slot of every layer."""
     kv = _split(cfg.num_kv_heads, mesh_shape[2])
-    per_row = 2 * cfg.num_layers * kv * slots * cfg.head_dim * _itemsize(dtype)
+    per_slot = 2 * kv * cfg.head_dim * _itemsize(dtype)  # one token's keys and values in one layer
     if shared:
-        return _prefixes_per_device(rows, mesh_shape) * (per_row + slots)
+        return _prefixes_per_device(rows, mesh_shape) * (cfg.num_layers * slots * per_slot + slots)
+    ring = ring_size(cfg.sliding, cfg.sliding_window or 0, slots) or 0
     r = _rows_per_device(rows, mesh_shape)
-    return r * (per_row + slots + 4 * cfg.vocab_size + 4)
+    return r * (layer_slots(cfg, slots) * per_slot + slots + 4 * ring + 4 * cfg.vocab_size + 4)
+
+
+def layer_slots(cfg, slots: float) -> float:
+    """Cache slots summed over the layers when a row's cache has `slots` slots (or, in `decode_time`, tokens): a
+    sliding layer keeps at most its window (`KVCache.ring`), a full one all of them."""
+    window = cfg.sliding_window or 0
+    return sum(min(slots, window) if local else slots for local in cfg.sliding)
 
 
 def branched_cache_bytes(cfg, prefixes: int, prefix_slots: int, group: int, own: int,
@@ -692,9 +703,9 @@ def matmul_params(cfg) -> int:
     return param_count(cfg) - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
 
 
-def _kv_token_bytes(cfg, dtype: str, tensor: int) -> int:
-    """Bytes per device of one token's keys and values in every layer."""
-    return 2 * cfg.num_layers * _split(cfg.num_kv_heads, tensor) * cfg.head_dim * _itemsize(dtype)
+def _kv_slot_bytes(cfg, dtype: str, tensor: int) -> int:
+    """Bytes per device of one token's keys and values in one layer."""
+    return 2 * _split(cfg.num_kv_heads, tensor) * cfg.head_dim * _itemsize(dtype)
 
 
 def _roofline(topo: Topology, flops: float, hbm: float, ici: float) -> tuple[float, str]:
@@ -727,9 +738,10 @@ def decode_time(topo: Topology, cfg, dtype: str, shape, layout: str, rows: int, 
     `own` tokens of its own before the first step: per step every weight and every cached token read once (a
     shared prefix once for its rows), 2 FLOP per parameter and row, and the layout's communication."""
     groups, tensor = shape[0] * shape[1], shape[2]
-    kv = _kv_token_bytes(cfg, dtype, tensor)
+    kv = _kv_slot_bytes(cfg, dtype, tensor)
     per_row = -(-rows // groups)
-    cached = -(-prefixes // groups) * prefix * kv + per_row * (own + steps / 2) * kv  # mean over the steps
+    cached = (-(-prefixes // groups) * prefix * cfg.num_layers  # a sliding layer's own slots: its window at most
+              + per_row * layer_slots(cfg, own + steps / 2)) * kv  # (the mean over the steps)
     flops = 2 * matmul_params(cfg) * per_row / tensor
     hbm = param_bytes(cfg, dtype, shape, layout) + cached
     ici = (_allreduce_bytes(cfg, per_row, dtype, tensor) if layout == "inference"

@@ -7,9 +7,10 @@ raises. Used by `tests/test_layouts.py`.
   layout on meshes (1, 2, 4) and (2, 1, 4) (kv heads 2 < tensor 4: replicated), against one device: tokens and
   verdicts identical, log-probs within 1e-4; the rollout copy after `update_weights` equals a copy made from the
   updated weights.
-- gathers: the all-gathers in the compiled decode step (the `lax.while_loop` of `rrc_jax.inference.sampling`) of
-  the rollout (a GRPO group's cache) and of the judge (a branched cache of shared prefixes), in each layout on
-  (1, 8, 1) FSDP and on (2, 1, 4): the element count of each all-gather's result.
+- gathers: the all-gathers and all-reduces in the compiled decode step (the `lax.while_loop` of
+  `rrc_jax.inference.sampling`) of the rollout (a GRPO group's cache) and of the judge (a branched cache of shared
+  prefixes) at 16 rows, in the training layout on (1, 8, 1) FSDP and the inference layout on three meshes: their
+  result shapes, and those holding as many elements as a weight matrix.
 """
 
 import json
@@ -68,12 +69,10 @@ def gathers(sampler, group: bool, rows: int) -> list[tuple[int, ...]]:
             for shape in re.findall(r"= \w+\[([\d,]*)\][^=]*? all-(?:gather|reduce)(?:-start)?\(", text)]
 
 
-def weight_gathers(few: list[tuple[int, ...]], sampler, group: bool, smallest_weight: int) -> list[tuple[int, ...]]:
-    """Collectives of the decode step that move weights: of the collectives `few` at 16 rows, those as large as the
-    smallest weight matrix and the same at 32 rows (a decode step's activations and cache blocks grow with the
-    rows; a weight does not)."""
-    many = gathers(sampler, group, 32)
-    return [s for s in few if s in many and int(np.prod(s)) >= smallest_weight]
+def weight_gathers(collectives: list[tuple[int, ...]], weight_sizes: set[int]) -> list[tuple[int, ...]]:
+    """Collectives of the decode step that move weights: those whose result holds as many elements as a weight
+    matrix, a layer's or the whole stack (XLA may gather a weight reshaped)."""
+    return [s for s in collectives if int(np.prod(s)) in weight_sizes]
 
 
 def main():
@@ -109,18 +108,20 @@ def main():
         np.testing.assert_array_equal(rollouts(sampler)[0], rollouts(fresh)[0], err_msg=f"synced copy on {shape}")
         result["parity"].append({"mesh": list(shape), "weight_sync_bytes": moved})
         del mesh
-    # the smallest weight matrix: a layer's (the layers are stacked on a leading axis) or the embedding
+    # the weight matrices' sizes: a layer's and the whole stack's (the layers are stacked on a leading axis)
     variables = jax.tree.leaves(nnx.state(load_hf(path), nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))
-    shapes = [v.shape[1:] if v.out_sharding[:1] == ("layers",) else v.shape for v in variables]
-    result["smallest_weight"] = smallest = min(int(np.prod(s)) for s in shapes if len(s) >= 2)
+    stacked = lambda v: v.out_sharding[:1] == ("layers",)
+    weight_sizes = {int(np.prod(s)) for v in variables for s in ([v.shape, v.shape[1:]] if stacked(v) else [v.shape])
+                    if len(s) >= 2}
+    result["weight_sizes"] = sorted(weight_sizes)
     for name, layout in [("train_fsdp8", Layout(make_mesh(1, 8, 1), "train")),
                          ("inference_1x2x4", Layout(make_mesh(1, 2, 4), "inference")),
                          ("inference_2x1x4", Layout(make_mesh(2, 1, 4), "inference")),
                          ("inference_4x1x2", Layout(make_mesh(4, 1, 2), "inference"))]:  # kv heads split too
         sampler = make_sampler("policy", load_hf(path, layout=layout))
         few = {"rollout": gathers(sampler, False, 16), "judge": gathers(sampler, True, 16)}
-        result["gathers"][name] = {"rollout": weight_gathers(few["rollout"], sampler, False, smallest),
-                                   "judge": weight_gathers(few["judge"], sampler, True, smallest),
+        result["gathers"][name] = {"rollout": weight_gathers(few["rollout"], weight_sizes),
+                                   "judge": weight_gathers(few["judge"], weight_sizes),
                                    "all_rollout": few["rollout"], "all_judge": few["judge"]}
     print(json.dumps(result))
 

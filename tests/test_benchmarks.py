@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import console_tool
+from conftest import TEST_XLA_FLAGS, console_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
@@ -20,7 +20,7 @@ BENCH = ROOT / "benchmarks"
 
 def test_device_script_dry_run_prints_tokens_per_second_and_mfu(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "DRY_RUN", "JAX_PLATFORMS")}
-    env.update(OUT=str(tmp_path), PYTHON=sys.executable, TIMEOUT_S="240")
+    env.update(OUT=str(tmp_path), PYTHON=sys.executable, TIMEOUT_S="240", XLA_FLAGS=TEST_XLA_FLAGS)
     out = subprocess.run(["bash", str(BENCH / "device.sh"), "--dry-run"], env=env, capture_output=True, text=True,
                          timeout=300, cwd=tmp_path)
     text = out.stdout + out.stderr

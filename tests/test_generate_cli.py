@@ -24,7 +24,14 @@ def run_cli(*args):
                           timeout=300)
 
 
-@pytest.mark.parametrize("kind", sorted({model_type: kind for kind, (model_type, _) in reversed(KINDS.items())}.values()))
+FIRST_OF_EACH_FAMILY = sorted({model_type: kind for kind, (model_type, _) in reversed(KINDS.items())}.values())
+# The command line is the same for every family and each family's greedy decoding is checked against transformers
+# in-process (test_sampling.py): two families here, the others under the slow marker (`pytest -m slow`).
+IN_THE_SUITE = ("llama3_untied", "gemma3_tied")
+
+
+@pytest.mark.parametrize("kind", [k if k in IN_THE_SUITE else pytest.param(k, marks=pytest.mark.slow)
+                                  for k in FIRST_OF_EACH_FAMILY])
 def test_cli_greedy_text_is_transformers_greedy_text(tmp_path, kind):
     """`generate --temperature=0` on a tiny checkpoint of each family (its first test config) prints only the
     continuation, the text of transformers' own greedy `generate` on the same checkpoint (BOS from the fallback

@@ -34,9 +34,8 @@ def test_no_weight_is_gathered_in_the_inference_decode_step(result):
     of shared prefixes) holds no all-gather of a weight in the inference layout, while the training layout (FSDP
     over 8) gathers every weight matrix at every step: the check catches exactly the regression it guards against.
 
-    A weight gather is an all-gather whose result is at least the smallest weight matrix and does not change
-    between 16 and 32 decoded rows; what a decode step moves otherwise (activations, cache blocks) grows with the
-    rows."""
+    A weight gather is a collective whose result holds as many elements as a weight matrix (a layer's, or the
+    whole stack); what a decode step moves otherwise is activations of 16 rows."""
     gathers = result["gathers"]
     assert len(gathers["train_fsdp8"]["rollout"]) >= 5 and len(gathers["train_fsdp8"]["judge"]) >= 5, gathers
     for name in ("inference_1x2x4", "inference_2x1x4", "inference_4x1x2"):

@@ -110,6 +110,28 @@ def test_branched_caches_by_hand():
     assert plan.decode_step_bytes(cfg, 32, 1024, mesh) == 2 * 4 * 16 * 2 * 512
 
 
+def test_sliding_layers_count_their_window_in_a_long_cache():
+    """A cache longer than the window keeps the sliding layers' window (`KVCache.ring`): the planner's bytes are
+    the cache's own, and a Gemma 3 judge's rows (5 of 6 layers sliding, window 1024) hold 5/6 less at 8K slots.
+    The shared prefixes keep every layer's slots."""
+    from rrc_jax.models.decoder import init_cache
+
+    cfg = DecoderConfig(**{**TINY, "model_type": "gemma2", "sliding_window": 16,
+                           "layer_types": ("sliding_attention", "full_attention")})
+    for slots in (16, 64):  # one slot more than the window: a ring
+        cache = jax.jit(lambda: init_cache(cfg, 3, slots))()
+        assert cache.ring == (slots > 16)
+        held = sum(x.nbytes for x in jax.tree.leaves(cache)) - cache.end.nbytes  # `end` is not per row
+        assert plan.kv_cache_bytes(cfg, 3, slots, (1, 1, 1), "float32") == held
+    gemma3 = plan.model_config("gemma3-12b")
+    every = gemma3.replace(layer_types=(), sliding_window=None)
+    ratio = plan.kv_cache_bytes(gemma3, 8, 8192, (1, 1, 1), "bfloat16") / plan.kv_cache_bytes(
+        every, 8, 8192, (1, 1, 1), "bfloat16")
+    assert ratio == pytest.approx((8 + 40 * 1024 / 8192) / 48, rel=1e-2)
+    assert plan.kv_cache_bytes(gemma3, 8, 8192, (1, 1, 1), "bfloat16", shared=True) == plan.kv_cache_bytes(
+        every, 8, 8192, (1, 1, 1), "bfloat16", shared=True)
+
+
 @pytest.mark.parametrize("questions,prompts,max_batch", [
     (2, 256, 256),    # the judged evaluation: 2 votes a prompt -> 128 prefixes x 2 rows
     (512, 32, 256),   # AGR, m = 8, 8 anchors, voting@8: a prefix's 512 questions in pieces of 256

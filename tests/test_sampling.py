@@ -279,7 +279,7 @@ def test_branch_equals_take(request, monkeypatch, blocked, family):
     s_ids, s_mask = pad_sequences(suffixes, 8, 0, "right")
     owner = jnp.asarray([0, 0, 1, 1, 2, 2], jnp.int32)
     copied = extend(model, prefill(model, ids, mask, cache_size=16 + own).take(owner), s_ids, s_mask)
-    shared = extend(model, prefill(model, ids, mask, cache_size=16).branch(2, own), s_ids, s_mask)
+    shared = extend(model, prefill(model, ids, mask, cache_size=16, ring=False).branch(2, own), s_ids, s_mask)
     assert shared.shared and shared.size == own and int(shared.end) == 8 and shared.shared_k.shape[2] == 3
     np.testing.assert_allclose(np.asarray(shared.logits), np.asarray(copied.logits), atol=1e-5)
     greedy = params(n_new, 0.0, stop_token_ids=[])
@@ -288,6 +288,84 @@ def test_branch_equals_take(request, monkeypatch, blocked, family):
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
     with pytest.raises(ValueError, match="branch"):
         shared.branch(2, own)
+
+
+@pytest.mark.parametrize("kind", ["gemma2_tied", "mistral_window"])
+def test_sliding_layers_keep_only_their_window(tmp_path_factory, monkeypatch, kind):
+    """A cache longer than the window (4) keeps the sliding layers' last 4 tokens of each row in ring buffers
+    (`KVCache.ring`; Mistral: every layer, so no full-layer blocks at all) and computes what the full cache does:
+    a prefill in chunks longer than the window, right-padded suffixes (gaps inside a row), then decoding, and a
+    branched cache whose rows' own slots are rings; logits and log-probs within 1e-5, the same greedy tokens."""
+    model, _ = loaded(kind, tmp_path_factory)
+    cfg = model.cfg
+    monkeypatch.setattr(sampling, "PREFILL_CHUNK", 8)  # 16-token prompts: two chunks of 8, each longer than 4
+    rng = np.random.default_rng(3)
+    prefixes = [list(rng.integers(3, 96, n)) for n in (6, 16, 2)]
+    suffixes = [list(rng.integers(3, 96, n)) for n in (3, 8, 1, 5, 7, 0)]
+    ids, mask = pad_sequences(prefixes, 16, 0, "left")
+    s_ids, s_mask = pad_sequences(suffixes, 8, 0, "right")
+    owner = jnp.asarray([0, 0, 1, 1, 2, 2], jnp.int32)
+    greedy = params(12, 0.0, stop_token_ids=[])
+    full = extend(model, prefill(model, ids, mask, cache_size=40, ring=False).take(owner), s_ids, s_mask)
+    ring = extend(model, prefill(model, ids, mask, cache_size=40).take(owner), s_ids, s_mask)
+    shared = extend(model, prefill(model, ids, mask, cache_size=16, ring=False).branch(2, 24), s_ids, s_mask)
+    sliding = sum(cfg.sliding)
+    assert not full.ring and ring.ring and shared.ring
+    assert ring.ring_k.shape == (sliding, 6, cfg.num_kv_heads, cfg.head_dim, 4) and ring.ring_positions.shape == (6, 4)
+    assert sum(b.shape[0] for b in ring.k[:1]) == cfg.num_layers - sliding  # the full layers' blocks only
+    for cache in (ring, shared):
+        np.testing.assert_allclose(np.asarray(cache.logits), np.asarray(full.logits), atol=1e-5)
+    want = decode(model, full, greedy)
+    for cache in (ring, shared):
+        got = decode(model, cache, greedy)
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+    with pytest.raises(ValueError, match="ring=False"):
+        prefill(model, ids, mask, cache_size=16).branch(2, 24)
+
+
+def test_ring_buffers_are_updated_in_place():
+    """The compiled extend and decode of a cache with rings hold no copy of a whole ring stack or of the full
+    layers' stack (each layer reads and writes its own stack in place): a `lax.switch` on a layer's kind, or a ring
+    write XLA cannot order after the reads, copies the whole cache at every layer."""
+    import re
+
+    from flax import nnx
+
+    from rrc_jax.inference.sampling import _decode, _extend
+    from rrc_jax.models import Decoder, DecoderConfig
+
+    cfg = DecoderConfig(model_type="gemma2", vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=6,
+                        num_heads=4, num_kv_heads=2, head_dim=8, sliding_window=4, max_position_embeddings=256,
+                        layer_types=("sliding_attention", "full_attention") * 3, eos_token_ids=(2,), pad_token_id=0)
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    ids = np.ones((2, 8), np.int32)
+    cache = prefill(model, ids, np.ones_like(ids, bool), cache_size=64)
+    stacks = {str(list(x.shape)).replace(" ", "") for x in (*cache.k, *cache.v, cache.ring_k, cache.ring_v)}
+    graphdef, state = nnx.split(model)
+    programs = {"extend": _extend.lower(graphdef, state, cache, jnp.ones((2, 8), jnp.int32), jnp.ones((2, 8), bool)),
+                "decode": _decode.lower(graphdef, state, cache, jax.random.key(0), params=params(4, 0.0),
+                                        stop_ids=(2,), pad_id=0)}
+    for name, lowered in programs.items():
+        copied = set(re.findall(r"= \w+(\[[\d,]*\])[^=\n]*? copy\(", lowered.compile().as_text()))
+        assert not copied & stacks, (name, copied & stacks)
+
+
+def test_layer_segments_cover_the_layers_with_the_fewest_traced():
+    from rrc_jax.models.decoder import layer_segments
+
+    full, local = False, True
+    assert layer_segments([full] * 4) == [(0, (full,), 4)]
+    assert layer_segments(([local] * 5 + [full]) * 10 + [local] * 2) == [(0, (local,) * 5 + (full,), 10),
+                                                                          (60, (local,), 2)]
+    assert layer_segments([full] * 3 + [local] * 4) == [(0, (full,), 3), (3, (local,), 4)]  # Qwen2's windows
+    assert layer_segments([local, full] * 3) == [(0, (local, full), 3)]
+    assert layer_segments([]) == []
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # any pattern: the segments cover it, in order
+        kinds = [bool(x) for x in rng.integers(0, 2, rng.integers(1, 12))]
+        rebuilt = [k for start, unit, reps in layer_segments(kinds) for k in unit * reps]
+        assert rebuilt == kinds
 
 
 def test_group_size_shares_each_prompt(llama):

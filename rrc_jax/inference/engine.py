@@ -230,7 +230,7 @@ class JaxSampler:
             heads = [list(prefixes[owners[g[0]]]) if g else [self.pad_id] for g in groups]
             ids, mask = pad_sequences(heads, p_len, self.pad_id, "left")
             s_ids, s_mask = pad_sequences(row_suffixes, s_len, self.pad_id, "right")
-            cache = prefill(self.model, ids, mask, cache_size=p_len).branch(
+            cache = prefill(self.model, ids, mask, cache_size=p_len, ring=False).branch(
                 m, size=round_up(max(s_len + extra, 1), ATTENTION_BLOCK))
             if s_len:
                 cache = extend(self.model, cache, s_ids, s_mask)

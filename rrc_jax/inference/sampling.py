@@ -68,10 +68,10 @@ def sample_token(logits: jax.Array, key: jax.Array, params: SamplingParams) -> j
 # jit-compiled kernels over (graphdef, state)
 # ----------------------------------------------------------------------------------------------------------
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("size",))
-def _prefill(graphdef, state, ids, mask, *, size):
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("size", "ring"))
+def _prefill(graphdef, state, ids, mask, *, size, ring):
     model = nnx.merge(graphdef, state)
-    return model.extend(init_cache(model.cfg, ids.shape[0], size), ids, mask)
+    return model.extend(init_cache(model.cfg, ids.shape[0], size, ring=ring), ids, mask)
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
@@ -121,16 +121,17 @@ def _pad_id(model: Decoder, pad_id: int | None) -> int:
 PREFILL_CHUNK = 256  # tokens a row runs through the model per call (chunked prefill: a layer holds one chunk)
 
 
-def prefill(model: Decoder, ids, mask, *, cache_size: int) -> KVCache:
+def prefill(model: Decoder, ids, mask, *, cache_size: int, ring: bool = True) -> KVCache:
     """A cache of `cache_size` slots holding the (left-padded) prompts `ids [B, T]`, `mask [B, T]` (this host's
-    rows), run `PREFILL_CHUNK` tokens at a time."""
+    rows), run `PREFILL_CHUNK` tokens at a time. The sliding layers keep only their window (`KVCache.ring`) unless
+    `ring=False`, which a cache to `branch` needs (its prefixes keep every slot)."""
     ids, mask = np.asarray(ids, np.int32), np.asarray(mask, bool)
     if ids.shape[1] > cache_size:
         raise ValueError(f"prompt of {ids.shape[1]} (padded) tokens is longer than the cache of {cache_size} slots; "
                          "raise cache_size or shorten the prompt")
     first, rest = (ids[:, :PREFILL_CHUNK], mask[:, :PREFILL_CHUNK]), (ids[:, PREFILL_CHUNK:], mask[:, PREFILL_CHUNK:])
     graphdef, state = nnx.split(model)
-    cache = _prefill(graphdef, state, *put_rows(first, mesh_of(model)), size=cache_size)
+    cache = _prefill(graphdef, state, *put_rows(first, mesh_of(model)), size=cache_size, ring=ring)
     return extend(model, cache, *rest) if rest[0].shape[1] else cache
 
 
@@ -210,5 +211,5 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], params: SamplingP
         cache = prefill(model, ids, mask, cache_size=cache_size or round_up(bucket + n, ATTENTION_BLOCK))
     else:
         own = cache_size - bucket if cache_size else round_up(n, ATTENTION_BLOCK)
-        cache = prefill(model, ids, mask, cache_size=bucket).branch(group_size, size=own)
+        cache = prefill(model, ids, mask, cache_size=bucket, ring=False).branch(group_size, size=own)
     return decode(model, cache, params, rng=rng, pad_id=pad)

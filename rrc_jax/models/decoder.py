@@ -14,7 +14,8 @@ and on the MLP (`mlp_bias`), RMSNorm of each query and key head (`qk_norm`), tie
 `llama3` RoPE frequency scalings, and Gemma's: embeddings scaled by sqrt(E), `(1 + w)` norms, norms after
 attention and MLP too, GeGLU, `query_pre_attn_scalar`, soft-capped attention and output logits, and sliding-window
 layers (`layer_types`, with their own RoPE base in Gemma 3). A sliding layer's window is a mask on RoPE positions,
-so it holds in every attention path: training, log-probs, prefill, decode and shared prefixes (`Window`).
+so it holds in every attention path: training, log-probs, prefill, decode and shared prefixes (`Window`); a cache
+longer than the window keeps only the window of a sliding layer (`KVCache.ring`).
 
 Padding can sit anywhere. Positions derive from the attention mask (`cumsum(mask) - 1`), so left- and
 right-padded batches give the same logits at their real tokens. For generation the model reads and writes a
@@ -22,7 +23,7 @@ right-padded batches give the same logits at their real tokens. For generation t
 (see `rrc_jax.inference.sampling`).
 
 Shapes: B batch, T new tokens, S cache slots, E embed, H query heads, K kv heads, G = H / K, D head dim,
-I mlp width, V vocab.
+I mlp width, V vocab, W sliding window, L_s sliding layers.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -284,6 +286,14 @@ class KVCache:
     `[L, J, P, K, D, N_b]`, shared_v `[L, J, P, K, N_b, D]`, shared_mask `[J, P, N_b]` (the prefix's valid slots). Each
     row attends to its own prompt's prefix only, so the cost is linear in the number of prompts. Otherwise these
     are None.
+
+    A cache of more slots than the sliding window (`ring_size`) keeps its sliding layers' keys and values in ring
+    buffers of `window` slots instead (`ring`): ring_k `[L_s, B, K, D, W]`, ring_v `[L_s, B, K, W, D]` for the
+    L_s sliding layers, the key of a row's token at RoPE position p at slot `p % W`, so a ring holds each row's
+    last W tokens however its padding falls (the ones a sliding layer's next query can see); ring_positions
+    `[B, W]` int32 the position each slot holds (-1: empty). k and v then hold the full-attention layers only
+    (`[L - L_s, ...]`, or none). `sliding` (static) marks the sliding layers, one flag per layer, and `window` is
+    their window (0 when none slides).
     """
 
     k: tuple[jax.Array, ...]
@@ -295,6 +305,11 @@ class KVCache:
     shared_k: jax.Array | None = None
     shared_v: jax.Array | None = None
     shared_mask: jax.Array | None = None
+    ring_k: jax.Array | None = None
+    ring_v: jax.Array | None = None
+    ring_positions: jax.Array | None = None
+    sliding: tuple[bool, ...] = struct.field(pytree_node=False, default=())
+    window: int = struct.field(pytree_node=False, default=0)
 
     @property
     def size(self) -> int:
@@ -308,15 +323,22 @@ class KVCache:
     def shared(self) -> bool:
         return self.shared_mask is not None
 
+    @property
+    def ring(self) -> bool:
+        """Whether the sliding layers keep only their window (ring buffers; see the class docstring)."""
+        return self.ring_positions is not None
+
     def take(self, rows: jax.Array) -> KVCache:
         """The cache of the given rows `[R]` (repeats allowed), copied: one prefix prefilled once, reused by many
         rows. `branch` reuses it without the copies. Not for a branched cache (its rows are grouped by prefix)."""
         if self.shared:
             raise ValueError("take() of a branched cache: take the rows before branching")
-        take = lambda x, axis=0: jnp.take(x, rows, axis=axis)
+        take = lambda x, axis=0: None if x is None else jnp.take(x, rows, axis=axis)
         blocks = lambda x: take(x, axis=1)  # [L, B, ...]
         return self.replace(k=jax.tree.map(blocks, self.k), v=jax.tree.map(blocks, self.v), valid=take(self.valid),
-                            positions=take(self.positions), logits=take(self.logits), end=jnp.copy(self.end))
+                            positions=take(self.positions), logits=take(self.logits), end=jnp.copy(self.end),
+                            ring_k=blocks(self.ring_k), ring_v=blocks(self.ring_v),
+                            ring_positions=take(self.ring_positions))
 
     def branch(self, group: int, size: int) -> KVCache:
         """A cache of P * `group` new rows with `size` slots of their own, rows `p*group ... p*group + group - 1`
@@ -329,19 +351,22 @@ class KVCache:
         """
         if self.shared:
             raise ValueError("branch() of a branched cache is not supported; branch the prefix cache once")
+        if self.ring:
+            raise ValueError("branch() of a cache whose sliding layers keep only their window: the prefixes need "
+                             "every slot; prefill them with ring=False")
         return _branch(self, group, size)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _branch(cache: KVCache, group: int, size: int) -> KVCache:
-    layers, p, kh, d, _ = cache.k[0].shape
+    _, p, kh, d, _ = cache.k[0].shape
     shared_k, shared_v, shared_mask = prefix_blocks(jnp.concatenate(cache.k, axis=4),
                                                     jnp.concatenate(cache.v, axis=3), cache.valid)
-    k, v = _empty_kv(layers, p * group, kh, size, d, cache.k[0].dtype)
+    own = _empty_cache(cache.sliding, cache.window, p * group, kh, size, d, cache.k[0].dtype, cache.logits.shape[1],
+                       ring=True)
     rows = lambda x: jnp.repeat(x, group, axis=0)
-    return KVCache(k=k, v=v, valid=jnp.zeros((p * group, size), bool), positions=rows(cache.positions),
-                   end=jnp.zeros((), jnp.int32), logits=rows(cache.logits), shared_k=shared_k, shared_v=shared_v,
-                   shared_mask=shared_mask)
+    return own.replace(positions=rows(cache.positions), logits=rows(cache.logits), shared_k=shared_k,
+                       shared_v=shared_v, shared_mask=shared_mask)
 
 
 def prefix_blocks(k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -422,12 +447,35 @@ def write_blocks(blocks: tuple[jax.Array, ...], new: jax.Array, end: jax.Array, 
     return tuple(out)
 
 
-def init_cache(cfg: DecoderConfig, batch_size: int, size: int) -> KVCache:
-    """An empty cache of `size` slots for `batch_size` rows, in the compute dtype."""
-    k, v = _empty_kv(cfg.num_layers, batch_size, cfg.num_kv_heads, size, cfg.head_dim, cfg.compute_dtype)
-    return KVCache(k=k, v=v, valid=jnp.zeros((batch_size, size), bool),
-                   positions=jnp.zeros((batch_size,), jnp.int32), end=jnp.zeros((), jnp.int32),
-                   logits=jnp.zeros((batch_size, cfg.vocab_size), jnp.float32))
+def ring_size(sliding: tuple[bool, ...], window: int, size: int) -> int | None:
+    """Slots of the sliding layers' ring buffers in a cache of `size` slots (`KVCache`): the window when it is
+    shorter, else None (every layer keeps every slot)."""
+    return window if any(sliding) and window < size else None
+
+
+def _empty_cache(sliding: tuple[bool, ...], window: int, b: int, kh: int, s: int, d: int, dtype, vocab: int, *,
+                 ring: bool) -> KVCache:
+    """An empty `KVCache` of `b` rows and `s` slots; with `ring`, the sliding layers in ring buffers when their
+    window is shorter than `s` (`ring_size`)."""
+    r = ring_size(sliding, window, s) if ring else None
+    full = len(sliding) - (sum(sliding) if r else 0)
+    k, v = _empty_kv(full, b, kh, s, d, dtype) if full else ((), ())
+    ring_k = ring_v = ring_positions = None
+    if r:
+        zeros = lambda shape, names: sharding.constrain(jnp.zeros(shape, dtype), names)
+        ring_k, ring_v = zeros((sum(sliding), b, kh, d, r), KV_K), zeros((sum(sliding), b, kh, r, d), KV_V)
+        ring_positions = sharding.constrain(jnp.full((b, r), -1, jnp.int32), ("batch", None))
+    return KVCache(k=k, v=v, valid=jnp.zeros((b, s), bool), positions=jnp.zeros((b,), jnp.int32),
+                   end=jnp.zeros((), jnp.int32), logits=jnp.zeros((b, vocab), jnp.float32), ring_k=ring_k,
+                   ring_v=ring_v, ring_positions=ring_positions, sliding=tuple(sliding),
+                   window=window if any(sliding) else 0)
+
+
+def init_cache(cfg: DecoderConfig, batch_size: int, size: int, *, ring: bool = True) -> KVCache:
+    """An empty cache of `size` slots for `batch_size` rows, in the compute dtype. `ring`: the sliding layers keep
+    only their window when it is shorter than `size` (`KVCache`); False for a cache to `branch` (its prefixes)."""
+    return _empty_cache(cfg.sliding, cfg.sliding_window or 0, batch_size, cfg.num_kv_heads, size, cfg.head_dim,
+                        cfg.compute_dtype, cfg.vocab_size, ring=ring)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -498,8 +546,8 @@ class Attention(nnx.Module):
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
                  kv_cache: tuple[tuple, tuple] | None = None, end: jax.Array | None = None,
                  shared: tuple[jax.Array, jax.Array, jax.Array] | None = None,
-                 query_index: jax.Array | None = None, layer: jax.Array | int = 0, window: Window | None = None
-                 ) -> tuple[jax.Array, tuple[tuple, tuple] | None]:
+                 query_index: jax.Array | None = None, layer: jax.Array | int = 0, window: Window | None = None,
+                 ring: RingStep | None = None) -> tuple[jax.Array, tuple | None]:
         """x `[B, T, E]`, cos/sin `[B, T, D]`, mask `[B, T, S]` (S = T without cache) -> `[B, T, E]`, cache.
 
         `kv_cache` = (key blocks, value blocks) of every layer (`KVCache`: `[L, ...]`); this one, layer `layer`,
@@ -510,7 +558,9 @@ class Attention(nnx.Module):
         `query_index [B]`: keys and values of all T tokens go to the cache, but only token `query_index[b]` of
         each row queries; the output is then `[B, 1, E]` (the last layer of `Decoder.extend`).
         `window`: this layer's sliding window, which narrows `mask` and the prefixes' mask to the keys fewer than
-        `window.size` positions before each query.
+        `window.size` positions before each query. `ring`: a sliding layer of a cache that keeps only its window
+        (`KVCache.ring`): it attends to its ring and the new tokens instead of `kv_cache`, and returns its updated
+        ring buffers (`RingStep`).
         """
         cfg = self.cfg
         scoring = Scoring(cfg.attention_scale, cfg.attn_logit_softcapping)
@@ -532,18 +582,21 @@ class Attention(nnx.Module):
             query_positions = None if window is None else rows_at(query_positions, query_index)
         b, t, _, _, d = q.shape
         q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
-        if kv_cache is None:
+        if kv_cache is None and ring is None:
             out = blockwise_attention(q, k, v, mask, scoring=scoring)
         else:  # (see KVCache for the layout)
-            n_new = k.shape[3]
-            kv_cache = (tuple(sharding.constrain(x, KV_K) for x in write_blocks(kv_cache[0], k, end, 3, layer)),
-                        tuple(sharding.constrain(x, KV_V) for x in write_blocks(kv_cache[1], v, end, 2, layer)))
             carry = _empty_carry(q)
             if shared is not None:
                 prefix_window = None if window is None else (query_positions, window.prefix, window.size)
                 carry = shared_attention(carry, q, *shared, scoring=scoring, window=prefix_window)
-            out = _normalize(cache_attention(carry, q, *kv_cache, mask, n_slots=end + n_new, layer=layer,
-                                             scoring=scoring))
+            if ring is None:
+                n_new = k.shape[3]
+                kv_cache = (tuple(sharding.constrain(x, KV_K) for x in write_blocks(kv_cache[0], k, end, 3, layer)),
+                            tuple(sharding.constrain(x, KV_V) for x in write_blocks(kv_cache[1], v, end, 2, layer)))
+                carry = cache_attention(carry, q, *kv_cache, mask, n_slots=end + n_new, layer=layer, scoring=scoring)
+            else:
+                carry, kv_cache = ring_attention(carry, q, k, v, ring, query_index, scoring)
+            out = _normalize(carry)
         out = sharding.constrain(out.astype(x.dtype).transpose(0, 3, 1, 2, 4),  # [B, T, K, G, D], where q was
                                  ("batch", "length", "kv_heads", None, None)).reshape(b, t, cfg.num_heads * d)
         out = checkpoint_name(out, "attn_out")
@@ -731,6 +784,88 @@ def shared_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mas
     return tuple(map(from_groups, carry))
 
 
+class RingStep(NamedTuple):
+    """A sliding layer's ring buffers (`KVCache.ring`) and how one `extend` of T tokens reads and writes them.
+
+    k `[L_s, B, K, D, W]`, v `[L_s, B, K, W, D]`: every sliding layer's rings before this extend, index `[]` this
+    layer's. The rest is the same for every sliding layer (`ring_plan`): seen `[B, T, W]`, the slots each new
+    token's query sees (filled, fewer than W positions back); chunk `[B, T, T]`, the new tokens it sees (real,
+    not after it, within the window); source `[B, W]`, the new token written to each slot where `hit [B, W]`.
+    """
+
+    k: jax.Array | None
+    v: jax.Array | None
+    index: jax.Array | int
+    seen: jax.Array
+    chunk: jax.Array
+    source: jax.Array
+    hit: jax.Array
+
+
+def ring_plan(ring_positions: jax.Array, positions: jax.Array, count: jax.Array, new: jax.Array, window: int
+              ) -> tuple[RingStep, jax.Array]:
+    """The reads and writes of the rings (`RingStep`, without a layer's buffers) when T new tokens `new [B, T]`
+    (real ones) at RoPE positions `positions [B, T]` extend rows holding `count [B]` tokens, whose rings hold the
+    positions `ring_positions [B, W]`; and the positions the rings hold after it.
+
+    A row's real tokens take consecutive positions from `count`: the slot `r` of its ring gets the latest of them
+    congruent to r modulo W, so the ring keeps the row's last W tokens whatever its padding.
+    """
+    t, w = new.shape[1], window
+    seen = (ring_positions >= 0)[:, None, :] & (positions[:, :, None] - ring_positions[:, None, :] < w)
+    chunk = (new[:, None, :] & jnp.tril(jnp.ones((t, t), bool))[None]
+             & (positions[:, :, None] - positions[:, None, :] < w))
+    ranks = jnp.cumsum(new.astype(jnp.int32), axis=1)  # [B, T], the real tokens so far in the chunk
+    last = count + ranks[:, -1] - 1  # [B] the position of the row's last real token
+    held = last[:, None] - (last[:, None] - jnp.arange(w)[None]) % w  # [B, W] its latest position at each slot
+    hit = held >= count[:, None]
+    # the column of the real token of rank held - count: the first whose running count passes it
+    source = jax.vmap(lambda r, x: jnp.searchsorted(r, x, side="left"))(ranks, held - count[:, None] + 1)
+    step = RingStep(None, None, 0, seen, chunk, jnp.minimum(source, t - 1).astype(jnp.int32), hit)
+    return step, jnp.where(hit, held, ring_positions)
+
+
+def ring_write(ring: jax.Array, mine: jax.Array, new: jax.Array, index: jax.Array | int, source: jax.Array,
+               hit: jax.Array, axis: int) -> jax.Array:
+    """`ring [L_s, B, ...]` with layer `index`'s slots (`mine [B, ...]`, as they were) where `hit [B, W]` holding
+    the new tokens `source [B, W]` of `new [B, ...]` (T tokens along `axis`; a layer's W slots lie along the same
+    axis)."""
+    shape = [1] * new.ndim
+    shape[0], shape[axis] = source.shape
+    taken = jnp.take_along_axis(new, source.reshape(shape), axis=axis).astype(ring.dtype)
+    return jax.lax.dynamic_update_index_in_dim(ring, jnp.where(hit.reshape(shape), taken, mine), index, 0)
+
+
+def ring_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, ring: RingStep,
+                   query_index: jax.Array | None, scoring: Scoring) -> tuple[tuple, tuple[jax.Array, jax.Array]]:
+    """`_attend` over a sliding layer's ring and the new tokens' own keys `k [B, K, D, T]`, values
+    `v [B, K, T, D]`, which are then written to the ring. Returns the carry and the updated (ring_k, ring_v).
+    With `query_index [B]`, only that token of each row queries (`q [B, K, G, 1, D]`).
+
+    One new token (decoding) is written first and the ring read once: the slot it takes held the token W
+    positions back, which its query does not see. Several may overwrite slots their earlier queries see, so the
+    ring is read before they are written."""
+    mine = lambda x: jax.lax.dynamic_index_in_dim(x, ring.index, 0, keepdims=False)
+    write = lambda x, old, new, axis, names: sharding.constrain(
+        ring_write(x, old, new, ring.index, ring.source, ring.hit, axis), names)
+    if k.shape[3] == 1 and query_index is None:
+        ring_k, ring_v = write(ring.k, mine(ring.k), k, 3, KV_K), write(ring.v, mine(ring.v), v, 2, KV_V)
+        seen = ring.seen | ring.hit[:, None, :]  # (the new token's own slot)
+        return _attend(carry, q, mine(ring_k), mine(ring_v), seen, scoring), (ring_k, ring_v)
+    seen, chunk = ring.seen, ring.chunk
+    if query_index is not None:
+        seen, chunk = rows_at(seen, query_index), rows_at(chunk, query_index)
+    old_k, old_v = mine(ring.k), mine(ring.v)
+    carry = _attend(carry, q, old_k, old_v, seen, scoring)
+    carry = _attend(carry, q, k, v, chunk, scoring)
+    # The writes must follow the reads. They are made to depend on the output (finite, so `0 * sum` is 0, which XLA
+    # does not fold; per row and kv head, as those are split: no collective): otherwise XLA cannot order them and
+    # copies every sliding layer's ring at every layer (`tests/test_sampling.py` checks the compiled program).
+    after = (0 * carry[2].sum(axis=(2, 3, 4)))[:, :, None, None]  # [B, K, 1, 1]
+    return carry, (write(ring.k, old_k, k + after.astype(k.dtype), 3, KV_K),
+                   write(ring.v, old_v, v + after.astype(v.dtype), 2, KV_V))
+
+
 class MLP(nnx.Module):
     """SwiGLU, `down(silu(gate(x)) * up(x))`, or GeGLU with tanh GELU (Gemma; `hidden_act`), gate and up as one
     weight `gate_up [E, I, 2]` (one matmul; the I axis leads so that sharding it keeps each unit's gate and up
@@ -775,10 +910,10 @@ class Block(nnx.Module):
             self.post_attn_norm, self.post_mlp_norm = norm(cfg, e, rngs), norm(cfg, e, rngs)
 
     def __call__(self, x, cos, sin, mask, kv_cache=None, end=None, shared=None, query_index=None, layer=0,
-                 window=None):
+                 window=None, ring=None):
         after = lambda name, y: getattr(self, name)(y) if hasattr(self, name) else y  # sandwich norms (Gemma)
         h, kv_cache = self.attn(self.attn_norm(x), cos, sin, mask, kv_cache, end, shared, query_index, layer,
-                                window)
+                                window, ring)
         h = after("post_attn_norm", h)
         x = checkpoint_name(x + h if query_index is None else rows_at(x, query_index) + h, "mid")
         return x + after("post_mlp_norm", self.mlp(self.mlp_norm(x))), kv_cache
@@ -797,6 +932,24 @@ def stack_layers(blocks: list[nnx.Module]) -> nnx.Module:
 # ----------------------------------------------------------------------------------------------------------
 # Decoder
 # ----------------------------------------------------------------------------------------------------------
+
+def layer_segments(kinds: Sequence[bool]) -> list[tuple[int, tuple[bool, ...], int]]:
+    """`kinds` (one per layer) as consecutive segments (start, unit, repeats), each `unit` repeated `repeats` times
+    from layer `start`, with the fewest layers in all the units (what a scan over each segment traces):
+    [F] * 32 -> [(0, (F,), 32)]; Gemma 3's 62 layers -> [(0, (S,) * 5 + (F,), 10), (60, (S,), 2)]."""
+    kinds, n = tuple(kinds), len(kinds)
+    best: list[tuple[int, list]] = [(0, [])] * (n + 1)  # best[i]: (cost, segments) of kinds[i:]
+    for i in range(n - 1, -1, -1):
+        options = []
+        for p in range(1, n - i + 1):
+            unit, reps = kinds[i:i + p], 1
+            while kinds[i + reps * p:i + (reps + 1) * p] == unit:
+                reps += 1
+            cost, rest = best[i + reps * p]
+            options.append((p + cost, [(i, unit, reps)] + rest))
+        best[i] = min(options, key=lambda o: o[0])
+    return best[0][1]
+
 
 def rows_at(x: jax.Array, index: jax.Array) -> jax.Array:
     """`x[b, index[b]]` kept as `[B, 1, ...]` for `x [B, T, ...]` and `index [B]`."""
@@ -847,15 +1000,21 @@ class Decoder(nnx.Module):
 
     def _run_layers(self, input_ids: jax.Array, positions: jax.Array, mask: jax.Array,
                     cache: KVCache | None = None, last_index: jax.Array | None = None, remat: bool = False,
-                    key_positions: jax.Array | None = None) -> tuple[jax.Array, tuple | None]:
-        """Final-normed hidden states `[B, T, E]` and the updated cache blocks (k, v) when a cache is given.
+                    key_positions: jax.Array | None = None, ring: RingStep | None = None
+                    ) -> tuple[jax.Array, tuple | None]:
+        """Final-normed hidden states `[B, T, E]` and, when a cache is given, its updated blocks and rings
+        (k, v, ring_k, ring_v).
 
         The layers run under one `lax.scan` over their stacked parameters (one layer traced and compiled, whatever
         L). Without a cache (training, log-probs) the parameters are the scan's input, so their gradient is stacked
         the same way, and with FSDP each step gathers one layer's weights. The backward pass keeps each layer's
         input `[B, T, E]` and `SAVED_RESIDUALS`, and recomputes the rest one layer at a time; with `remat` it keeps
         only the input and recomputes the whole layer. With a cache (prefill, decode) the scan runs
-        over layer indices, carrying the stacked cache, which each layer updates in place at its own index.
+        over layer indices, carrying the stacked cache, which each layer updates in place at its own index. In a
+        cache whose sliding layers keep only their window (`KVCache.ring`, `ring` the extend's `ring_plan`), full
+        and sliding layers read and write different stacks: the layers run as scans over the repeats of their
+        pattern of kinds (`layer_segments`: Gemma 2's (sliding, full), Gemma 3's five sliding then one full), each
+        kind known where it is traced (a `lax.switch` on it would copy the whole cache at every layer).
 
         With `last_index [B]`, only the hidden state `[B, 1, E]` of token `last_index[b]` of each row: the last
         layer, run after the scan, still writes every token's keys and values, but skips the attention and MLP of
@@ -881,21 +1040,35 @@ class Decoder(nnx.Module):
                                 (params, jnp.arange(cfg.num_layers)))
             return self.final_norm(x), None
 
-        def run(i, h, k, v, query_index=None):
-            p = jax.tree.map(lambda a: a[i], params)  # a slice of the stacked weights, no copy of the others
+        sliding = cache.sliding if cache.ring else (False,) * cfg.num_layers
+        full_index = jnp.asarray(np.cumsum(~np.asarray(sliding)) - 1)  # a layer's index in its kind's stack
+        ring_index = jnp.asarray(np.cumsum(sliding) - 1)
+
+        def run(i, local, carry, query_index=None):  # layer i (traced), a sliding one in ring buffers when `local`
+            h, k, v, ring_k, ring_v = carry
+            block = nnx.merge(graphdef, jax.tree.map(lambda a: a[i], params))  # a slice of the stacked weights
             shared = (cache.shared_k[i], cache.shared_v[i], cache.shared_mask) if cache.shared else None
             cos, sin, window = view(i)
-            h, (k, v) = nnx.merge(graphdef, p)(h, cos, sin, mask, (k, v), cache.end, shared, query_index, i, window)
-            return sharding.constrain(h, ACTIVATION), k, v
+            if local:
+                step = ring._replace(k=ring_k, v=ring_v, index=ring_index[i])
+                h, (ring_k, ring_v) = block(h, cos, sin, mask, None, cache.end, shared, query_index, 0, window, step)
+            else:
+                h, (k, v) = block(h, cos, sin, mask, (k, v), cache.end, shared, query_index, full_index[i], window)
+            return sharding.constrain(h, ACTIVATION), k, v, ring_k, ring_v
 
         n = cfg.num_layers - (last_index is not None)
-        carry = (x, cache.k, cache.v)
-        if n:
-            carry, _ = jax.lax.scan(lambda c, i: (run(i, *c), None), carry, jnp.arange(n))
+        carry = (x, cache.k, cache.v, cache.ring_k, cache.ring_v)
+        for start, unit, reps in layer_segments(sliding[:n]):  # one scan over each repeated pattern of kinds
+            def body(c, j, start=start, unit=unit):
+                for offset, local in enumerate(unit):
+                    c = run(start + j * len(unit) + offset, local, c)
+                return c, None
+
+            carry, _ = jax.lax.scan(body, carry, jnp.arange(reps))
         if last_index is not None:
-            carry = run(n, *carry, query_index=last_index)
-        x, k, v = carry
-        return self.final_norm(x), (k, v)
+            carry = run(n, sliding[n], carry, query_index=last_index)
+        x, *kv = carry
+        return self.final_norm(x), tuple(kv)
 
     def layer_view(self, positions: jax.Array, key_positions: jax.Array, cache: KVCache | None = None):
         """`view(i)` -> (cos, sin `[B, T, D]`, `Window` or None): what layer `i` (traced) attends with. Full and
@@ -1013,10 +1186,14 @@ class Decoder(nnx.Module):
         if self.cfg.windows is not None:  # a slot's position: the row's tokens before it (its prefix's included)
             before = cache.positions - cache.valid.sum(axis=1, dtype=jnp.int32)
             key_positions = before[:, None] + jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1
+        ring, ring_positions = None, cache.ring_positions
+        if cache.ring:
+            ring, ring_positions = ring_plan(cache.ring_positions, positions, cache.positions, new, cache.window)
         last = last_valid_index(new) if t > 1 else None  # (one token: the layers' output is already [B, 1, E])
-        h, (k, v) = self._run_layers(input_ids, positions, mask, cache, last_index=last, key_positions=key_positions)
+        h, (k, v, ring_k, ring_v) = self._run_layers(input_ids, positions, mask, cache, last_index=last,
+                                                     key_positions=key_positions, ring=ring)
         last = h[:, 0]
         logits = jnp.where(new.any(axis=1)[:, None], self.logits_from_hidden(last), cache.logits)
-        return cache.replace(k=k, v=v, valid=valid,
+        return cache.replace(k=k, v=v, ring_k=ring_k, ring_v=ring_v, ring_positions=ring_positions, valid=valid,
                              positions=cache.positions + new.sum(axis=1, dtype=jnp.int32), end=cache.end + t,
                              logits=logits)
