@@ -16,6 +16,18 @@ TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
+# The files that take longest on 2 cores (`pytest --durations`), handed to the workers first so that both end
+# together: `--dist loadfile` otherwise starts the files with the most tests first, and these, few but long, last.
+# The second needs no toy world, so that its worker does not wait while the first one's builds it.
+LONGEST_FIRST = ("test_train.py", "test_layouts.py", "test_multihost.py", "test_mesh.py", "test_faults.py",
+                 "test_plan.py", "test_sampling.py", "test_generate_cli.py", "test_models.py", "test_benchmarks.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the other files keep their order
+
+
 VOCAB = 96
 
 TINY = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

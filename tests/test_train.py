@@ -465,7 +465,8 @@ def test_resume_after_sigkill_gives_identical_metrics(tmp_path, toy_cache):
             assert a[step][key] == b[step][key], (step, key)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM],
+                         ids=["ctrl_c", "sigterm"])  # one handler for both (checkpoint.StopSignals)
 def test_interrupt_saves_a_checkpoint_and_exits_cleanly(tmp_path, toy_cache, signum):
     """Ctrl-C, or SIGTERM (a preempted Cloud TPU VM), during a step: that step's checkpoint, exit 128 + signal."""
     Trainer(tiny_config("drm", tmp_path / "warm", toy_cache))  # toy world ready
