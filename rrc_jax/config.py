@@ -268,10 +268,15 @@ def _parses_as(value: str, like) -> bool:
 
 def check_config_argv(argv: list[str]) -> None:
     """A `ConfigError` naming the first problem of a command line's config before anything runs: a `--config` file
-    that does not load, an unknown `--config.KEY` (with the nearest valid key) or a value of the wrong type."""
+    that does not load, an override without a `--config` to override, an unknown `--config.KEY` (with the nearest
+    valid key) or a value of the wrong type."""
     files = [a[len("--config="):] for a in argv if a.startswith("--config=")]
     files += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
     if not files:
+        if _overrides(argv):
+            key, value = _overrides(argv)[0]
+            raise ConfigError(f"--config.{key}={value}: overrides a config, and no --config is given; name one "
+                              "first (--config=agr.py, a packaged recipe, or a file)")
         return
     leaves = flat_fields(load_config_file(files[-1]))
     for key, value in _overrides(argv):

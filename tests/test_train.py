@@ -145,6 +145,14 @@ def test_unknown_key_and_missing_model_stop_startup(tmp_path, toy_cache):
     assert out.stderr.strip().splitlines()[-1].startswith("error: config.models.grm")
 
 
+def test_an_override_without_a_config_names_the_missing_flag():
+    from rrc_jax.config import check_config_argv
+
+    with pytest.raises(ConfigError, match=r"^--config.models.policy=qwen3-8b: overrides a config, and no --config"):
+        check_config_argv(["plan", "--config.models.policy=qwen3-8b"])
+    check_config_argv(["plan", "--topology=v5e-64"])  # no config, no override: the command's own default
+
+
 def test_user_errors_are_one_line_and_internal_errors_keep_their_traceback():
     from rrc_jax.cli import exit_on_user_error
 

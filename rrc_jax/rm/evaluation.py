@@ -256,12 +256,13 @@ def question_items(kind: str, prefs: Sequence[Preference]) -> list[tuple[str, di
 
 
 def fit_judgment_budget(max_new_tokens: int, context: int | None, lengths: Sequence[int],
-                        flag: str = "--max_new_tokens") -> tuple[int, str | None]:
+                        flag: str = "--max_new_tokens", template: str | None = None) -> tuple[int, str | None]:
     """(the judgment budget to judge with, a line saying why it differs from `max_new_tokens`, else None).
 
     `max_new_tokens` while some question of `lengths` tokens fits the judge's `context` with it; when none does
     (each would abstain unasked), what fits the longest question. A `ConfigError` naming `flag` when even that
-    leaves no room. `context` None (unknown): unchanged."""
+    leaves no room (naming the `template` the questions are written in, part of every one). `context` None
+    (unknown): unchanged."""
     from rrc_jax.errors import ConfigError
 
     if context is None or not lengths or min(lengths) + max_new_tokens <= context:
@@ -273,7 +274,9 @@ def fit_judgment_budget(max_new_tokens: int, context: int | None, lengths: Seque
                  "abstentions), " if context - shortest >= 1 else "")
         raise ConfigError(f"{flag}={max_new_tokens}: no question fits the judge's {context}-token context with a "
                           f"judgment that long, and the longest ({longest} tokens) leaves no room for one; {lower}"
-                          "give shorter examples or use a judge with a longer context")
+                          + (f"use a shorter template than {template} (--template; the toy judge's: "
+                             "toy_pairwise_cot), " if template else "")
+                          + "give shorter examples or use a judge with a longer context")
     return room, (f"judge: no question fits the judge's {context}-token context with {flag}={max_new_tokens}; "
                   f"judging with {flag}={room} (the longest question takes {longest} tokens)")
 
@@ -289,7 +292,8 @@ def fitted_judge(model, tokenizer, template, lengths: Sequence[int], max_new_tok
     from rrc_jax.progress import say
 
     sampler = make_sampler("grm", model, tokenizer, max_batch=max_batch)
-    budget, note = fit_judgment_budget(max_new_tokens, sampler_context_length(sampler), lengths)
+    budget, note = fit_judgment_budget(max_new_tokens, sampler_context_length(sampler), lengths,
+                                       template=template.name)
     if note:
         say(note)
     return Judge(sampler, tokenizer, JudgeConfig(template=template, max_new_tokens=budget, **sampling))
