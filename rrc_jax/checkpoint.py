@@ -7,7 +7,9 @@ step and exit).
 One composite item per saved step under `directory/<step>/`: `state` (a pytree of arrays: `params`, a pure dict of
 the policy's parameters; `opt`, the optimizer state's leaves; `step`), `data` (the grain iterator state, JSON) and
 `manifest` (JSON: the step, the run's config and its hash (`rrc_jax.workdir.config_hash`), and per array of `state`
-its name, shape, dtype, whether it is finite and a checksum of its bits; a CRC-32 of `data`). The manifest is
+its name, shape, dtype, whether it is finite and a checksum of its bits; a CRC-32 of `data`; under LoRA, where
+`params` holds the adapters only, the hash of the frozen base they were trained on, `base_hash`, which a resume
+checks). The manifest is
 written by the same asynchronous save as the arrays and committed with them (Orbax finalizes a step directory as a
 whole), so it never describes a partial checkpoint. RNG keys are not stored: every random draw of step s derives
 from `fold_in(key(seed), s)`, so a resumed run draws exactly what an uninterrupted one would.
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -58,6 +61,7 @@ from flax import nnx
 from rrc_jax import distributed
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder
+from rrc_jax.models.lora import trainable
 from rrc_jax.progress import say
 from rrc_jax.rl.learner import Learner
 
@@ -123,7 +127,15 @@ def _data_crc(data) -> int:
     return zlib.crc32(json.dumps(data, sort_keys=True).encode())
 
 
-def _manifest(step: int, state: dict, data, config: dict | None, config_hash: str) -> dict:
+def base_hash(model: Decoder) -> str:
+    """A hash of the parameters `model` does not train (under LoRA its frozen base: the checksums of its arrays,
+    computed where they live), which a LoRA checkpoint records: its adapters mean nothing on another base."""
+    frozen = nnx.state(model, lambda path, v: isinstance(v, nnx.Param) and not isinstance(v, trainable(model)))
+    digests = _digests(nnx.to_pure_dict(frozen))
+    return hashlib.sha256(json.dumps(sorted(digests.items())).encode()).hexdigest()[:16]
+
+
+def _manifest(step: int, state: dict, data, config: dict | None, config_hash: str, model_hash: str = "") -> dict:
     digests = _digests(state)
     arrays = {}
     for path, x in jax.tree_util.tree_flatten_with_path(state)[0]:
@@ -131,7 +143,7 @@ def _manifest(step: int, state: dict, data, config: dict | None, config_hash: st
         arrays[_name(path)] = {"shape": list(x.shape), "dtype": str(x.dtype), "checksum": checksum,
                                "finite": finite}
     return {"format": MANIFEST_FORMAT, "step": step, "config_hash": config_hash, "config": config,
-            "data_crc32": _data_crc(data), "arrays": arrays}
+            "data_crc32": _data_crc(data), "arrays": arrays, **({"model_hash": model_hash} if model_hash else {})}
 
 
 def _some(names: list[str]) -> str:
@@ -240,12 +252,12 @@ class Checkpointer:
     reads back. `create=False` reads a directory that must exist (another run's) without ever creating it."""
 
     def __init__(self, directory: str | os.PathLike, save_every: int = 0, keep: int = 2,
-                 config: dict | None = None, config_hash: str = "", create: bool = True):
+                 config: dict | None = None, config_hash: str = "", create: bool = True, model_hash: str = ""):
         directory = epath.Path(directory).expanduser()
         self.directory = directory if "://" in str(directory) else directory.absolute()
         self.save_every = save_every
         self.keep = keep
-        self.config, self.config_hash = config, config_hash
+        self.config, self.config_hash, self.model_hash = config, config_hash, model_hash
         # steps known to hold non-finite arrays (False) or checked / saved finite (True); others count as finite
         self._finite: dict[int, bool] = {}
         self._saved = False  # nothing is rotated before this checkpointer has saved (a failed resume deletes nothing)
@@ -304,7 +316,7 @@ class Checkpointer:
             return True
         state = _state_tree(learner, step)
         data = json.loads(json.dumps(data_iter.get_state(), default=int))
-        manifest = _manifest(step, state, data, self.config, self.config_hash)
+        manifest = _manifest(step, state, data, self.config, self.config_hash, self.model_hash)
         non_finite = [name for name, a in manifest["arrays"].items() if not a["finite"]]
         self._finite[step] = not non_finite
         if non_finite:
@@ -362,6 +374,12 @@ class Checkpointer:
         manifest = self.manifest(step)
         if manifest is not None:
             self._check_layout(step, manifest, target, params_only)
+            saved = manifest.get("model_hash", "")
+            if saved and self.model_hash and saved != self.model_hash:
+                raise ConfigError(f"the checkpoint of step {step} in {self.directory} holds adapters trained on "
+                                  f"another base model (model hash {saved}, this run's base {self.model_hash}): "
+                                  "point config.models.policy at the base it was trained on, or give this run "
+                                  "another workdir")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
         if params_only:
             items = dict(state=ocp.args.PyTreeRestore(
@@ -470,7 +488,7 @@ class Checkpointer:
         step = self.latest_step()
         if step is None:
             raise ConfigError(f"config.init_from: no checkpoint in {self.directory}")
-        params = nnx.state(model, nnx.Param)
+        params = nnx.state(model, trainable(model))  # under LoRA the adapters: what a LoRA run's checkpoint holds
         try:
             restored, _, _ = self._read(step, {"params": nnx.to_pure_dict(params)}, params_only=True)
         except _Unusable as e:

@@ -31,6 +31,7 @@ from rrc_jax.distributed import DistributedConfig
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.factory import InferenceConfig
 from rrc_jax.metrics import MetricsConfig
+from rrc_jax.models.lora import LoraConfig
 from rrc_jax.rl.alarms import AlarmConfig
 from rrc_jax.rl.evaluation import EvalConfig
 from rrc_jax.rl.grpo import GRPOConfig
@@ -56,6 +57,9 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
 
     # The model of each role, its dtype (`rrc_jax.rl.roles.ModelsConfig`): Hugging Face directories, or "toy".
     c.models = ml_collections.ConfigDict(defaults(ModelsConfig))
+    # LoRA on the policy (`rrc_jax.models.lora.LoraConfig`; rank 0, the default, is a full fine-tune): adapters on
+    # a frozen base (int8 / nf4 with `weight_qtype`), the reference that base with the initial adapters.
+    c.policy = ml_collections.ConfigDict(dict(lora=ml_collections.ConfigDict(defaults(LoraConfig))))
 
     # Prompts (`rrc_jax.data.prompts.DataConfig`): "toy" or a source with one prompt per row in `field`. With a
     # preference `format` every preference becomes a judge question in `reward.judge.template` whose correct verdict
@@ -174,6 +178,7 @@ class TrainerSettings:
     toy: ToyWorldConfig
     distributed: DistributedConfig
     resume: ResumeConfig
+    lora: LoraConfig
 
 
 def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
@@ -195,7 +200,7 @@ def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
     toy, distributed, resume = ToyWorldConfig.from_config(c), parse(DistributedConfig, c), parse(ResumeConfig, c)
     return TrainerSettings(rollout, learner, grpo, guard, mesh, prompts, JudgeSettings.from_config(c), reward,
                            reward.roles(c), evaluation, checkpoint, samples, alarms, metrics, models, inference, toy,
-                           distributed, resume)
+                           distributed, resume, parse(LoraConfig, c))
 
 
 def resolve_config_file(value: str) -> str:

@@ -244,11 +244,12 @@ def model_context(mesh: jax.sharding.Mesh | None = None) -> Iterator[None]:
             yield
 
 
-def param(value: jax.Array, names: Sequence[str | None]) -> nnx.Param:
-    """A parameter carrying logical axis `names`; sharded eagerly only when created under a mesh (`model_context`),
-    so that models can also be built plainly, without a mesh, on one device."""
+def param(value: jax.Array, names: Sequence[str | None], kind: type[nnx.Param] = nnx.Param) -> nnx.Param:
+    """A parameter (of `kind`: `nnx.Param`, or `nnx.LoRAParam` for an adapter) carrying logical axis `names`;
+    sharded eagerly only when created under a mesh (`model_context`), so that models can also be built plainly,
+    without a mesh, on one device."""
     eager = nnx.using_eager_sharding() and not jax.sharding.get_abstract_mesh().empty
-    return nnx.Param(value, sharding_names=tuple(names), eager_sharding=eager)
+    return kind(value, sharding_names=tuple(names), eager_sharding=eager)
 
 
 def logical_spec(names: Sequence[str | None] | None) -> jax.sharding.PartitionSpec:

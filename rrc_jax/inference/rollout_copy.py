@@ -23,14 +23,18 @@ from flax import nnx
 
 from rrc_jax.models import Decoder
 from rrc_jax.models.decoder import LAYERS
+from rrc_jax.models.lora import trainable
 from rrc_jax.sharding import Layout, bytes_per_device, model_context
 
 
 class RolloutCopy:
     """`master` (a `Decoder`, any layout) copied into `layout` with parameters in `dtype`; `model` is the copy.
 
-    `sync(params)` writes `params` (an `nnx.State` of the master's `nnx.Param`s) into the copy and returns the
-    bytes each device received (the copy's shard on the most loaded device: an upper bound on what crosses chips).
+    `sync(params)` writes `params` (an `nnx.State` of what the master trains: its `nnx.Param`s, or under LoRA its
+    adapters, `rrc_jax.models.lora.trainable`) into the copy and returns the bytes each device received (the synced
+    arrays' shard on the most loaded device: an upper bound on what crosses chips). Under LoRA the frozen base is
+    copied once, here, and each sync moves the adapters only (a few MB; merging them into a copy of the base would
+    move the whole base every step).
     """
 
     def __init__(self, master: Decoder, layout: Layout, dtype: str):
@@ -41,11 +45,14 @@ class RolloutCopy:
         names = [tuple(v.out_sharding or ()) for v in self._variables]
         shapes = [v.shape for v in self._variables]
         shardings = [layout.sharding(n, shape) for n, shape in zip(names, shapes)]
-        stacked = [i for i, n in enumerate(names) if n[:1] == (LAYERS,)]
-        layer_shardings = {i: layout.sharding(names[i][1:], shapes[i][1:]) for i in stacked}
+        layer_shardings = {i: layout.sharding(names[i][1:], shapes[i][1:])
+                           for i, n in enumerate(names) if n[:1] == (LAYERS,)}
         cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
-        sources = {i: _layer_sharding(x) for i, x in enumerate(self._leaves(nnx.state(master, nnx.Param)))
-                   if i in layer_shardings}
+        everything = self._leaves(nnx.state(master, nnx.Param))
+        sources = {i: _layer_sharding(x) for i, x in enumerate(everything) if i in layer_shardings}
+        kinds = [type(v) for v in jax.tree.leaves(nnx.state(master, nnx.Param), is_leaf=_is_variable)]
+        # the leaves a sync moves: those the learner trains (all of them without LoRA)
+        self._moving = [i for i, k in enumerate(kinds) if issubclass(k, trainable(master))]
 
         def layer_copy(i, x):
             """A layer of master leaf i cast where it lies, then placed as the copy's layer. The barrier is there so
@@ -56,39 +63,50 @@ class RolloutCopy:
                 x = jax.lax.optimization_barrier(jax.lax.with_sharding_constraint(x, sources[i]))
             return jax.lax.with_sharding_constraint(x, layer_shardings[i])
 
-        def reshard(master: list, old: list) -> list:
-            """`master`'s leaves cast and placed as `old`'s (donated): the stacked ones a layer at a time."""
-            out = [old[i] if i in layer_shardings else cast(x) for i, x in enumerate(master)]
+        def resharder(indices: list[int]):
+            """A jitted `(master leaves, old leaves) -> new leaves` for the leaves `indices`, the old ones donated:
+            cast and placed as the copy's, the stacked ones a layer at a time."""
+            stacked = [j for j, i in enumerate(indices) if i in layer_shardings]
 
-            def layer(n, acc):
-                put = lambda i, a: jax.lax.dynamic_update_index_in_dim(a, layer_copy(i, master[i][n]), n, 0)
-                return tuple(put(i, a) for i, a in zip(stacked, acc))
+            def reshard(master: list, old: list) -> list:
+                out = [old[j] if j in stacked else cast(x) for j, x in enumerate(master)]
 
-            if stacked:
-                moved = jax.lax.fori_loop(0, shapes[stacked[0]][0], layer, tuple(out[i] for i in stacked))
-                for i, x in zip(stacked, moved):
-                    out[i] = x
-            return out
+                def layer(n, acc):
+                    put = lambda j, a: jax.lax.dynamic_update_index_in_dim(a, layer_copy(indices[j], master[j][n]),
+                                                                           n, 0)
+                    return tuple(put(j, a) for j, a in zip(stacked, acc))
 
-        self._reshard = jax.jit(reshard, out_shardings=shardings, donate_argnums=1, keep_unused=True)
+                if stacked:
+                    moved = jax.lax.fori_loop(0, shapes[indices[stacked[0]]][0], layer, tuple(out[j] for j in stacked))
+                    for j, x in zip(stacked, moved):
+                        out[j] = x
+                return out
+
+            return jax.jit(reshard, out_shardings=[shardings[i] for i in indices], donate_argnums=1,
+                           keep_unused=True)
+
         zeros = jax.jit(lambda: [jnp.zeros(v.shape, v.dtype) for v in self._variables], out_shardings=shardings)
-        self._values = self._reshard(self._leaves(nnx.state(master, nnx.Param)), zeros())  # as `sync` does
+        self._values = resharder(list(range(len(everything))))(everything, zeros())  # the whole model, once
+        self._reshard = resharder(self._moving)
         self.model = nnx.merge(graphdef, self._state())
-        self.bytes_per_device = bytes_per_device(self._values)
+        self.bytes_per_device = bytes_per_device([self._values[i] for i in self._moving])
 
-    def _leaves(self, params) -> list[jax.Array]:
+    def _leaves(self, params, indices: list[int] | None = None) -> list[jax.Array]:
         leaves = jax.tree.leaves(params, is_leaf=_is_variable)
-        if len(leaves) != len(self._variables):
-            raise ValueError(f"update_weights: {len(leaves)} parameters for a model of {len(self._variables)}")
+        expected = len(self._variables) if indices is None else len(indices)
+        if len(leaves) != expected:
+            raise ValueError(f"update_weights: {len(leaves)} parameters for a model that trains {expected}")
         return [v.value if _is_variable(v) else v for v in leaves]
 
     def _state(self) -> nnx.State:
         return jax.tree.unflatten(self._treedef, [v.replace(x) for v, x in zip(self._variables, self._values)])
 
     def sync(self, params) -> int:
-        """Reshard `params` into the copy (one jitted program, the old copy donated) and wait for it (the caller
-        times it as `time/weight_sync`); `model` sees the new values."""
-        self._values = jax.block_until_ready(self._reshard(self._leaves(params), self._values))
+        """Reshard `params` (what the master trains) into the copy (one jitted program, the old arrays donated) and
+        wait for it (the caller times it as `time/weight_sync`); `model` sees the new values."""
+        new = self._reshard(self._leaves(params, self._moving), [self._values[i] for i in self._moving])
+        for i, x in zip(self._moving, jax.block_until_ready(new)):
+            self._values[i] = x
         nnx.update(self.model, self._state())
         return self.bytes_per_device
 

@@ -42,7 +42,9 @@ from jax.ad_checkpoint import checkpoint_name
 
 from rrc_jax import sharding
 from rrc_jax.models.families import family
+from rrc_jax.models import lora
 from rrc_jax.models.families.base import rope_fields
+from rrc_jax.models.lora import LoraConfig
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 LAYER_TYPES = ("full_attention", "sliding_attention")  # `config.json`'s `layer_types`
@@ -93,6 +95,7 @@ class DecoderConfig:
     pad_token_id: int | None = None
     dtype: str = "float32"  # compute dtype
     param_dtype: str = "float32"
+    lora: LoraConfig | None = None  # adapters on the projections, a quantized base (`rrc_jax.models.lora`)
 
     def __post_init__(self):
         family(self.model_type)  # a one-line error for an unknown one
@@ -494,6 +497,17 @@ def _param(rngs: nnx.Rngs, shape: tuple[int, ...], names: tuple[str | None, ...]
     return sharding.param(value, names)
 
 
+def _weights(module: nnx.Module, cfg: DecoderConfig, rngs: nnx.Rngs,
+             shapes: dict[str, tuple[tuple[int, ...], tuple]]) -> None:
+    """`module`'s projection weights `shapes` (name -> shape, logical axes): stored as qwix quantizes them under a
+    quantized LoRA base (`lora.add_quantized`), else plain parameters."""
+    for name, (shape, names) in shapes.items():
+        if cfg.lora is not None and cfg.lora.weight_qtype:
+            lora.add_quantized(module, name, shape, names, cfg.lora, cfg.params_dtype)
+        else:
+            setattr(module, name, _param(rngs, shape, names, cfg.params_dtype))
+
+
 class RMSNorm(nnx.Module):
     """`x / sqrt(mean(x^2) + eps) * scale`, normalized in float32; with an `offset` (Gemma: 1, its weights
     0-centred), `* (offset + scale)` in float32 before the cast back, as Gemma's norm computes it."""
@@ -533,9 +547,16 @@ class Attention(nnx.Module):
 
     def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
         e, h, k, d, pd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.params_dtype
-        self.cfg = cfg
-        self.qkv = _param(rngs, (e, k, h // k + 2, d), ("embed", "kv_heads", None, "head_dim"), pd)
-        self.o = _param(rngs, (h, d, e), ("heads", "head_dim", "embed"), pd)
+        self.cfg, self.lora = cfg, cfg.lora
+        g = h // k
+        weights = {"qkv": ((e, k, g + 2, d), ("embed", "kv_heads", None, "head_dim")),
+                   "o": ((h, d, e), ("heads", "head_dim", "embed"))}
+        _weights(self, cfg, rngs, weights)
+        if cfg.lora is not None and cfg.lora.enabled:
+            qkv_out = lambda n: ((k, n, d), ("kv_heads", None, "head_dim"))
+            lora.add_adapters(self, cfg.lora, rngs, {
+                "q": ((e,), ("embed",), *qkv_out(g)), "k": ((e,), ("embed",), *qkv_out(1)),
+                "v": ((e,), ("embed",), *qkv_out(1)), "o": ((h, d), ("heads", "head_dim"), (e,), ("embed",))})
         if cfg.qkv_bias:
             self.qkv_bias = _param(rngs, (k, h // k + 2, d), ("kv_heads", None, "head_dim"), pd, init="zeros")
         if cfg.o_bias:
@@ -565,8 +586,13 @@ class Attention(nnx.Module):
         cfg = self.cfg
         scoring = Scoring(cfg.attention_scale, cfg.attn_logit_softcapping)
         g = cfg.num_heads // cfg.num_kv_heads
-        qkv = sharding.constrain(dense(x, self.qkv[...], self.qkv_bias[...] if cfg.qkv_bias else None),
-                                 ("batch", "length", "kv_heads", None, None))  # [B, T, K, G + 2, D]
+        qkv = dense(x, lora.weight(self, "qkv"), self.qkv_bias[...] if cfg.qkv_bias else None)
+        if self.lora is not None:  # LoRA: each targeted projection's (alpha / r) x A B, in its group of qkv
+            d = cfg.head_dim
+            adapted = lora.fused_delta(self, ("q", "k", "v"), x, ((cfg.num_kv_heads, g, d),
+                                       (cfg.num_kv_heads, 1, d), (cfg.num_kv_heads, 1, d)), axis=-2)
+            qkv = qkv if adapted is None else qkv + adapted
+        qkv = sharding.constrain(qkv, ("batch", "length", "kv_heads", None, None))  # [B, T, K, G + 2, D]
         qkv = checkpoint_name(qkv, "qkv")
         qk = qkv[..., :g + 1, :]
         if cfg.qk_norm:  # each query head, then the key head, normed over head_dim (Qwen3)
@@ -600,8 +626,9 @@ class Attention(nnx.Module):
         out = sharding.constrain(out.astype(x.dtype).transpose(0, 3, 1, 2, 4),  # [B, T, K, G, D], where q was
                                  ("batch", "length", "kv_heads", None, None)).reshape(b, t, cfg.num_heads * d)
         out = checkpoint_name(out, "attn_out")
-        y = dense(out, self.o[...].reshape(cfg.num_heads * d, -1), self.o_bias[...] if cfg.o_bias else None)
-        return y, kv_cache
+        y = dense(out, lora.weight(self, "o").reshape(cfg.num_heads * d, -1), self.o_bias[...] if cfg.o_bias else None)
+        adapted = None if self.lora is None else lora.delta(self, "o", out.reshape(b, t, cfg.num_heads, d))
+        return (y if adapted is None else y + adapted), kv_cache
 
 
 def softcap(x: jax.Array, cap: float) -> jax.Array:
@@ -873,20 +900,29 @@ class MLP(nnx.Module):
 
     def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
         e, i, pd = cfg.hidden_size, cfg.intermediate_size, cfg.params_dtype
-        self.mlp_bias, self.hidden_act = cfg.mlp_bias, cfg.hidden_act
-        self.gate_up = _param(rngs, (e, i, 2), ("embed", "mlp", None), pd)
-        self.down = _param(rngs, (i, e), ("mlp", "embed"), pd)
+        self.mlp_bias, self.hidden_act, self.lora = cfg.mlp_bias, cfg.hidden_act, cfg.lora
+        _weights(self, cfg, rngs, {"gate_up": ((e, i, 2), ("embed", "mlp", None)), "down": ((i, e), ("mlp", "embed"))})
+        if cfg.lora is not None and cfg.lora.enabled:
+            lora.add_adapters(self, cfg.lora, rngs, {"gate": ((e,), ("embed",), (i,), ("mlp",)),
+                                                     "up": ((e,), ("embed",), (i,), ("mlp",)),
+                                                     "down": ((i,), ("mlp",), (e,), ("embed",))})
         if cfg.mlp_bias:
             self.gate_up_bias = _param(rngs, (i, 2), ("mlp", None), pd, init="zeros")
             self.down_bias = _param(rngs, (e,), ("embed",), pd, init="zeros")
 
     def __call__(self, x: jax.Array) -> jax.Array:
         bias = lambda name: getattr(self, f"{name}_bias")[...] if self.mlp_bias else None
-        gate_up = sharding.constrain(dense(x, self.gate_up[...], bias("gate_up")),  # [B, T, I, 2]
-                                     ("batch", "length", "mlp", None))
-        gate_up = checkpoint_name(gate_up, "gate_up")
+        gate_up = dense(x, lora.weight(self, "gate_up"), bias("gate_up"))  # [B, T, I, 2]
+        if self.lora is not None:  # LoRA on gate and up: their deltas stacked as gate_up is
+            i = gate_up.shape[-2]
+            adapted = lora.fused_delta(self, ("gate", "up"), x, ((i,), (i,)), axis=-1, stack=True)
+            gate_up = gate_up if adapted is None else gate_up + adapted
+        gate_up = checkpoint_name(sharding.constrain(gate_up, ("batch", "length", "mlp", None)), "gate_up")
         act = ACTIVATIONS[self.hidden_act]
-        return dense(act(gate_up[..., 0]) * gate_up[..., 1], self.down[...], bias("down"))
+        h = act(gate_up[..., 0]) * gate_up[..., 1]
+        y = dense(h, lora.weight(self, "down"), bias("down"))
+        adapted = None if self.lora is None else lora.delta(self, "down", h)
+        return y if adapted is None else y + adapted
 
 
 # What the backward pass of a scanned layer keeps without `remat` (`Decoder._run_layers`), besides the layer's input:
@@ -924,7 +960,8 @@ def stack_layers(blocks: list[nnx.Module]) -> nnx.Module:
     (`[L, ...]`, logical axis `LAYERS`). The blocks are built one by one first, so that random initial values are
     drawn in the order of a list of layers (a model's random initialization does not depend on the stacking)."""
     graphdef, _ = nnx.split(blocks[0])
-    stack = lambda *vs: sharding.param(jnp.stack([v[...] for v in vs]), (LAYERS,) + tuple(vs[0].out_sharding))
+    stack = lambda *vs: sharding.param(jnp.stack([v[...] for v in vs]), (LAYERS,) + tuple(vs[0].out_sharding),
+                                       type(vs[0]))  # an adapter stays an `nnx.LoRAParam`
     return nnx.merge(graphdef, jax.tree.map(stack, *map(nnx.state, blocks),
                                             is_leaf=lambda x: isinstance(x, nnx.Variable)))
 

@@ -34,7 +34,9 @@ from safetensors.numpy import save as safetensors_bytes
 from rrc_jax import sharding
 from rrc_jax.errors import ConfigError
 from rrc_jax.models.decoder import Decoder, DecoderConfig, is_sequence_classifier, token_ids
+from rrc_jax.models import lora as lora_
 from rrc_jax.models.families import family
+from rrc_jax.models.lora import LoraConfig
 
 Combine = Callable[[list[np.ndarray]], np.ndarray]  # HF tensors -> our parameter
 Split = Callable[[np.ndarray], list[np.ndarray]]  # our parameter -> HF tensors
@@ -180,7 +182,7 @@ def _tensor_files(path: Path) -> dict[str, Path]:
 
 def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str | None = None,
             value_head: bool | None = None, pad_token_id: int | None = None,
-            layout: sharding.Layout = sharding.Layout()) -> Decoder:
+            layout: sharding.Layout = sharding.Layout(), lora: LoraConfig | None = None) -> Decoder:
     """Load a checkpoint of a supported family (`rrc_jax.models.families`; causal LM or sequence classifier) from a
     local Hugging Face directory.
 
@@ -196,6 +198,9 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
         scores the same before and after export.
       layout: where the parameters go (`rrc_jax.sharding.Layout`: a mesh and the rules of the training or the
         inference layout; the default, no mesh, is the default device). Each tensor is placed as it is read.
+      lora: adapters to add (`rrc_jax.models.lora`; rank 0: none), initialized as PEFT does (B zero: the model
+        computes as the checkpoint); with its `weight_qtype` the projections are quantized one layer at a time as
+        they are read, and stored so (the `param_dtype` is then their scales').
     """
     path = Path(path)
     hf = read_hf_config(path)
@@ -216,7 +221,7 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
     if not (value_head or cfg.lm_head):
         raise ConfigError(f"{path}: a sequence-classification checkpoint (a score head, no lm_head) loads only as a "
                           "reward model (value_head=True, the DRM); give a causal LM checkpoint here")
-    cfg = cfg.replace(value_head=value_head)
+    cfg = cfg.replace(value_head=value_head, lora=lora if lora is not None and lora.enabled else None)
     with sharding.model_context(None):  # abstract, the logical names kept as metadata; placed by `layout` below
         model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     tensors = _tensor_map(cfg)
@@ -254,10 +259,21 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
             if layer is None:
                 var.set_value(place(w, var.out_sharding))
                 continue
-            if layer == 0:  # the stacked parameter, placed whole, then filled one layer at a time
-                var.set_value(_zeros(var.shape, w.dtype, var.out_sharding, layout))
-            var.set_value(_set_layer(var[...], place(w, var.out_sharding[1:]), layer))
+            values = [(var, place(w, var.out_sharding[1:]))]
+            if lora_.is_quantized(model) and path[-1] in lora_.QUANTIZED_WEIGHTS:  # QLoRA: stored as qwix quantizes
+                scale = _variable(model, (*path[:-1], path[-1] + "_scale"))
+                values = list(zip((var, scale), _quantize(values[0][1], lora_.QUANTIZED_WEIGHTS[path[-1]], cfg.lora,
+                                                          cfg.params_dtype)))
+            for v, x in values:
+                if layer == 0:  # the stacked parameter, placed whole, then filled one layer at a time
+                    v.set_value(_zeros(v.shape, v.dtype, v.out_sharding, layout))
+                v.set_value(_set_layer(v[...], x, layer))
+    if cfg.lora is not None:
+        lora_.init_adapters(model, layout)
     return model
+
+
+_quantize = jax.jit(lora_.quantize, static_argnums=(1, 2, 3))
 
 
 def _zeros(shape: tuple[int, ...], dtype, names: tuple, layout: sharding.Layout) -> jax.Array:
@@ -288,11 +304,16 @@ def save_hf(model: Decoder, path: str | os.PathLike, *, dtype: str | None = None
     DRM) is written as a sequence classifier: `score.weight [1, E]`, no LM head, and a `pad_token_id` (the model's,
     else the tokenizer's), which transformers needs to find the scored token.
 
+    A model with LoRA adapters is written merged (`rrc_jax.models.lora.merge`: the adapters folded into the base,
+    dequantized; `rrc_jax.models.peft_io.save_adapter` writes the adapters alone, as PEFT does).
+
     Every process must call it (parameters sharded across hosts are gathered); process 0 writes. `path` may be a
     `gs://` URI (etils `epath`). `dtype` casts the saved tensors (default: the parameter dtype). A `tokenizer` is
     saved alongside (without the load-time options transformers leaves in `tokenizer_config.json`).
     """
     path = epath.Path(path)
+    if model.cfg.lora is not None:  # the adapters folded into the base: a plain checkpoint (PEFT's: peft_io)
+        model = lora_.merge(model)
     cfg = model.cfg
     tokenizer_pad = getattr(tokenizer, "pad_token_id", None)
     if cfg.pad_token_id is None and tokenizer_pad is not None:

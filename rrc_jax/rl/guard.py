@@ -29,6 +29,7 @@ import optax
 from flax import nnx
 
 from rrc_jax.errors import Diverged
+from rrc_jax.models.lora import trainable
 from rrc_jax.settings import field_error
 
 
@@ -56,8 +57,9 @@ def _norm_and_finite(params) -> tuple[jax.Array, jax.Array]:
 
 
 def parameter_health(model: nnx.Module) -> tuple[float, bool]:
-    """(global norm, all finite) of a model's parameters, read back once."""
-    norm, finite = jax.device_get(_norm_and_finite(nnx.state(model, nnx.Param)))
+    """(global norm, all finite) of the parameters a model trains (under LoRA its adapters: the base is frozen),
+    read back once."""
+    norm, finite = jax.device_get(_norm_and_finite(nnx.state(model, trainable(model))))
     return float(norm), bool(finite)
 
 

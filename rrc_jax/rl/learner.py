@@ -29,6 +29,7 @@ import optax
 from flax import nnx
 
 from rrc_jax.models import Decoder
+from rrc_jax.models.lora import trainable
 from rrc_jax.settings import at_least, field_error, one_of
 from rrc_jax.sharding import constrain
 
@@ -157,7 +158,8 @@ def _update(params, opt_state, rest, batch, *, graphdef, tx, loss_fn, n_micro):
 
 
 class Learner:
-    """Trains `model`'s `nnx.Param`s with `tx` on `loss_fn`.
+    """Trains `model`'s `nnx.Param`s (under LoRA its adapters only, `rrc_jax.models.lora.trainable`: the frozen base
+    is neither differentiated nor updated, nor held by the optimizer) with `tx` on `loss_fn`.
 
     Args:
       model: the `Decoder` (updated in place: it always holds the current parameters).
@@ -173,7 +175,8 @@ class Learner:
             raise ValueError(f"micro_batch_size={micro_batch_size} must be >= 0 (0 = no accumulation)")
         self.model = model
         self.micro_batch_size = micro_batch_size
-        graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
+        self.trainable = trainable(model)
+        graphdef, params, self._rest = nnx.split(model, self.trainable, ...)
         # committed to the devices they are on, as the update's outputs are: otherwise the first call (uncommitted
         # inputs) and every later one (committed) would be two programs, compiled twice
         commit = lambda tree: jax.tree.map(lambda x: jax.device_put(x, x.sharding), tree)
@@ -187,7 +190,7 @@ class Learner:
 
     @property
     def params(self) -> nnx.State:
-        return nnx.state(self.model, nnx.Param)
+        return nnx.state(self.model, self.trainable)
 
     def update(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
         """One optimizer step on `batch` (a dict of `[rows, ...]` arrays); returns its metrics on device: the

@@ -20,6 +20,7 @@ from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder, load_hf, load_tokenizer
 from rrc_jax.models.decoder import is_sequence_classifier
 from rrc_jax.models.hf_io import read_hf_config
+from rrc_jax.models.lora import LoraConfig, frozen_copy
 from rrc_jax.progress import say
 from rrc_jax.settings import field_error, one_of, parse
 from rrc_jax.sharding import Layout, MeshConfig
@@ -68,8 +69,9 @@ class Roles:
     `models.reference` is set, the reference) start. `loaded` lists the roles loaded so far."""
 
     def __init__(self, models: ModelsConfig, *, toy: ToyWorldConfig | None = None, init_from: str = "", mesh=None,
-                 layouts: MeshConfig = MeshConfig()):
+                 layouts: MeshConfig = MeshConfig(), lora: LoraConfig = LoraConfig()):
         self.models, self.toy, self.init_from, self.mesh, self.layouts = models, toy, init_from, mesh, layouts
+        self.lora = lora
         self.loaded: list[str] = []
         self._models: dict[str, Decoder] = {}
         self._tokenizers: dict[str, object] = {}
@@ -81,7 +83,7 @@ class Roles:
         from rrc_jax.data.toy.world import ToyWorldConfig
 
         return cls(parse(ModelsConfig, config), toy=ToyWorldConfig.from_config(config), init_from=config.init_from,
-                   mesh=mesh, layouts=parse(MeshConfig, config))
+                   mesh=mesh, layouts=parse(MeshConfig, config), lora=parse(LoraConfig, config))
 
     def layout(self, role: str, kind: str | None = None) -> Layout:
         """Where `role`'s parameters live (`MeshConfig.layout`: the policy's master in the training layout, a frozen
@@ -140,25 +142,52 @@ class Roles:
         """The model of `role`, loaded once (the DRM with its value head, a sequence classifier's `score.weight`;
         the policy and, by default, the reference from `init_from` when it is set). Every model computes in
         `models.dtype`; the frozen ones are stored in it too, the policy's parameters stay float32 (master weights)."""
+        if role == "reference" and self.shares_base():  # LoRA: the policy's base with its initial adapters
+            self.model("policy")
         if role not in self._models:
             path, dtype = self.path(role), self.models.dtype
             if role != "drm" and is_sequence_classifier(read_hf_config(path)):
                 raise ConfigError(f"config.models.{self.models.field(role)}: {path} is a sequence-classification "
                                   "reward model (a score head, no LM head); it can be config.models.drm only, give a "
                                   "causal LM here")
-            model = load_hf(path, dtype=dtype, param_dtype="float32" if role == "policy" else dtype,
-                            value_head=role == "drm" or None, layout=self.layout(role))
+            adapted = role == "policy" and self.lora.enabled  # float32 adapters on a frozen base in `dtype`
+            model = load_hf(path, dtype=dtype, param_dtype="float32" if role == "policy" and not adapted else dtype,
+                            value_head=role == "drm" or None, layout=self.layout(role),
+                            lora=self.lora if adapted else None)
             if self._from_init(role):
-                from rrc_jax.checkpoint import Checkpointer
-
-                if "://" not in self.init_from and not Path(self.init_from).expanduser().is_dir():
-                    raise ConfigError(f"config.init_from: {self.init_from} is not a directory; give another "
-                                      "run's checkpoints directory (its workdir/checkpoints)")
-                step = Checkpointer(self.init_from, create=False).restore_params(model)
-                say(f"initialized the {role} from {self.init_from} (step {step})")
+                self._initialize(role, model)
             self._models[role] = model
             self.loaded.append(role)
+            if adapted and self.shares_base():  # before any update: the reference is where the policy starts
+                self._models["reference"] = frozen_copy(model)
         return self._models[role]
 
+    def shares_base(self) -> bool:
+        """Whether the reference is the policy's own base with its initial adapters (LoRA, `models.reference` unset;
+        `rrc_jax.models.lora.frozen_copy`): no second copy of the base is loaded."""
+        return self.lora.enabled and not self.models.reference
+
+    def _initialize(self, role: str, model: Decoder) -> None:
+        """`role`'s parameters from `init_from`: another run's checkpoints (the adapters only, under LoRA) or, for
+        a LoRA policy, a PEFT adapter directory (`rrc_jax.models.peft_io`)."""
+        from rrc_jax.checkpoint import Checkpointer
+        from rrc_jax.models.peft_io import is_adapter_dir, load_adapter
+
+        local = "://" not in self.init_from
+        if local and not Path(self.init_from).expanduser().is_dir():
+            raise ConfigError(f"config.init_from: {self.init_from} is not a directory; give another run's checkpoints "
+                              "directory (its workdir/checkpoints)" + (" or a PEFT adapter directory" if
+                                                                        self.lora.enabled else ""))
+        if local and is_adapter_dir(self.init_from):
+            if role != "policy" or not self.lora.enabled:
+                raise ConfigError(f"config.init_from: {self.init_from} is a PEFT adapter directory; it initializes a "
+                                  "LoRA policy (set config.policy.lora.rank to its r)")
+            load_adapter(model, self.init_from)
+            say(f"initialized the {role}'s adapters from {self.init_from} (PEFT)")
+            return
+        step = Checkpointer(self.init_from, create=False).restore_params(model)
+        say(f"initialized the {role} from {self.init_from} (step {step})")
+
     def _from_init(self, role: str) -> bool:
-        return bool(self.init_from) and (role == "policy" or (role == "reference" and not self.models.reference))
+        return bool(self.init_from) and (role == "policy" or (role == "reference" and not self.models.reference
+                                                              and not self.shares_base()))

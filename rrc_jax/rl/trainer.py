@@ -40,7 +40,7 @@ from etils import epath
 from flax import nnx
 
 from rrc_jax import distributed
-from rrc_jax.checkpoint import Checkpointer, CheckpointWriteError, StopSignals
+from rrc_jax.checkpoint import Checkpointer, CheckpointWriteError, StopSignals, base_hash
 from rrc_jax.config import TrainerSettings, validate
 from rrc_jax.constructions import RewardContext, make_construction
 from rrc_jax.data.prompts import PromptSet, check_toy_eval_prompts, load_prompts, prompt_batches, prompt_token_limit
@@ -49,6 +49,7 @@ from rrc_jax.inference.factory import make_sampler
 from rrc_jax.workdir import WorkdirLock, check_resume, config_hash, config_json, save_config
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import save_hf
+from rrc_jax.models.peft_io import save_adapter
 from rrc_jax.progress import Progress, say
 from rrc_jax.rl.evaluation import held_out_metrics
 from rrc_jax.rl.alarms import Alarms, config_warnings, signal_metrics
@@ -82,7 +83,8 @@ class Trainer:
         config, s = self.config, self.settings
         rollout, learner, grpo = s.rollout, s.learner, s.grpo
         self.workdir = epath.Path(config.workdir).expanduser()
-        self.roles = Roles(s.models, toy=s.toy, init_from=config.init_from, mesh=self.mesh, layouts=s.mesh)
+        self.roles = Roles(s.models, toy=s.toy, init_from=config.init_from, mesh=self.mesh, layouts=s.mesh,
+                           lora=s.lora)
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
         self.sampler = make_sampler("policy", self.policy, self.tokenizer, engine=s.inference.engine,
@@ -217,7 +219,8 @@ class Trainer:
         workdir.mkdir(parents=True, exist_ok=True)
         s = self.settings
         ckpt = Checkpointer(workdir / "checkpoints", save_every=s.checkpoint.save_every, keep=s.checkpoint.keep,
-                            config=config_json(config), config_hash=config_hash(config))
+                            config=config_json(config), config_hash=config_hash(config),
+                            model_hash=base_hash(self.policy) if s.lora.enabled else "")
         start = ckpt.resume(self.learner, self.batches)
         if start:
             self.sampler.update_weights(self.learner.params)  # the rollout copy of the restored policy
@@ -242,8 +245,11 @@ class Trainer:
                     guard.check(step, metrics, self.policy)  # a failed step is never saved, nor exported
                     ckpt.end_step(step, self.learner, self.batches, stop, last=step == config.steps)
             ckpt.wait()
-            save_hf(self.policy, workdir / "hf_export", tokenizer=self.tokenizer)
+            save_hf(self.policy, workdir / "hf_export", tokenizer=self.tokenizer)  # under LoRA, merged
             say(f"exported the policy to {workdir / 'hf_export'}")
+            if s.lora.enabled:
+                save_adapter(self.policy, workdir / "adapter", base=self.roles.path("policy"))
+                say(f"exported its adapters to {workdir / 'adapter'} (PEFT)")
         except CheckpointWriteError as e:  # keep no line of a step past the last checkpoint on disk
             logger.close()
             MetricsLogger(workdir, resume_step=e.last_saved or 0, tensorboard=False).close()  # as a resume would
