@@ -90,7 +90,8 @@ def _leaf_digest(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(checksum, finite) of one array: the sum, wrapping mod 2**32, of its values' bit patterns (uint32) times
     odd weights that depend on the position; exact and independent of the reduction order (hence of sharding), and
     any change to one element changes it. `finite`: no NaN or inf (always true for integer arrays)."""
-    if x.dtype == jnp.bool_:
+    narrow = jnp.issubdtype(x.dtype, jnp.integer) and jnp.iinfo(x.dtype).bits < 8  # 4-bit codes (an nf4 base)
+    if x.dtype == jnp.bool_ or narrow:  # their values, which a bit pattern of their byte size would not hold
         bits = x.astype(jnp.uint32)
     else:
         width = jnp.dtype(x.dtype).itemsize * 8

@@ -1,0 +1,171 @@
+"""LoRA and QLoRA on the policy (`rrc_jax.models.lora`, `rrc_jax.models.peft_io`): the adapted model starts as
+the base, only the adapters train, PEFT loads our adapters with equal logits, the merged export equals the adapted
+model, the reference costs no second base, a resume is exact and refuses another base, and an int8 / nf4 base
+trains on 8 devices."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+from conftest import cli_args, cpu_devices_env, make_hf_model, padded_batch, read_metrics, tiny_config
+from rrc_jax.errors import ConfigError
+from rrc_jax.models import load_hf, save_hf
+from rrc_jax.models.lora import LoraConfig, adapter_count, frozen_copy, trainable
+from rrc_jax.models.peft_io import load_adapter, save_adapter
+from rrc_jax.rl.learner import Learner, make_optimizer, token_logprobs
+
+REPO = Path(__file__).resolve().parents[1]
+LORA = LoraConfig(rank=4, alpha=8.0)
+
+
+@pytest.fixture(scope="module", params=["llama3_untied", "qwen2_tied"])
+def base(request, tmp_path_factory):
+    """(directory, transformers model class) of a tiny transformers-made Llama / Qwen2 checkpoint."""
+    path = tmp_path_factory.mktemp(request.param)
+    model = make_hf_model(request.param)
+    model.save_pretrained(path)
+    return path, type(model)
+
+
+def randomized(model, scale=0.1):
+    """`model` with random non-zero adapters (B too), so that they change the logits."""
+    state = nnx.state(model, nnx.LoRAParam)
+    for i, (_, var) in enumerate(nnx.to_flat_state(state)):
+        var.set_value(scale * jax.random.normal(jax.random.key(i), var.shape, jnp.float32))
+    nnx.update(model, state)
+    return model
+
+
+def test_zero_adapters_give_the_base_exactly_and_a_zero_kl(base):
+    """Adapters initialised as PEFT does (B = 0): log-probs equal the base model's bit for bit, and so do the
+    reference's (the frozen copy of the policy's initial adapters): the KL to the reference is 0."""
+    path, _ = base
+    ids, mask = padded_batch([9, 6, 9], pad_side="left")
+    plain = token_logprobs(load_hf(path), ids, mask)
+    policy = load_hf(path, lora=LORA)
+    assert adapter_count(policy) > 0 and trainable(policy) is nnx.LoRAParam
+    np.testing.assert_array_equal(np.asarray(token_logprobs(policy, ids, mask)), np.asarray(plain))
+    reference = frozen_copy(policy)
+    np.testing.assert_array_equal(np.asarray(token_logprobs(reference, ids, mask)), np.asarray(plain))
+
+
+def test_peft_loads_our_adapters_and_the_merged_export_equals_them(base, tmp_path):
+    """`save_adapter` -> `peft.PeftModel.from_pretrained` on the transformers base: logits within 1e-4 of ours on a
+    right-padded batch; `save_hf` (merged) -> transformers: within 1e-4 of the adapted model; `load_adapter` reads
+    the directory back exactly; an adapter of another rank is a one-line error."""
+    peft = pytest.importorskip("peft")
+    path, cls = base
+    model = randomized(load_hf(path, lora=LORA))
+    ids, mask = padded_batch([9, 5], pad_side="right")
+    ours = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
+    real = mask.astype(bool)
+    save_adapter(model, tmp_path / "adapter", base=path)
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 8.0 and len(config["target_modules"]) == 7
+    adapted = peft.PeftModel.from_pretrained(cls.from_pretrained(path), tmp_path / "adapter").eval()
+    with torch.no_grad():
+        theirs = adapted(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+    np.testing.assert_allclose(ours[real], theirs[real], atol=1e-4)
+    save_hf(model, tmp_path / "merged")
+    assert "lora" not in json.loads((tmp_path / "merged" / "config.json").read_text())
+    with torch.no_grad():
+        merged = cls.from_pretrained(tmp_path / "merged")(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
+    np.testing.assert_allclose(ours[real], merged.numpy()[real], atol=1e-4)
+    again = load_hf(path, lora=LORA)
+    load_adapter(again, tmp_path / "adapter")
+    np.testing.assert_array_equal(np.asarray(again(jnp.asarray(ids), jnp.asarray(mask))), ours)
+    with pytest.raises(ConfigError, match=r"the adapter's rank is 4, config.policy.lora's 8; set"):
+        load_adapter(load_hf(path, lora=LoraConfig(rank=8)), tmp_path / "adapter")
+
+
+def test_the_learner_moves_only_the_adapters(base):
+    """One update changes adapters only (the base bit for bit as loaded), and the optimizer state holds two moments
+    of the adapters, nothing of the base."""
+    path, _ = base
+    model = load_hf(path, lora=LORA)
+    frozen_before = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.LoRAParam))))
+    adapters_before = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.LoRAParam)))
+    ids, mask = padded_batch([9, 7, 9, 8])
+
+    def loss_fn(m, batch):
+        return -m.token_logprobs(batch["ids"], batch["mask"]).mean(), {}
+
+    learner = Learner(model, make_optimizer(1e-2), loss_fn)
+    learner.update({"ids": jnp.asarray(ids), "mask": jnp.asarray(mask)})
+    frozen_after = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.LoRAParam)))
+    jax.tree.map(np.testing.assert_array_equal, frozen_before, jax.tree.map(np.asarray, frozen_after))
+    changed = jax.tree.leaves(jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), adapters_before,
+                                           nnx.to_pure_dict(nnx.state(model, nnx.LoRAParam))))
+    assert any(changed)
+    moments = sum(x.size for x in jax.tree.leaves(learner.opt_state) if x.ndim)
+    assert moments == 2 * adapter_count(model)
+
+
+def test_a_checkpoint_refuses_another_base(tmp_path, base):
+    """The manifest records the frozen base's hash; resuming the adapters on another base is one line."""
+    from rrc_jax.checkpoint import Checkpointer, base_hash
+    from rrc_jax.checkpoint import Replay
+
+    path, _ = base
+    model = load_hf(path, lora=LORA)
+    other = load_hf(path, lora=LORA)
+    weights = nnx.state(other, nnx.Param)  # another base: one base weight changed
+    first = [v for p, v in nnx.to_flat_state(weights) if p[-1] == "embed"][0]
+    first.set_value(first[...] + 1.0)
+    nnx.update(other, weights)
+    assert base_hash(model) == base_hash(load_hf(path, lora=LORA)) != base_hash(other)
+    learner = Learner(model, make_optimizer(1e-3), lambda m, b: (jnp.zeros(()), {}))
+    saver = Checkpointer(tmp_path / "ckpt", model_hash=base_hash(model))
+    saver.maybe_save(1, learner, Replay(iter(range(5))), force=True)
+    saver.close()
+    resumed = Learner(other, make_optimizer(1e-3), lambda m, b: (jnp.zeros(()), {}))
+    with pytest.raises(ConfigError, match=r"holds adapters trained on another base model \(model hash [0-9a-f]+, "
+                                          r"this run's base [0-9a-f]+\): point config.models.policy") as e:
+        Checkpointer(tmp_path / "ckpt", model_hash=base_hash(other)).resume(resumed, Replay(iter(range(5))))
+    assert "\n" not in str(e.value)
+    assert Checkpointer(tmp_path / "ckpt", model_hash=base_hash(model)).resume(
+        Learner(load_hf(path, lora=LORA), make_optimizer(1e-3), lambda m, b: (jnp.zeros(()), {})),
+        Replay(iter(range(5)))) == 1
+
+
+def test_a_lora_run_trains_without_a_reference_copy_and_exports_both_ways(tmp_path, toy_cache):
+    """Two AGR steps with LoRA and the KL on: the KL of step 1's update is 0 (the policy starts as its reference),
+    no reference model is loaded, the optimizer holds the adapters only, the run exports the merged model and the
+    PEFT adapter; `init_from` that adapter directory starts a run there."""
+    from rrc_jax.rl.trainer import Trainer, run
+
+    overrides = {"policy.lora.rank": 2, "policy.lora.alpha": 4.0, "rl.beta": 0.05}
+    workdir = run(tiny_config("agr", tmp_path / "w", toy_cache, **overrides))
+    rows = read_metrics(workdir)
+    assert rows[1]["kl"] == 0.0
+    assert "memory/reference_params_bytes_per_device" not in rows[0]
+    full = Trainer(tiny_config("agr", tmp_path / "full", toy_cache))
+    assert rows[0]["memory/optimizer_bytes_per_device"] < 0.1 * full.memory()["memory/optimizer_bytes_per_device"]
+    assert (workdir / "adapter" / "adapter_model.safetensors").is_file()
+    assert json.loads((workdir / "hf_export" / "config.json").read_text())["model_type"] == "llama"
+    again = Trainer(tiny_config("agr", tmp_path / "again", toy_cache, init_from=str(workdir / "adapter"),
+                                **overrides))
+    exported = load_hf(workdir / "hf_export")
+    ids, mask = padded_batch([9, 6], vocab=exported.cfg.vocab_size)
+    np.testing.assert_allclose(np.asarray(again.policy(jnp.asarray(ids), jnp.asarray(mask))),
+                               np.asarray(exported(jnp.asarray(ids), jnp.asarray(mask))), atol=1e-5)
+
+
+@pytest.mark.parametrize("qtype", ["int8", "nf4"])
+def test_a_quantized_base_trains_on_8_devices(tmp_path, toy_cache, qtype):
+    """QLoRA: the policy's projections stored in int8 / nf4 (qwix), two steps on 8 CPU devices (FSDP 8)."""
+    overrides = {"policy.lora.rank": 2, "policy.lora.alpha": 4.0, "policy.lora.weight_qtype": qtype,
+                 "policy.lora.block_size": 32, "mesh.fsdp": 8, "rl.minibatch_size": 16, "eval.every": 0}
+    cmd = cli_args(tmp_path / "w", toy_cache, **overrides)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=cpu_devices_env(8))
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = read_metrics(tmp_path / "w")
+    assert rows[0]["system/devices"] == 8 and rows[2]["skipped_updates"] == 0
+    assert np.isfinite(rows[2]["loss"])
