@@ -16,6 +16,7 @@ XLA) is in docs/planner.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from pathlib import Path
@@ -23,6 +24,8 @@ from pathlib import Path
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import families
 from rrc_jax.models.decoder import ring_size
+from rrc_jax.models.lora import LoraConfig
+from rrc_jax.settings import parse
 
 GiB = 1 << 30
 HEADROOM = 0.9  # the share of HBM a plan may use: XLA's scratch, fragmentation and collectives take the rest
@@ -391,6 +394,38 @@ def gather_traffic_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int]) -> i
     return param_bytes(cfg, dtype, (1, 1, mesh_shape[2])) if mesh_shape[1] > 1 else 0
 
 
+def lora_param_bytes(cfg, lora, dtype: str, mesh_shape: tuple[int, int, int], layout: str = "train"
+                     ) -> tuple[int, int, int]:
+    """(frozen base, adapters, adapter count) per device of `Decoder(cfg)` under `lora` (`LoraConfig`) on a mesh in
+    `layout`: the base in `dtype` or quantized (`weight_qtype`: int8 values, or nf4's 4-bit codes at half a byte,
+    with their scales in `dtype`), the adapters float32; counted on the decoder's own abstract parameters."""
+    base = adapters = count = 0
+    for shape, names, bits, adapter in _lora_leaves(cfg, lora, dtype):
+        size = _shard_size(shape, names, mesh_shape, layout) * bits // 8
+        if adapter:
+            adapters, count = adapters + size, count + math.prod(shape)
+        else:
+            base += size
+    return base, adapters, count
+
+
+@functools.lru_cache(maxsize=16)
+def _lora_leaves(cfg, lora, dtype: str) -> tuple[tuple[tuple[int, ...], tuple, int, bool], ...]:
+    """(shape, logical axes, bits per element, is an adapter) of each parameter of `Decoder(cfg)` under `lora`,
+    from the decoder built abstractly (nothing allocated)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from rrc_jax.models.decoder import Decoder
+    from rrc_jax.sharding import model_context
+
+    with model_context(None):
+        model = nnx.eval_shape(lambda: Decoder(cfg.replace(lora=lora, param_dtype=dtype), rngs=nnx.Rngs(0)))
+    return tuple((tuple(v.shape), tuple(v.out_sharding or ()),
+                  4 if v.dtype == jnp.uint4 else jnp.dtype(v.dtype).itemsize * 8, isinstance(v, nnx.LoRAParam))
+                 for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
+
+
 # ------------------------------------------------------------------------------------------------------------
 # The plan
 # ------------------------------------------------------------------------------------------------------------
@@ -440,14 +475,20 @@ class Plan:
         return not self.problems and self.peak_bytes <= self.budget_bytes
 
 
-def roles(config) -> dict[str, str]:
-    """The roles a run loads -> their model names: the policy, the reference for the KL (`rl.beta > 0`) and
-    whatever the reward construction declares (`Construction.roles`)."""
+def _reward_roles(config) -> frozenset[str]:
     from rrc_jax.constructions import construction_class
 
-    m, needs = config.models, construction_class(config.reward.kind).roles(config)
+    return construction_class(config.reward.kind).roles(config)
+
+
+def roles(config) -> dict[str, str]:
+    """The roles a run loads -> their model names: the policy, the reference for the KL (`rl.beta > 0`) and
+    whatever the reward construction declares (`Construction.roles`); under LoRA the reference is the policy's own
+    base (`rrc_jax.rl.roles.Roles.shares_base`), not a model of its own, unless `models.reference` names one."""
+    m, needs = config.models, _reward_roles(config)
     out = {"policy": m.policy}
-    if config.rl.beta > 0 or "reference" in needs:
+    shares = config.policy.lora.rank > 0 and not m.reference  # LoRA: the policy's base with its initial adapters
+    if (config.rl.beta > 0 or "reference" in needs) and not shares:
         out["reference"] = m.reference or m.policy
     out.update({role: m[role] for role in ("grm", "drm") if role in needs})
     return out
@@ -604,22 +645,45 @@ def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = No
             for role, name in roles(config).items()}
     policy = cfgs["policy"]
     layouts = role_layouts(config, topo, shape, cfgs)
+    lora = parse(LoraConfig, config)
+    size = lambda n: f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
     for role, cfg in cfgs.items():
         stored = "float32" if role == "policy" else dtype
         kind, where = layouts[role]
         n = param_count(cfg)
+        placed = f"{kind} layout" + ("" if kind == "train" else f" (data={where[0]} tensor={where[2]})")
+        if role == "policy" and lora.enabled:  # a frozen base in `dtype` (or quantized), float32 adapters
+            base, adapters, count = lora_param_bytes(cfg, lora, dtype, where, kind)
+            rows.append(Row("policy base (frozen)", "resident", base,
+                            f"{size(n)} {lora.weight_qtype or dtype}, {placed}"))
+            rows.append(Row("policy LoRA adapters", "resident", adapters,
+                            f"{size(count)} float32, rank {lora.rank} on {lora.targets}"))
+            continue
         rows.append(Row(f"{role} parameters", "resident", param_bytes(cfg, stored, where, kind),
-                        (f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M") + f" {stored}, {kind} layout"
-                        + ("" if kind == "train" else f" (data={where[0]} tensor={where[2]})")))
+                        f"{size(n)} {stored}, {placed}"))
         if cfg.num_kv_heads % where[2]:
             notes.append(f"{role}: tensor={where[2]} does not divide its {cfg.num_kv_heads} kv heads: they are "
                          "replicated over tensor (their weights, KV caches and attention)")
+    if lora.enabled and not config.models.reference and (config.rl.beta > 0 or "reference" in _reward_roles(config)):
+        notes.append("reference: the policy's frozen base with its initial adapters (LoRA): no second copy")
     if "rollout" in layouts:
         kind, where = layouts["rollout"]
-        rows.append(Row("policy rollout copy", "resident", param_bytes(policy, dtype, where, kind),
-                        f"{dtype}, inference layout (data={where[0]} tensor={where[2]}), resharded after each update"))
-    p32 = rows[0].bytes
-    rows.append(Row("optimizer state (AdamW)", "resident", 2 * p32, "2 float32 moments"))
+        if lora.enabled:
+            base, adapters, _ = lora_param_bytes(policy, lora, dtype, where, kind)
+            rows.append(Row("policy rollout copy", "resident", base + adapters,
+                            f"{lora.weight_qtype or dtype} base + float32 adapters, inference layout (data={where[0]} "
+                            f"tensor={where[2]}); each update syncs the adapters only"))
+            merged = param_bytes(policy, dtype, where, kind)
+            notes.append(f"weight sync: the adapters only, {adapters / 2**20:.1f} MiB per device per update, against "
+                         f"{merged / GiB:.2f} GiB to merge them into a {dtype} copy of the base (every weight "
+                         "rewritten): adapters")
+        else:
+            rows.append(Row("policy rollout copy", "resident", param_bytes(policy, dtype, where, kind),
+                            f"{dtype}, inference layout (data={where[0]} tensor={where[2]}), resharded after each "
+                            "update"))
+    p32 = rows[1].bytes if lora.enabled else rows[0].bytes  # what the learner trains (float32): under LoRA the adapters
+    rows.append(Row("optimizer state (AdamW)", "resident", 2 * p32,
+                    "2 float32 moments" + (" of the adapters" if lora.enabled else "")))
     batch = rl.prompts_per_step * rl.group_size
     if batch % (data * fsdp):
         problems.append(f"a step's {batch} rollouts are not divisible by data x fsdp = {data * fsdp} (batches are "
@@ -641,12 +705,13 @@ def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = No
 
     length = bucket_length(config.data.max_prompt_tokens + rl.max_new_tokens)
     lp_rows = micro or batch
-    scored = [policy] + ([cfgs["reference"]] if rl.beta > 0 else [])
+    scored = [policy] + ([cfgs.get("reference", policy)] if rl.beta > 0 else [])
     rows.append(Row("log-prob pass", "log-prob", max(forward_bytes(c, lp_rows, length, shape, dtype)
                                                       + logprob_chunk_bytes(c, lp_rows, rl.logprob_chunk, shape)
                                                       for c in scored),
                     f"{lp_rows} rows x {length} tokens, one layer + chunk, no gradients"))
-    rows.append(Row("gathered LM head", "log-prob", gathered_bytes(policy, "float32", shape, lm_head_only=True),
+    weights = dtype if lora.enabled else "float32"  # the policy's stored weights: a LoRA base is in `dtype`
+    rows.append(Row("gathered LM head", "log-prob", gathered_bytes(policy, weights, shape, lm_head_only=True),
                     "hoisted out of the chunk loop"))
 
     learn_rows = micro or rl.minibatch_size
@@ -659,18 +724,22 @@ def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = No
     hoisted = shape if not accumulating else (data, 1, tensor)  # the micro-batch scan keeps weights gathered
     if accumulating:
         rows.append(Row("gradient accumulator", "backward", p32, "float32"))
-        rows.append(Row("gathered policy weights", "backward", gathered_bytes(policy, "float32", shape),
+        rows.append(Row("gathered policy weights", "backward", gathered_bytes(policy, weights, shape),
                         "one layer at a time, and the LM head"))
     else:
-        rows.append(Row("gathered LM head", "backward", gathered_bytes(policy, "float32", shape, lm_head_only=True),
+        rows.append(Row("gathered LM head", "backward", gathered_bytes(policy, weights, shape, lm_head_only=True),
                         "hoisted out of the chunk loop"))
-    if dtype != "float32":
+    if lora.weight_qtype:
+        rows.append(Row("dequantized layer", "backward", layer_param_bytes(policy, dtype, hoisted),
+                        f"one layer's {lora.weight_qtype} weights in {dtype}, as the scan multiplies by them"))
+    elif dtype != "float32" and not lora.enabled:
         rows.append(Row(f"{dtype} weight copy", "backward", param_bytes(policy, dtype, hoisted),
                         "the policy's weights as the backward pass multiplies by them"))
     rows.append(Row("gradients", "update", p32 * (2 if accumulating else 1),
                     "float32 + accumulator" if accumulating else "float32"))
     if "rollout" in layouts:
-        rows.append(Row("weight sync transient", "sync", sync_transient_bytes(policy, dtype),
+        rows.append(Row("weight sync transient", "sync", p32 if lora.enabled else sync_transient_bytes(policy, dtype),
+                        "the adapters" if lora.enabled else
                         "one layer, or the embedding and LM head, replicated while resharded"))
     if learn_rows % (data * fsdp):
         notes.append(f"micro-batch of {learn_rows} rows over data x fsdp = {data * fsdp}: "

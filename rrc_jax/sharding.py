@@ -46,13 +46,14 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("head_dim", None),
     ("norm", None),
     ("layers", None),  # stacked decoder layers: every device holds every layer's part
+    ("lora_rank", "fsdp"),  # a LoRA adapter's rank axis (`rrc_jax.models.lora`); in A, after embed: replicated
 )
 
 
 # The inference layout (the policy's rollout copy, the GRM, the DRM): parameters over `tensor` only (heads, kv heads,
 # mlp, vocab) and replicated over the row axes, so that no decoding step gathers a weight; what crosses chips per
 # token is activations (an all-reduce of `[rows, embed]` after the attention and MLP outputs of each layer).
-INFERENCE_RULES = tuple((name, None if name == "embed" else axes) for name, axes in LOGICAL_RULES)
+INFERENCE_RULES = tuple((name, None if name in ("embed", "lora_rank") else axes) for name, axes in LOGICAL_RULES)
 LAYOUTS = {"train": LOGICAL_RULES, "inference": INFERENCE_RULES}
 
 

@@ -10,7 +10,7 @@ The adapters are per Hugging Face projection (`LORA_TARGETS`: q, k, v, o, gate, 
 that an adapter directory maps one to one (`rrc_jax.models.peft_io`); their deltas are added to the decoder's fused
 products (`qkv`'s query, key and value groups, `gate_up`'s two halves). Like every layer weight they are stacked on
 the `layers` axis and run under the decoder's scan, with logical axes that shard them like the weight they adapt
-(the rank axis replicated). They are `nnx.LoRAParam`s, float32 whatever the base's dtype: the learner differentiates
+(the rank axis over fsdp, `RANK`). They are `nnx.LoRAParam`s, float32 whatever the base's dtype: the learner differentiates
 and updates them only (`trainable`), the rollout copy syncs them only, checkpoints hold them only.
 
 Why not qwix's `LoraProvider`: it finds a weight by intercepting the operations of the module that owns it, during
@@ -41,6 +41,9 @@ WEIGHT_QTYPES = ("", "int8", "nf4")  # the frozen base's storage ("": the comput
 # The base weights a quantized base stores in `weight_qtype`, and which of their axes are inputs (the contracted
 # ones; the scales run along the others). The embedding, norms and LM head stay in the compute dtype, as in QLoRA.
 QUANTIZED_WEIGHTS = {"qkv": (0,), "o": (0, 1), "gate_up": (0,), "down": (0,)}
+# The logical axis of an adapter's rank (`rrc_jax.sharding.LOGICAL_RULES`): over fsdp in the training layout, so that
+# B (whose other axes are tensor's or unsplit) is sharded like the weights; whole in the inference layout.
+RANK = "lora_rank"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,9 +107,9 @@ def add_adapters(module: nnx.Module, lora: LoraConfig, rngs: nnx.Rngs,
             continue
         bound = 1.0 / math.sqrt(math.prod(in_shape))
         a = jax.random.uniform(rngs.params(), (*in_shape, lora.rank), jnp.float32, -bound, bound)
-        setattr(module, f"{name}_lora_a", sharding.param(a, (*in_names, None), nnx.LoRAParam))
+        setattr(module, f"{name}_lora_a", sharding.param(a, (*in_names, RANK), nnx.LoRAParam))
         setattr(module, f"{name}_lora_b", sharding.param(jnp.zeros((lora.rank, *out_shape), jnp.float32),
-                                                        (None, *out_names), nnx.LoRAParam))
+                                                        (RANK, *out_names), nnx.LoRAParam))
 
 
 def init_adapters(model, layout: sharding.Layout, seed: int = 0) -> None:
@@ -198,12 +201,11 @@ def storage_dtype(lora: LoraConfig):
 def add_quantized(module: nnx.Module, name: str, shape: tuple[int, ...], names: tuple, lora: LoraConfig,
                   scale_dtype) -> None:
     """`module.<name>` as a quantized weight: its values (`storage_dtype`, filled as a checkpoint loads) and
-    `<name>_scale` (`scale_shape`; an axis whose scales are fewer than its weights is replicated)."""
+    `<name>_scale` (`scale_shape`), on the weight's logical axes (an axis the mesh does not divide is whole)."""
     inputs = QUANTIZED_WEIGHTS[name]
     s_shape = scale_shape(shape, inputs, lora)
     setattr(module, name, sharding.param(jnp.zeros(shape, storage_dtype(lora)), names))
-    setattr(module, f"{name}_scale", sharding.param(
-        jnp.ones(s_shape, scale_dtype), tuple(n if s == w else None for n, s, w in zip(names, s_shape, shape))))
+    setattr(module, f"{name}_scale", sharding.param(jnp.ones(s_shape, scale_dtype), names))  # (too short: whole)
 
 
 def weight(module: nnx.Module, name: str) -> jax.Array:
