@@ -182,6 +182,33 @@ def test_the_paper_recipe_fits_with_15_percent_to_spare(topology):
     assert "in chunks of 256 attend to their prefix's 1536 slots, 512 at a time" in rows["judge prefill transients"].detail
 
 
+@pytest.mark.parametrize("qtype", ["", "int8", "nf4"])
+def test_a_lora_policy_counts_its_base_and_adapters_as_the_decoder_holds_them(qtype):
+    """`lora_param_bytes` on a tiny model = the loaded decoder's own arrays (nf4's codes at half a byte, as a TPU
+    packs them; XLA:CPU keeps a byte each); on the paper's recipe the LoRA plan has no reference row, an optimizer
+    state of two float32 moments of the adapters, and a sync that moves the adapters only."""
+    from rrc_jax.models.lora import LoraConfig
+
+    lora = LoraConfig(rank=4, alpha=8.0, weight_qtype=qtype, block_size=16)
+    cfg = DecoderConfig(**TINY)
+    with model_context(None):
+        model = nnx.eval_shape(lambda: Decoder(cfg.replace(lora=lora), rngs=nnx.Rngs(0)))
+    adapters = sum(v.size * 4 for _, v in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)))
+    base = sum(v.size * (0.5 if v.dtype == jax.numpy.uint4 else v.dtype.itemsize)
+               for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)) if not isinstance(v, nnx.LoRAParam))
+    assert plan.lora_param_bytes(cfg, lora, "float32", (1, 1, 1))[:2] == (base, adapters)
+    config = paper_recipe()
+    config.policy.lora.rank, config.policy.lora.alpha, config.policy.lora.weight_qtype = 64, 128.0, qtype
+    p = plan.plan(config, "v5e-64")
+    rows = {r.name: r for r in p.rows}
+    assert "reference parameters" not in rows and p.fits
+    assert rows["optimizer state (AdamW)"].bytes == 2 * rows["policy LoRA adapters"].bytes
+    assert rows["weight sync transient"].bytes == rows["policy LoRA adapters"].bytes
+    full = plan.plan(paper_recipe(), "v5e-64")
+    assert p.peak_bytes < full.peak_bytes
+    assert any(n.startswith("weight sync: the adapters only") for n in p.notes)
+
+
 def test_sharing_the_weights_gathers_them_for_the_rollout():
     """`rl.share_weights=True`: no rollout copy, and the rollout's decode loop gathers the float32 policy's weights
     one layer at a time (the layers are scanned), holding one layer's and the LM head, not the whole model's."""
