@@ -20,7 +20,8 @@ if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
 # together: `--dist loadfile` otherwise starts the files with the most tests first, and these, few but long, last.
 # The second needs no toy world, so that its worker does not wait while the first one's builds it.
 LONGEST_FIRST = ("test_train.py", "test_layouts.py", "test_multihost.py", "test_mesh.py", "test_faults.py",
-                 "test_plan.py", "test_sampling.py", "test_generate_cli.py", "test_models.py", "test_benchmarks.py")
+                 "test_lora.py", "test_plan.py", "test_sampling.py", "test_generate_cli.py", "test_models.py",
+                 "test_benchmarks.py")
 
 
 def pytest_collection_modifyitems(config, items):

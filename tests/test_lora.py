@@ -135,29 +135,6 @@ def test_a_checkpoint_refuses_another_base(tmp_path, base):
         Replay(iter(range(5)))) == 1
 
 
-def test_a_lora_run_trains_without_a_reference_copy_and_exports_both_ways(tmp_path, toy_cache):
-    """Two AGR steps with LoRA and the KL on: the KL of step 1's update is 0 (the policy starts as its reference),
-    no reference model is loaded, the optimizer holds the adapters only, the run exports the merged model and the
-    PEFT adapter; `init_from` that adapter directory starts a run there."""
-    from rrc_jax.rl.trainer import Trainer, run
-
-    overrides = {"policy.lora.rank": 2, "policy.lora.alpha": 4.0, "rl.beta": 0.05}
-    workdir = run(tiny_config("agr", tmp_path / "w", toy_cache, **overrides))
-    rows = read_metrics(workdir)
-    assert rows[1]["kl"] == 0.0
-    assert "memory/reference_params_bytes_per_device" not in rows[0]
-    full = nnx.state(load_hf(Path(toy_cache).glob("toy-*/policy").__next__()), nnx.Param)  # AdamW: 2 moments
-    assert rows[0]["memory/optimizer_bytes_per_device"] < 0.1 * 2 * sum(x.nbytes for x in jax.tree.leaves(full))
-    assert (workdir / "adapter" / "adapter_model.safetensors").is_file()
-    assert json.loads((workdir / "hf_export" / "config.json").read_text())["model_type"] == "llama"
-    again = Trainer(tiny_config("agr", tmp_path / "again", toy_cache, init_from=str(workdir / "adapter"),
-                                **overrides))
-    exported = load_hf(workdir / "hf_export")
-    ids, mask = padded_batch([9, 6], vocab=exported.cfg.vocab_size)
-    np.testing.assert_allclose(np.asarray(again.policy(jnp.asarray(ids), jnp.asarray(mask))),
-                               np.asarray(exported(jnp.asarray(ids), jnp.asarray(mask))), atol=1e-5)
-
-
 @pytest.mark.parametrize("qtype", ["int8", "nf4"])
 def test_a_quantized_base_trains_on_8_devices(tmp_path, toy_cache, qtype):
     """QLoRA: the policy's projections stored in int8 / nf4 (qwix), two steps on 8 CPU devices (FSDP 8)."""
@@ -172,18 +149,35 @@ def test_a_quantized_base_trains_on_8_devices(tmp_path, toy_cache, qtype):
 
 
 def test_a_sigkilled_lora_run_resumes_to_the_same_metrics(tmp_path, toy_cache):
-    """A LoRA run (adapters, their optimizer state and the data state in the checkpoints) SIGKILLed after its
-    step-2 checkpoint resumes to metrics identical to an uninterrupted run's."""
+    """A LoRA run with the KL on: its first update's KL is 0 (the policy starts as its reference), no reference model
+    is loaded, the optimizer holds the adapters only (under 10% of a full fine-tune's AdamW), the run exports the
+    merged model and the PEFT adapter, and `init_from` that adapter starts a run there. SIGKILLed after its step-2
+    checkpoint (the adapters, their optimizer state and the data state), it resumes to metrics identical to the
+    uninterrupted run's."""
     import os
     import signal
     import time
 
     from test_faults import assert_same_metrics
-    from rrc_jax.rl.trainer import run
+    from rrc_jax.rl.trainer import Trainer, run
 
     overrides = {"steps": 4, "checkpoint.save_every": 2, "eval.every": 2, "policy.lora.rank": 2,
-                 "policy.lora.alpha": 4.0}
-    straight = read_metrics(run(tiny_config("drm", tmp_path / "straight", toy_cache, **overrides)))
+                 "policy.lora.alpha": 4.0, "rl.beta": 0.05, "rl.minibatch_size": 16}  # one update a step
+    workdir = run(tiny_config("drm", tmp_path / "straight", toy_cache, **overrides))
+    straight = read_metrics(workdir)
+    assert straight[1]["kl"] == 0.0 and straight[2]["kl"] > 0
+    assert "memory/reference_params_bytes_per_device" not in straight[0]
+    full = nnx.state(load_hf(next(Path(toy_cache).glob("toy-*/policy"))), nnx.Param)  # AdamW: 2 float32 moments
+    assert straight[0]["memory/optimizer_bytes_per_device"] < 0.1 * 2 * sum(x.nbytes for x in jax.tree.leaves(full))
+    assert (workdir / "adapter" / "adapter_model.safetensors").is_file()
+    assert json.loads((workdir / "hf_export" / "config.json").read_text())["model_type"] == "llama"
+    again = Trainer(tiny_config("drm", tmp_path / "again", toy_cache, init_from=str(workdir / "adapter"),
+                                **overrides))
+    exported = load_hf(workdir / "hf_export")
+    ids, mask = padded_batch([9, 6], vocab=exported.cfg.vocab_size)
+    np.testing.assert_allclose(np.asarray(again.policy(jnp.asarray(ids), jnp.asarray(mask))),
+                               np.asarray(exported(jnp.asarray(ids), jnp.asarray(mask))), atol=1e-5)
+
     killed = tmp_path / "killed"
     cmd = cli_args(killed, toy_cache, kind="drm", **overrides)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)

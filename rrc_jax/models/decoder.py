@@ -17,6 +17,10 @@ layers (`layer_types`, with their own RoPE base in Gemma 3). A sliding layer's w
 so it holds in every attention path: training, log-probs, prefill, decode and shared prefixes (`Window`); a cache
 longer than the window keeps only the window of a sliding layer (`KVCache.ring`).
 
+LoRA (`rrc_jax.models.lora`, `cfg.lora`): adapters beside the q/k/v/o and gate/up/down projections, stacked and
+scanned with the layers, their deltas added to the fused products; with a quantized base the projections are read
+through `lora.weight` (qwix's dequantization, one layer at a time inside the scan).
+
 Padding can sit anywhere. Positions derive from the attention mask (`cumsum(mask) - 1`), so left- and
 right-padded batches give the same logits at their real tokens. For generation the model reads and writes a
 `KVCache` whose per-slot validity mask lets a prefix prefilled once be extended by many suffixes

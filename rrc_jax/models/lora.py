@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -282,15 +282,13 @@ def merge(model, param_dtype: str | None = None):
     """A plain `Decoder` (no adapters, no quantization) equal to `model` with its adapters folded into the base
     (`merged_layers`), its parameters in `param_dtype` (default: the base's compute dtype): what `save_hf` writes as a
     Hugging Face checkpoint."""
-    from rrc_jax.models.decoder import Decoder
-
     cfg = model.cfg
     plain = cfg.replace(lora=None, param_dtype=param_dtype or cfg.dtype)
     merged = merged_layers(model)
     _, state = nnx.split(model)
     flat = dict(nnx.to_flat_state(state))
     with sharding.model_context(None):
-        out = nnx.eval_shape(lambda: Decoder(plain, rngs=nnx.Rngs(0)))
+        out = nnx.eval_shape(lambda: type(model)(plain, rngs=nnx.Rngs(0)))  # a `Decoder`, abstract
     target = nnx.state(out)
     for path, var in nnx.to_flat_state(target):
         value = merged[path] if path in merged else flat[path][...]
@@ -302,8 +300,3 @@ def merge(model, param_dtype: str | None = None):
 def adapter_count(model) -> int:
     """The number of adapter parameters of `model` (0 without LoRA)."""
     return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.LoRAParam)))
-
-
-def describe(lora: LoraConfig | None) -> dict[str, Any]:
-    """The LoRA settings a checkpoint records (empty without LoRA)."""
-    return {} if lora is None or not lora.enabled else dataclasses.asdict(lora)
