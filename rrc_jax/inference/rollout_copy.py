@@ -48,11 +48,12 @@ class RolloutCopy:
         layer_shardings = {i: layout.sharding(names[i][1:], shapes[i][1:])
                            for i, n in enumerate(names) if n[:1] == (LAYERS,)}
         cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
-        everything = self._leaves(nnx.state(master, nnx.Param))
+        params = nnx.state(master, nnx.Param)
+        everything = self._leaves(params)
         sources = {i: _layer_sharding(x) for i, x in enumerate(everything) if i in layer_shardings}
-        kinds = [type(v) for v in jax.tree.leaves(nnx.state(master, nnx.Param), is_leaf=_is_variable)]
         # the leaves a sync moves: those the learner trains (all of them without LoRA)
-        self._moving = [i for i, k in enumerate(kinds) if issubclass(k, trainable(master))]
+        self._moving = [i for i, v in enumerate(jax.tree.leaves(params, is_leaf=_is_variable))
+                        if isinstance(v, trainable(master))]
 
         def layer_copy(i, x):
             """A layer of master leaf i cast where it lies, then placed as the copy's layer. The barrier is there so
