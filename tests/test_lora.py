@@ -116,6 +116,62 @@ def test_the_learner_moves_only_the_adapters(base):
     assert moments == 2 * adapter_count(model)
 
 
+def test_lora_dropout_drops_each_adapters_input_as_peft_does():
+    """`lora.delta` with row keys: with A = B = I (alpha = r, scale 1) the delta is the dropped input itself: each
+    element 0 or x / (1 - p), about a fraction p of them 0, each row's mask from its own key (a row's output does
+    not depend on the others), each projection its own mask, the mean over many keys x (inverted dropout); without
+    keys, no dropout."""
+    from types import SimpleNamespace
+
+    from rrc_jax.models.lora import delta
+
+    p, e, rows = 0.25, 16, 4
+    eye = jnp.eye(e)
+    module = SimpleNamespace(lora=LoraConfig(rank=e, alpha=float(e), dropout=p), q_lora_a=eye, q_lora_b=eye,
+                             k_lora_a=eye, k_lora_b=eye)
+    x = jax.random.normal(jax.random.key(0), (rows, 3, e)) + 2.0  # [B, T, E], no zeros
+    keys = jax.random.split(jax.random.key(1), rows)
+    out = np.asarray(delta(module, "q", x, keys))
+    kept = out != 0
+    np.testing.assert_allclose(out[kept], np.asarray(x)[kept] / (1 - p), rtol=1e-6)
+    assert 0.1 < 1 - kept.mean() < 0.4
+    np.testing.assert_array_equal(np.asarray(delta(module, "q", x[1:3], keys[1:3])), out[1:3])
+    assert not np.array_equal(np.asarray(delta(module, "k", x, keys)) != 0, kept)
+    np.testing.assert_allclose(np.asarray(delta(module, "q", x)), np.asarray(x), rtol=1e-6)
+    many = jax.vmap(lambda k: delta(module, "q", x, jax.random.split(k, rows)))(
+        jax.random.split(jax.random.key(2), 4000))
+    np.testing.assert_allclose(np.asarray(many.mean(0)), np.asarray(x), rtol=0.1)
+
+
+def test_lora_dropout_in_the_learner_is_per_row(llama):
+    """The GRPO loss with `dropout_seed`: fresh adapters (B = 0) give the base's log-probs exactly whatever the
+    masks; random adapters under dropout change the loss, and an update in micro-batches of 2 rows equals the
+    whole minibatch's (the masks are the rows' own)."""
+    from rrc_jax.rl.grpo import grpo_objective
+
+    lora = LoraConfig(rank=4, alpha=8.0, dropout=0.3)
+    ids, mask = padded_batch([9, 7, 9, 8])
+    seeds = jnp.arange(4, dtype=jnp.uint32) + 7
+    fresh = load_hf(llama, lora=lora)
+    np.testing.assert_array_equal(np.asarray(fresh.token_logprobs(jnp.asarray(ids), jnp.asarray(mask),
+                                                                  dropout_seed=seeds)),
+                                  np.asarray(load_hf(llama).token_logprobs(jnp.asarray(ids), jnp.asarray(mask))))
+    model = randomized(load_hf(llama, lora=lora))
+    batch = {"ids": jnp.asarray(ids), "mask": jnp.asarray(mask), "loss_mask": jnp.asarray(mask),
+             "advantages": jnp.asarray([1.0, -1.0, 0.5, -0.5]), "dropout_seed": seeds,
+             "old_logp": model.token_logprobs(jnp.asarray(ids), jnp.asarray(mask))}  # the sampler's: no dropout
+    loss_fn = grpo_objective()
+    with_dropout, _ = loss_fn(model, batch)
+    without, _ = loss_fn(model, {k: v for k, v in batch.items() if k != "dropout_seed"})
+    assert abs(float(with_dropout) - float(without)) > 1e-4
+    after = []
+    for micro in (0, 2):
+        model = randomized(load_hf(llama, lora=lora))
+        Learner(model, make_optimizer(1e-2), loss_fn, micro_batch_size=micro).update(batch)
+        after.append(jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model, nnx.LoRAParam))))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), *after)
+
+
 def test_a_checkpoint_refuses_another_base(tmp_path, llama):
     """The manifest records the frozen base's hash; resuming the adapters on another base is one line."""
     from rrc_jax.checkpoint import Checkpointer, base_hash
@@ -179,11 +235,11 @@ def test_a_quantized_base_trains_on_8_devices(tmp_path, toy_cache, qtype):
 
 
 def test_a_sigkilled_lora_run_resumes_to_the_same_metrics(tmp_path, toy_cache):
-    """A LoRA run with the KL on: its first update's KL is 0 (the policy starts as its reference), no reference model
-    is loaded, the optimizer holds the adapters only (under 10% of a full fine-tune's AdamW), the run exports the
-    merged model and the PEFT adapter, and `init_from` that adapter starts a run there. SIGKILLed after its step-2
-    checkpoint (the adapters, their optimizer state and the data state), it resumes to metrics identical to the
-    uninterrupted run's."""
+    """A LoRA run with the KL and LoRA dropout on: its first update's KL is 0 (the policy starts as its reference:
+    B = 0, whatever the dropout masks), no reference model is loaded, the optimizer holds the adapters only (under
+    10% of a full fine-tune's AdamW), the run exports the merged model and the PEFT adapter, and `init_from` that
+    adapter starts a run there. SIGKILLed after its step-2 checkpoint (the adapters, their optimizer state and the
+    data state), it resumes to metrics identical to the uninterrupted run's (the dropout masks too)."""
     import os
     import signal
     import time
@@ -192,7 +248,8 @@ def test_a_sigkilled_lora_run_resumes_to_the_same_metrics(tmp_path, toy_cache):
     from rrc_jax.rl.trainer import Trainer, run
 
     overrides = {"steps": 4, "checkpoint.save_every": 2, "eval.every": 2, "policy.lora.rank": 2,
-                 "policy.lora.alpha": 4.0, "rl.beta": 0.05, "rl.minibatch_size": 16}  # one update a step
+                 "policy.lora.alpha": 4.0, "policy.lora.dropout": 0.1, "rl.beta": 0.05,
+                 "rl.minibatch_size": 16}  # one update a step
     workdir = run(tiny_config("drm", tmp_path / "straight", toy_cache, **overrides))
     straight = read_metrics(workdir)
     assert straight[1]["kl"] == 0.0 and straight[2]["kl"] > 0

@@ -572,7 +572,7 @@ class Attention(nnx.Module):
                  kv_cache: tuple[tuple, tuple] | None = None, end: jax.Array | None = None,
                  shared: tuple[jax.Array, jax.Array, jax.Array] | None = None,
                  query_index: jax.Array | None = None, layer: jax.Array | int = 0, window: Window | None = None,
-                 ring: RingStep | None = None) -> tuple[jax.Array, tuple | None]:
+                 ring: RingStep | None = None, dropout: jax.Array | None = None) -> tuple[jax.Array, tuple | None]:
         """x `[B, T, E]`, cos/sin `[B, T, D]`, mask `[B, T, S]` (S = T without cache) -> `[B, T, E]`, cache.
 
         `kv_cache` = (key blocks, value blocks) of every layer (`KVCache`: `[L, ...]`); this one, layer `layer`,
@@ -585,7 +585,7 @@ class Attention(nnx.Module):
         `window`: this layer's sliding window, which narrows `mask` and the prefixes' mask to the keys fewer than
         `window.size` positions before each query. `ring`: a sliding layer of a cache that keeps only its window
         (`KVCache.ring`): it attends to its ring and the new tokens instead of `kv_cache`, and returns its updated
-        ring buffers (`RingStep`).
+        ring buffers (`RingStep`). `dropout [B]`: the rows' keys of LoRA dropout in a training pass (`lora.delta`).
         """
         cfg = self.cfg
         scoring = Scoring(cfg.attention_scale, cfg.attn_logit_softcapping)
@@ -594,7 +594,7 @@ class Attention(nnx.Module):
         if self.lora is not None:  # LoRA: each targeted projection's (alpha / r) x A B, in its group of qkv
             d = cfg.head_dim
             adapted = lora.fused_delta(self, ("q", "k", "v"), x, ((cfg.num_kv_heads, g, d),
-                                       (cfg.num_kv_heads, 1, d), (cfg.num_kv_heads, 1, d)), axis=-2)
+                                       (cfg.num_kv_heads, 1, d), (cfg.num_kv_heads, 1, d)), axis=-2, dropout=dropout)
             qkv = qkv if adapted is None else qkv + adapted
         qkv = sharding.constrain(qkv, ("batch", "length", "kv_heads", None, None))  # [B, T, K, G + 2, D]
         qkv = checkpoint_name(qkv, "qkv")
@@ -631,7 +631,7 @@ class Attention(nnx.Module):
                                  ("batch", "length", "kv_heads", None, None)).reshape(b, t, cfg.num_heads * d)
         out = checkpoint_name(out, "attn_out")
         y = dense(out, lora.weight(self, "o").reshape(cfg.num_heads * d, -1), self.o_bias[...] if cfg.o_bias else None)
-        adapted = None if self.lora is None else lora.delta(self, "o", out.reshape(b, t, cfg.num_heads, d))
+        adapted = None if self.lora is None else lora.delta(self, "o", out.reshape(b, t, cfg.num_heads, d), dropout)
         return (y if adapted is None else y + adapted), kv_cache
 
 
@@ -914,18 +914,19 @@ class MLP(nnx.Module):
             self.gate_up_bias = _param(rngs, (i, 2), ("mlp", None), pd, init="zeros")
             self.down_bias = _param(rngs, (e,), ("embed",), pd, init="zeros")
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, dropout: jax.Array | None = None) -> jax.Array:
+        """x `[B, T, E]` -> `[B, T, E]`; `dropout [B]`: the rows' keys of LoRA dropout (`lora.delta`)."""
         bias = lambda name: getattr(self, f"{name}_bias")[...] if self.mlp_bias else None
         gate_up = dense(x, lora.weight(self, "gate_up"), bias("gate_up"))  # [B, T, I, 2]
         if self.lora is not None:  # LoRA on gate and up: their deltas stacked as gate_up is
             i = gate_up.shape[-2]
-            adapted = lora.fused_delta(self, ("gate", "up"), x, ((i,), (i,)), axis=-1, stack=True)
+            adapted = lora.fused_delta(self, ("gate", "up"), x, ((i,), (i,)), axis=-1, stack=True, dropout=dropout)
             gate_up = gate_up if adapted is None else gate_up + adapted
         gate_up = checkpoint_name(sharding.constrain(gate_up, ("batch", "length", "mlp", None)), "gate_up")
         act = ACTIVATIONS[self.hidden_act]
         h = act(gate_up[..., 0]) * gate_up[..., 1]
         y = dense(h, lora.weight(self, "down"), bias("down"))
-        adapted = None if self.lora is None else lora.delta(self, "down", h)
+        adapted = None if self.lora is None else lora.delta(self, "down", h, dropout)
         return y if adapted is None else y + adapted
 
 
@@ -950,13 +951,13 @@ class Block(nnx.Module):
             self.post_attn_norm, self.post_mlp_norm = norm(cfg, e, rngs), norm(cfg, e, rngs)
 
     def __call__(self, x, cos, sin, mask, kv_cache=None, end=None, shared=None, query_index=None, layer=0,
-                 window=None, ring=None):
+                 window=None, ring=None, dropout=None):
         after = lambda name, y: getattr(self, name)(y) if hasattr(self, name) else y  # sandwich norms (Gemma)
         h, kv_cache = self.attn(self.attn_norm(x), cos, sin, mask, kv_cache, end, shared, query_index, layer,
-                                window, ring)
+                                window, ring, dropout)
         h = after("post_attn_norm", h)
         x = checkpoint_name(x + h if query_index is None else rows_at(x, query_index) + h, "mid")
-        return x + after("post_mlp_norm", self.mlp(self.mlp_norm(x))), kv_cache
+        return x + after("post_mlp_norm", self.mlp(self.mlp_norm(x), dropout)), kv_cache
 
 
 def stack_layers(blocks: list[nnx.Module]) -> nnx.Module:
@@ -1041,8 +1042,8 @@ class Decoder(nnx.Module):
 
     def _run_layers(self, input_ids: jax.Array, positions: jax.Array, mask: jax.Array,
                     cache: KVCache | None = None, last_index: jax.Array | None = None, remat: bool = False,
-                    key_positions: jax.Array | None = None, ring: RingStep | None = None
-                    ) -> tuple[jax.Array, tuple | None]:
+                    key_positions: jax.Array | None = None, ring: RingStep | None = None,
+                    dropout_seed: jax.Array | None = None) -> tuple[jax.Array, tuple | None]:
         """Final-normed hidden states `[B, T, E]` and, when a cache is given, its updated blocks and rings
         (k, v, ring_k, ring_v).
 
@@ -1060,7 +1061,8 @@ class Decoder(nnx.Module):
         With `last_index [B]`, only the hidden state `[B, 1, E]` of token `last_index[b]` of each row: the last
         layer, run after the scan, still writes every token's keys and values, but skips the attention and MLP of
         the others (nothing reads them). `key_positions [B, S]`: the positions of the keys (the cache's slots;
-        default `positions`), read by sliding layers only (`layer_view`).
+        default `positions`), read by sliding layers only (`layer_view`). `dropout_seed [B]` (uint32, without a
+        cache): LoRA dropout's seed of each row, its key in layer i `fold_in(key(seed), i)` (`lora.delta`).
         """
         cfg = self.cfg
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(cfg.compute_dtype)
@@ -1073,7 +1075,9 @@ class Decoder(nnx.Module):
             def layer(h, xs):
                 p, i = xs
                 cos, sin, window = view(i)
-                h, _ = nnx.merge(graphdef, p)(h, cos, sin, mask, window=window)
+                keys = None if dropout_seed is None else jax.vmap(
+                    lambda seed: jax.random.fold_in(jax.random.key(seed), i))(dropout_seed)
+                h, _ = nnx.merge(graphdef, p)(h, cos, sin, mask, window=window, dropout=keys)
                 return sharding.constrain(h, ACTIVATION), None
 
             policy = None if remat else jax.checkpoint_policies.save_only_these_names(*SAVED_RESIDUALS)
@@ -1133,16 +1137,17 @@ class Decoder(nnx.Module):
         return lambda i: (*rope(i), Window(sizes[i], positions, key_positions, prefix))
 
     def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
-                      remat: bool = False) -> jax.Array:
+                      remat: bool = False, dropout_seed: jax.Array | None = None) -> jax.Array:
         """Final-normed hidden states `[B, T, E]` of a padded batch (no cache); `remat`: recompute each block in
-        the backward pass (`_run_layers`)."""
+        the backward pass; `dropout_seed [B]`: LoRA dropout's seed of each row, in a training pass (`_run_layers`)."""
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, bool)
         attention_mask = attention_mask.astype(bool)
         t = input_ids.shape[1]
         causal = jnp.tril(jnp.ones((t, t), bool))
         mask = causal[None] & attention_mask[:, None, :]
-        h, _ = self._run_layers(input_ids, positions_from_mask(attention_mask), mask, remat=remat)
+        h, _ = self._run_layers(input_ids, positions_from_mask(attention_mask), mask, remat=remat,
+                                dropout_seed=dropout_seed)
         return h
 
     def logits_from_hidden(self, h: jax.Array) -> jax.Array:
@@ -1176,17 +1181,20 @@ class Decoder(nnx.Module):
 
     def token_logprobs(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
                        chunk_size: int = 128, return_entropy: bool = False, temperature: float = 1.0,
-                       remat: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+                       remat: bool = False, dropout_seed: jax.Array | None = None
+                       ) -> jax.Array | tuple[jax.Array, jax.Array]:
         """Log-probabilities `[B, T]` of each token given the ones before it, under `softmax(logits / temperature)`
         (the distribution a sampler at that temperature draws from); column 0 is 0.
 
         The LM head and log-softmax run over `chunk_size` positions at a time under `jax.checkpoint`, so neither
         the forward nor the backward pass materializes `[B, T, V]` logits. With `return_entropy`, also the
         entropy `[B, T]` of the predictive distribution that produced each token (column 0 is 0). `remat`: the
-        decoder blocks are recomputed in the backward pass (`hidden_states`).
+        decoder blocks are recomputed in the backward pass (`hidden_states`). `dropout_seed [B]` (uint32): a
+        training pass with LoRA dropout, each row's masks drawn from its seed (so the same whatever the
+        micro-batches); without it, none.
         """
         b, t = input_ids.shape
-        h = self.hidden_states(input_ids, attention_mask, remat=remat)[:, :-1]
+        h = self.hidden_states(input_ids, attention_mask, remat=remat, dropout_seed=dropout_seed)[:, :-1]
         targets = input_ids[:, 1:]
         n = t - 1
         c = max(1, min(chunk_size, n))

@@ -10,8 +10,11 @@ The adapters are per Hugging Face projection (`LORA_TARGETS`: q, k, v, o, gate, 
 that an adapter directory maps one to one (`rrc_jax.models.peft_io`); their deltas are added to the decoder's fused
 products (`qkv`'s query, key and value groups, `gate_up`'s two halves). Like every layer weight they are stacked on
 the `layers` axis and run under the decoder's scan, with logical axes that shard them like the weight they adapt
-(the rank axis over fsdp, `RANK`). They are `nnx.LoRAParam`s, float32 whatever the base's dtype: the learner differentiates
-and updates them only (`trainable`), the rollout copy syncs them only, checkpoints hold them only.
+(the rank axis over fsdp, `RANK`). They are `nnx.LoRAParam`s, float32 whatever the base's dtype: the learner
+differentiates and updates them only (`trainable`), the rollout copy syncs them only, checkpoints hold them only.
+LoRA dropout (`LoraConfig.dropout`, PEFT's `lora_dropout`) drops each adapter's input in the learner's forward pass
+only, with masks drawn from a seed per row (`Decoder.token_logprobs`'s `dropout_seed`): the same whatever the
+micro-batches, and the same again after a resume.
 
 Why not qwix's `LoraProvider`: it finds a weight by intercepting the operations of the module that owns it, during
 one traced method of an unscanned model, and creates the adapters there. The decoder's layers are one stacked module
@@ -55,7 +58,7 @@ class LoraConfig:
     rank: int = 0  # r; 0: no adapters, every weight trains (float32 master weights)
     alpha: float = 16.0  # the adapters' products are scaled by alpha / r (PEFT's lora_alpha)
     targets: str = "q,k,v,o,gate,up,down"  # the adapted projections, comma-separated (`LORA_TARGETS`)
-    dropout: float = 0.0  # on the adapters' input; only 0 is supported (the learner threads no random key)
+    dropout: float = 0.0  # on each adapter's input in the learner's forward pass (PEFT's lora_dropout)
     weight_qtype: str = ""  # the frozen base: "" (the compute dtype), "int8" or "nf4" (QLoRA)
     block_size: int = 64  # nf4: input weights per scale (QLoRA's 64)
 
@@ -66,9 +69,8 @@ class LoraConfig:
         unknown = [t for t in self.target_names if t not in LORA_TARGETS]
         if unknown or (self.rank and not self.target_names):
             raise field_error("policy.lora", "targets", f"{self.targets!r}: name some of {', '.join(LORA_TARGETS)}")
-        if self.dropout != 0.0:
-            raise field_error("policy.lora", "dropout", f"{self.dropout}: only 0 is supported (LoRA dropout needs a "
-                              "random key per update, which the learner does not thread yet)")
+        if not 0.0 <= self.dropout < 1.0:  # also NaN
+            raise field_error("policy.lora", "dropout", f"{self.dropout} must be in [0, 1)")
         one_of("policy.lora", "weight_qtype", self.weight_qtype, WEIGHT_QTYPES)
         if self.weight_qtype and not self.rank:
             raise field_error("policy.lora", "weight_qtype", f"{self.weight_qtype!r} quantizes the frozen base of "
@@ -127,12 +129,24 @@ def init_adapters(model, layout: sharding.Layout, seed: int = 0) -> None:
         var.set_value(jax.jit(make, out_shardings=placed)())
 
 
-def delta(module: nnx.Module, name: str, x: jax.Array) -> jax.Array | None:
-    """Projection `name`'s adapter applied to its input `x [..., *In]`: `(alpha / r) x A B` `[..., *Out]` (LoRA
-    Eq. 3), in `x`'s dtype; None when `name` has no adapter."""
+def dropped(x: jax.Array, keys: jax.Array, rate: float) -> jax.Array:
+    """Inverted dropout of `x [B, ...]`, row b's mask drawn from `keys[b]` (`keys [B]`, typed): each element is
+    zeroed with probability `rate` and the others scaled by 1 / (1 - rate), so that the expectation is `x`."""
+    keep = jax.vmap(lambda k: jax.random.bernoulli(k, 1.0 - rate, x.shape[1:]))(keys)
+    return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
+
+
+def delta(module: nnx.Module, name: str, x: jax.Array, dropout: jax.Array | None = None) -> jax.Array | None:
+    """Projection `name`'s adapter applied to its input `x [B, T, *In]`: `(alpha / r) x A B` `[B, T, *Out]` (LoRA
+    Eq. 3), in `x`'s dtype; None when `name` has no adapter. `dropout [B]` (typed keys, the rows' keys of this
+    layer): in a training forward pass, `x` goes through LoRA dropout (`LoraConfig.dropout`) first, as PEFT's
+    `lora_B(lora_A(dropout(x)))`, each projection with its own mask."""
     a = getattr(module, f"{name}_lora_a", None)
     if a is None:
         return None
+    if dropout is not None and module.lora.dropout > 0:  # each projection's own keys
+        keys = jax.vmap(jax.random.fold_in, (0, None))(dropout, LORA_TARGETS.index(name))
+        x = dropped(x, keys, module.lora.dropout)
     a, b = a[...], getattr(module, f"{name}_lora_b")[...]
     n_in = a.ndim - 1
     lead = x.shape[:x.ndim - n_in]
@@ -142,11 +156,11 @@ def delta(module: nnx.Module, name: str, x: jax.Array) -> jax.Array | None:
 
 
 def fused_delta(module: nnx.Module, names: tuple[str, ...], x: jax.Array, shapes: tuple[tuple[int, ...], ...],
-                axis: int, stack: bool = False) -> jax.Array | None:
+                axis: int, stack: bool = False, dropout: jax.Array | None = None) -> jax.Array | None:
     """The deltas of the projections `names` that make one fused product, joined along its `axis` (concatenated,
     or stacked on a new last axis with `stack`), zeros for an untargeted one (`shapes`: each one's output shape);
-    None when none is targeted."""
-    parts = [delta(module, n, x) for n in names]
+    None when none is targeted. `dropout`: as `delta`'s."""
+    parts = [delta(module, n, x, dropout) for n in names]
     if all(p is None for p in parts):
         return None
     lead = x.shape[:-1]

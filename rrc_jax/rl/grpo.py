@@ -223,8 +223,8 @@ def grpo_objective(*, temperature: float = 1.0, eps_low: float = 0.2, eps_high: 
                    remat: bool = False):
     """The GRPO loss of a policy on a rollout batch, as a `rrc_jax.rl.learner` loss function.
 
-    The batch holds `ids`, `mask`, `loss_mask` `[B, T]`, `advantages [B]`, `old_logp [B, T]` and, when `beta > 0`,
-    `ref_logp [B, T]`; without `old_logp` the batch is on-policy (each rollout's one update, the first after its
+    The batch holds `ids`, `mask`, `loss_mask` `[B, T]`, `advantages [B]`, `old_logp [B, T]`, when `beta > 0`
+    `ref_logp [B, T]`, and under LoRA dropout each row's seed `dropout_seed [B]`; without `old_logp` the batch is on-policy (each rollout's one update, the first after its
     sampling) and pi_theta_old is the policy itself, `stop_gradient(logp)`, as in Eq. 4 with one inner iteration; every log-probability is of `softmax(logits / temperature)`, the distribution the rollouts
     were sampled from. `max_len` is Dr.GRPO's constant (the generation budget, `rl.max_new_tokens`). The metrics
     add the policy's mean token `entropy` and the learner's `weight` (`aggregation_weight`). `chunk_size` positions
@@ -235,7 +235,8 @@ def grpo_objective(*, temperature: float = 1.0, eps_low: float = 0.2, eps_high: 
 
     def loss_fn(model, batch):
         logp, entropy = model.token_logprobs(batch["ids"], batch["mask"], return_entropy=True,
-                                             temperature=temperature, chunk_size=chunk_size, remat=remat)
+                                             temperature=temperature, chunk_size=chunk_size, remat=remat,
+                                             dropout_seed=batch.get("dropout_seed"))
         old = batch["old_logp"] if "old_logp" in batch else jax.lax.stop_gradient(logp)  # on-policy: rho = 1
         loss, metrics = grpo_loss(logp, old, batch.get("ref_logp"), batch["advantages"],
                                   batch["loss_mask"], eps_low=eps_low, eps_high=eps_high, beta=beta,

@@ -31,6 +31,7 @@ files.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -67,6 +68,12 @@ from rrc_jax.sharding import bytes_per_device, constrain, host_row_multiple, put
 def take_rows(batch: dict, rows: jax.Array) -> dict:
     """The minibatch `rows [R]` of a batch of `[N, ...]` arrays, its rows over `(data, fsdp)` again."""
     return {k: constrain(v[rows], ("batch",) + (None,) * (v.ndim - 1)) for k, v in batch.items()}
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def row_seeds(key: jax.Array, n: int) -> jax.Array:
+    """`[n]` uint32 seeds from `key`, one per row of a step's batch, its rows over `(data, fsdp)`."""
+    return constrain(jax.random.bits(key, (n,), jnp.uint32), ("batch",))
 
 
 class Trainer:
@@ -150,6 +157,8 @@ class Trainer:
         logs = []
         for epoch in range(learner.mu):
             order = np.asarray(jax.random.permutation(jax.random.fold_in(key, epoch), n))
+            if self.settings.lora.dropout:  # each row's LoRA dropout seed in this pass, whatever its minibatch
+                data["dropout_seed"] = row_seeds(jax.random.fold_in(key, learner.mu + epoch), n)
             for start in range(0, n, size):
                 logs.append(self.learner.update(take_rows(data, jnp.asarray(order[start:start + size]))))
         logs = jax.device_get(logs)  # the step's one read-back
