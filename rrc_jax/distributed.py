@@ -212,7 +212,8 @@ def host_block(n: int) -> np.ndarray:
 
 
 # metrics that are totals over the hosts' work; every other metric is a mean over hosts (NaN left out)
-SUMMED_METRICS = ("judge/questions", "judge/tokens", "judge/prefill_tokens_saved", "tokens_per_second")
+SUMMED_METRICS = ("judge/questions", "judge/tokens", "judge/prefill_tokens_saved", "tokens_per_second",
+                  "data/filtered_groups", "data/surplus_groups", "data/unfilled_groups")
 
 
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:

@@ -693,6 +693,9 @@ def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = No
 
     rows += _policy_rollouts(config, policy, layouts.get("rollout", layouts["policy"])[1], dtype,
                              layouts.get("rollout", layouts["policy"])[0])
+    if rl.dynamic_sampling:
+        notes.append(f"dynamic sampling: a step draws 1 to rl.max_draws = {rl.max_draws} batches of prompts until "
+                     "its groups' rewards differ; rollout and judging below are one draw's")
     if "grm" in cfgs:
         judged, note = _judging(config, cfgs["grm"], layouts["grm"][1], dtype, layouts["grm"][0])
         rows += judged

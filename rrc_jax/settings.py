@@ -25,11 +25,19 @@ def parse(cls, config, path: str | None = None):
     return cls(**{f.name: group[f.name] for f in dataclasses.fields(cls)})
 
 
+def unset(kind: type):
+    """A dataclass field that is None until the user sets it (`defaults` makes it an ml_collections placeholder of
+    type `kind`, which the command line can set): the component then chooses, e.g. from another field."""
+    return dataclasses.field(default=None, metadata={"unset": kind})
+
+
 def defaults(*classes) -> dict:
-    """The default fields of one config group made of `classes`, in order."""
+    """The default fields of one config group made of `classes`, in order (an `unset` field as a placeholder)."""
     out: dict = {}
     for cls in classes:
-        out.update(dataclasses.asdict(cls()))
+        for f in dataclasses.fields(cls):
+            kind = f.metadata.get("unset")
+            out[f.name] = ml_collections.config_dict.placeholder(kind) if kind else getattr(cls(), f.name)
     return out
 
 

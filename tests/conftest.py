@@ -173,3 +173,26 @@ def cli_args(workdir, cache, kind="agr", module="rrc_jax.train", **overrides):
 
     items = {**TINY_RUN, "workdir": str(workdir), "toy.cache_dir": str(cache), **overrides}
     return [sys.executable, "-m", module, f"--config={kind}.py"] + [f"--config.{k}={v}" for k, v in items.items()]
+
+
+def killed_and_resumed(workdir, cmd, killed_at: int, final: int):
+    """Run `cmd` (a trainer command line on `workdir`), SIGKILL it once its step-`killed_at` checkpoint is committed
+    (before its last, step `final`), rerun it to the end and return the resumed run's metrics (`read_metrics`)."""
+    import os
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    repo, workdir = Path(__file__).resolve().parents[1], Path(workdir)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=repo)
+    deadline = time.time() + 600
+    while not (workdir / "checkpoints" / str(killed_at)).is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (workdir / "checkpoints" / str(killed_at)).is_dir() and not (workdir / "checkpoints" / str(final)).exists()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=repo)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"resumed from the checkpoint of step {killed_at}" in out.stderr
+    return read_metrics(workdir)

@@ -16,13 +16,13 @@ def test_group_advantages_eq4_population_std():
     r = np.array([[1.0, 2.0, 3.0, 6.0], [0.0, 0.0, 1.0, 1.0]])
     mu, sd = r.mean(1, keepdims=True), r.std(1, keepdims=True)  # numpy std is the 1/m population std
     np.testing.assert_allclose(np.asarray(group_advantages(r)), (r - mu) / (sd + 1e-6), rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(group_advantages(r, scale_std=False)), r - mu, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(group_advantages(r, "rlvr_no_std")), r - mu, rtol=1e-6)
 
 
 def test_flat_group_gets_zero_advantages():
     r = np.array([[0.1, 0.1, 0.1], [2.2, 2.2, 2.2], [0.0, 1.0, 3.0]], dtype=np.float32)  # naive: ~1e-2
-    for scale_std in (True, False):
-        a = np.asarray(group_advantages(r, scale_std=scale_std))
+    for estimator in ("group_norm", "rlvr_no_std", "rloo"):
+        a = np.asarray(group_advantages(r, estimator))
         assert np.all(a[:2] == 0.0) and np.all(a[2] != 0.0)
 
 
@@ -56,9 +56,9 @@ def test_group_advantages_affine_invariance_default_eps(r, b, d_scale):
 
 def test_dr_grpo_advantages_shift_invariant_and_scale_equivariant():
     r = np.random.default_rng(0).uniform(size=(3, 8)).astype(np.float32)
-    a = np.asarray(group_advantages(r, scale_std=False))
-    np.testing.assert_allclose(np.asarray(group_advantages(r + 2.0, scale_std=False)), a, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(group_advantages(3.0 * r, scale_std=False)), 3.0 * a, atol=1e-6)
+    a = np.asarray(group_advantages(r, "rlvr_no_std"))
+    np.testing.assert_allclose(np.asarray(group_advantages(r + 2.0, "rlvr_no_std")), a, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(group_advantages(3.0 * r, "rlvr_no_std")), 3.0 * a, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------------------- loss

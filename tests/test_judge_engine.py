@@ -250,6 +250,36 @@ def test_knockout_uses_m_minus_1_queries_and_crowns_the_best(model, m):
         assert result.rewards[b, np.argmax(q)] == m - 1
 
 
+@pytest.mark.parametrize("votes", [1, 2])
+@pytest.mark.parametrize("m", [2, 5, 8])
+def test_the_tournaments_ask_their_closed_form_and_follow_the_verdicts(model, m, votes):
+    """`play` with the scripted judge (prompts whose verdicts follow quality): each format asks its closed form of
+    duels x V questions, every round of every group in one judge call, and its standing is what its rules give on
+    the true verdicts (with swapped votes too: a majority decides)."""
+    from rrc_jax.judge.tournaments import play
+    from rrc_jax.rewards.tournament_rules import Circular, DoubleElimination, SeededKnockout, Swiss
+
+    prompts, groups = zip(*(group(p, m) for p in (0, 1)))
+    formats = {"circular": (lambda: Circular(m), m if m > 2 else 1), "swiss": (lambda: Swiss(m, m // 2),
+               (m // 2) * (m // 2)), "seeded_knockout": (lambda: SeededKnockout(m, -np.arange(m)), m - 1),
+               "double_elimination": (lambda: DoubleElimination(m), None)}
+    for name, (make, duels) in formats.items():
+        judge = make_judge(model)
+        standings, queries = play(judge, list(prompts), [list(g) for g in groups], [make(), make()], votes=votes,
+                                  swap=True)
+        for b, p in enumerate((0, 1)):
+            q = np.array([QUALITY[p, RESPONSES.index(r)] for r in groups[b]])
+            rule = make()
+            while pairs := rule.pairs():
+                rule.record(pairs, [1 if q[i] > q[j] else -1 for i, j in pairs])
+            np.testing.assert_array_equal(standings[b], rule.standing(), err_msg=name)
+            if duels is not None:
+                assert queries[b] == duels, name
+            else:  # no ties here: the best response wins every duel, so no reset
+                assert queries[b] == 2 * m - 2, name
+        assert judge.metrics.questions == queries.sum() * votes, name
+
+
 def test_order_rewards_is_eq21():
     np.testing.assert_array_equal(order_rewards(np.array([[2, 0, 1]]), alpha=2.0), [[2.0, 0.0, 4.0]])
 

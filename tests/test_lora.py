@@ -14,7 +14,8 @@ import pytest
 import torch
 from flax import nnx
 
-from conftest import cli_args, cpu_devices_env, make_hf_model, padded_batch, read_metrics, tiny_config
+from conftest import (cli_args, cpu_devices_env, killed_and_resumed, make_hf_model, padded_batch, read_metrics,
+                      tiny_config)
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import load_hf, save_hf
 from rrc_jax.models.lora import LoraConfig, adapter_count, frozen_copy, trainable
@@ -239,18 +240,21 @@ def test_a_sigkilled_lora_run_resumes_to_the_same_metrics(tmp_path, toy_cache):
     B = 0, whatever the dropout masks), no reference model is loaded, the optimizer holds the adapters only (under
     10% of a full fine-tune's AdamW), the run exports the merged model and the PEFT adapter, and `init_from` that
     adapter starts a run there. SIGKILLed after its step-2 checkpoint (the adapters, their optimizer state and the
-    data state), it resumes to metrics identical to the uninterrupted run's (the dropout masks too)."""
-    import os
-    import signal
-    import time
+    data state), it resumes to metrics identical to the uninterrupted run's (the dropout masks too).
 
+    The run also takes the learner options of `test_learner_options` (one SIGKILL run for both): SCR on the tiny toy
+    world, whose judge abstains often (many groups tie), with dynamic sampling, RLOO advantages, GSPO's loss and
+    DAPO's overlong penalty. Some step draws again and leaves constant groups out; a step trains on constant groups
+    only as far as its draws ran out; the resume replays the same extra draws (from the checkpointed data state)."""
     from test_faults import assert_same_metrics
     from rrc_jax.rl.trainer import Trainer, run
 
     overrides = {"steps": 4, "checkpoint.save_every": 2, "eval.every": 2, "policy.lora.rank": 2,
                  "policy.lora.alpha": 4.0, "policy.lora.dropout": 0.1, "rl.beta": 0.05,
-                 "rl.minibatch_size": 16}  # one update a step
-    workdir = run(tiny_config("drm", tmp_path / "straight", toy_cache, **overrides))
+                 "rl.minibatch_size": 16,  # one update a step
+                 "rl.dynamic_sampling": True, "rl.max_draws": 3, "rl.advantage": "rloo", "rl.loss": "gspo",
+                 "rl.overlong": 2}
+    workdir = run(tiny_config("scr", tmp_path / "straight", toy_cache, **overrides))
     straight = read_metrics(workdir)
     assert straight[1]["kl"] == 0.0 and straight[2]["kl"] > 0
     assert "memory/reference_params_bytes_per_device" not in straight[0]
@@ -258,7 +262,14 @@ def test_a_sigkilled_lora_run_resumes_to_the_same_metrics(tmp_path, toy_cache):
     assert straight[0]["memory/optimizer_bytes_per_device"] < 0.1 * 2 * sum(x.nbytes for x in jax.tree.leaves(full))
     assert (workdir / "adapter" / "adapter_model.safetensors").is_file()
     assert json.loads((workdir / "hf_export" / "config.json").read_text())["model_type"] == "llama"
-    again = Trainer(tiny_config("drm", tmp_path / "again", toy_cache, init_from=str(workdir / "adapter"),
+    steps = [straight[s] for s in range(1, 5)]
+    assert all(1 <= r["data/draws_per_step"] <= 3 for r in steps)
+    assert any(r["data/draws_per_step"] > 1 and r["data/filtered_groups"] > 0 for r in steps)
+    for r in steps:  # what the learner saw: constant groups only where the draws ran out
+        assert r["reward/flat_groups"] * 4 == r["data/unfilled_groups"]
+        assert r["data/unfilled_groups"] == 0 or r["data/draws_per_step"] == 3
+        assert -1.0 <= r["reward/overlong_penalty"] <= 0.0
+    again = Trainer(tiny_config("scr", tmp_path / "again", toy_cache, init_from=str(workdir / "adapter"),
                                 **overrides))
     exported = load_hf(workdir / "hf_export")
     ids, mask = padded_batch([9, 6], vocab=exported.cfg.vocab_size)
@@ -266,15 +277,5 @@ def test_a_sigkilled_lora_run_resumes_to_the_same_metrics(tmp_path, toy_cache):
                                np.asarray(exported(jnp.asarray(ids), jnp.asarray(mask))), atol=1e-5)
 
     killed = tmp_path / "killed"
-    cmd = cli_args(killed, toy_cache, kind="drm", **overrides)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
-    deadline = time.time() + 600
-    while not (killed / "checkpoints" / "2").is_dir() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert (killed / "checkpoints" / "2").is_dir() and not (killed / "checkpoints" / "4").exists()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "resumed from the checkpoint of step 2" in out.stderr
-    assert_same_metrics(straight, read_metrics(killed))
+    resumed = killed_and_resumed(killed, cli_args(killed, toy_cache, kind="scr", **overrides), killed_at=2, final=4)
+    assert_same_metrics(straight, resumed)

@@ -33,7 +33,9 @@ EXTRA = {"drm": {}, "prc": {}, "scr": {"reward.scr.cara": True}, "agr": {"rl.bet
          "irpo": {"models.policy": "toy:pointwise", "data.format": "pairs", "reward.judge.template": "toy_pointwise",
                   "eval.judge_votes": 0, "rl.max_new_tokens": 20},
          "pointwise": {"models.grm": "toy:pointwise", "reward.judge.template": "toy_pointwise",
-                       "eval.judge_votes": 0}}
+                       "eval.judge_votes": 0},
+         # a tournament (the others differ only in their rules: test_tournament_rules), seeded by the DRM
+         "seeded_knockout": {"eval.judge_votes": 0}}
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +74,8 @@ def test_two_step_run_for_each_reward_kind(kind, finished):
         assert {"reward/pair_accuracy", "reward/score_std", "reward/format_ok"} <= set(rows[1])
     if kind == "scr":
         assert "judge/intransitive_triads" in rows[1]
+    if kind == "seeded_knockout":  # m - 1 duels of 2 votes for each of 4 prompts
+        assert rows[1]["judge/comparisons"] == 3 and rows[1]["judge/questions"] == 4 * 3 * 2
     if kind == "prc":  # the P(A) histogram: ten shares summing to one
         assert sum(rows[1][f"prc/p_bin{k}"] for k in range(10)) == pytest.approx(1.0)
     if kind != "irpo":  # reward fidelity against the oracle (kendall_tau is NaN when every group is flat)
@@ -316,10 +320,11 @@ def test_rollout_logprobs_are_at_the_sampling_temperature(tmp_path, toy_cache, m
                                                                "rl.loss_aggregation": "seq_mean_token_sum_norm",
                                                                "rl.minibatch_size": 4}))  # 2 updates: old_logp
     assert objectives == [dict(temperature=0.6, eps_low=0.2, eps_high=0.2, beta=0.1,
-                               aggregation="seq_mean_token_sum_norm", max_len=8, chunk_size=128, remat=False)]
+                               aggregation="seq_mean_token_sum_norm", max_len=8, chunk_size=128, remat=False,
+                               loss="grpo")]
     monkeypatch.setattr(trainer.learner, "update", lambda batch: seen.append(batch) or {"loss": 0.0, "skipped": 0})
-    _, batch = sample_groups(trainer.sampler, trainer.tokenizer, trainer.train_prompts, ["1234>", "9876>"],
-                             trainer.settings.rollout, jax.random.key(0))
+    batch = sample_groups(trainer.sampler, trainer.tokenizer, trainer.train_prompts, ["1234>", "9876>"],
+                          trainer.settings.rollout, jax.random.key(0)).batch(trainer.sampler.pad_id)
     trainer.update(batch, np.zeros(8), jax.random.key(1))
     logits = trainer.policy(jnp.asarray(batch["ids"]), jnp.asarray(batch["mask"]))
     want = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits / 0.6, axis=-1))[:, :-1],

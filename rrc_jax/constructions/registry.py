@@ -1,6 +1,6 @@
 """The registry of reward constructions: `reward.kind` -> its `Construction` class. It is the one list of kinds:
 config defaults and checks, the planner, the data loader and the trainer all ask it (`construction_class`). A new
-built-in construction is one module and one line here; a user's is `reward.kind='MODULE:NAME'` (`plugin`)."""
+built-in construction is one module (the tournaments share one) and one line here; a user's is `reward.kind='MODULE:NAME'` (`plugin`)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from rrc_jax.constructions.pointwise import PointwiseReward
 from rrc_jax.constructions.prc import PRCReward
 from rrc_jax.constructions.rlvr import RLVRReward
 from rrc_jax.constructions.scr import SCRReward
+from rrc_jax.constructions.tournaments import (CircularReward, DoubleEliminationReward, SeededKnockoutReward,
+                                               SwissReward)
 from rrc_jax.errors import ConfigError
 
 CONSTRUCTIONS: dict[str, type[Construction]] = {cls.kind: cls for cls in (
@@ -26,6 +28,10 @@ CONSTRUCTIONS: dict[str, type[Construction]] = {cls.kind: cls for cls in (
     PointwiseReward,
     RLVRReward,
     IRPOReward,
+    SwissReward,
+    DoubleEliminationReward,
+    SeededKnockoutReward,
+    CircularReward,
 )}
 
 

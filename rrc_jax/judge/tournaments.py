@@ -2,9 +2,10 @@
 
 `merge_sort` orders each group in ceil(log2 m) batched merge levels (at most m ceil(log2 m) comparisons per
 prompt); `knockout` plays a single-elimination bracket (m - 1 comparisons in ceil(log2 m) batched rounds). Both
-return the order and its Eq. 21 rewards (`rrc_jax.rewards.order_rewards`). Every comparison of a round, across
-all prompts, is one batched judge call; on several hosts each host judges its own prompts and every host asks as
-many rounds as the longest tournament needs.
+return the order and its Eq. 21 rewards (`rrc_jax.rewards.order_rewards`). `play` runs any of the tournaments whose
+rules are in `rrc_jax.rewards.tournament_rules` (Swiss, double elimination, seeded knockout, circular) and returns
+their standings. Every comparison of a round, across all prompts, is one batched judge call; on several hosts each
+host judges its own prompts and every host asks as many rounds as the longest tournament needs.
 
 Shapes: B prompts, m responses per prompt.
 """
@@ -31,15 +32,43 @@ class Tournament(NamedTuple):
     queries: np.ndarray
 
 
-def _duel(judge: Judge, prompts, responses, duels, votes, swap) -> list[bool]:
-    """One batched round: for each (b, i, j), True iff i is preferred (ties and abstentions keep i first). A
-    host without duels still takes part (the call is collective on several hosts)."""
+def _outcomes(judge: Judge, prompts, responses, duels, votes, swap) -> list[int]:
+    """One batched round: for each (b, i, j), +1 when the majority of its V votes prefers i, -1 when it prefers j, 0
+    when they split or abstain. A host without duels still takes part (the call is collective on several hosts)."""
     g = [d[0] for d in duels]
     pv, _ = judge.pair_votes(prompts, g, [responses[b][i] for b, i, _ in duels],
                              [responses[b][j] for b, _, j in duels], votes, swap,
                              orders=[(b + i + j) % 2 for b, i, j in duels],
                              tags=[{"i": i, "j": j} for _, i, j in duels])
-    return list(pv.wins >= pv.losses)
+    return [int(x) for x in np.sign(pv.wins.astype(np.int64) - pv.losses)]
+
+
+def _duel(judge: Judge, prompts, responses, duels, votes, swap) -> list[bool]:
+    """One batched round: for each (b, i, j), True iff i is preferred (ties and abstentions keep i first)."""
+    return [o >= 0 for o in _outcomes(judge, prompts, responses, duels, votes, swap)]
+
+
+def play(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequence[str]], rules: Sequence,
+         votes: int = 1, swap: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Each prompt's tournament `rules[b]` (`rrc_jax.rewards.tournament_rules`) played to its end: every round's
+    duels of every group asked in one batched judge call (V votes each, A/B swapped across votes with `swap`), the
+    outcomes recorded. Returns the standings `[B, m]` and the duels `[B]` each group played."""
+    check_votes(votes)
+    m = check_groups(responses, "tournament responses")
+    queries = np.zeros(len(prompts), np.int64)
+    while True:
+        rounds = [rule.pairs() for rule in rules]
+        duels = [(b, i, j) for b, pairs in enumerate(rounds) for i, j in pairs]
+        if not distributed.any_host(bool(duels)):  # every host asks as many rounds as the longest tournament
+            break
+        outcomes = _outcomes(judge, prompts, responses, duels, votes, swap)
+        k = 0
+        for b, pairs in enumerate(rounds):
+            if pairs:
+                rules[b].record(pairs, outcomes[k:k + len(pairs)])
+                k, queries[b] = k + len(pairs), queries[b] + len(pairs)
+    standings = np.stack([rule.standing() for rule in rules]) if rules else np.zeros((0, m))
+    return standings, queries
 
 
 def merge_sort(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequence[str]], votes: int = 1,

@@ -1,6 +1,17 @@
-"""GRPO in pure JAX: group-normalised advantages (Eq. 4) and the clipped surrogate loss (IRPO Appendix C).
+"""GRPO in pure JAX: group advantages (Eq. 4) and the clipped surrogate loss (IRPO Appendix C), with the options
+the peers' learners have.
 
-Everything here is jit-compatible and differentiable; option names that change the program (``scale_std``,
+* The advantage (`rl.advantage`, `ADVANTAGES`): GRPO's group-normalised one (Eq. 4), Dr.GRPO's mean-centred one
+  without the std ("Understanding R1-Zero-Like Training: A Critical Perspective", section 3.2) and RLOO's
+  leave-one-out baseline ("Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback
+  in LLMs", section 3.2).
+* The importance ratio (`rl.loss`, `LOSSES`): GRPO's per token, GSPO's length-normalised sequence ratio and its
+  token variant ("Group Sequence Policy Optimization", sections 4.1 and 4.3), each clipped to its own default range
+  (`CLIP_RANGES`) unless `rl.eps_low` / `rl.eps_high` are set.
+* DAPO's overlong reward shaping ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale", section 3.4;
+  `overlong_penalty`). Its dynamic sampling draws prompts (`rrc_jax.rl.rollout.DynamicSampling`).
+
+Everything here is jit-compatible and differentiable; option names that change the program (the estimator, the loss,
 ``aggregation``, whether a reference is given) are static, numeric hyper-parameters are traced.
 """
 
@@ -12,59 +23,107 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rrc_jax.rewards._checks import check_option, check_rank, check_real, is_concrete
-from rrc_jax.settings import at_least, field_error, one_of
+from rrc_jax.settings import at_least, field_error, one_of, unset
 
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+ADVANTAGES = ("group_norm", "rlvr_no_std", "rloo")
+LOSSES = ("grpo", "gspo", "gspo_token")
+# Each loss's clip range (eps_low, eps_high) of its ratio: PPO's 0.2 for GRPO's token ratio; GSPO's for its sequence
+# ratio, whose length normalisation keeps it near 1 ("Group Sequence Policy Optimization", section 5.1: 3e-4, 4e-4).
+CLIP_RANGES = {"grpo": (0.2, 0.2), "gspo": (3e-4, 4e-4), "gspo_token": (3e-4, 4e-4)}
 
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
-    """The GRPO objective's hyper-parameters (`rl`): the ratio's clip range 1 - eps_low .. 1 + eps_high (DAPO's
-    decoupled clip), the k3 KL's coefficient and how token losses are aggregated."""
+    """The GRPO objective's hyper-parameters (`rl`): the advantage estimator, the ratio (`loss`) and its clip range
+    1 - eps_low .. 1 + eps_high (DAPO's decoupled clip; unset: the loss's `CLIP_RANGES`), the k3 KL's coefficient,
+    how token losses are aggregated, and DAPO's overlong shaping of the rewards."""
 
     GROUP: ClassVar[str] = "rl"
-    eps_low: float = 0.2
-    eps_high: float = 0.2
+    advantage: str = "group_norm"  # `ADVANTAGES`: GRPO's Eq. 4, Dr.GRPO's (no std), RLOO's leave-one-out
+    loss: str = "grpo"  # `LOSSES`: the importance ratio per token (GRPO) or of the sequence (GSPO)
+    eps_low: float | None = unset(float)  # None: the loss's own (`CLIP_RANGES`)
+    eps_high: float | None = unset(float)
     beta: float = 1e-3  # KL coefficient to the frozen reference: RM-R1's and IRPO's (the paper gives none)
     loss_aggregation: str = "seq_mean_token_mean"
+    overlong: int = 0  # DAPO's soft overlong punishment over the last this many tokens of rl.max_new_tokens (0: off)
+    overlong_penalty: float = 1.0  # the punishment of a response that reaches rl.max_new_tokens
 
     def __post_init__(self):
-        if not 0 <= self.eps_low < 1:
-            raise field_error("rl", "eps_low", f"{self.eps_low} must be in [0, 1) (the ratio's lower clip is "
+        one_of("rl", "advantage", self.advantage, ADVANTAGES)
+        one_of("rl", "loss", self.loss, LOSSES)
+        eps_low, eps_high = self.clip_range
+        if not 0 <= eps_low < 1:
+            raise field_error("rl", "eps_low", f"{eps_low} must be in [0, 1) (the ratio's lower clip is "
                               "1 - eps_low)")
-        at_least("rl", "eps_high", self.eps_high, 0, "the ratio's upper clip is 1 + eps_high")
+        at_least("rl", "eps_high", eps_high, 0, "the ratio's upper clip is 1 + eps_high")
         at_least("rl", "beta", self.beta, 0)
         one_of("rl", "loss_aggregation", self.loss_aggregation, AGGREGATIONS)
+        at_least("rl", "overlong", self.overlong, 0)
+        at_least("rl", "overlong_penalty", self.overlong_penalty, 0)
+
+    @property
+    def clip_range(self) -> tuple[float, float]:
+        """(eps_low, eps_high): as set, else the loss's default (`CLIP_RANGES`)."""
+        low, high = CLIP_RANGES[self.loss]
+        return (low if self.eps_low is None else self.eps_low), (high if self.eps_high is None else self.eps_high)
 
 
-@functools.partial(jax.jit, static_argnames=("scale_std",))
-def _group_advantages(r: jax.Array, eps: jax.Array, scale_std: bool) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("estimator",))
+def _group_advantages(r: jax.Array, eps: jax.Array, estimator: str) -> jax.Array:
+    m = r.shape[-1]
     centered = r - jnp.mean(r, axis=-1, keepdims=True)  # r_i - mu_r
-    if scale_std:
+    if estimator == "group_norm":
         centered = centered / (jnp.std(r, axis=-1, keepdims=True) + eps)  # sigma_r with 1/m (ddof=0), Eq. 4
+    elif estimator == "rloo":  # r_i - 1/(m-1) sum_{j != i} r_j = m/(m-1) (r_i - mu_r)
+        centered = centered * (m / (m - 1))
     flat = jnp.max(r, axis=-1, keepdims=True) == jnp.min(r, axis=-1, keepdims=True)
     return jnp.where(flat, 0.0, centered)
 
 
-def group_advantages(rewards, scale_std: bool = True, eps: float = 1e-6) -> jax.Array:
-    """GRPO advantages, Eq. 4: ``A_i = (r_i - mean(r)) / (std(r) + eps)`` within each prompt's group.
+def group_advantages(rewards, estimator: str = "group_norm", eps: float = 1e-6) -> jax.Array:
+    """Each response's advantage within its prompt's group of m, by `estimator` (`ADVANTAGES`):
+
+    * ``group_norm`` (GRPO, Eq. 4): ``A_i = (r_i - mean(r)) / (std(r) + eps)``, the population std (``1/m``);
+    * ``rlvr_no_std`` (Dr.GRPO, section 3.2): ``A_i = r_i - mean(r)``;
+    * ``rloo`` (RLOO, "Back to Basics", section 3.2): ``A_i = r_i - 1/(m - 1) sum_{j != i} r_j``, the mean of the
+      others as the baseline (``= m / (m - 1) (r_i - mean(r))``).
 
     Args:
-      rewards: ``[batch, group]`` rewards, one row per prompt (e.g. from ``scr_rewards`` / ``agr_rewards``).
-      scale_std: divide by the group's population standard deviation (``1/m``, as in Eq. 4). ``False`` gives
-        Dr.GRPO's mean-centred advantages ``r_i - mean(r)``.
-      eps: added to the standard deviation. Invariance to ``r -> b r + d`` (``b > 0``, Eq. 13) holds up to
-        ``eps / (b std)``.
+      rewards: ``[batch, group]`` rewards, one row per prompt (e.g. from ``scr_rewards`` / ``agr_rewards``); RLOO
+        needs a group of at least 2.
+      estimator: one of `ADVANTAGES`.
+      eps: added to the standard deviation (``group_norm``). Invariance to ``r -> b r + d`` (``b > 0``, Eq. 13)
+        holds up to ``eps / (b std)``.
 
     Returns:
       ``[batch, group]`` float32 advantages. A group whose rewards are all equal gets exactly zero advantages (no
-      learning signal, rather than amplified rounding noise).
+      learning signal, rather than amplified rounding noise), whatever the estimator.
     """
-    check_rank(rewards, 2, "rewards", "[batch, group]")
+    check_option(estimator, ADVANTAGES, "estimator")
+    _, m = check_rank(rewards, 2, "rewards", "[batch, group]")
     check_real(rewards, "rewards")
-    return _group_advantages(jnp.asarray(rewards, jnp.float32), jnp.asarray(eps, jnp.float32), bool(scale_std))
+    if estimator == "rloo" and m < 2:
+        raise ValueError(f"RLOO's leave-one-out baseline needs at least 2 responses per group, got {m}")
+    return _group_advantages(jnp.asarray(rewards, jnp.float32), jnp.asarray(eps, jnp.float32), estimator)
+
+
+def overlong_penalty(lengths, max_new_tokens: int, cache: int, penalty: float = 1.0) -> np.ndarray:
+    """DAPO's soft overlong punishment (section 3.4) of responses of `lengths [...]` tokens, added to their rewards:
+    with ``L_max = max_new_tokens`` and ``L_cache = cache``, ``R_length(y) = 0`` for ``|y| <= L_max - L_cache``,
+    ``((L_max - L_cache) - |y|) / L_cache`` up to ``|y| = L_max`` (a linear ramp to -1), and -1 beyond (a
+    response cut at ``L_max`` is at -1); times `penalty`. `cache` 0: no shaping (zeros)."""
+    lengths = np.asarray(lengths, np.float64)
+    if cache <= 0:
+        return np.zeros(lengths.shape, np.float32)
+    if cache > max_new_tokens:
+        raise ValueError(f"the overlong window ({cache} tokens) must fit in max_new_tokens={max_new_tokens}")
+    expected = max_new_tokens - cache
+    ramp = np.clip((expected - lengths) / cache, -1.0, 0.0)
+    return (penalty * ramp).astype(np.float32)
 
 
 def aggregation_weight(mask, aggregation: str) -> jax.Array:
@@ -100,9 +159,29 @@ def _aggregate(per_token: jax.Array, mask: jax.Array, aggregation: str, norm: ja
     return jnp.sum(jnp.where(has_tok, seq_mean, 0.0)) / jnp.maximum(jnp.sum(has_tok), 1)
 
 
-@functools.partial(jax.jit, static_argnames=("aggregation", "has_ref"))
+def log_ratio(logp: jax.Array, old: jax.Array, mask: jax.Array, loss: str) -> jax.Array:
+    """The log importance ratio `[B, T]` of each valid token of `mask` under `loss` (`LOSSES`):
+
+    * ``grpo``: ``log pi_theta(y_t | x, y_<t) - log pi_old(y_t | x, y_<t)``, per token;
+    * ``gspo`` ("Group Sequence Policy Optimization", section 4.1): ``log s_i = 1/|y_i| sum_t (log pi_theta -
+      log pi_old)``, the log of ``s_i = (pi_theta(y_i | x) / pi_old(y_i | x))^(1/|y_i|)``, the same for every token
+      of sequence i;
+    * ``gspo_token`` (section 4.3): ``log s_i,t = sg[log s_i] + log pi_theta(y_t) - sg[log pi_theta(y_t)]``: the value
+      of ``s_i``, the gradient of token t's own log-probability.
+    """
+    token = logp - old
+    if loss == "grpo":
+        return token
+    n = jnp.maximum(jnp.sum(mask, axis=-1, keepdims=True), 1)
+    seq = jnp.sum(jnp.where(mask, token, 0.0), axis=-1, keepdims=True) / n  # [B, 1]
+    if loss == "gspo":
+        return jnp.broadcast_to(seq, token.shape)
+    return jax.lax.stop_gradient(seq) + logp - jax.lax.stop_gradient(logp)
+
+
+@functools.partial(jax.jit, static_argnames=("aggregation", "has_ref", "loss"))
 def _grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, eps_low, eps_high, beta, norm, *,
-               aggregation: str, has_ref: bool):
+               aggregation: str, has_ref: bool, loss: str):
     mask = mask.astype(bool)
     f32 = jnp.promote_types(logprobs.dtype, jnp.float32)  # bf16 -> f32; f64 stays f64 (x64 mode)
     # Replace padded positions before any arithmetic, so NaN / inf there cannot leak into values or gradients.
@@ -111,7 +190,7 @@ def _grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, eps_low, 
     adv = advantages.astype(f32)[:, None]  # A_i, the same for every token of o_i
     eps_low, eps_high, beta, norm = (jnp.asarray(x).astype(f32) for x in (eps_low, eps_high, beta, norm))
 
-    ratio = jnp.exp(logp - old)  # pi_theta(o_t | ...) / pi_theta_old(o_t | ...)
+    ratio = jnp.exp(log_ratio(logp, old, mask, loss))  # pi_theta / pi_theta_old: of token t, or GSPO's s_i
     unclipped = ratio * adv
     clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
     policy_tok = -jnp.minimum(unclipped, clipped)  # IRPO Appendix C, negated (we minimise)
@@ -122,7 +201,7 @@ def _grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, eps_low, 
         kl_tok = jnp.exp(log_ref_ratio) - log_ref_ratio - 1.0  # k3: pi_ref/pi - log(pi_ref/pi) - 1 >= 0
     else:
         kl_tok = jnp.zeros_like(logp)
-    loss = _aggregate(policy_tok + beta * kl_tok, mask, aggregation, norm)
+    total = _aggregate(policy_tok + beta * kl_tok, mask, aggregation, norm)
 
     n_tok = jnp.maximum(jnp.sum(mask), 1)
     clip_low = mask & (adv < 0) & (ratio < 1.0 - eps_low)
@@ -139,18 +218,22 @@ def _grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, eps_low, 
         "ratio_max": jnp.where(any_tok, jnp.max(jnp.where(mask, ratio, -jnp.inf)), 1.0),
         "num_tokens": jnp.sum(mask).astype(f32),
     }
-    return loss, jax.tree.map(lambda x: jax.lax.stop_gradient(x.astype(f32)), metrics)
+    return total, jax.tree.map(lambda x: jax.lax.stop_gradient(x.astype(f32)), metrics)
 
 
 def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, eps_low: float = 0.2,
               eps_high: float = 0.2, beta: float = 0.0, aggregation: str = "seq_mean_token_mean",
-              max_len: int | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+              max_len: int | None = None, loss: str = "grpo") -> tuple[jax.Array, dict[str, jax.Array]]:
     """Clipped GRPO surrogate with a k3 KL penalty; returns ``(loss, metrics)``, to be minimised.
 
-    Per valid token ``t`` of sequence ``i`` with ``rho = exp(logprobs - old_logprobs)``::
+    Per valid token ``t`` of sequence ``i`` with ``rho = exp(logprobs - old_logprobs)`` (GRPO; GSPO's ``rho`` is
+    the sequence's ``s_i`` for every token, `log_ratio`)::
 
         l_it = -min(rho A_i, clip(rho, 1 - eps_low, 1 + eps_high) A_i) + beta * k3_it
         k3_it = exp(ref - logprobs) - (ref - logprobs) - 1      (unbiased, non-negative estimate of KL(pi || ref))
+
+    With ``loss='gspo'`` and the GRPO aggregation this is GSPO's objective, ``1/G sum_i min(s_i A_i, clip(s_i) A_i)``
+    (section 4.1), plus the KL.
 
     Args:
       logprobs: ``[batch, time]`` log-probabilities of the sampled tokens under the policy being trained
@@ -172,6 +255,7 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, eps_low
         ``'seq_mean_token_sum_norm'`` (Dr.GRPO): each sequence's token sum divided by the constant ``max_len``, then
         mean over all ``batch`` sequences, so the loss has no length bias.
       max_len: the Dr.GRPO constant (default ``time``); ignored by the other modes.
+      loss: the importance ratio, one of `LOSSES` (`log_ratio`).
 
     Returns:
       ``(loss, metrics)``: scalar loss (float32; float64 for float64 inputs in x64 mode) and a dict of scalars
@@ -182,6 +266,7 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, eps_low
       ``num_tokens``. Use ``jax.grad(grpo_loss, has_aux=True)`` (or ``value_and_grad``) to differentiate.
     """
     check_option(aggregation, AGGREGATIONS, "aggregation")
+    check_option(loss, LOSSES, "loss")
     b, t = check_rank(logprobs, 2, "logprobs", "[batch, time]")
     named = {"old_logprobs": old_logprobs, "mask": mask}
     if ref_logprobs is not None:
@@ -207,7 +292,7 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, eps_low
     return _grpo_loss(
         jnp.asarray(logprobs), jnp.asarray(old_logprobs), jnp.asarray(ref), jnp.asarray(advantages),
         jnp.asarray(mask), jnp.asarray(eps_low), jnp.asarray(eps_high), jnp.asarray(beta), jnp.asarray(norm),
-        aggregation=aggregation, has_ref=ref_logprobs is not None,
+        aggregation=aggregation, has_ref=ref_logprobs is not None, loss=loss,
     )
 
 
@@ -220,7 +305,7 @@ METRIC_REDUCTIONS = {**{k: "num_tokens" for k in ("kl", "entropy", "clip_fractio
 
 def grpo_objective(*, temperature: float = 1.0, eps_low: float = 0.2, eps_high: float = 0.2, beta: float = 0.0,
                    aggregation: str = "seq_mean_token_mean", max_len: int | None = None, chunk_size: int = 128,
-                   remat: bool = False):
+                   remat: bool = False, loss: str = "grpo"):
     """The GRPO loss of a policy on a rollout batch, as a `rrc_jax.rl.learner` loss function.
 
     The batch holds `ids`, `mask`, `loss_mask` `[B, T]`, `advantages [B]`, `old_logp [B, T]`, when `beta > 0`
@@ -229,22 +314,23 @@ def grpo_objective(*, temperature: float = 1.0, eps_low: float = 0.2, eps_high: 
     were sampled from. `max_len` is Dr.GRPO's constant (the generation budget, `rl.max_new_tokens`). The metrics
     add the policy's mean token `entropy` and the learner's `weight` (`aggregation_weight`). `chunk_size` positions
     of the LM head at a time and `remat` (recompute each block in the backward pass) bound the memory of the
-    forward pass (`Decoder.token_logprobs`).
+    forward pass (`Decoder.token_logprobs`). `loss`: the importance ratio (`LOSSES`, `log_ratio`).
     """
     check_option(aggregation, AGGREGATIONS, "aggregation")
+    check_option(loss, LOSSES, "loss")
 
     def loss_fn(model, batch):
         logp, entropy = model.token_logprobs(batch["ids"], batch["mask"], return_entropy=True,
                                              temperature=temperature, chunk_size=chunk_size, remat=remat,
                                              dropout_seed=batch.get("dropout_seed"))
         old = batch["old_logp"] if "old_logp" in batch else jax.lax.stop_gradient(logp)  # on-policy: rho = 1
-        loss, metrics = grpo_loss(logp, old, batch.get("ref_logp"), batch["advantages"],
-                                  batch["loss_mask"], eps_low=eps_low, eps_high=eps_high, beta=beta,
-                                  aggregation=aggregation, max_len=max_len)
+        value, metrics = grpo_loss(logp, old, batch.get("ref_logp"), batch["advantages"],
+                                   batch["loss_mask"], eps_low=eps_low, eps_high=eps_high, beta=beta,
+                                   aggregation=aggregation, max_len=max_len, loss=loss)
         w = batch["loss_mask"].astype(jnp.float32)
         metrics["entropy"] = jax.lax.stop_gradient((entropy * w).sum() / jnp.maximum(w.sum(), 1.0))
         metrics["weight"] = aggregation_weight(batch["loss_mask"], aggregation)
-        return loss, metrics
+        return value, metrics
 
     loss_fn.reductions = METRIC_REDUCTIONS
     return loss_fn

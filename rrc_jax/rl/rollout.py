@@ -1,5 +1,5 @@
-"""The rollout: how the policy samples a step's groups (`RolloutConfig`, the `rl` fields it reads) and the
-training batch it makes of them (`sample_groups`)."""
+"""The rollout: how the policy samples a step's groups (`RolloutConfig`, the `rl` fields it reads; `sample_groups`)
+and the training batch it makes of them (`Groups.batch`)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ class RolloutConfig:
     # (`mesh.inference`, the compute dtype, refreshed after every update): no copy's memory, but every decoding
     # step gathers the weights. On one device there is no copy either way.
     share_weights: bool = False
+    # DAPO's dynamic sampling ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale", section 3.2): a
+    # group whose rewards are all equal has zero advantages and no gradient; draw more prompts until the step has
+    # prompts_per_step groups that do not, at most `max_draws` batches of prompts (`rrc_jax.rl.dynamic_sampling`)
+    dynamic_sampling: bool = False
+    max_draws: int = 4
 
     def __post_init__(self):
         if self.group_size < 2:
@@ -42,6 +47,7 @@ class RolloutConfig:
                               "groups")
         if not 0 < self.top_p <= 1:
             raise field_error("rl", "top_p", f"{self.top_p} must be in (0, 1]")
+        at_least("rl", "max_draws", self.max_draws, 1)
 
     @property
     def params(self) -> SamplingParams:
@@ -64,18 +70,52 @@ class RolloutConfig:
         return max(256, self.rows)
 
 
+@dataclasses.dataclass(frozen=True)
+class Groups:
+    """This host's B prompts and their groups of m sampled responses: `texts [B][m]`, each prompt's tokens
+    `prompt_ids [B]`, each response's tokens `responses [B*m]` (group after group) and `truncated [B*m]`."""
+
+    texts: list[list[str]]
+    prompt_ids: list[list[int]]
+    responses: list[np.ndarray]
+    truncated: np.ndarray
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens of each response `[B, m]`, its stop token included."""
+        return np.array([len(r) for r in self.responses], np.int64).reshape(len(self.texts), -1)
+
+    def take(self, groups: Sequence[int]) -> Groups:
+        """The groups `groups` (indices into B), in that order."""
+        m = len(self.texts[0]) if self.texts else 0
+        rows = [g * m + j for g in groups for j in range(m)]
+        return Groups([self.texts[g] for g in groups], [self.prompt_ids[g] for g in groups],
+                      [self.responses[r] for r in rows], self.truncated[rows])
+
+    @staticmethod
+    def concat(parts: Sequence[Groups]) -> Groups:
+        """The groups of `parts`, one after another."""
+        return Groups([t for p in parts for t in p.texts], [i for p in parts for i in p.prompt_ids],
+                      [r for p in parts for r in p.responses], np.concatenate([p.truncated for p in parts]))
+
+    def batch(self, pad_id: int) -> dict[str, np.ndarray]:
+        """The training batch: `completion_batch` rows of prompt + response `[B*m, T]`, loss on the response
+        including its stop token, one padded length on every host (collective), and `truncated [B*m]`."""
+        m = len(self.texts[0])
+        prompts = [self.prompt_ids[r // m] for r in range(len(self.responses))]
+        longest = max(len(p) + len(r) for p, r in zip(prompts, self.responses))
+        batch = completion_batch(prompts, self.responses, pad_id,
+                                 length=length_bucket(int(distributed.host_max(longest))))
+        batch["truncated"] = self.truncated
+        return batch
+
+
 def sample_groups(sampler: Sampler, tokenizer, prompt_set: PromptSet, prompts: Sequence[str], rollout: RolloutConfig,
-                  key: jax.Array) -> tuple[list[list[str]], dict[str, np.ndarray]]:
-    """m sampled responses to each of this host's B `prompts` (texts of `prompt_set`): texts `[B][m]` and the training
-    batch (`completion_batch` rows of prompt + response, loss on the response including its stop token, one padded
-    length on every host; `truncated [B*m]`)."""
+                  key: jax.Array) -> Groups:
+    """m sampled responses to each of this host's B `prompts` (texts of `prompt_set`)."""
     m = rollout.group_size
     ids = [prompt_tokens(tokenizer, prompt_set, p) for p in prompts]
     out = sampler.generate(ids, m, rollout.params, rng=key)
     texts = response_texts(tokenizer, out)
-    longest = max(len(ids[r // m]) + int(out.lengths[r]) for r in range(len(texts)))
-    batch = completion_batch([ids[i // m] for i in range(len(texts))],
-                             [out.tokens[r, :out.lengths[r]] for r in range(len(texts))], sampler.pad_id,
-                             length=length_bucket(int(distributed.host_max(longest))))
-    batch["truncated"] = out.truncated
-    return [texts[i * m:(i + 1) * m] for i in range(len(prompts))], batch
+    return Groups([texts[i * m:(i + 1) * m] for i in range(len(prompts))], [list(i) for i in ids],
+                  [np.asarray(out.tokens[r, :out.lengths[r]]) for r in range(len(texts))], np.asarray(out.truncated))

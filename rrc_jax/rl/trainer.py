@@ -5,8 +5,10 @@ One step (`Trainer.step`):
 1. B prompt indices from the grain pipeline (shuffled, repeated, sharded per host, checkpointable);
 2. m rollouts per prompt from the policy sampler (`rrc_jax.rl.rollout.sample_groups`, `RolloutConfig`);
 3. rewards `[B, m]` from the reward construction (`reward.kind`, `rrc_jax.constructions`), with its metrics and, on
-   the steps that dump samples, the judgments behind them;
-4. group advantages (Eq. 4);
+   the steps that dump samples, the judgments behind them, plus DAPO's overlong penalty (`rl.overlong`); under
+   `rl.dynamic_sampling`, 1-3 again until B groups have rewards that are not all equal
+   (`rrc_jax.rl.dynamic_sampling`);
+4. group advantages (`rl.advantage`: Eq. 4, Dr.GRPO's or RLOO's);
 5. log-probabilities of the rollouts under the policy before the update (pi_theta_old; not computed when each
    rollout gets exactly one update, `rl.mu = 1` with one minibatch per step: that update is on-policy) and, with
    `rl.beta > 0`, under the frozen reference, all at the sampling temperature; then `rl.mu` passes of minibatch updates of the
@@ -55,7 +57,8 @@ from rrc_jax.progress import Progress, say
 from rrc_jax.rl.evaluation import held_out_metrics
 from rrc_jax.rl.alarms import Alarms, config_warnings, signal_metrics
 from rrc_jax.rl.fidelity import fidelity_metrics
-from rrc_jax.rl.grpo import group_advantages, grpo_objective
+from rrc_jax.rl.dynamic_sampling import Draw, fill
+from rrc_jax.rl.grpo import group_advantages, grpo_objective, overlong_penalty
 from rrc_jax.rl.guard import DivergenceGuard
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer, token_logprobs
 from rrc_jax.rl.rollout import sample_groups
@@ -103,10 +106,11 @@ class Trainer:
         schedule = learning_rate_schedule(learner.learning_rate, kind=learner.lr_schedule,
                                           warmup_steps=learner.warmup_steps,
                                           total_steps=learner.updates(rollout.rows, config.steps))
+        eps_low, eps_high = grpo.clip_range
         self.learner = Learner(self.policy, make_optimizer(schedule, grad_clip=learner.grad_clip), grpo_objective(
-            temperature=rollout.temperature, eps_low=grpo.eps_low, eps_high=grpo.eps_high, beta=grpo.beta,
+            temperature=rollout.temperature, eps_low=eps_low, eps_high=eps_high, beta=grpo.beta,
             aggregation=grpo.loss_aggregation, max_len=rollout.max_new_tokens, chunk_size=learner.logprob_chunk,
-            remat=learner.remat), micro_batch_size=learner.micro_batch_size)
+            remat=learner.remat, loss=grpo.loss), micro_batch_size=learner.micro_batch_size)
         self.batches = prompt_batches(rollout.prompts_per_step, config.seed, len(self.train_prompts.texts),
                                       paired=self.train_prompts.paired)
         rows = rollout.prompts_per_step // jax.process_count() * rollout.group_size
@@ -170,29 +174,47 @@ class Trainer:
         out["memory/weight_sync_bytes_per_device"] = moved
         return out
 
-    def step(self, step: int) -> dict[str, float]:
-        """One GRPO step (module docstring); returns its metrics, reduced across hosts."""
-        key = jax.random.fold_in(jax.random.key(self.config.seed), step)
+    def draw(self, step: int, key: jax.Array, trace: bool) -> Draw:
+        """The next B prompts of the pipeline, m rollouts of each (sampled from `key`) and their rewards: the
+        construction's, plus DAPO's overlong penalty (`rl.overlong`)."""
+        rollout, grpo = self.settings.rollout, self.settings.grpo
         t0 = time.perf_counter()
         prompt_index = next(self.batches)  # [B]: this host's shard
         prompts = [self.train_prompts.texts[i] for i in prompt_index]
-        texts, batch = sample_groups(self.sampler, self.tokenizer, self.train_prompts, prompts, self.settings.rollout,
-                                     jax.random.fold_in(key, 0))
+        groups = sample_groups(self.sampler, self.tokenizer, self.train_prompts, prompts, rollout, key)
         t1 = time.perf_counter()
+        result = self.reward(prompts, groups.texts, prompt_index, step, trace=trace)
+        shaped = result.rewards + overlong_penalty(groups.lengths, rollout.max_new_tokens, grpo.overlong,
+                                                   grpo.overlong_penalty)
+        return Draw(prompt_index, prompts, groups, result, shaped, t1 - t0, time.perf_counter() - t1,
+                    int(groups.lengths.sum()))
+
+    def step(self, step: int) -> dict[str, float]:
+        """One GRPO step (module docstring); returns its metrics, reduced across hosts."""
+        key = jax.random.fold_in(jax.random.key(self.config.seed), step)
+        rollout = self.settings.rollout
         dump = samples_due(step, self.settings.samples.samples_every) and distributed.is_main()
-        result = self.reward(prompts, texts, prompt_index, step, trace=dump)
-        rewards = result.rewards
-        advantages = np.asarray(group_advantages(rewards))
+        if rollout.dynamic_sampling:  # draw i > 0 samples from its own key
+            keys = lambda i: jax.random.fold_in(jax.random.fold_in(key, 2), i) if i else jax.random.fold_in(key, 0)
+            drawn, counts = fill(lambda i: self.draw(step, keys(i), dump), rollout.max_draws)
+        else:
+            drawn, counts = self.draw(step, jax.random.fold_in(key, 0), dump), {}
+        prompt_index, prompts, texts, result, rewards = (drawn.prompt_index, drawn.prompts, drawn.groups.texts,
+                                                         drawn.result, drawn.rewards)
+        batch = drawn.groups.batch(self.sampler.pad_id)
+        advantages = np.asarray(group_advantages(rewards, self.settings.grpo.advantage))
+        metrics = {**result.metrics, **signal_metrics(rewards), **counts}
+        if self.settings.grpo.overlong:
+            metrics["reward/overlong_penalty"] = float((rewards - result.rewards).mean())
         t2 = time.perf_counter()
-        metrics = {**result.metrics, **signal_metrics(rewards)}
         metrics.update(self.update(batch, advantages.reshape(-1), jax.random.fold_in(key, 1)))
-        t3 = time.perf_counter()
         metrics.update({
-            "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(axis=1).mean()),
+            "reward/mean": float(result.rewards.mean()), "reward/std": float(result.rewards.std(axis=1).mean()),
             "response_length": float(batch["loss_mask"].sum(1).mean()),
             "truncated_fraction": float(np.mean(batch["truncated"])),
-            "time/rollout": t1 - t0, "time/reward": t2 - t1, "time/update": t3 - t2,
-            "tokens_per_second": int(batch["loss_mask"].sum()) / max(t1 - t0, 1e-9),
+            "time/rollout": drawn.rollout_seconds, "time/reward": drawn.reward_seconds,
+            "time/update": time.perf_counter() - t2,
+            "tokens_per_second": drawn.sampled_tokens / max(drawn.rollout_seconds, 1e-9),
         })
         quality = None
         if self.train_prompts.oracle is not None:

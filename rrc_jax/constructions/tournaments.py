@@ -1,0 +1,199 @@
+"""Tournament rewards (beyond the paper): each group judged in a tournament instead of a round robin, rewarded by
+its standing (`rrc_jax.rewards.tournament_rules`, whose docstring gives each format's rules).
+
+The four formats trade judge questions for fidelity: `circular` asks m per group, `seeded_knockout` m - 1 (after a
+cheap seeding signal), `swiss` R floor(m / 2), `double_elimination` 2m - 2 (or 2m - 1), against SCR's m(m - 1) / 2.
+Each reward is the standing's rank reward, alpha (m - 1 - position) with tied positions averaged (`rank_rewards`):
+one scale for every format, SCR's, whatever the number of duels a response played. Each duel is asked
+`reward.judge.votes` times, A/B swapped across votes with `reward.judge.swap`, and decided by the majority (a split
+or an abstention is a tie: half a point in Swiss and circular, the first listed, the better seed, advances in the
+elimination formats). The questions and judge tokens are counted as every judge construction counts them, and
+`judge/comparisons` is the duels per group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from rrc_jax.constructions.base import RewardResult
+from rrc_jax.constructions.drm import DRMReward
+from rrc_jax.constructions.judged import JudgeConstruction
+from rrc_jax.judge.tournaments import play
+from rrc_jax.rewards.tournament_rules import Circular, DoubleElimination, SeededKnockout, Swiss, rank_rewards
+from rrc_jax.settings import at_least, field_error, one_of
+
+SEEDINGS = ("drm", "index")  # seeded_knockout's first signal: the DRM's scores, or none (the sampling order)
+
+
+@dataclasses.dataclass(frozen=True)
+class TournamentSettings:
+    alpha: float = 0.1  # the reward per position (SCR's and AGR's alpha)
+
+    def __post_init__(self):
+        if not self.alpha > 0:
+            raise field_error(f"reward.{self.kind}", "alpha", f"{self.alpha} must be > 0 (the reward per position)")
+
+    kind = "tournament"
+
+
+@dataclasses.dataclass(frozen=True)
+class CircularSettings(TournamentSettings):
+    kind = "circular"
+
+
+@dataclasses.dataclass(frozen=True)
+class DoubleEliminationSettings(TournamentSettings):
+    kind = "double_elimination"
+
+
+@dataclasses.dataclass(frozen=True)
+class SwissSettings(TournamentSettings):
+    rounds: int = 3  # R; at most m / 2 (ArenaRL's Swiss: about log2 m)
+
+    kind = "swiss"
+
+    def __post_init__(self):
+        super().__post_init__()
+        at_least("reward.swiss", "rounds", self.rounds, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeededKnockoutSettings(TournamentSettings):
+    seed_by: str = "drm"  # `SEEDINGS`: the DRM's score of each response (one forward pass), or the sampling order
+
+    kind = "seeded_knockout"
+
+    def __post_init__(self):
+        super().__post_init__()
+        one_of("reward.seeded_knockout", "seed_by", self.seed_by, SEEDINGS)
+
+
+class TournamentReward(JudgeConstruction):
+    """A group's tournament (`rules`) judged by the GRM, its standing turned into rank rewards (module docstring)."""
+
+    def __init__(self, judge, seed: int, *, votes: int, swap: bool, alpha: float, ctx=None, eval_votes: int = 0):
+        super().__init__(judge, seed, ctx=ctx, eval_votes=eval_votes)
+        self.votes, self.swap, self.alpha = votes, swap, alpha
+
+    @classmethod
+    def absolute_scale(cls, config) -> bool:
+        return False  # positions within a group
+
+    @classmethod
+    def duels(cls, config) -> int:
+        """Duels per group (the closed form; the most for double elimination)."""
+        raise NotImplementedError
+
+    @classmethod
+    def questions_per_prompt(cls, config) -> int:
+        return cls.duels(config) * config.reward.judge.votes
+
+    @classmethod
+    def from_config(cls, config, ctx) -> TournamentReward:
+        j = config.reward.judge
+        return cls(**cls.judge_kwargs(config, ctx), votes=j.votes, swap=j.swap, **dataclasses.asdict(
+            cls.settings(config)))
+
+    def rules(self, prompts, responses) -> list:
+        """One rule object per group."""
+        raise NotImplementedError
+
+    def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
+        standings, duels = play(self.judge, prompts, responses, self.rules(prompts, responses), votes=self.votes,
+                                swap=self.swap)
+        rewards = np.stack([rank_rewards(s, self.alpha) for s in standings]) if len(standings) else \
+            np.zeros((0, len(responses[0]) if responses else 0), np.float32)
+        return RewardResult(rewards, {"judge/comparisons": float(duels.mean()) if len(duels) else math.nan})
+
+
+class CircularReward(TournamentReward):
+    """Each response against the next (NeMo Gym's `circular`): m duels per group."""
+
+    kind = "circular"
+    Settings = CircularSettings
+
+    @classmethod
+    def duels(cls, config) -> int:
+        m = config.rl.group_size
+        return m if m > 2 else 1
+
+    def rules(self, prompts, responses) -> list:
+        return [Circular(len(group)) for group in responses]
+
+
+class SwissReward(TournamentReward):
+    """R Swiss rounds (ArenaRL): each response meets R opponents of its current score, none twice."""
+
+    kind = "swiss"
+    Settings = SwissSettings
+
+    def __init__(self, judge, seed: int, *, rounds: int, **kwargs):
+        super().__init__(judge, seed, **kwargs)
+        self.rounds = rounds
+
+    @classmethod
+    def duels(cls, config) -> int:
+        return cls.settings(config).rounds * (config.rl.group_size // 2)
+
+    @classmethod
+    def check(cls, config) -> None:
+        m, rounds = config.rl.group_size, cls.settings(config).rounds
+        if rounds > m // 2:
+            raise field_error("reward.swiss", "rounds", f"{rounds}: at most rl.group_size / 2 = {m // 2} rounds "
+                              "(then every round pairs each response with a new opponent)")
+
+    def rules(self, prompts, responses) -> list:
+        return [Swiss(len(group), self.rounds) for group in responses]
+
+
+class DoubleEliminationReward(TournamentReward):
+    """Double elimination with a final and its reset: 2m - 2 or 2m - 1 duels per group."""
+
+    kind = "double_elimination"
+    Settings = DoubleEliminationSettings
+
+    @classmethod
+    def duels(cls, config) -> int:
+        return 2 * config.rl.group_size - 1
+
+    def rules(self, prompts, responses) -> list:
+        return [DoubleElimination(len(group)) for group in responses]
+
+
+class SeededKnockoutReward(TournamentReward):
+    """Single elimination in the standard seeded bracket (ArenaRL), seeded by the DRM's scores: m - 1 duels per
+    group, plus one DRM forward pass per response."""
+
+    kind = "seeded_knockout"
+    Settings = SeededKnockoutSettings
+
+    def __init__(self, judge, seed: int, *, seed_by: str, seeder: DRMReward | None = None, **kwargs):
+        super().__init__(judge, seed, **kwargs)
+        self.seed_by, self.seeder = seed_by, seeder
+
+    @classmethod
+    def roles(cls, config) -> frozenset[str]:
+        return super().roles(config) | ({"drm"} if cls.settings(config).seed_by == "drm" else set())
+
+    @classmethod
+    def duels(cls, config) -> int:
+        return config.rl.group_size - 1
+
+    @classmethod
+    def from_config(cls, config, ctx) -> SeededKnockoutReward:
+        seeder = DRMReward.from_config(config, ctx) if cls.settings(config).seed_by == "drm" else None
+        j = config.reward.judge
+        return cls(**cls.judge_kwargs(config, ctx), votes=j.votes, swap=j.swap, seeder=seeder,
+                   **dataclasses.asdict(cls.settings(config)))
+
+    def rules(self, prompts, responses) -> list:
+        m = len(responses[0]) if responses else 0
+        if self.seeder is None:
+            seeds = np.tile(-np.arange(m, dtype=np.float64), (len(responses), 1))  # the sampling order
+        else:
+            seeds = self.seeder.scores([p for p in prompts for _ in range(m)],
+                                       [o for group in responses for o in group]).reshape(len(responses), m)
+        return [SeededKnockout(m, s) for s in seeds]
