@@ -213,9 +213,9 @@ def test_nan_update_is_skipped_and_counted(tmp_path, toy_cache, monkeypatch):
     real = trainer_lib.group_advantages
     calls = []
 
-    def poisoned(r):
+    def poisoned(r, estimator):
         calls.append(1)
-        adv = np.asarray(real(r))
+        adv = np.asarray(real(r, estimator))
         return np.full_like(adv, np.nan) if len(calls) == 2 else adv
 
     monkeypatch.setattr(trainer_lib, "group_advantages", poisoned)
