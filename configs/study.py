@@ -1,6 +1,6 @@
 """The reproduction study: every reward construction on the toy world, several seeds each, one report.
 
-    python -m rrc_jax.study --config=study.py          # 14 constructions x 5 seeds x 40 steps
+    python -m rrc_jax.study --config=study.py          # every construction x 5 seeds x 40 steps
     python -m rrc_jax.study --config=study.py --quick  # 2 seeds x 5 steps: the smoke version
     python -m rrc_jax.study --config=study.py --config.shard=1/2   # this process's half of the runs
 

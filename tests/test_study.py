@@ -6,6 +6,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import TINY_RUN
@@ -77,6 +78,25 @@ def test_aggregate_states_only_the_orderings_its_intervals_support():
                                 "b": {"final": {"mean": 0.1, "ci95": 0.01}}}) == []  # one seed: no claim
 
 
+def test_the_frontier_is_the_pareto_optimal_constructions():
+    """On random means (some tied, one construction without a judge): a construction is on the frontier of a metric
+    iff no other has no more judge tokens and a higher mean, or fewer tokens and an equal mean."""
+    from rrc_jax.study.report import frontier
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 8))
+        entries = {f"c{i}": {"judge_tokens": {"mean": float(rng.choice([np.nan, 10, 20, 40]))},
+                             "final": {"mean": float(rng.choice([0.5, 0.6, 0.7, 0.8]))}} for i in range(n)}
+        cost = {k: 0.0 if np.isnan(e["judge_tokens"]["mean"]) else e["judge_tokens"]["mean"]
+                for k, e in entries.items()}
+        value = {k: e["final"]["mean"] for k, e in entries.items()}
+        want = {a for a in entries if not any((cost[b] <= cost[a] and value[b] > value[a]) or
+                                              (cost[b] < cost[a] and value[b] >= value[a]) for b in entries)}
+        got = frontier(entries, "final")
+        assert set(got) == want and [cost[k] for k in got] == sorted(cost[k] for k in got)
+
+
 def test_report_writes_the_table_and_every_plot(tmp_path):
     runs = [summary("agr", s, {0: 0.5, 4: q}, [0, 1]) for s, q in enumerate([0.90, 0.91, 0.92])]
     prc = summary("prc", 0, {0: 0.5, 4: 0.8}, [0, 1], tokens=50.0)
@@ -93,7 +113,7 @@ def test_report_writes_the_table_and_every_plot(tmp_path):
     assert "| agr | 0.910 ± 0.025 |" in text and "| prc | 0.800 |" in text and "error rate 0.200" in text
     assert "- final quality: none." in text  # prc has one seed: no interval, no claim
     assert "[0.9, 1], Table 6): prc 1.000." in text
-    for png in ("quality_vs_step.png", "fidelity.png", "cost_vs_quality.png", "prc_histogram.png"):
+    for png in ("quality_vs_step.png", "fidelity.png", "frontier.png", "prc_histogram.png"):
         assert (tmp_path / "out" / png).read_bytes()[:4] == b"\x89PNG" and f"]({png})" in text
     result = json.loads((tmp_path / "out" / "study.json").read_text())
     assert result["constructions"]["prc"]["prc_histogram"][0] == 0.5 and result["runs"] == 4
@@ -117,7 +137,7 @@ def test_study_command_runs_reports_and_resumes(tmp_path, toy_cache):
     assert drm["kind"] == "drm" and drm["beta"] == 0.0  # TINY_RUN's override
     assert set(drm["series"]["eval/oracle_quality"]) == {"0", "2"} and "fidelity/advantage_error" in drm["series"]
     assert "| drm |" in (out / "report.md").read_text()
-    for png in ("quality_vs_step.png", "fidelity.png", "cost_vs_quality.png"):
+    for png in ("quality_vs_step.png", "fidelity.png", "frontier.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     stamp = (out / "runs" / "drm-seed0.json").stat().st_mtime_ns
     study = get_config()  # again, in process: every run has its summary, so none is repeated

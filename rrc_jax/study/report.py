@@ -17,6 +17,10 @@ Per run (from its summary, `rrc_jax.study.runs.summarize`):
 Per construction, each number's mean over seeds and the half-width of its 95% interval, `t(0.975, n - 1) x sd /
 sqrt(n)` (Student's t: seeds are few). `orderings` lists, for final quality, peak quality and Kendall tau, the
 pairs whose intervals do not overlap; any other pair cannot be told apart at this number of seeds.
+
+The cost-fidelity frontier (`frontier`): for Kendall tau, final and peak quality, the constructions that no other
+construction beats on the mean while generating no more judge tokens per step (a construction without a judge costs
+0): the Pareto-optimal ones, named on the means; the intervals say which of their differences are real.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ METRICS = ("final", "peak", "peak_step", "fell", "hacked", "length_gain", "kenda
            "advantage_error", "prc_saturation", "questions", "judge_tokens", "reward_seconds")
 # the metrics whose supported orderings the report states, with their names in it
 ORDERED = {"final": "final quality", "peak": "peak quality", "kendall_tau": "Kendall tau"}
+FRONTIER = ("kendall_tau", "final", "peak")  # each against judge tokens per step
 
 
 def t975(df: int) -> float:
@@ -123,7 +128,24 @@ def aggregate(summaries: list[dict]) -> dict:
             base = prc.get(key, {}).get("mean", math.nan)
             entry[cost] = entry[key]["mean"] / base if base and math.isfinite(base) else math.nan
     out["orderings"] = {k: supported_orderings(out["constructions"], k) for k in ORDERED}
+    out["frontier"] = {k: frontier(out["constructions"], k) for k in FRONTIER}
     return out
+
+
+def judge_cost(entry: dict) -> float:
+    """Generated judge tokens per step (mean over seeds); 0 for a construction that asks no judge."""
+    x = entry["judge_tokens"]["mean"]
+    return x if math.isfinite(x) else 0.0
+
+
+def frontier(entries: dict, key: str) -> list[str]:
+    """The Pareto-optimal constructions of metric `key` against judge cost, cheapest first: those that no other
+    construction beats on the mean of `key` at no more judge tokens per step (one that matches it at a lower
+    cost, or beats it at the same cost, dominates it)."""
+    points = {n: (judge_cost(e), e[key]["mean"]) for n, e in entries.items() if math.isfinite(e[key]["mean"])}
+    optimal = [n for n, (c, v) in points.items()
+               if not any(c2 <= c and v2 >= v and (c2 < c or v2 > v) for m, (c2, v2) in points.items() if m != n)]
+    return sorted(optimal, key=lambda n: points[n][0])
 
 
 def supported_orderings(entries: dict, key: str = "final") -> list[str]:
@@ -181,6 +203,16 @@ def markdown(result: dict, plots: list[str]) -> str:
     for name, e in entries.items():
         lines.append(f"| {name} | {_fmt(e['questions'], 0)} | {_fmt(e['judge_tokens'], 0)} | "
                      f"{_fmt(e['reward_seconds'], 2)} | {_ratio(e['cost_vs_prc'])} | {_ratio(e['seconds_vs_prc'])} |")
+    front = result["frontier"]
+    lines += ["", "The cost-fidelity frontier: judge tokens per step against Kendall tau, final and peak quality "
+              "(means over seeds; ✓: no construction scores higher at no more tokens).", "",
+              "| construction | judge tokens / step | Kendall tau | final quality | peak quality | frontier: tau | "
+              "final | peak |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, e in sorted(entries.items(), key=lambda ne: judge_cost(ne[1])):
+        marks = " | ".join("✓" if name in front[k] else "" for k in FRONTIER)
+        lines.append(f"| {name} | {judge_cost(e):.0f} | {_fmt(e['kendall_tau'])} | {_fmt(e['final'])} | "
+                     f"{_fmt(e['peak'])} | {marks} |")
+    lines += [""] + [f"- Pareto-optimal for {ORDERED[k]}: {', '.join(front[k]) or 'none'}." for k in FRONTIER]
     saturated = [f"{n} {_fmt(e['prc_saturation'])}" for n, e in entries.items() if e["prc_saturation"]["n"]]
     if saturated:
         lines += ["", "PRC saturation (share of P(A) in [0, 0.1] or [0.9, 1], Table 6): " + "; ".join(saturated) + "."]
@@ -212,7 +244,7 @@ def _families(entries: dict) -> dict[str, list[str]]:
 
 def plot(result: dict, out: Path) -> list[str]:
     """The PNGs (file names, in `out`): quality vs step with 95% bands (a panel per reward kind, PRC dashed in
-    each for reference), reward fidelity, cost vs quality, and the PRC probability histogram (when a PRC
+    each for reference), reward fidelity, the cost-fidelity frontier, and the PRC probability histogram (when a PRC
     construction ran)."""
     import matplotlib
 
@@ -262,24 +294,23 @@ def plot(result: dict, out: Path) -> list[str]:
             ax.legend(fontsize=8)
     files.append(_save(fig, out / "fidelity.png"))
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-    for ax, key, label in ((axes[0], "questions", "judge questions per step"),
-                           (axes[1], "judge_tokens", "generated judge tokens per step")):
+    fig, axes = plt.subplots(1, len(FRONTIER), figsize=(5.5 * len(FRONTIER), 4.8))
+    floor = min([judge_cost(e) for e in entries.values() if judge_cost(e) > 0] or [1.0]) / 4  # cost 0, on a log axis
+    for ax, key in zip(axes, FRONTIER):
         for name in names:
             e = entries[name]
-            x = e[key]["mean"]
-            if not (math.isfinite(x) and x > 0):  # no judge (DRM), or a judge that generates nothing
-                ax.axhline(e["final"]["mean"], color="gray", ls=":", lw=1)
-                ax.annotate(f"{name} (none)", (0.01, e["final"]["mean"]), xycoords=("axes fraction", "data"),
-                            fontsize=7, va="bottom")
-                continue
-            ax.errorbar(x, e["final"]["mean"], yerr=np.nan_to_num(e["final"]["ci95"]), fmt="o", capsize=3,
-                        color=color[name])
-            ax.annotate(name, (x, e["final"]["mean"]), fontsize=7, xytext=(4, 2), textcoords="offset points")
-        ax.set(xscale="log", xlabel=label)
-    axes[0].set(ylabel="final held-out oracle quality")
-    fig.suptitle("Judge cost vs final quality (mean and 95% interval over seeds)")
-    files.append(_save(fig, out / "cost_vs_quality.png"))
+            x = judge_cost(e) or floor
+            ax.errorbar(x, e[key]["mean"], yerr=np.nan_to_num(e[key]["ci95"]), fmt="o", capsize=3, color=color[name],
+                        mfc="white" if name not in result["frontier"][key] else color[name])
+            ax.annotate(name + ("" if judge_cost(e) else " (no judge)"), (x, e[key]["mean"]), fontsize=7,
+                        xytext=(4, 2), textcoords="offset points")
+        front = result["frontier"][key]
+        ax.step([judge_cost(entries[n]) or floor for n in front], [entries[n][key]["mean"] for n in front],
+                where="post", color="k", lw=1, alpha=0.6, label="frontier (filled: on it)")
+        ax.set(xscale="log", xlabel="generated judge tokens per step", ylabel=ORDERED[key], title=ORDERED[key])
+        ax.legend(fontsize=7)
+    fig.suptitle("Cost-fidelity frontier (mean and 95% interval over seeds)")
+    files.append(_save(fig, out / "frontier.png"))
 
     hists = {n: e["prc_histogram"] for n, e in entries.items() if "prc_histogram" in e}
     if hists:

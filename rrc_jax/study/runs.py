@@ -38,6 +38,14 @@ CONSTRUCTIONS: dict[str, tuple[str, dict]] = {
     "agr_vote4": ("agr", {"reward.judge.votes": 4}),
     "agr_vote8": ("agr", {"reward.judge.votes": 8}),
     "agr_refresh": ("agr", {"reward.agr.refresh_every": "steps/4"}),  # 4 refreshes a run (every 10 of 40 steps)
+    # the tournaments of other systems (`rrc_jax.constructions.tournaments`): their cost and fidelity side by side
+    "swiss": ("swiss", {}),
+    "double_elimination": ("double_elimination", {}),
+    "seeded_knockout": ("seeded_knockout", {}),
+    "circular": ("circular", {}),
+    # the peers' learners in place of GRPO's (`rl.loss`, `rl.advantage`), with SCR
+    "scr_gspo": ("scr", {"rl.loss": "gspo"}),
+    "scr_rloo": ("scr", {"rl.advantage": "rloo"}),
 }
 
 # the per-step series a summary keeps (those a run logged)
