@@ -586,6 +586,8 @@ def test_train_rm_cli_exports_a_reward_model(tmp_path, config_file, kind):
     model = load_hf(tmp_path / "hf_export")
     assert model.cfg.value_head == (kind == "drm")
     assert json.loads((tmp_path / "eval.json").read_text())["examples"] == 8  # held-out toy pairs
+    if kind == "drm":
+        return  # the data checks below are the schema's, the same for both recipes
     for extra, message in ((["--config.data.path=/data/helpsteer3.jsonl"], "error: config.model.init"),
                            (["--config.data.path=/data/helpsteer3.jsonl", f"--config.model.init={tmp_path}"],
                             "/data/helpsteer3.jsonl")):
