@@ -20,7 +20,7 @@ if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
 # together: `--dist loadfile` otherwise starts the files with the most tests first, and these, few but long, last.
 # The second and third need no toy world, so that their workers do not wait while the first one's builds it. Three
 # workers on 2 cores (pyproject.toml): a worker often waits, on a subprocess it started or on one-threaded
-# compilation, and a third keeps both cores busy (on 2 cores, 13 min against 17 with two).
+# compilation, and a third keeps both cores busy.
 LONGEST_FIRST = ("test_train.py", "test_layouts.py", "test_sampling.py", "test_multihost.py", "test_mesh.py",
                  "test_faults.py", "test_lora.py", "test_plan.py", "test_generate_cli.py", "test_models.py",
                  "test_benchmarks.py")
