@@ -94,8 +94,13 @@ class TournamentReward(JudgeConstruction):
     @classmethod
     def from_config(cls, config, ctx) -> TournamentReward:
         j = config.reward.judge
-        return cls(**cls.judge_kwargs(config, ctx), votes=j.votes, swap=j.swap, **dataclasses.asdict(
-            cls.settings(config)))
+        return cls(**cls.judge_kwargs(config, ctx), votes=j.votes, swap=j.swap, **cls.extra_kwargs(config, ctx),
+                   **dataclasses.asdict(cls.settings(config)))
+
+    @classmethod
+    def extra_kwargs(cls, config, ctx) -> dict:
+        """What a format needs beyond the judge and its settings."""
+        return {}
 
     def rules(self, prompts, responses) -> list:
         """One rule object per group."""
@@ -183,11 +188,8 @@ class SeededKnockoutReward(TournamentReward):
         return config.rl.group_size - 1
 
     @classmethod
-    def from_config(cls, config, ctx) -> SeededKnockoutReward:
-        seeder = DRMReward.from_config(config, ctx) if cls.settings(config).seed_by == "drm" else None
-        j = config.reward.judge
-        return cls(**cls.judge_kwargs(config, ctx), votes=j.votes, swap=j.swap, seeder=seeder,
-                   **dataclasses.asdict(cls.settings(config)))
+    def extra_kwargs(cls, config, ctx) -> dict:
+        return {"seeder": DRMReward.from_config(config, ctx) if cls.settings(config).seed_by == "drm" else None}
 
     def rules(self, prompts, responses) -> list:
         m = len(responses[0]) if responses else 0

@@ -76,9 +76,10 @@ def fill(draw: Callable[[int], Draw], max_draws: int) -> tuple[Draw, dict[str, f
     """Draw batches (`draw(i)`, i = 0, 1, ...) until this host and every other has B informative groups (B: the
     first draw's size) or `max_draws` were drawn; returns the step's `Draw` of B groups and the `data/*` counts."""
     draws = [draw(0)]
-    b = len(draws[0].prompts)
-    while len(draws) < max_draws and distributed.any_host(sum(informative(d.rewards).sum() for d in draws) < b):
+    b, found = len(draws[0].prompts), int(informative(draws[0].rewards).sum())
+    while len(draws) < max_draws and distributed.any_host(found < b):
         draws.append(draw(len(draws)))
+        found += int(informative(draws[-1].rewards).sum())
     good = [(d, g) for d, x in enumerate(draws) for g in np.flatnonzero(informative(x.rewards))]
     flat = [(d, g) for d, x in enumerate(draws) for g in np.flatnonzero(~informative(x.rewards))]
     picks = good[:b] + flat[:max(0, b - len(good))]
