@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -109,10 +110,17 @@ def import_wandb():
 
 
 def tensorboard_writer(path: Path, purge_step: int | None):
-    """A `tensorboardX.SummaryWriter` into `path`, hiding the events of steps from `purge_step` on. Imported here,
-    not with the module: tensorboardX imports torch when it is installed (seconds), which only a run that writes
-    TensorBoard events should pay for."""
-    from tensorboardX import SummaryWriter
+    """A `tensorboardX.SummaryWriter` into `path`, hiding the events of steps from `purge_step` on. tensorboardX
+    imports torch when it is installed (2 seconds of start-up), only to accept torch tensors (its `import torch` is
+    optional); we log Python numbers, so a process that has not imported torch yet imports tensorboardX without it."""
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+    else:
+        sys.modules["torch"] = None  # `import torch` raises ImportError while tensorboardX is imported
+        try:
+            from tensorboardX import SummaryWriter
+        finally:
+            del sys.modules["torch"]
 
     # tensorboardX names event files by the second and truncates an existing name: the suffix keeps a writer
     # reopened within the same second (a quick resume) from erasing the previous file, and sorts after it.

@@ -218,3 +218,23 @@ def test_broken_checkpoints_are_one_line_errors_naming_the_file(tmp_path):
     save_file(tensors, nan / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ConfigError, match=f"^{nan / 'model.safetensors'}: tensor {name} holds NaN or inf"):
         load_hf(nan)
+
+
+def test_a_generic_tokenizer_loads_without_the_auto_classes(tmp_path):
+    """`load_tokenizer` imports the generic `tokenizers` backend directly when `tokenizer_config.json` names it (what
+    `AutoTokenizer` resolves to anyway; it spares a command importing torch), and `AutoTokenizer` for any other
+    class: the same class and the same ids either way."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from rrc_jax.models.hf_io import _tokenizer_class
+
+    make_char_tokenizer().save_pretrained(tmp_path / "generic")
+    assert _tokenizer_class(tmp_path / "generic") is PreTrainedTokenizerFast
+    ours, auto = load_tokenizer(tmp_path / "generic"), AutoTokenizer.from_pretrained(tmp_path / "generic")
+    assert type(ours) is type(auto) and ours("sort 31").input_ids == auto("sort 31").input_ids
+    (tmp_path / "named").mkdir()
+    for f in (tmp_path / "generic").iterdir():
+        (tmp_path / "named" / f.name).write_bytes(f.read_bytes())
+    config = tmp_path / "named" / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "tokenizer_class": "LlamaTokenizer"}))
+    assert _tokenizer_class(tmp_path / "named") is AutoTokenizer

@@ -401,17 +401,35 @@ def _shards(model: Decoder, cfg: DecoderConfig, out_dtype, max_bytes: int) -> It
 # Tokenizer
 # ----------------------------------------------------------------------------------------------------------
 
+# The class names under which a `tokenizer_config.json` asks for the generic `tokenizers` backend (what
+# `AutoTokenizer` itself resolves them to).
+GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _tokenizer_class(path: Path):
+    """The class `AutoTokenizer` would pick for `path`: the generic backend, imported directly, when the config names
+    it (as the toy world's and `make_char_tokenizer`'s do), which spares a process importing torch through
+    `transformers`' auto classes (2 seconds of every command's start-up); else `AutoTokenizer`."""
+    config = path / "tokenizer_config.json"
+    name = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    if name in GENERIC_TOKENIZERS and (path / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer
+
+
 def load_tokenizer(path: str | os.PathLike):
     """`AutoTokenizer` from a local directory (never downloads). In a model directory (one with `config.json`) a
     tokenizer with more ids than the model's `vocab_size` is a one-line `ConfigError`: its high ids would index past
     the embedding (XLA clamps them silently), and every judgment or rollout would be noise."""
-    from transformers import AutoTokenizer
-
     path = Path(path)
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         raise FileNotFoundError(f"{path} has no tokenizer (tokenizer.json / tokenizer_config.json); save one with "
                                 "tokenizer.save_pretrained(dir)")
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    tokenizer = _tokenizer_class(path).from_pretrained(str(path), local_files_only=True)
     vocab = read_hf_config(path).get("vocab_size") if (path / "config.json").is_file() else None
     if isinstance(vocab, int) and len(tokenizer) > vocab:
         raise ConfigError(f"{path}: the tokenizer has {len(tokenizer)} ids but the model's vocabulary (config.json "
