@@ -100,18 +100,19 @@ def padded_batch(lengths, pad_side="left", seed=0, vocab=VOCAB, pad_id=0):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# The toy world, shared: one tiny cached build for every test that trains on it.
+# The toy world, shared: the packaged one, copied once into a cache for every test that trains on it (training a
+# world is `test_toy_world`'s business), and tiny runs on it.
 # ------------------------------------------------------------------------------------------------------------
 
 TINY_RUN = {
-    "steps": 2, "toy.train_prompts": 64, "toy.policy_steps": 20, "toy.grm_steps": 20, "toy.drm_steps": 20,
-    "toy.pointwise_steps": 20, "data.eval_prompts": 16, "rl.prompts_per_step": 4, "rl.group_size": 4,
-    "rl.minibatch_size": 8,
-    "rl.max_new_tokens": 8, "reward.agr.n_anchors": 2, "reward.judge.max_new_tokens": 20, "eval.every": 2,
+    "steps": 2, "toy.train_prompts": 64, "data.eval_prompts": 16, "rl.prompts_per_step": 4, "rl.group_size": 4,
+    "rl.minibatch_size": 8, "rl.max_new_tokens": 8, "reward.agr.n_anchors": 2, "eval.every": 2,
     "checkpoint.save_every": 2, "eval.judge_votes": 2,
+    "toy.pointwise_steps": 20,  # IRPO's pointwise judge does not ship: trained (briefly) on first use
     "rl.beta": 0.0,  # no KL reference in the tiny runs (it doubles their compile time); the AGR run keeps it
-    "reward.judge.temperature": 0.0,  # the tiny judges decode greedily (shorter judgments); the AGR run samples
-    "log.abstain_abort": 0.0,  # the tiny judges (20 steps of SFT) abstain on most questions when they sample
+    "reward.judge.temperature": 0.0,  # the judges decode greedily (shorter judgments); the AGR run samples
+    "reward.judge.max_new_tokens": 20,  # too few for the toy GRM's reasoning: most judgments are abstentions
+    "log.abstain_abort": 0.0,  # so the runs go on
 }
 
 
@@ -137,8 +138,8 @@ def xla_compilation_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def toy_cache(tmp_path_factory):
-    """The cache directory of the tests' tiny toy world, built once by the first test that needs it: with
-    pytest-xdist one directory for every worker (the build holds a file lock; the others wait and reuse it)."""
+    """The cache directory of the tests' toy world, copied from the package once by the first test that needs it:
+    with pytest-xdist one directory for every worker (the copy holds a file lock; the others wait and reuse it)."""
     import os
 
     root = tmp_path_factory.getbasetemp()
@@ -148,7 +149,7 @@ def toy_cache(tmp_path_factory):
 
 
 def tiny_config(kind, workdir, cache, **overrides):
-    """A trainer config of `kind` on the tests' tiny toy world: 2 steps of 4 prompts x 4 responses."""
+    """A trainer config of `kind` on the tests' toy world: 2 steps of 4 prompts x 4 responses."""
     from rrc_jax.config import base_config
 
     config = base_config(kind)
@@ -170,7 +171,7 @@ def read_metrics(workdir):
 
 
 def cli_args(workdir, cache, kind="agr", module="rrc_jax.train", **overrides):
-    """The command line running `module` on the tiny toy world (`--config=KIND.py`, the packaged config)."""
+    """The command line running `module` on the tests' toy world (`--config=KIND.py`, the packaged config)."""
     import sys
 
     items = {**TINY_RUN, "workdir": str(workdir), "toy.cache_dir": str(cache), **overrides}

@@ -1,6 +1,6 @@
 """The benchmark scripts run: `benchmarks/device.sh --dry-run` (the accelerator benchmark's code path on the CPU with
 a tiny model) prints both samplers' tokens/s and the learner's MFU, and passes shellcheck; `benchmarks/scaling.py`
-parses its absl flags (its full run, one mesh on the tests' tiny toy world, is marked slow). Timings are never
+parses its absl flags (its full run, one mesh on the tests' toy world, is marked slow). Timings are never
 asserted."""
 
 import importlib.util
@@ -74,7 +74,7 @@ def test_scaling_flags():
 
 @pytest.mark.slow
 def test_scaling_runs_one_mesh(tmp_path, toy_cache):
-    """About 40 s with the tiny toy world cached, 100 s when this test builds it."""
+    """About 40 s on 2 cores."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     out = subprocess.run([sys.executable, str(BENCH / "scaling.py"), "--meshes=1,1,1", "--steps=1",
                           f"--cache_dir={toy_cache}", f"--workdir={tmp_path / 'work'}",

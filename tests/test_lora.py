@@ -244,7 +244,7 @@ def test_a_sigkilled_lora_run_resumes_to_the_same_metrics(tmp_path, toy_cache):
     adapter starts a run there. SIGKILLed after its step-2 checkpoint (the adapters, their optimizer state and the
     data state), it resumes to metrics identical to the uninterrupted run's (the dropout masks too).
 
-    The run also takes the learner options of `test_learner_options` (one SIGKILL run for both): SCR on the tiny toy
+    The run also takes the learner options of `test_learner_options` (one SIGKILL run for both): SCR on the tests' toy
     world, whose judge abstains often (many groups tie), with dynamic sampling, RLOO advantages, GSPO's loss and
     DAPO's overlong penalty. Some step draws again and leaves constant groups out; a step trains on constant groups
     only as far as its draws ran out; the resume replays the same extra draws (from the checkpointed data state)."""

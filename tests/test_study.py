@@ -1,4 +1,4 @@
-"""The reproduction study: statistics over seeds by hand, and a smoke run of the command on the tiny toy world
+"""The reproduction study: statistics over seeds by hand, and a smoke run of the command on the tests' toy world
 (one construction, one seed, two steps) that resumes without repeating a run."""
 
 import json

@@ -1,4 +1,5 @@
-"""The toy task's oracle and judgments, and the cached toy-world bootstrap (tiny step counts)."""
+"""The toy task's oracle and judgments, and the toy-world bootstrap: the packaged world copied, another trained (tiny step
+counts) and cached."""
 
 import json
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 
 from rrc_jax.data.toy import Annotator, SortTask, is_held_out, oracle_quality, parse_digits, toy_judgment
-from rrc_jax.data.toy.world import ToyWorldConfig, WorldSettings, build_world, load_world
+from rrc_jax.data.toy.world import ToyWorldConfig, WorldSettings, build_world, load_world, packaged_world
 from rrc_jax.judge.verdicts import parse_verdict
 
 
@@ -40,18 +41,22 @@ def test_demonstrations_are_noisy_but_informative():
     assert 0.4 < np.mean(qs) < 0.85 and np.std(qs) > 0.15
 
 
-def test_world_is_built_once_and_reused(toy_cache):
-    """The tests' tiny world (built by whichever test needs it first) is read from its cache, not trained again."""
+def test_a_world_is_trained_once_and_reused(tmp_path):
+    """A world the package does not ship (here 3 training steps a model) is trained, with every model saved as a
+    Hugging Face directory, and read from its cache afterwards, not trained again. (The other tests train on the
+    packaged world, copied into their cache.)"""
     from conftest import tiny_config
 
-    settings = ToyWorldConfig.from_config(tiny_config("agr", "unused", toy_cache)).settings()
-    world = build_world(settings, toy_cache)
+    config = tiny_config("agr", "unused", tmp_path, **{f"toy.{role}_steps": 3 for role in ("policy", "grm", "drm")})
+    settings = ToyWorldConfig.from_config(config).settings()
+    assert packaged_world(settings) is None and settings.grm.steps == 3
+    world = build_world(settings, tmp_path)
     stamp = (world.grm / "model.safetensors").stat().st_mtime_ns
-    again = build_world(settings, toy_cache)
+    again = build_world(settings, tmp_path)
     assert again == world and (world.grm / "model.safetensors").stat().st_mtime_ns == stamp
     policy, grm, drm, tok = load_world(world)
     assert drm.cfg.value_head and not policy.cfg.value_head and len(tok) == policy.cfg.vocab_size
-    assert grm.cfg.hidden_size == 96 and settings.grm.steps == 20
+    assert grm.cfg.hidden_size == 96
     assert WorldSettings(seed=1).key() != WorldSettings().key() != settings.key()  # other settings, other caches
 
 
