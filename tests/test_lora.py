@@ -245,7 +245,7 @@ def test_a_sigkilled_lora_run_resumes_to_the_same_metrics(tmp_path, toy_cache):
     data state), it resumes to metrics identical to the uninterrupted run's (the dropout masks too).
 
     The run also takes the learner options of `test_learner_options` (one SIGKILL run for both): SCR on the tests' toy
-    world, whose judge abstains often (many groups tie), with dynamic sampling, RLOO advantages, GSPO's loss and
+    world, its judge sampled and cut at 20 tokens (it abstains often: some groups tie), with dynamic sampling, RLOO advantages, GSPO's loss and
     DAPO's overlong penalty. Some step draws again and leaves constant groups out; a step trains on constant groups
     only as far as its draws ran out; the resume replays the same extra draws (from the checkpointed data state)."""
     from test_faults import assert_same_metrics
@@ -255,7 +255,7 @@ def test_a_sigkilled_lora_run_resumes_to_the_same_metrics(tmp_path, toy_cache):
                  "policy.lora.alpha": 4.0, "policy.lora.dropout": 0.1, "rl.beta": 0.05,
                  "rl.minibatch_size": 16,  # one update a step
                  "rl.dynamic_sampling": True, "rl.max_draws": 3, "rl.advantage": "rloo", "rl.loss": "gspo",
-                 "rl.overlong": 2}
+                 "rl.overlong": 2, "reward.judge.temperature": 1.0}
     workdir = run(tiny_config("scr", tmp_path / "straight", toy_cache, **overrides))
     straight = read_metrics(workdir)
     assert straight[1]["kl"] == 0.0 and straight[2]["kl"] > 0
