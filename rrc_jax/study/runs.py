@@ -43,9 +43,12 @@ CONSTRUCTIONS: dict[str, tuple[str, dict]] = {
     "double_elimination": ("double_elimination", {}),
     "seeded_knockout": ("seeded_knockout", {}),
     "circular": ("circular", {}),
-    # the peers' learners in place of GRPO's (`rl.loss`, `rl.advantage`), with SCR
+    # the peers' learners in place of GRPO's (`rl.loss`, `rl.advantage`), with SCR and with the tournament of the
+    # four above with the highest mean Kendall tau and final quality (Swiss: docs/study.md)
     "scr_gspo": ("scr", {"rl.loss": "gspo"}),
     "scr_rloo": ("scr", {"rl.advantage": "rloo"}),
+    "swiss_gspo": ("swiss", {"rl.loss": "gspo"}),
+    "swiss_rloo": ("swiss", {"rl.advantage": "rloo"}),
 }
 
 # the per-step series a summary keeps (those a run logged)
