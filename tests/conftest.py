@@ -108,7 +108,7 @@ TINY_RUN = {
     "steps": 2, "toy.train_prompts": 64, "data.eval_prompts": 16, "rl.prompts_per_step": 4, "rl.group_size": 4,
     "rl.minibatch_size": 8, "rl.max_new_tokens": 8, "reward.agr.n_anchors": 2, "eval.every": 2,
     "checkpoint.save_every": 2, "eval.judge_votes": 2,
-    "toy.pointwise_steps": 20,  # IRPO's pointwise judge does not ship: trained (briefly) on first use
+    "toy.pointwise_steps": 4,  # IRPO's pointwise judge does not ship: trained (briefly) on first use
     "rl.beta": 0.0,  # no KL reference in the tiny runs (it doubles their compile time); the AGR run keeps it
     "reward.judge.temperature": 0.0,  # the judges decode greedily (shorter judgments); the AGR run samples
     "reward.judge.max_new_tokens": 20,  # too few for the toy GRM's reasoning: most judgments are abstentions

@@ -153,7 +153,7 @@ def test_pointwise_judge_is_cached_apart_from_the_world(toy_cache):
     stamp = (path / "model.safetensors").stat().st_mtime_ns
     assert build_pointwise(settings, spec, toy_cache) == path
     assert (path / "model.safetensors").stat().st_mtime_ns == stamp
-    assert path.parent != build_world(settings, toy_cache).root and spec.steps == 20
+    assert path.parent != build_world(settings, toy_cache).root and spec.steps == 4
 
 
 def test_the_default_world_ships_checked_and_is_copied_not_trained(tmp_path, monkeypatch):
