@@ -5,6 +5,8 @@
 * ``factory``: `make_sampler`, which builds every sampler of an engine named in `ENGINES` (`inference.engine`).
 * ``engine``: `JaxSampler`, the protocol on a `rrc_jax.models.Decoder` (prefix reuse, chunking).
 * ``sampling``: the engine's jit-compiled kernels (prefill, extend, decode, generate) over a `KVCache`.
+* ``openai_engine``: `OpenAISampler`, the protocol over an OpenAI-compatible `/v1/completions` server (a judge on
+  another host; failures are counted abstentions). Not in `ENGINES` yet: the run's config does not name a server.
 """
 
 from rrc_jax.inference.engine import JaxSampler

@@ -174,11 +174,15 @@ class Judge:
         self.sampler.stats.reset()
 
     def summary(self) -> dict[str, float]:
-        """The counters, the sampler's (`sampler_calls`, `prefill_tokens`, `prefill_tokens_saved`), and the rates
-        `abstain_rate` and `position_consistency` (NaN when undefined)."""
+        """The counters, the sampler's (`sampler_calls`, `prefill_tokens`, `prefill_tokens_saved`; from an engine
+        over a network, `failed_requests` and `timeouts`, questions left unanswered and so abstentions), and the
+        rates `abstain_rate` and `position_consistency` (NaN when undefined)."""
         m, s = self.metrics, self.sampler.stats
         out = dataclasses.asdict(m)
         out.update(sampler_calls=s.calls, prefill_tokens=s.prefill_tokens, prefill_tokens_saved=s.prefill_tokens_saved)
+        for name in ("failed", "timeouts"):  # an engine over a network (`openai_engine.HttpStats`): abstentions
+            if hasattr(s, name):
+                out[f"{name}_requests" if name == "failed" else name] = getattr(s, name)
         out["abstain_rate"] = m.abstains / m.questions if m.questions else float("nan")
         out["position_consistency"] = m.swap_consistent / m.swap_couples if m.swap_couples else float("nan")
         return out
@@ -246,7 +250,7 @@ class Judge:
                                     rng=self._next_key())  # with none: still a collective call
         texts = [""] * len(questions.suffixes)
         for q, tokens, n, cut in zip(asked, out.tokens, out.lengths, out.truncated):
-            n = int(n) - (0 if cut else 1)  # a finished row ends with its stop token
+            n = int(n) - (0 if cut or n == 0 else 1)  # a finished row ends with its stop token; an unanswered is empty
             texts[q] = self.tokenizer.decode(tokens[:n].tolist(), skip_special_tokens=True)
         self.metrics.questions += len(questions.suffixes)
         self.metrics.judge_tokens += int(out.lengths.sum())

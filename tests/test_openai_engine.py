@@ -1,0 +1,189 @@
+"""The HTTP inference engine (`rrc_jax.inference.openai_engine`) against a scripted OpenAI-compatible server on the
+loopback address (a bounded request loop): the judge's verdicts through HTTP are the server's answers, and a server
+that drops, garbles and stalls requests gives abstentions counted exactly while every other verdict stays as it
+was."""
+
+import json
+import threading
+import time
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from rrc_jax.inference.openai_engine import OpenAISampler
+from rrc_jax.inference.sampler import SamplingParams
+from rrc_jax.judge import Judge, JudgeConfig
+from rrc_jax.models.char_tokenizer import make_char_tokenizer
+
+STALL_S, TIMEOUT_S = 1.5, 0.4
+
+
+def fault_of(ids: list[int]) -> str:
+    """What the faulty server does with a prompt, the same at every attempt: 20% dropped, 10% garbage, 10% stalled
+    past the client's timeout, the rest answered."""
+    h = zlib.crc32(np.asarray(ids, np.int32).tobytes()) % 100
+    return "drop" if h < 20 else "garbage" if h < 30 else "stall" if h < 40 else "answer"
+
+
+def verdict_of(ids: list[int]) -> str:
+    """The scripted judge's judgment of a question: a verdict that depends on the whole question."""
+    return "looks right [[A]]" if sum(ids) % 3 else "[[B]]"
+
+
+class Server:
+    """A scripted `/v1/completions` on 127.0.0.1 that serves at most `max_requests` requests (with `faults`, as
+    `fault_of` says). `log` holds (prompt ids, what it did) per request."""
+
+    def __init__(self, faults: bool, max_requests: int = 2000):
+        self.log, self.faults, self.max_requests, self.stop = [], faults, max_requests, False
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                ids = body["prompt"]
+                what = fault_of(ids) if owner.faults else "answer"
+                owner.log.append((tuple(ids), what))
+                if what == "drop":
+                    self.close_connection = True
+                    return
+                if what == "stall":
+                    time.sleep(STALL_S)
+                text = verdict_of(ids)
+                payload = (b"{not json" if what == "garbage" else json.dumps(
+                    {"choices": [{"index": j, "text": text, "finish_reason": "stop"} for j in range(body["n"])]}
+                ).encode())
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except OSError:  # the client gave up on a stalled request
+                    pass
+
+        class Httpd(ThreadingHTTPServer):
+            request_queue_size = 64  # the client's concurrency, and more
+
+        self.httpd = Httpd(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads, self.httpd.timeout = True, 0.05
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def _loop(self):
+        while not self.stop and len(self.log) < self.max_requests:
+            self.httpd.handle_request()  # returns after `timeout` when no request comes
+
+    def close(self):
+        self.stop = True
+        self.thread.join(timeout=5)
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def tokenizer():
+    return make_char_tokenizer()
+
+
+class Recording(OpenAISampler):
+    """The engine, keeping each call's questions' token ids in question order (`asked`)."""
+
+    def complete(self, prefixes, suffixes, params=SamplingParams(), rng=0):
+        self.asked = [tuple(prefixes[p]) + tuple(s) for p, s in suffixes]
+        return super().complete(prefixes, suffixes, params, rng)
+
+
+def _judge(server, tokenizer):
+    sampler = Recording(None, tokenizer, role="grm", url=server.url, api_model="scripted", timeout_s=TIMEOUT_S,
+                        retries=1, backoff_s=0.01, concurrency=8)
+    return Judge(sampler, tokenizer, JudgeConfig(template="toy_pairwise_cot", max_new_tokens=32, temperature=0.0))
+
+
+def _pairs(n=24, seed=0):
+    rng = np.random.default_rng(seed)
+    digits = lambda k: "".join(map(str, rng.integers(0, 10, k)))  # noqa: E731
+    prompts = [digits(5) + ">" for _ in range(n)]
+    return prompts, [digits(5) for _ in range(n)], [digits(5) for _ in range(n)]
+
+
+def test_verdicts_over_http_are_the_servers_and_faults_are_counted_abstentions(tokenizer):
+    prompts, a, b = _pairs()
+    clean = Server(faults=False)
+    try:
+        judge = _judge(clean, tokenizer)
+        votes, log = judge.explain(prompts, a, b, votes=2, swap=True)
+    finally:
+        clean.close()
+    asked = judge.sampler.asked
+    assert len(asked) == len(prompts) * 2 and sorted(asked) == sorted(ids for ids, _ in clean.log)
+    assert [v.text for v in log] == [verdict_of(list(ids)) for ids in asked]  # each the server's answer to it
+    assert judge.metrics.abstains == 0 and (votes.wins + votes.losses == 2).all()
+    assert judge.summary()["failed_requests"] == 0 and judge.summary()["timeouts"] == 0
+
+    faulty = Server(faults=True)
+    try:
+        judge2 = _judge(faulty, tokenizer)
+        votes2, log2 = judge2.explain(prompts, a, b, votes=2, swap=True)
+    finally:
+        faulty.close()
+    assert judge2.sampler.asked == asked
+    kinds = [fault_of(list(ids)) for ids in asked]
+    bad, stalled = sum(k != "answer" for k in kinds), kinds.count("stall")
+    assert 0 < stalled < kinds.count("drop") + stalled < bad < len(asked)  # every kind of fault happens here
+    s = judge2.summary()
+    assert judge2.metrics.abstains == bad == s["failed_requests"]  # exactly the questions left unanswered
+    assert s["timeouts"] == stalled
+    # each unanswered question was asked twice (one retry, failing again); a request the loopback drops under load
+    # is retried too, and answered then
+    assert judge2.sampler.stats.retries >= bad and len(faulty.log) >= len(asked) + bad
+    # nothing else changes: every answered question has the clean run's verdict, the others none
+    assert [v.text for v in log2] == [v.text if k == "answer" else "" for v, k in zip(log, kinds)]
+    assert (votes2.wins + votes2.losses + votes2.abstains == 2).all()
+    assert (votes2.wins <= votes.wins).all() and (votes2.losses <= votes.losses).all()
+
+
+def test_generate_keeps_groups_and_marks_what_the_server_cut(tokenizer):
+    """`generate` asks once per prompt with `n` = the group size; a row the server finished ends with the stop
+    token, one cut at `max_tokens` is truncated; a failed prompt leaves its G rows empty."""
+
+    server = Server(faults=False)
+    try:
+        sampler = OpenAISampler(None, tokenizer, url=server.url, timeout_s=2.0, retries=0)
+        out = sampler.generate([[1, 5, 6], [1, 7]], group_size=3, params=SamplingParams(0.0, max_new_tokens=32))
+    finally:
+        server.close()
+    assert sorted(len(ids) for ids, _ in server.log) == [2, 3] and out.tokens.shape == (6, 32)  # in any order
+    texts = [tokenizer.decode(t[:n - 1].tolist()) for t, n in zip(out.tokens, out.lengths)]
+    assert texts == [verdict_of([1, 5, 6])] * 3 + [verdict_of([1, 7])] * 3
+    assert (out.tokens[np.arange(6), out.lengths - 1] == tokenizer.eos_token_id).all() and not out.truncated.any()
+
+    short = Server(faults=False)
+    try:
+        sampler = OpenAISampler(None, tokenizer, url=short.url, timeout_s=2.0, retries=0)
+        out = sampler.generate([[1, 5, 6]], group_size=1, params=SamplingParams(0.0, max_new_tokens=4))
+    finally:
+        short.close()
+    assert out.lengths.tolist() == [4] and out.truncated.tolist() == [True]
+
+    dead = OpenAISampler(None, tokenizer, url="http://127.0.0.1:9", timeout_s=1.0, retries=1, backoff_s=0.01)
+    out = dead.generate([[1, 5]], group_size=2, params=SamplingParams(0.0, max_new_tokens=8))
+    assert out.lengths.tolist() == [0, 0] and dead.stats.failed == 1 and dead.stats.retries == 1
+
+
+def test_what_the_engine_cannot_do_is_said(tokenizer):
+    with pytest.raises(NotImplementedError, match="engine=jax"):
+        OpenAISampler(None, tokenizer, url="http://127.0.0.1:9").next_token_logprobs([[1]], [(0, [])], [4, 5])
+    with pytest.raises(ValueError, match="url is empty"):
+        OpenAISampler(None, tokenizer)
+    with pytest.raises(TypeError, match="unknown options chunk"):
+        OpenAISampler(None, tokenizer, url="http://127.0.0.1:9", chunk=3)
+    assert OpenAISampler(None, tokenizer, url="http://x", max_batch=8, prefix_reuse=True).update_weights(None) == 0
