@@ -34,7 +34,7 @@ def main(argv) -> None:
                           layouts=settings.mesh)
             train, _ = training_prompts(settings, roles)
             reference = make_sampler("reference", roles.model("reference"), roles.tokenizer("reference"),
-                                     engine=config.inference.engine)
+                                     engine=config.inference)
             anchor_store(config, train, roles.tokenizer("policy"), settings.rollout).generate(reference, config.seed)
 
     cli.exit_on_user_error(remake, config)

@@ -90,7 +90,8 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     # A rerun resumes from the workdir's latest checkpoint; a change to the config that alters the optimization is
     # refused (`config_changes`) unless `allow_changes` (`rrc_jax.workdir.ResumeConfig`).
     c.resume = ml_collections.ConfigDict(defaults(ResumeConfig))
-    # The inference engine every sampler of the run is built with (`rrc_jax.inference.factory.ENGINES`).
+    # The inference engine of the run's samplers (`rrc_jax.inference.factory`): `jax`, or `openai` for a judge served
+    # elsewhere (`url`, ...; the rollout and the anchors stay on the JAX engine).
     c.inference = ml_collections.ConfigDict(defaults(InferenceConfig))
     c.mesh = ml_collections.ConfigDict(defaults(MeshConfig))  # `rrc_jax.sharding.MeshConfig`
     # Multi-host start-up (`rrc_jax.distributed.DistributedConfig`): automatic on Cloud TPU VMs; elsewhere give all

@@ -43,7 +43,8 @@ from rrc_jax.settings import field_error, flat_fields
 # follow its chunks of questions) and, under a schedule that depends on it, `steps` (`resumable`).
 RESUMABLE_CHANGES = ("steps", "workdir", "eval.", "log.", "checkpoint.", "distributed.", "mesh.", "resume.",
                      "toy.cache_dir", "reward.drm.max_batch", "rl.micro_batch_size", "rl.remat", "rl.logprob_chunk",
-                     "rl.max_skipped_fraction", "rl.guard_window", "rl.max_param_growth")
+                     "rl.max_skipped_fraction", "rl.guard_window", "rl.max_param_growth",
+                     "inference.url", "inference.concurrency")  # the judge's server moved; its requests in flight
 
 
 @dataclasses.dataclass(frozen=True)

@@ -136,7 +136,8 @@ def test_steps_may_change_on_resume_only_under_a_constant_schedule():
 def test_every_setting_a_resume_may_change_leaves_the_run_as_it_was(tmp_path, toy_cache):
     """Item 3: 3 steps straight, and 2 steps resumed for a third with every field of `RESUMABLE_CHANGES` that one
     device can change set otherwise (the length, micro-batches, remat, log-prob chunks, the guard, checkpointing,
-    logging, evaluation, the toy cache's path, the mesh spelled out): the training metrics of every step agree."""
+    logging, evaluation, the toy cache's path, the mesh spelled out, the judge server's address and requests in
+    flight): the training metrics of every step agree."""
     import shutil
 
     common = {"reward.judge.temperature": 1.0, "eval.every": 0}
@@ -148,7 +149,8 @@ def test_every_setting_a_resume_may_change_leaves_the_run_as_it_was(tmp_path, to
     changed = {"steps": 3, "rl.micro_batch_size": 4, "rl.remat": True, "rl.logprob_chunk": 3,
                "rl.max_skipped_fraction": 0.9, "rl.guard_window": 3, "rl.max_param_growth": 100.0,
                "checkpoint.save_every": 1, "checkpoint.keep": 3, "log.samples_every": 1, "log.tensorboard": False,
-               "eval.judge_votes": 0, "reward.drm.max_batch": 8, "mesh.fsdp": 1}
+               "eval.judge_votes": 0, "reward.drm.max_batch": 8, "mesh.fsdp": 1,
+               "inference.url": "http://127.0.0.1:9", "inference.concurrency": 4}  # (the jax engine reads neither)
     rows = read_metrics(run(tiny_config("agr", resumed, cache2, **{**common, **changed})))
     train = lambda r: {s: {k: v for k, v in row.items() if not k.startswith("eval/")} for s, row in r.items()}
     a, b = numeric(train(straight)), numeric(train(rows))

@@ -187,3 +187,41 @@ def test_what_the_engine_cannot_do_is_said(tokenizer):
     with pytest.raises(TypeError, match="unknown options chunk"):
         OpenAISampler(None, tokenizer, url="http://127.0.0.1:9", chunk=3)
     assert OpenAISampler(None, tokenizer, url="http://x", max_batch=8, prefix_reuse=True).update_weights(None) == 0
+
+
+def test_the_config_puts_the_judge_on_the_server_and_the_rollout_on_jax(tokenizer):
+    """`inference.engine=openai` builds the judge's sampler over HTTP (with the config's server settings and the
+    model's stop tokens and context length) while the rollout and the reference stay on the JAX engine; a server
+    without a URL, or bad request settings, is a one-line config error."""
+    from flax import nnx
+
+    from rrc_jax.config import base_config, validate
+    from rrc_jax.errors import ConfigError
+    from rrc_jax.inference import JaxSampler, make_sampler
+    from rrc_jax.models import Decoder, DecoderConfig
+    from rrc_jax.sharding import model_context
+
+    config = base_config("agr")
+    config.inference.engine = "openai"
+    with pytest.raises(ConfigError, match=r"^config.inference.url: empty; the openai engine asks a server"):
+        validate(config)
+    config.inference.url, config.inference.api_model, config.inference.timeout_s = "http://127.0.0.1:9", "grm", 5.0
+    validate(config)
+    cfg = DecoderConfig(model_type="llama", vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                        num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=300,
+                        bos_token_id=1, eos_token_ids=(2, 5), pad_token_id=0)
+    with model_context(None):
+        model = Decoder(cfg, rngs=nnx.Rngs(0))
+    judge = make_sampler("grm", model, tokenizer, engine=config.inference, max_batch=8)
+    assert isinstance(judge, OpenAISampler) and judge.endpoint == "http://127.0.0.1:9/v1/completions"
+    assert (judge.api_model, judge.timeout_s, judge.retries, judge.concurrency) == ("grm", 5.0, 2, 16)
+    assert judge.stop_token_ids == (2, 5) and judge.context_length == 300
+    for role in ("policy", "reference"):
+        assert isinstance(make_sampler(role, model, tokenizer, engine=config.inference, max_batch=8), JaxSampler)
+    for field, value, message in (("concurrency", 0, "0 must be >= 1"), ("retries", -1, "-1 must be >= 0"),
+                                  ("timeout_s", 0.0, "0.0 must be > 0")):
+        bad = base_config("agr")
+        bad.inference.engine, bad.inference.url = "openai", "http://127.0.0.1:9"
+        bad.inference[field] = value
+        with pytest.raises(ConfigError, match=rf"^config.inference.{field}: {message}"):
+            validate(bad)

@@ -28,7 +28,7 @@ class RewardContext:
         """A sampler of the frozen reference policy (`models.reference`, by default the initial policy)."""
         if self._reference is None:
             self._reference = make_sampler("reference", self.roles.model("reference"), self.roles.tokenizer("reference"),
-                                           engine=self.config.inference.engine,
+                                           engine=self.config.inference,
                                            max_batch=self.rollout.max_batch)
         return self._reference
 

@@ -49,7 +49,7 @@ def make_judge(config, roles) -> Judge:
     """The GRM of `roles` as a `Judge` asking per `reward.judge`, reseeded from `config.seed`."""
     j = JudgeSettings.from_config(config)
     tokenizer = roles.tokenizer("grm")
-    sampler = make_sampler("grm", roles.model("grm"), tokenizer, engine=config.inference.engine, max_batch=j.max_batch)
+    sampler = make_sampler("grm", roles.model("grm"), tokenizer, engine=config.inference, max_batch=j.max_batch)
     return Judge(sampler, tokenizer, JudgeConfig(template=j.template, max_new_tokens=j.max_new_tokens,
                                                  temperature=j.temperature, seed=config.seed))
 

@@ -2,11 +2,12 @@
 
 * ``sampler``: `Sampler` (generate, complete shared prefixes, next-token log-probs), `SamplingParams`,
   `SampleOutput`, `SamplerStats`, `stop_tokens`, `response_texts`.
-* ``factory``: `make_sampler`, which builds every sampler of an engine named in `ENGINES` (`inference.engine`).
+* ``factory``: `make_sampler`, which builds every sampler with the engine `inference` names for its role
+  (`ENGINES`, `ENGINE_ROLES`).
 * ``engine``: `JaxSampler`, the protocol on a `rrc_jax.models.Decoder` (prefix reuse, chunking).
 * ``sampling``: the engine's jit-compiled kernels (prefill, extend, decode, generate) over a `KVCache`.
 * ``openai_engine``: `OpenAISampler`, the protocol over an OpenAI-compatible `/v1/completions` server (a judge on
-  another host; failures are counted abstentions). Not in `ENGINES` yet: the run's config does not name a server.
+  another host; failures are counted abstentions): `inference.engine=openai` puts the judge there.
 """
 
 from rrc_jax.inference.engine import JaxSampler

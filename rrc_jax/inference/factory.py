@@ -1,36 +1,71 @@
 """Where every sampler comes from: `make_sampler(role, model, ...)` builds the Sampler of one role of a run (the
-policy's rollout, the reference's anchors, the GRM's judge) with the engine named by `inference.engine`.
+policy's rollout, the reference's anchors, the GRM's judge) with the engine the run's `inference` group names.
 
-`ENGINES` maps an engine's name to its constructor `(model, tokenizer, *, role, **options) -> Sampler`; today only `jax`
-(`rrc_jax.inference.engine.JaxSampler`, whose options are `max_batch`, `prefix_reuse`, `stop_token_ids` and
-`pad_id`). Another engine is one adapter and one line here. Callers never construct an engine themselves. The role
-is what a sampler is built for: it names the sampler in errors and stats, and it is where a role's own inference
-layout attaches (docs/design.md, section 2, "Samplers, one per role").
+`ENGINES` maps an engine's name to its constructor `(model, tokenizer, *, role, **options) -> Sampler`:
+
+- `jax` (`rrc_jax.inference.engine.JaxSampler`; options `max_batch`, `prefix_reuse`, `stop_token_ids`, `pad_id`,
+  `layout`): every role.
+- `openai` (`rrc_jax.inference.openai_engine.OpenAISampler`): the judge asks an OpenAI-compatible server
+  (`inference.url`, `api_model`, `concurrency`, `timeout_s`, `retries`). It serves the `grm` role only
+  (`ENGINE_ROLES`); the rollout and the reference's anchors stay on the JAX engine, which they need (the learner
+  reads the rollout's log-probs, and the rollout follows the policy's every update).
+
+Another engine is one adapter and one line here. Callers never construct an engine themselves. The role is what a
+sampler is built for: it names the sampler in errors and stats, and it is where a role's own inference layout
+attaches (docs/design.md, section 2, "Samplers, one per role").
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.engine import JaxSampler
+from rrc_jax.inference.openai_engine import OpenAISampler
 from rrc_jax.inference.sampler import Sampler
 from rrc_jax.rl.roles import ROLES
+from rrc_jax.settings import at_least, field_error
 
-ENGINES: dict[str, Callable[..., Sampler]] = {"jax": JaxSampler}
+ENGINES: dict[str, Callable[..., Sampler]] = {"jax": JaxSampler, "openai": OpenAISampler}
+ENGINE_ROLES: dict[str, tuple[str, ...]] = {"jax": ROLES, "openai": ("grm",)}  # the others: the JAX engine
 
 
 @dataclasses.dataclass(frozen=True)
 class InferenceConfig:
-    """The inference engine every sampler of a run is built with (`inference`)."""
+    """The inference engine of a run's samplers (`inference`; the module docstring): `engine`, and for `openai`
+    the server (`url`, its served model name `api_model`), the requests in flight (`concurrency`), each attempt's
+    limit (`timeout_s`) and the attempts after the first (`retries`)."""
 
     GROUP: ClassVar[str] = "inference"
     engine: str = "jax"
+    url: str = ""
+    api_model: str = ""
+    concurrency: int = 16
+    timeout_s: float = 60.0
+    retries: int = 2
 
     def __post_init__(self):
         check_engine(self.engine)
+        if self.engine == "openai" and not self.url:
+            raise field_error("inference", "url", "empty; the openai engine asks a server: give its base URL, e.g. "
+                              "--config.inference.url=http://10.0.0.2:8000")
+        at_least("inference", "concurrency", self.concurrency, 1)
+        at_least("inference", "retries", self.retries, 0)
+        if not self.timeout_s > 0:
+            raise field_error("inference", "timeout_s", f"{self.timeout_s} must be > 0")
+
+    def engine_for(self, role: str) -> str:
+        """The engine that builds `role`'s sampler: `engine` where it serves the role, else `jax`."""
+        return self.engine if role in ENGINE_ROLES[self.engine] else "jax"
+
+    def options(self, role: str) -> dict:
+        """The engine's own options for `role`'s sampler (the server's, for `openai`)."""
+        if self.engine_for(role) != "openai":
+            return {}
+        return {"url": self.url, "api_model": self.api_model, "concurrency": self.concurrency,
+                "timeout_s": self.timeout_s, "retries": self.retries}
 
 
 def check_engine(engine: str) -> None:
@@ -40,10 +75,16 @@ def check_engine(engine: str) -> None:
                           f"{', '.join(ENGINES)}")
 
 
-def make_sampler(role: str, model, tokenizer=None, *, engine: str = "jax", **options) -> Sampler:
+def make_sampler(role: str, model, tokenizer=None, *, engine: str | InferenceConfig | Mapping = "jax",
+                 **options) -> Sampler:
     """The Sampler of `role` (one of `rrc_jax.rl.roles.ROLES`) on `model` and its `tokenizer` (the stop tokens,
-    the pad id), built by `engine` with the engine's `options` (e.g. `max_batch`, the most rows per model call)."""
+    the pad id), built by the engine a run's `inference` group (`engine`: an `InferenceConfig`, the config group
+    itself, or an engine's name) names for that role, with the caller's `options` (e.g. `max_batch`, the most rows
+    per model call) and the engine's own (`InferenceConfig.options`)."""
     if role not in ROLES:
         raise ValueError(f"make_sampler: unknown role {role!r}; roles are {', '.join(ROLES)}")
-    check_engine(engine)
-    return ENGINES[engine](model, tokenizer, role=role, **options)
+    if isinstance(engine, str):
+        engine = InferenceConfig(engine=engine)
+    elif not isinstance(engine, InferenceConfig):
+        engine = InferenceConfig(**dict(engine))
+    return ENGINES[engine.engine_for(role)](model, tokenizer, role=role, **options, **engine.options(role))

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix
+from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix, stop_tokens
 
 # Options the callers pass to every engine that only the JAX engine uses: the server batches, places and reuses
 # prefixes itself.
@@ -74,7 +74,8 @@ class OpenAISampler:
     """The Sampler protocol over an OpenAI-compatible completions endpoint (the module docstring).
 
     Args:
-      model: unused (the weights live on the server); accepted so that the factory calls every engine alike.
+      model: the judge's `Decoder` when one is at hand, for its stop tokens and context length only (the weights
+        live on the server); None otherwise.
       tokenizer: the judge model's tokenizer (ids in, texts back to ids).
       role: the role it samples for (`rrc_jax.rl.roles.ROLES`).
       url: the server's base URL, e.g. `http://10.0.0.2:8000` (`/v1/completions` is appended).
@@ -82,7 +83,8 @@ class OpenAISampler:
       concurrency: requests in flight at once.
       timeout_s: each attempt's limit, connection and answer included.
       retries: attempts after the first; `backoff_s` before the first of them, doubling.
-      context_length: the most tokens a row may hold on the server (None: unknown, nothing is checked here).
+      context_length: the most tokens a row may hold on the server (default: the model's positions; None when
+        unknown: nothing is checked here).
     """
 
     def __init__(self, model=None, tokenizer=None, *, role: str = "grm", url: str = "", api_model: str = "",
@@ -103,10 +105,12 @@ class OpenAISampler:
         self.endpoint = url.rstrip("/") + "/v1/completions"
         self.api_model = api_model
         self.concurrency, self.timeout_s, self.retries, self.backoff_s = concurrency, timeout_s, retries, backoff_s
-        eos = getattr(tokenizer, "eos_token_id", None)
-        self.stop_token_ids = tuple(int(t) for t in stop_token_ids) if stop_token_ids is not None else (
-            (int(eos),) if eos is not None else ())
+        if stop_token_ids is None:
+            stop_token_ids = stop_tokens(model.cfg.eos_token_ids if model is not None else (), tokenizer)
+        self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         self.pad_id = int(pad_id if pad_id is not None else (getattr(tokenizer, "pad_token_id", None) or 0))
+        if context_length is None and model is not None:
+            context_length = int(model.cfg.max_position_embeddings)
         self.context_length = context_length
         self.stats = HttpStats()
 

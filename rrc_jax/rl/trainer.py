@@ -97,7 +97,7 @@ class Trainer:
                            lora=s.lora)
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
-        self.sampler = make_sampler("policy", self.policy, self.tokenizer, engine=s.inference.engine,
+        self.sampler = make_sampler("policy", self.policy, self.tokenizer, engine=s.inference,
                                     max_batch=rollout.max_batch,  # its rollout copy, unless the weights are shared
                                     layout=None if rollout.share_weights else self.roles.layout("policy", "inference"))
         self.train_prompts, self.eval_prompts = training_prompts(s, self.roles)

@@ -161,7 +161,7 @@ def held_out_accuracy(config, model, tokenizer, prefs: Sequence[Preference]) -> 
 
     if config.kind == "drm":
         return evaluate("drm", prefs, drm=DRMReward(model, tokenizer))
-    judge = Judge(make_sampler("grm", model, tokenizer, engine=config.inference.engine), tokenizer, JudgeConfig(
+    judge = Judge(make_sampler("grm", model, tokenizer, engine=config.inference), tokenizer, JudgeConfig(
         template=config.judge.template, max_new_tokens=config.judge.max_new_tokens, temperature=0.0,
         seed=config.seed))
     return evaluate("pairwise", prefs, judge=judge)

@@ -36,7 +36,7 @@ def audit_judge(study) -> dict:
 
     config = trainer_config(study, *plan(study)[0])
     roles, j, task = Roles.from_config(config), config.reward.judge, parse(ToyTaskConfig, config).task
-    sampler = make_sampler("grm", roles.model("grm"), roles.tokenizer("grm"), engine=config.inference.engine)
+    sampler = make_sampler("grm", roles.model("grm"), roles.tokenizer("grm"), engine=config.inference)
     judge = Judge(sampler, roles.tokenizer("grm"), JudgeConfig(
         template=j.template, max_new_tokens=j.max_new_tokens, temperature=j.temperature, seed=0))
     result = {"temperature": j.temperature, **audit(judge, task, pairs=study.audit_pairs,
