@@ -225,3 +225,28 @@ def test_the_config_puts_the_judge_on_the_server_and_the_rollout_on_jax(tokenize
         bad.inference[field] = value
         with pytest.raises(ConfigError, match=rf"^config.inference.{field}: {message}"):
             validate(bad)
+
+
+def test_a_run_whose_judge_server_fails_finishes_and_counts_each_failure(tmp_path, toy_cache):
+    """The main job (SCR, 2 steps) with `inference.engine=openai` against the faulty server: the run finishes, and
+    each step's `judge/failed_requests` and `judge/timeouts` add up to the questions the server left unanswered
+    and stalled (each asked twice: one retry)."""
+    from conftest import read_metrics, tiny_config
+
+    from rrc_jax.rl.trainer import run
+
+    server = Server(faults=True)
+    try:
+        workdir = run(tiny_config("scr", tmp_path / "run", toy_cache, **{
+            "inference.engine": "openai", "inference.url": server.url, "inference.api_model": "scripted",
+            "inference.timeout_s": TIMEOUT_S, "inference.retries": 1, "eval.judge_votes": 0}))
+    finally:
+        server.close()
+    rows = read_metrics(workdir)
+    assert sorted(rows) == [0, 1, 2]
+    kinds = [k for _, k in server.log]  # a request each: a failing question's two attempts both fail
+    failed = sum(rows[s]["judge/failed_requests"] for s in (1, 2))
+    assert 2 * failed == sum(k != "answer" for k in kinds) and failed > 0
+    assert 2 * sum(rows[s]["judge/timeouts"] for s in (1, 2)) == kinds.count("stall") > 0
+    for s in (1, 2):
+        assert rows[s]["judge/abstain_rate"] * rows[s]["judge/questions"] >= rows[s]["judge/failed_requests"]
