@@ -88,6 +88,12 @@ class Server:
         self.thread.join(timeout=5)
         self.httpd.server_close()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
 
 @pytest.fixture
 def tokenizer():
@@ -115,26 +121,24 @@ def _pairs(n=24, seed=0):
     return prompts, [digits(5) for _ in range(n)], [digits(5) for _ in range(n)]
 
 
+def _explained(faults: bool, tokenizer, pairs):
+    """(the judge, its votes and judgments of `pairs`, 2 votes each with the A/B swap, the server) over HTTP."""
+    with Server(faults) as server:
+        judge = _judge(server, tokenizer)
+        votes, log = judge.explain(*pairs, votes=2, swap=True)
+    return judge, votes, log, server
+
+
 def test_verdicts_over_http_are_the_servers_and_faults_are_counted_abstentions(tokenizer):
-    prompts, a, b = _pairs()
-    clean = Server(faults=False)
-    try:
-        judge = _judge(clean, tokenizer)
-        votes, log = judge.explain(prompts, a, b, votes=2, swap=True)
-    finally:
-        clean.close()
+    prompts, a, b = pairs = _pairs()
+    judge, votes, log, clean = _explained(False, tokenizer, pairs)
     asked = judge.sampler.asked
     assert len(asked) == len(prompts) * 2 and sorted(asked) == sorted(ids for ids, _ in clean.log)
     assert [v.text for v in log] == [verdict_of(list(ids)) for ids in asked]  # each the server's answer to it
     assert judge.metrics.abstains == 0 and (votes.wins + votes.losses == 2).all()
     assert judge.summary()["failed_requests"] == 0 and judge.summary()["timeouts"] == 0
 
-    faulty = Server(faults=True)
-    try:
-        judge2 = _judge(faulty, tokenizer)
-        votes2, log2 = judge2.explain(prompts, a, b, votes=2, swap=True)
-    finally:
-        faulty.close()
+    judge2, votes2, log2, faulty = _explained(True, tokenizer, pairs)
     assert judge2.sampler.asked == asked
     kinds = [fault_of(list(ids)) for ids in asked]
     bad, stalled = sum(k != "answer" for k in kinds), kinds.count("stall")
@@ -155,23 +159,17 @@ def test_generate_keeps_groups_and_marks_what_the_server_cut(tokenizer):
     """`generate` asks once per prompt with `n` = the group size; a row the server finished ends with the stop
     token, one cut at `max_tokens` is truncated; a failed prompt leaves its G rows empty."""
 
-    server = Server(faults=False)
-    try:
+    with Server(faults=False) as server:
         sampler = OpenAISampler(None, tokenizer, url=server.url, timeout_s=2.0, retries=0)
         out = sampler.generate([[1, 5, 6], [1, 7]], group_size=3, params=SamplingParams(0.0, max_new_tokens=32))
-    finally:
-        server.close()
     assert sorted(len(ids) for ids, _ in server.log) == [2, 3] and out.tokens.shape == (6, 32)  # in any order
     texts = [tokenizer.decode(t[:n - 1].tolist()) for t, n in zip(out.tokens, out.lengths)]
     assert texts == [verdict_of([1, 5, 6])] * 3 + [verdict_of([1, 7])] * 3
     assert (out.tokens[np.arange(6), out.lengths - 1] == tokenizer.eos_token_id).all() and not out.truncated.any()
 
-    short = Server(faults=False)
-    try:
+    with Server(faults=False) as short:
         sampler = OpenAISampler(None, tokenizer, url=short.url, timeout_s=2.0, retries=0)
         out = sampler.generate([[1, 5, 6]], group_size=1, params=SamplingParams(0.0, max_new_tokens=4))
-    finally:
-        short.close()
     assert out.lengths.tolist() == [4] and out.truncated.tolist() == [True]
 
     dead = OpenAISampler(None, tokenizer, url="http://127.0.0.1:9", timeout_s=1.0, retries=1, backoff_s=0.01)
@@ -235,13 +233,10 @@ def test_a_run_whose_judge_server_fails_finishes_and_counts_each_failure(tmp_pat
 
     from rrc_jax.rl.trainer import run
 
-    server = Server(faults=True)
-    try:
+    with Server(faults=True) as server:
         workdir = run(tiny_config("scr", tmp_path / "run", toy_cache, **{
             "inference.engine": "openai", "inference.url": server.url, "inference.api_model": "scripted",
             "inference.timeout_s": TIMEOUT_S, "inference.retries": 1, "eval.judge_votes": 0}))
-    finally:
-        server.close()
     rows = read_metrics(workdir)
     assert sorted(rows) == [0, 1, 2]
     kinds = [k for _, k in server.log]  # a request each: a failing question's two attempts both fail
