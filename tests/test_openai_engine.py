@@ -130,7 +130,8 @@ def _explained(faults: bool, tokenizer, pairs):
 
 
 def test_verdicts_over_http_are_the_servers_and_faults_are_counted_abstentions(tokenizer):
-    prompts, a, b = pairs = _pairs()
+    pairs = _pairs()
+    prompts = pairs[0]
     judge, votes, log, clean = _explained(False, tokenizer, pairs)
     asked = judge.sampler.asked
     assert len(asked) == len(prompts) * 2 and sorted(asked) == sorted(ids for ids, _ in clean.log)
