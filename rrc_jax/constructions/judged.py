@@ -96,7 +96,7 @@ class JudgeConstruction(Construction):
         return {"judge/questions": s["questions"], "judge/tokens": s["judge_tokens"],
                 "judge/abstain_rate": s["abstain_rate"], "judge/position_consistency": s["position_consistency"],
                 "judge/prefill_tokens_saved": s["prefill_tokens_saved"], "judge/too_long": s["too_long"],
-                **{f"judge/{k}": s[k] for k in ("failed_requests", "timeouts") if k in s}}
+                **{f"judge/{k}": s[k] for k in self.judge.sampler.stats.failures()}}
 
     def evaluate(self, held_out, index, prompts, texts, step) -> dict[str, float]:
         """The oracle's quality and, with `eval_votes`, the judged win rate of the greedy `texts` against the

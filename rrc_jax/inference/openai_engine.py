@@ -29,7 +29,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -53,6 +52,9 @@ class HttpStats(SamplerStats):
     failed: int = 0
     timeouts: int = 0
     retries: int = 0
+
+    def failures(self) -> dict[str, int]:
+        return {"failed_requests": self.failed, "timeouts": self.timeouts}
 
 
 class RequestFailed(Exception):
@@ -127,10 +129,10 @@ class OpenAISampler:
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 answer = json.loads(response.read())
-        except (TimeoutError, socket.timeout) as e:
+        except TimeoutError as e:
             raise RequestFailed(f"timed out after {self.timeout_s} s", timed_out=True) from e
         except urllib.error.URLError as e:
-            timed_out = isinstance(e.reason, (TimeoutError, socket.timeout))
+            timed_out = isinstance(e.reason, TimeoutError)
             raise RequestFailed(f"{type(e).__name__}: {e.reason}", timed_out=timed_out) from e
         except (OSError, ValueError) as e:  # a dropped connection, a body that is not JSON
             raise RequestFailed(f"{type(e).__name__}: {e}", timed_out=False) from e
@@ -156,20 +158,17 @@ class OpenAISampler:
             return sorted(answer["choices"], key=lambda c: c.get("index", 0)), attempt
         return last, self.retries
 
-    def _body(self, prompt: list[int], n: int, params: SamplingParams, seed: int) -> dict:
-        stop = params.stop_token_ids if params.stop_token_ids is not None else self.stop_token_ids
-        return {"model": self.api_model, "prompt": prompt, "n": n, "max_tokens": params.max_new_tokens,
-                "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or -1,
-                "seed": seed, "stop_token_ids": list(stop), "skip_special_tokens": True}
-
     def _run(self, prompts: list[list[int]], n: int, params: SamplingParams, rng) -> SampleOutput:
         """`n` continuations of each prompt, rows `i*n ... i*n + n - 1` for prompt i."""
         base = _seed(rng)
-        with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
-            answers = list(pool.map(lambda ip: self._ask(self._body(ip[1], n, params, (base + ip[0]) % (1 << 31))),
-                                    enumerate(prompts)))
-        rows, cap = len(prompts) * n, params.max_new_tokens
         stops = params.stop_token_ids if params.stop_token_ids is not None else self.stop_token_ids
+        bodies = [{"model": self.api_model, "prompt": prompt, "n": n, "max_tokens": params.max_new_tokens,
+                   "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or -1,
+                   "seed": (base + i) % (1 << 31), "stop_token_ids": list(stops), "skip_special_tokens": True}
+                  for i, prompt in enumerate(prompts)]
+        with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
+            answers = list(pool.map(self._ask, bodies))
+        rows, cap = len(prompts) * n, params.max_new_tokens
         tokens = np.full((rows, cap), self.pad_id, np.int32)
         lengths, truncated = np.zeros(rows, np.int32), np.zeros(rows, bool)
         for i, (answer, retries) in enumerate(answers):

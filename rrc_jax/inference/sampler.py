@@ -75,6 +75,11 @@ class SamplerStats:
         for field in dataclasses.fields(self):
             setattr(self, field.name, 0)
 
+    def failures(self) -> dict[str, int]:
+        """Questions the engine could not answer, by kind, for the judge's metrics (abstentions): none for an
+        engine in this process; an engine over a network counts its own (`openai_engine.HttpStats`)."""
+        return {}
+
 
 Suffix = tuple[int, Sequence[int]]  # (index into prefixes, token ids after that prefix)
 

@@ -179,10 +179,8 @@ class Judge:
         rates `abstain_rate` and `position_consistency` (NaN when undefined)."""
         m, s = self.metrics, self.sampler.stats
         out = dataclasses.asdict(m)
-        out.update(sampler_calls=s.calls, prefill_tokens=s.prefill_tokens, prefill_tokens_saved=s.prefill_tokens_saved)
-        for name in ("failed", "timeouts"):  # an engine over a network (`openai_engine.HttpStats`): abstentions
-            if hasattr(s, name):
-                out[f"{name}_requests" if name == "failed" else name] = getattr(s, name)
+        out.update(sampler_calls=s.calls, prefill_tokens=s.prefill_tokens, prefill_tokens_saved=s.prefill_tokens_saved,
+                   **s.failures())
         out["abstain_rate"] = m.abstains / m.questions if m.questions else float("nan")
         out["position_consistency"] = m.swap_consistent / m.swap_couples if m.swap_couples else float("nan")
         return out
