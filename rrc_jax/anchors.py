@@ -21,7 +21,7 @@ def main(argv) -> None:
     config = cli.config_value(CONFIG, argv, "agr.py")
     from rrc_jax import distributed
     from rrc_jax.constructions.agr import anchor_store
-    from rrc_jax.inference import make_sampler
+    from rrc_jax.inference import role_sampler
     from rrc_jax.rl.roles import Roles
     from rrc_jax.rl.trainer import training_prompts
 
@@ -33,8 +33,7 @@ def main(argv) -> None:
             roles = Roles(settings.models, toy=settings.toy, init_from=config.init_from, mesh=mesh,
                           layouts=settings.mesh)
             train, _ = training_prompts(settings, roles)
-            reference = make_sampler("reference", roles.model("reference"), roles.tokenizer("reference"),
-                                     engine=config.inference)
+            reference = role_sampler(roles, "reference", engine=config.inference)
             anchor_store(config, train, roles.tokenizer("policy"), settings.rollout).generate(reference, config.seed)
 
     cli.exit_on_user_error(remake, config)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from rrc_jax.constructions.judged import make_judge
 from rrc_jax.data.prompts import PromptSet, prompt_tokens
-from rrc_jax.inference.factory import make_sampler
+from rrc_jax.inference.factory import role_sampler
 from rrc_jax.inference.sampler import Sampler, response_texts
 from rrc_jax.judge import Judge
 from rrc_jax.rl.rollout import RolloutConfig
@@ -27,8 +27,7 @@ class RewardContext:
     def reference(self) -> Sampler:
         """A sampler of the frozen reference policy (`models.reference`, by default the initial policy)."""
         if self._reference is None:
-            self._reference = make_sampler("reference", self.roles.model("reference"), self.roles.tokenizer("reference"),
-                                           engine=self.config.inference,
+            self._reference = role_sampler(self.roles, "reference", engine=self.config.inference,
                                            max_batch=self.rollout.max_batch)
         return self._reference
 

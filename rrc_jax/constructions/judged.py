@@ -13,7 +13,7 @@ import numpy as np
 from rrc_jax import distributed
 from rrc_jax.constructions.base import Construction, JudgeLoad, RewardResult, step_seed
 from rrc_jax.errors import ConfigError
-from rrc_jax.inference.factory import make_sampler
+from rrc_jax.inference.factory import role_sampler
 from rrc_jax.judge import Judge, JudgeConfig
 from rrc_jax.settings import field_error, parse
 
@@ -48,9 +48,8 @@ class JudgeSettings:
 def make_judge(config, roles) -> Judge:
     """The GRM of `roles` as a `Judge` asking per `reward.judge`, reseeded from `config.seed`."""
     j = JudgeSettings.from_config(config)
-    tokenizer = roles.tokenizer("grm")
-    sampler = make_sampler("grm", roles.model("grm"), tokenizer, engine=config.inference, max_batch=j.max_batch)
-    return Judge(sampler, tokenizer, JudgeConfig(template=j.template, max_new_tokens=j.max_new_tokens,
+    sampler = role_sampler(roles, "grm", engine=config.inference, max_batch=j.max_batch)
+    return Judge(sampler, roles.tokenizer("grm"), JudgeConfig(template=j.template, max_new_tokens=j.max_new_tokens,
                                                  temperature=j.temperature, seed=config.seed))
 
 

@@ -10,7 +10,9 @@ policy's rollout, the reference's anchors, the GRM's judge) with the engine the 
   (`ENGINE_ROLES`); the rollout and the reference's anchors stay on the JAX engine, which they need (the learner
   reads the rollout's log-probs, and the rollout follows the policy's every update).
 
-Another engine is one adapter and one line here. Callers never construct an engine themselves. The role is what a
+A run's samplers come from `role_sampler(roles, role, inference)`, which loads the role's model only when the
+engine runs it in this process (a judge served elsewhere never has its weights loaded in the trainer). Another
+engine is one adapter and one line here. Callers never construct an engine themselves. The role is what a
 sampler is built for: it names the sampler in errors and stats, and it is where a role's own inference layout
 attaches (docs/design.md, section 2, "Samplers, one per role").
 """
@@ -83,8 +85,20 @@ def make_sampler(role: str, model, tokenizer=None, *, engine: str | InferenceCon
     per model call) and the engine's own (`InferenceConfig.options`)."""
     if role not in ROLES:
         raise ValueError(f"make_sampler: unknown role {role!r}; roles are {', '.join(ROLES)}")
-    if isinstance(engine, str):
-        engine = InferenceConfig(engine=engine)
-    elif not isinstance(engine, InferenceConfig):
-        engine = InferenceConfig(**dict(engine))
+    engine = _inference(engine)
     return ENGINES[engine.engine_for(role)](model, tokenizer, role=role, **options, **engine.options(role))
+
+
+def role_sampler(roles, role: str, engine: str | InferenceConfig | Mapping = "jax", **options) -> Sampler:
+    """`make_sampler` for `role` of a run's `roles` (`rrc_jax.rl.roles.Roles`), with its tokenizer: over the role's
+    loaded model when the engine runs in this process; over its architecture alone (`Roles.config`: stop tokens,
+    context length) when the engine's server holds the weights, which are then never loaded here."""
+    engine = _inference(engine)
+    model = roles.model(role) if engine.engine_for(role) == "jax" else roles.config(role)
+    return make_sampler(role, model, roles.tokenizer(role), engine=engine, **options)
+
+
+def _inference(engine: str | InferenceConfig | Mapping) -> InferenceConfig:
+    if isinstance(engine, str):
+        return InferenceConfig(engine=engine)
+    return engine if isinstance(engine, InferenceConfig) else InferenceConfig(**dict(engine))

@@ -76,8 +76,8 @@ class OpenAISampler:
     """The Sampler protocol over an OpenAI-compatible completions endpoint (the module docstring).
 
     Args:
-      model: the judge's `Decoder` when one is at hand, for its stop tokens and context length only (the weights
-        live on the server); None otherwise.
+      model: the judge's `Decoder` or its `DecoderConfig` (`Roles.config`), for its stop tokens and context length
+        only (the weights live on the server); None when neither is at hand.
       tokenizer: the judge model's tokenizer (ids in, texts back to ids).
       role: the role it samples for (`rrc_jax.rl.roles.ROLES`).
       url: the server's base URL, e.g. `http://10.0.0.2:8000` (`/v1/completions` is appended).
@@ -107,12 +107,13 @@ class OpenAISampler:
         self.endpoint = url.rstrip("/") + "/v1/completions"
         self.api_model = api_model
         self.concurrency, self.timeout_s, self.retries, self.backoff_s = concurrency, timeout_s, retries, backoff_s
+        cfg = getattr(model, "cfg", model)  # a Decoder's config, or the config itself
         if stop_token_ids is None:
-            stop_token_ids = stop_tokens(model.cfg.eos_token_ids if model is not None else (), tokenizer)
+            stop_token_ids = stop_tokens(cfg.eos_token_ids if cfg is not None else (), tokenizer)
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         self.pad_id = int(pad_id if pad_id is not None else (getattr(tokenizer, "pad_token_id", None) or 0))
-        if context_length is None and model is not None:
-            context_length = int(model.cfg.max_position_embeddings)
+        if context_length is None and cfg is not None:
+            context_length = int(cfg.max_position_embeddings)
         self.context_length = context_length
         self.stats = HttpStats()
 

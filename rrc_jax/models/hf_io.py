@@ -180,6 +180,25 @@ def _tensor_files(path: Path) -> dict[str, Path]:
                             "convert the checkpoint to safetensors (transformers: save_pretrained(...))")
 
 
+def decoder_config(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str | None = None,
+                   pad_token_id: int | None = None) -> DecoderConfig:
+    """The `DecoderConfig` `load_hf` gives the checkpoint in `path` (its stop tokens from `generation_config.json`
+    when present), without reading a weight: what an engine that holds the weights elsewhere needs of the model."""
+    path = Path(path)
+    hf = read_hf_config(path)
+    if is_sequence_classifier(hf) and _num_labels(hf) != 1:
+        raise ConfigError(f"{path / 'config.json'}: a sequence classifier with {_num_labels(hf)} labels; a reward "
+                          "model scores with one (num_labels=1, score.weight of shape [1, hidden_size])")
+    try:
+        cfg = DecoderConfig.from_hf(hf, dtype=dtype, param_dtype=param_dtype or dtype)
+    except KeyError as e:
+        raise ConfigError(f"{path / 'config.json'}: no {e.args[0]}; a decoder's config.json has vocab_size, "
+                          "hidden_size, intermediate_size, num_hidden_layers and num_attention_heads") from None
+    stop = _generation_stop_tokens(path)
+    return cfg.replace(eos_token_ids=cfg.eos_token_ids if stop is None else stop,
+                       pad_token_id=cfg.pad_token_id if cfg.pad_token_id is not None else pad_token_id)
+
+
 def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str | None = None,
             value_head: bool | None = None, pad_token_id: int | None = None,
             layout: sharding.Layout = sharding.Layout(), lora: LoraConfig | None = None) -> Decoder:
@@ -203,18 +222,7 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
         they are read, and stored so (the `param_dtype` is then their scales').
     """
     path = Path(path)
-    hf = read_hf_config(path)
-    if is_sequence_classifier(hf) and _num_labels(hf) != 1:
-        raise ConfigError(f"{path / 'config.json'}: a sequence classifier with {_num_labels(hf)} labels; a reward "
-                          "model scores with one (num_labels=1, score.weight of shape [1, hidden_size])")
-    try:
-        cfg = DecoderConfig.from_hf(hf, dtype=dtype, param_dtype=param_dtype or dtype)
-    except KeyError as e:
-        raise ConfigError(f"{path / 'config.json'}: no {e.args[0]}; a decoder's config.json has vocab_size, "
-                          "hidden_size, intermediate_size, num_hidden_layers and num_attention_heads") from None
-    stop = _generation_stop_tokens(path)
-    cfg = cfg.replace(eos_token_ids=cfg.eos_token_ids if stop is None else stop,
-                      pad_token_id=cfg.pad_token_id if cfg.pad_token_id is not None else pad_token_id)
+    cfg = decoder_config(path, dtype=dtype, param_dtype=param_dtype, pad_token_id=pad_token_id)
     files = _tensor_files(path)
     if value_head is None:
         value_head = "score.weight" in files

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 from rrc_jax import distributed
 from rrc_jax.errors import ConfigError
-from rrc_jax.models import Decoder, load_hf, load_tokenizer
+from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer
 from rrc_jax.models.decoder import is_sequence_classifier
-from rrc_jax.models.hf_io import read_hf_config
+from rrc_jax.models.hf_io import decoder_config, read_hf_config
 from rrc_jax.models.lora import LoraConfig, frozen_copy
 from rrc_jax.progress import say
 from rrc_jax.settings import field_error, one_of, parse
@@ -137,6 +137,13 @@ class Roles:
         if role not in self._tokenizers:
             self._tokenizers[role] = load_tokenizer(self.path(role))
         return self._tokenizers[role]
+
+    def config(self, role: str) -> DecoderConfig:
+        """The architecture of `role`'s model (its loaded model's, else read from its `config.json` without loading a
+        weight): what a judge served elsewhere, or a length check, needs of it."""
+        if role in self._models:
+            return self._models[role].cfg
+        return decoder_config(self.path(role), dtype=self.models.dtype)
 
     def model(self, role: str) -> Decoder:
         """The model of `role`, loaded once (the DRM with its value head, a sequence classifier's `score.weight`;

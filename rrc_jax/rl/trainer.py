@@ -301,9 +301,9 @@ def training_prompts(settings: TrainerSettings, roles: Roles) -> tuple[PromptSet
         check_toy_eval_prompts(source)  # before the models (the toy world) load
     judged = "grm" in settings.reward_roles
     limit = prompt_token_limit(source.data.max_prompt_tokens, settings.rollout.max_new_tokens,
-                               roles.model("policy").cfg.max_position_embeddings,
+                               roles.config("policy").max_position_embeddings,
                                settings.judge if judged else None,
-                               roles.model("grm").cfg.max_position_embeddings if judged else None,
+                               roles.config("grm").max_position_embeddings if judged else None,
                                roles.tokenizer("grm") if judged else None)
     return load_prompts(source, roles.tokenizer("policy"), max_tokens=limit,
                         questions=settings.reward.questions or "pairwise")

@@ -28,7 +28,7 @@ def audit_judge(study) -> dict:
         return json.loads(path.read_text())
     from rrc_jax.data.toy.audit import audit
     from rrc_jax.data.toy.task import ToyTaskConfig
-    from rrc_jax.inference import make_sampler
+    from rrc_jax.inference import role_sampler
     from rrc_jax.judge import Judge, JudgeConfig
     from rrc_jax.rl.roles import Roles
     from rrc_jax.settings import parse
@@ -36,7 +36,7 @@ def audit_judge(study) -> dict:
 
     config = trainer_config(study, *plan(study)[0])
     roles, j, task = Roles.from_config(config), config.reward.judge, parse(ToyTaskConfig, config).task
-    sampler = make_sampler("grm", roles.model("grm"), roles.tokenizer("grm"), engine=config.inference)
+    sampler = role_sampler(roles, "grm", engine=config.inference)
     judge = Judge(sampler, roles.tokenizer("grm"), JudgeConfig(
         template=j.template, max_new_tokens=j.max_new_tokens, temperature=j.temperature, seed=0))
     result = {"temperature": j.temperature, **audit(judge, task, pairs=study.audit_pairs,

@@ -1,0 +1,60 @@
+"""Serve a local Hugging Face checkpoint (a judge) through an OpenAI-compatible `/v1/completions` endpoint.
+
+    python -m rrc_jax.serve --model=DIR [--host=127.0.0.1 --port=8000 --served_name=NAME --max_batch=64
+                                         --batch_wait_ms=5 --dtype=bfloat16 --mesh=auto]
+
+A trainer then asks it with `--config.inference.engine=openai --config.inference.url=http://HOST:PORT`
+(`rrc_jax.inference.openai_engine`), and so can any OpenAI client. Concurrent requests are batched into the engine
+(`rrc_jax.inference.server`: what a request may hold, and what is and is not reproducible). One process serves:
+the model is held over this host's devices in the inference layout. Needs the serve extra
+(`pip install 'rrc-jax[serve]'`). Stops on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from rrc_jax import cli
+
+_MODEL = cli.model_flags("the model to serve")
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
+_PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.")
+_NAME = flags.DEFINE_string("served_name", "", "The model name requests may give (default: the directory's name).")
+_MAX_BATCH = flags.DEFINE_integer("max_batch", 64, "Most rows (prompts x n) batched into one engine call.")
+_WAIT = flags.DEFINE_float("batch_wait_ms", 5.0, "How long a batch waits for more requests after its first.")
+
+
+def serve() -> None:
+    """Load the checkpoint and serve it until interrupted (a user's mistake raises `ConfigError`)."""
+    from pathlib import Path
+
+    import jax
+
+    from rrc_jax.errors import ConfigError
+    from rrc_jax.inference import make_sampler
+    from rrc_jax.inference.server import make_app, uvicorn_server
+    from rrc_jax.progress import say
+
+    cli.check_at_least(1, "max_batch")
+    if _WAIT.value < 0:
+        raise cli.flag_error("batch_wait_ms", "must be >= 0")
+    model, tokenizer, mesh = cli.load_model(_MODEL.model.value, _MODEL.dtype.value, _MODEL.mesh.value)
+    if jax.process_count() > 1:
+        raise ConfigError("rrc_jax.serve runs in one process; serve from one host (its devices hold the model)")
+    name = _NAME.value or Path(_MODEL.model.value).name
+    sampler = make_sampler("grm", model, tokenizer, max_batch=_MAX_BATCH.value)
+    app = make_app(sampler, tokenizer, served_name=name, max_batch=_MAX_BATCH.value,
+                   batch_wait_s=_WAIT.value / 1000, mesh=mesh, vocab_size=model.cfg.vocab_size)
+    server = uvicorn_server(app)
+    server.config.host, server.config.port = _HOST.value, _PORT.value
+    say(f"serving {name} ({_MODEL.model.value}) on http://{_HOST.value}:{_PORT.value}/v1/completions")
+    server.run()
+
+
+def main(argv: list[str]) -> None:
+    cli.no_arguments(argv)
+    cli.exit_on_user_error(serve, also=(ValueError,))
+
+
+if __name__ == "__main__":
+    cli.start(main)
