@@ -118,9 +118,16 @@ class AGRReward(JudgeConstruction):
 
     def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
         self.use_anchors(step)
-        anchors = self.store[prompt_index]
-        wins, losses = self.judge.vs_anchors(prompts, responses, anchors, votes=self.votes, swap=self.swap)
-        diag = agr_diagnostics(wins, losses, votes=self.votes)
-        return RewardResult(np.asarray(agr_rewards(wins, losses, alpha=self.alpha, ties=self.ties)),
-                            {f"judge/{k}": float(np.mean(v)) for k, v in diag.items()},
-                            notes=[{"anchors": list(a)} for a in anchors])
+        return agr_result(self.judge, prompts, responses, self.store[prompt_index], votes=self.votes,
+                          swap=self.swap, alpha=self.alpha, ties=self.ties)
+
+
+def agr_result(judge, prompts, responses, anchors, *, votes: int, swap: bool, alpha: float = AGRSettings.alpha,
+               ties: str = AGRSettings.ties) -> RewardResult:
+    """AGR's rewards `[B, m]` for B `prompts`, their groups of m `responses` and each prompt's n `anchors` (`AGRReward`;
+    also what the trainer integrations call, `rrc_jax.integrations`)."""
+    wins, losses = judge.vs_anchors(prompts, responses, anchors, votes=votes, swap=swap)
+    diag = agr_diagnostics(wins, losses, votes=votes)
+    return RewardResult(np.asarray(agr_rewards(wins, losses, alpha=alpha, ties=ties)),
+                        {f"judge/{k}": float(np.mean(v)) for k, v in diag.items()},
+                        notes=[{"anchors": list(a)} for a in anchors])

@@ -79,13 +79,18 @@ class PRCReward(JudgeConstruction):
         return [self._initial[int(i)] for i in prompt_index]
 
     def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
-        b, m = len(prompts), len(responses[0])
-        refs = self.references(prompts, prompt_index)
-        p_a = self.judge.preference_prob([p for p in prompts for _ in range(m)], [o for g in responses for o in g],
-                                         [r for r in refs for _ in range(m)], think=self.think,
-                                         tags=[{"prompt": q // m, "i": q % m} for q in range(b * m)])
-        metrics = {"reward/prc_saturation": float(np.mean((p_a <= 0.1) | (p_a >= 0.9)))}
-        hist = np.histogram(p_a, bins=PRC_BINS, range=(0.0, 1.0))[0] / max(p_a.size, 1)  # Table 6's buckets, finer
-        metrics.update({f"prc/p_bin{k}": float(h) for k, h in enumerate(hist)})
-        return RewardResult(np.asarray(prc_rewards(p_a.reshape(b, m))), metrics,
-                            notes=[{"reference": r} for r in refs])
+        return prc_result(self.judge, prompts, responses, self.references(prompts, prompt_index), think=self.think)
+
+
+def prc_result(judge, prompts, responses, references, *, think: bool = PRCSettings.think) -> RewardResult:
+    """PRC's rewards `[B, m]`: P(A) of each response shown as A against its prompt's reference response o_ref
+    (`references [B]`) as B (`PRCReward`; also what the trainer integrations call, `rrc_jax.integrations`)."""
+    b, m = len(prompts), len(responses[0])
+    p_a = judge.preference_prob([p for p in prompts for _ in range(m)], [o for g in responses for o in g],
+                                [r for r in references for _ in range(m)], think=think,
+                                tags=[{"prompt": q // m, "i": q % m} for q in range(b * m)])
+    metrics = {"reward/prc_saturation": float(np.mean((p_a <= 0.1) | (p_a >= 0.9)))}
+    hist = np.histogram(p_a, bins=PRC_BINS, range=(0.0, 1.0))[0] / max(p_a.size, 1)  # Table 6's buckets, finer
+    metrics.update({f"prc/p_bin{k}": float(h) for k, h in enumerate(hist)})
+    return RewardResult(np.asarray(prc_rewards(p_a.reshape(b, m))), metrics,
+                        notes=[{"reference": r} for r in references])

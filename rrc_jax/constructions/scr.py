@@ -78,13 +78,21 @@ class SCRReward(JudgeConstruction):
                    cara=s.cara, cara_method=s.cara_method, tournament=s.tournament)
 
     def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
-        if self.tournament != "round_robin":
-            play = merge_sort if self.tournament == "merge_sort" else knockout
-            t = play(self.judge, prompts, responses, votes=self.votes, swap=self.swap)
-            return RewardResult((self.alpha * t.rewards).astype(np.float32),
-                                {"judge/comparisons": float(t.queries.mean())})
-        counts = self.judge.round_robin(prompts, responses, votes=self.votes, swap=self.swap)
-        diag = scr_diagnostics(counts, votes=self.votes)
-        rewards = (cara_rewards(counts, alpha=self.alpha, method=self.cara_method) if self.cara
-                   else np.asarray(scr_rewards(counts, alpha=self.alpha, ties=self.ties)))
-        return RewardResult(rewards, {f"judge/{k}": float(np.mean(v)) for k, v in diag.items()})
+        return scr_result(self.judge, prompts, responses, votes=self.votes, swap=self.swap, alpha=self.alpha,
+                          ties=self.ties, cara=self.cara, cara_method=self.cara_method, tournament=self.tournament)
+
+
+def scr_result(judge, prompts, responses, *, votes: int, swap: bool, alpha: float = SCRSettings.alpha,
+               ties: str = SCRSettings.ties, cara: bool = False, cara_method: str = SCRSettings.cara_method,
+               tournament: str = "round_robin") -> RewardResult:
+    """SCR's rewards `[B, m]` for B `prompts` and their groups of m `responses` (`SCRReward`; also what the trainer
+    integrations call, `rrc_jax.integrations`)."""
+    if tournament != "round_robin":
+        play = merge_sort if tournament == "merge_sort" else knockout
+        t = play(judge, prompts, responses, votes=votes, swap=swap)
+        return RewardResult((alpha * t.rewards).astype(np.float32), {"judge/comparisons": float(t.queries.mean())})
+    counts = judge.round_robin(prompts, responses, votes=votes, swap=swap)
+    diag = scr_diagnostics(counts, votes=votes)
+    rewards = (cara_rewards(counts, alpha=alpha, method=cara_method) if cara
+               else np.asarray(scr_rewards(counts, alpha=alpha, ties=ties)))
+    return RewardResult(rewards, {f"judge/{k}": float(np.mean(v)) for k, v in diag.items()})

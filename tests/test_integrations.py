@@ -1,0 +1,174 @@
+"""RRC rewards from other trainers (`rrc_jax.integrations`): a group split across processes is judged whole; each
+kind's rewards are what `rrc_jax.rewards` computes from the judge's own verdicts; TRL's GRPOTrainer trains two steps
+with the TRL reward function."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from rrc_jax.data.toy.task import SortTask
+from rrc_jax.integrations.groups import GroupRewards, Row, judge_whole, rows_of
+from rrc_jax.rewards import agr_rewards, cara_rewards, scr_rewards
+
+G = 4
+
+
+class Threads:
+    """A `Collective` of `size` threads standing for processes: `all_gather` is a real collective (every rank
+    waits for the others)."""
+
+    def __init__(self, size):
+        self.size, self.slots, self.barrier = size, [None] * size, threading.Barrier(size)
+
+    def rank(self, r):
+        outer = self
+
+        class Rank:
+            rank, size = r, outer.size
+
+            def all_gather(self, items):
+                outer.slots[r] = list(items)
+                outer.barrier.wait()
+                out = [x for slot in outer.slots for x in slot]
+                outer.barrier.wait()  # every rank has read before the next gather writes
+                return out
+
+        return Rank()
+
+
+def test_a_group_split_across_two_processes_is_judged_whole():
+    """Slices of 6 completions with groups of 4 (TRL with per_device_train_batch_size=6, num_generations=4): each
+    group is judged once, whole, on one process, and each process gets its own rows' rewards, the ones a single
+    process judging the whole batch gives."""
+    rows = [Row(f"p{g}", f"c{g}.{i}") for g in range(3) for i in range(G)]
+    judged = []
+
+    def reward_groups(whole):
+        judged.append([r.completion for r in whole])
+        return np.array([float(r.completion.endswith(("1", "2"))) + int(r.prompt[1:]) for r in whole], np.float32)
+
+    expected = reward_groups(rows)
+    judged.clear()
+    comm, out = Threads(2), [None, None]
+
+    def process(r):
+        out[r] = judge_whole(rows[6 * r:6 * r + 6], G, reward_groups, comm.rank(r))
+
+    threads = [threading.Thread(target=process, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert np.concatenate(out).tolist() == expected.tolist()
+    assert sorted(judged) == [[f"c{g}.{i}" for g in (0, 2) for i in range(G)], [f"c1.{i}" for i in range(G)]]
+
+    # whole groups in every slice: judged where they are, nothing gathered
+    judged.clear()
+    assert judge_whole(rows[:8], G, reward_groups).tolist() == expected[:8].tolist() and len(judged) == 1
+    with pytest.raises(ValueError, match="do not share one prompt"):
+        judge_whole(rows[2:10], G, reward_groups)
+    with pytest.raises(ValueError, match="not whole groups of 4"):
+        judge_whole(rows[:6], G, reward_groups)
+
+
+@pytest.fixture(scope="module")
+def toy_judge(toy_cache):
+    """The toy world's GRM judging greedily in this process, and the toy policy's directory."""
+    from conftest import tiny_config
+
+    from rrc_jax.integrations import judge_for
+    from rrc_jax.rl.roles import Roles
+
+    roles = Roles.from_config(tiny_config("scr", "unused", toy_cache))
+    return judge_for(str(roles.path("grm")), template="toy_pairwise_cot", max_new_tokens=48,
+                     temperature=0.0), roles.path("policy")
+
+
+DIGITS = ["3142", "97531", "2718", "60504"]
+RESPONSES = [["1234", "1243", "1324", "4321"], ["13579", "31579", "1357", "97531"], ["1278", "1287", "2178", "8721"],
+             ["00456", "00465", "04056", "65400"]]
+
+
+def _counts(trace, b, m, key="j"):
+    """Vote counts `[b, m, m]` (or `[b, m, n]` wins and losses for AGR) from the judge's own trace."""
+    wins, losses = np.zeros((b, m, m), np.int32), np.zeros((b, m, m), np.int32)
+    for t in trace:
+        if t["winner"] == "a":
+            wins[t["prompt"], t["i"], t[key]] += 1
+        elif t["winner"] == "b":
+            losses[t["prompt"], t["i"], t[key]] += 1
+    return wins, losses
+
+
+@pytest.mark.parametrize("kind", ["scr", "cara", "agr"])
+def test_each_kind_rewards_what_rrc_rewards_computes_from_the_verdicts(toy_judge, kind):
+    judge, _ = toy_judge
+    prompts = [SortTask.prompt_text(d) for d in DIGITS]
+    anchors = [[r[0], r[3]] for r in RESPONSES]  # AGR: two anchors a prompt
+    rows = rows_of([p for p in prompts for _ in range(G)], [c for r in RESPONSES for c in r],
+                   anchors=[a for a in anchors for _ in range(G)] if kind == "agr" else None)
+    rewards = GroupRewards(judge, kind, group_size=G, votes=2)
+    judge.trace = []
+    got = rewards(rows, step=3).reshape(len(prompts), G)
+    trace, judge.trace = judge.trace, None
+    assert len(trace) == len(prompts) * (G * 2 if kind == "agr" else G * (G - 1) // 2) * 2
+    if kind == "agr":
+        wins, losses = _counts([{**t, "j": t["anchor"]} for t in trace], len(prompts), G)
+        expected = agr_rewards(wins[..., :2], losses[..., :2], alpha=0.1, ties="win")
+    else:
+        wins, losses = _counts(trace, len(prompts), G)
+        counts = wins + np.swapaxes(losses, 1, 2)  # c[b, i, j]: votes for i over j
+        expected = cara_rewards(counts, alpha=0.1) if kind == "cara" else scr_rewards(counts, alpha=0.1, ties="zero")
+    np.testing.assert_allclose(got, np.asarray(expected), atol=1e-6)
+    assert np.ptp(got) > 0 and rewards.last_metrics["judge/questions"] == len(trace)
+
+
+def test_trl_grpo_trains_two_steps_with_rrc_rewards(toy_judge, tmp_path, monkeypatch):
+    """TRL's GRPOTrainer (CPU) trains the toy policy two steps with `TRLReward` (SCR, the toy GRM in this process):
+    each call's rewards are `scr_rewards` of the vote counts read from the judge's own trace, TRL logs their mean,
+    and the policy's weights move."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(name, "1")
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rrc_jax.integrations.trl import TRLReward
+
+    judge, policy_dir = toy_judge
+    reward = TRLReward(judge, "scr", group_size=G, votes=1)
+    calls = []
+
+    def recorded(prompts, completions, **kwargs):
+        judge.trace = []
+        out = reward(prompts, completions, **kwargs)
+        calls.append((list(prompts), list(completions), out, judge.trace, kwargs["trainer_state"].global_step))
+        judge.trace = None
+        return out
+
+    recorded.__name__ = reward.__name__
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, fp16=False, activation_checkpointing=False,
+                      max_steps=2, per_device_train_batch_size=2 * G, gradient_accumulation_steps=1,
+                      num_generations=G, max_completion_length=12, learning_rate=1e-3, logging_steps=1,
+                      save_strategy="no", report_to="none", seed=0, disable_tqdm=True)
+    dataset = Dataset.from_dict({"prompt": [SortTask.prompt_text(d) for d in DIGITS]})
+    trainer = GRPOTrainer(model=model, reward_funcs=[recorded], args=args, train_dataset=dataset,
+                          processing_class=AutoTokenizer.from_pretrained(policy_dir))
+    trainer.train()
+
+    assert [c[4] for c in calls] == [0, 1] and all(len(c[1]) == 2 * G for c in calls)
+    for prompts, _, out, trace, _ in calls:
+        assert all(len(set(prompts[i:i + G])) == 1 for i in range(0, len(prompts), G))
+        wins, losses = _counts(trace, len(prompts) // G, G)
+        expected = np.asarray(scr_rewards(wins + np.swapaxes(losses, 1, 2), alpha=0.1, ties="zero")).reshape(-1)
+        np.testing.assert_allclose(out, expected, atol=1e-6)
+    logged = [h["rewards/rrc_scr/mean"] for h in trainer.state.log_history if "rewards/rrc_scr/mean" in h]
+    np.testing.assert_allclose(logged, [np.mean(c[2]) for c in calls], atol=1e-5)
+    assert any(np.ptp(c[2]) > 0 for c in calls)  # the judge ranked something
+    moved = max(float((p.detach() - before[n]).abs().max()) for n, p in trainer.model.named_parameters())
+    assert moved > 0
