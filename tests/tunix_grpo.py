@@ -1,0 +1,92 @@
+"""tunix's GRPOLearner trains the toy policy two steps with `TunixReward` (SCR, the toy GRM judging in this
+process); run by `tests/test_tunix.py` with the tunix environment's Python (`.ci/tunix_env`).
+
+    python tests/tunix_grpo.py POLICY_DIR GRM_DIR OUT.json
+
+Writes each reward call's prompts, completions, rewards, num_generations and the judge's trace, the largest
+parameter change and tunix's logged reward sums. tunix's Llama applies RoPE with theta 1e6 whatever the checkpoint
+says (tunix 0.1.7), so the policy it trains is the toy policy's weights in a slightly different model: this run
+checks the reward function's contract, not the toy policy's quality.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+from tunix.models.llama3 import model as llama3_model  # noqa: E402
+from tunix.models.llama3 import params as llama3_params  # noqa: E402
+from tunix.rl import rl_cluster as rl_cluster_lib  # noqa: E402
+from tunix.rl.grpo import grpo_learner  # noqa: E402
+from tunix.rl.rollout import base_rollout  # noqa: E402
+
+from rrc_jax.data.toy.task import SortTask  # noqa: E402
+from rrc_jax.integrations import judge_for  # noqa: E402
+from rrc_jax.integrations.tunix import TunixReward  # noqa: E402
+
+G, BATCH = 4, 2
+
+
+def tunix_llama(path, mesh):
+    hf = json.load(open(os.path.join(path, "config.json")))
+    cfg = llama3_model.ModelConfig(
+        num_layers=hf["num_hidden_layers"], vocab_size=hf["vocab_size"], embed_dim=hf["hidden_size"],
+        hidden_dim=hf["intermediate_size"], num_heads=hf["num_attention_heads"], head_dim=hf["head_dim"],
+        num_kv_heads=hf["num_key_value_heads"], rope_theta=int(hf["rope_theta"]), norm_eps=hf["rms_norm_eps"],
+        weight_tying=hf["tie_word_embeddings"])
+    return llama3_params.create_model_from_safe_tensors(path, cfg, mesh=mesh)
+
+
+def main(policy_dir, grm_dir, out_path):
+    judge = judge_for(grm_dir, template="toy_pairwise_cot", max_new_tokens=48, temperature=0.0)
+    reward = TunixReward(judge, "scr", votes=1)
+    calls = []
+
+    def recorded(prompts, completions, num_generations=None, **columns):
+        judge.trace = []
+        out = reward(prompts, completions, num_generations=num_generations, **columns)
+        calls.append({"prompts": [str(p) for p in prompts], "completions": list(map(str, completions)),
+                      "rewards": out, "num_generations": num_generations, "trace": judge.trace,
+                      "columns": sorted(columns)})
+        judge.trace = None
+        return out
+
+    recorded.__name__ = reward.__name__
+    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
+                         devices=jax.devices()[:1])
+    actor, reference = tunix_llama(policy_dir, mesh), tunix_llama(policy_dir, mesh)
+    before = jax.tree.map(np.asarray, nnx.state(actor, nnx.Param))
+    cluster = rl_cluster_lib.RLCluster(
+        actor=actor, reference=reference, tokenizer=AutoTokenizer.from_pretrained(policy_dir),
+        cluster_config=rl_cluster_lib.ClusterConfig(
+            role_to_mesh={rl_cluster_lib.Role.ACTOR: mesh, rl_cluster_lib.Role.REFERENCE: mesh,
+                          rl_cluster_lib.Role.ROLLOUT: mesh},
+            rollout_engine="vanilla", offload_to_cpu=False,
+            training_config=rl_cluster_lib.RLTrainingConfig(
+                actor_optimizer=optax.adamw(1e-3), eval_every_n_steps=1000, max_steps=2,
+                checkpoint_root_directory=None, metrics_logging_options=None, pbar_description=None),
+            rollout_config=base_rollout.RolloutConfig(max_tokens_to_generate=12, max_prompt_length=16,
+                                                      kv_cache_size=48, temperature=1.0, top_p=1.0, top_k=None,
+                                                      seed=0)))
+    learner = grpo_learner.GRPOLearner(
+        rl_cluster=cluster, algo_config=grpo_learner.GRPOConfig(num_generations=G, num_iterations=1, beta=0.04,
+                                                                epsilon=0.2),
+        reward_fns=[recorded])
+    prompts = [SortTask.prompt_text(d) for d in ("3142", "97531", "2718", "60504")]
+    learner.train([{"prompts": np.array(prompts[i:i + BATCH])} for i in range(0, len(prompts), BATCH)])
+    after = jax.tree.map(np.asarray, nnx.state(actor, nnx.Param))
+    moved = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), before, after)))
+    logged = cluster._rl_metrics_logger.get_metric_history("rewards", "sum", "train")
+    json.dump({"calls": calls, "moved": moved, "logged_reward_sums": np.asarray(logged).tolist(),
+               "steps": int(cluster.actor_trainer.train_steps)}, open(out_path, "w"))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
