@@ -3,6 +3,7 @@ kind's rewards are what `rrc_jax.rewards` computes from the judge's own verdicts
 with the TRL reward function."""
 
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -125,15 +126,14 @@ def test_each_kind_rewards_what_rrc_rewards_computes_from_the_verdicts(toy_judge
 
 
 def test_trl_grpo_trains_two_steps_with_rrc_rewards(toy_judge, tmp_path, monkeypatch):
-    """TRL's GRPOTrainer (CPU) trains the toy policy two steps with `TRLReward` (SCR, the toy GRM in this process):
-    each call's rewards are `scr_rewards` of the vote counts read from the judge's own trace, TRL logs their mean,
-    and the policy's weights move."""
+    """TRL's GRPOTrainer (CPU) trains the toy policy two steps with `TRLReward` (SCR, the toy GRM in this process;
+    `examples/trl_rewards.py`'s trainer): each call's rewards are `scr_rewards` of the vote counts read from the
+    judge's own trace, TRL logs their mean, and the policy's weights move."""
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.setenv(name, "1")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples"))
     import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl_rewards import make_trainer
 
     from rrc_jax.integrations.trl import TRLReward
 
@@ -150,15 +150,8 @@ def test_trl_grpo_trains_two_steps_with_rrc_rewards(toy_judge, tmp_path, monkeyp
 
     recorded.__name__ = reward.__name__
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, fp16=False, activation_checkpointing=False,
-                      max_steps=2, per_device_train_batch_size=2 * G, gradient_accumulation_steps=1,
-                      num_generations=G, max_completion_length=12, learning_rate=1e-3, logging_steps=1,
-                      save_strategy="no", report_to="none", seed=0, disable_tqdm=True)
-    dataset = Dataset.from_dict({"prompt": [SortTask.prompt_text(d) for d in DIGITS]})
-    trainer = GRPOTrainer(model=model, reward_funcs=[recorded], args=args, train_dataset=dataset,
-                          processing_class=AutoTokenizer.from_pretrained(policy_dir))
+    trainer = make_trainer(str(policy_dir), recorded, output_dir=str(tmp_path), group=G)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
 
     assert [c[4] for c in calls] == [0, 1] and all(len(c[1]) == 2 * G for c in calls)

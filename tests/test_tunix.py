@@ -1,5 +1,5 @@
-"""tunix's GRPOLearner trains two steps with `rrc_jax.integrations.tunix.TunixReward` (`tests/tunix_grpo.py`), in
-the tunix environment `.ci/tunix_env` makes (a virtual environment over this one that holds google-tunix 0.1.7
+"""tunix's GRPOLearner trains two steps with `rrc_jax.integrations.tunix.TunixReward` (`examples/tunix_rewards.py`),
+in the tunix environment `.ci/tunix_env` makes (a virtual environment over this one that holds google-tunix 0.1.7
 and the releases it pins: `safetensors<0.8` moves transformers, tokenizers and huggingface_hub back there only;
 `.ci/run` makes it). Each call's rewards are `scr_rewards` of the vote counts read from the judge's own trace, tunix
 logs their mean, and the policy's weights move."""
@@ -25,14 +25,9 @@ def tunix_python() -> Path | None:
 
 @pytest.mark.skipif(tunix_python() is None, reason="no tunix environment: bash .ci/tunix_env (.ci/run makes it)")
 def test_tunix_grpo_trains_two_steps_with_rrc_rewards(tmp_path, toy_cache):
-    from conftest import tiny_config
-
-    from rrc_jax.rl.roles import Roles
-
-    roles = Roles.from_config(tiny_config("scr", "unused", toy_cache))
     out = tmp_path / "tunix.json"
-    run = subprocess.run([str(tunix_python()), str(REPO / "tests" / "tunix_grpo.py"), str(roles.path("policy")),
-                          str(roles.path("grm")), str(out)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    run = subprocess.run([str(tunix_python()), str(REPO / "examples" / "tunix_rewards.py"), f"--toy_cache={toy_cache}",
+                          f"--record={out}"], capture_output=True, text=True, timeout=600, cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
     calls, g = result["calls"], 4

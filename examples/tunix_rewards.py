@@ -1,12 +1,17 @@
-"""tunix's GRPOLearner trains the toy policy two steps with `TunixReward` (SCR, the toy GRM judging in this
-process); run by `tests/test_tunix.py` with the tunix environment's Python (`.ci/tunix_env`).
+"""tunix's GRPOLearner with RRC rewards: SCR over each prompt's group, judged by the toy world's GRM.
 
-    python tests/tunix_grpo.py POLICY_DIR GRM_DIR OUT.json
+    bash .ci/tunix_env && .venv-tunix/bin/python examples/tunix_rewards.py [--url=http://127.0.0.1:8000]
+    [--record=FILE]
 
-Writes each reward call's prompts, completions, rewards, num_generations and the judge's trace, the largest
-parameter change and tunix's logged reward sums. tunix's Llama applies RoPE with theta 1e6 whatever the checkpoint
-says (tunix 0.1.7), so the policy it trains is the toy policy's weights in a slightly different model: this run
-checks the reward function's contract, not the toy policy's quality.
+Two GRPO steps of the toy policy (loaded from its Hugging Face directory into tunix's Llama) on the CPU. tunix
+0.1.7 pins `safetensors<0.8`, so it lives in an environment of its own (`.ci/tunix_env`: this environment plus
+tunix and the releases it pins). Without `--url` the judge runs in this process on the JAX engine; with it, it is
+asked over HTTP (`python -m rrc_jax.serve`). `--record=FILE` writes each reward call's prompts, completions,
+rewards, `num_generations` and the judge's trace, the largest parameter change and tunix's logged reward sums
+(`tests/test_tunix.py` reads them).
+
+tunix's Llama applies RoPE with theta 1e6 whatever the checkpoint says (tunix 0.1.7), so the policy it trains is
+the toy policy's weights in a slightly different model: what it shows is the reward function's contract.
 """
 
 import json
@@ -28,6 +33,7 @@ from tunix.rl.grpo import grpo_learner  # noqa: E402
 from tunix.rl.rollout import base_rollout  # noqa: E402
 
 from rrc_jax.data.toy.task import SortTask  # noqa: E402
+from rrc_jax.data.toy.world import WorldSettings, build_world  # noqa: E402
 from rrc_jax.integrations import judge_for  # noqa: E402
 from rrc_jax.integrations.tunix import TunixReward  # noqa: E402
 
@@ -44,8 +50,8 @@ def tunix_llama(path, mesh):
     return llama3_params.create_model_from_safe_tensors(path, cfg, mesh=mesh)
 
 
-def main(policy_dir, grm_dir, out_path):
-    judge = judge_for(grm_dir, template="toy_pairwise_cot", max_new_tokens=48, temperature=0.0)
+def main(policy_dir, grm_dir, url="", record=""):
+    judge = judge_for(grm_dir, url=url, template="toy_pairwise_cot", max_new_tokens=48, temperature=0.0)
     reward = TunixReward(judge, "scr", votes=1)
     calls = []
 
@@ -84,9 +90,14 @@ def main(policy_dir, grm_dir, out_path):
     after = jax.tree.map(np.asarray, nnx.state(actor, nnx.Param))
     moved = max(jax.tree.leaves(jax.tree.map(lambda a, b: float(np.max(np.abs(a - b))), before, after)))
     logged = cluster._rl_metrics_logger.get_metric_history("rewards", "sum", "train")
-    json.dump({"calls": calls, "moved": moved, "logged_reward_sums": np.asarray(logged).tolist(),
-               "steps": int(cluster.actor_trainer.train_steps)}, open(out_path, "w"))
+    print(f"rewards (mean of each step): {[float(np.mean(c['rewards'])) for c in calls]}; largest parameter change "
+          f"{moved:.2e}")
+    if record:
+        json.dump({"calls": calls, "moved": moved, "logged_reward_sums": np.asarray(logged).tolist(),
+                   "steps": int(cluster.actor_trainer.train_steps)}, open(record, "w"))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+    world = build_world(WorldSettings(), flags.get("toy_cache", "~/.cache/rrc_jax"))  # the packaged toy world
+    main(str(world.policy), str(world.grm), flags.get("url", ""), flags.get("record", ""))

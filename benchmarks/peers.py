@@ -1,0 +1,218 @@
+"""This project, tunix and TRL side by side: the same checkpoint, prompts, group size and lengths, in one run.
+
+    python benchmarks/peers.py [--prompts=8 --group=4 --prompt_len=32 --new_tokens=64 --repeats=3]
+
+A Llama-architecture checkpoint every framework loads (transformers' `LlamaForCausalLM`, random weights, RoPE theta
+1e6 and tied embeddings, which tunix's Llama assumes; a character tokenizer) is written once; then each framework
+runs in a process of its own, float32 on the CPU:
+
+- rollout: `--prompts` prompts of `--prompt_len` token ids x `--group` samples x exactly `--new_tokens` new tokens
+  (temperature 1, no stop token), the way each framework's GRPO samples: ours `JaxSampler.generate` (a group
+  prefilled once), tunix its `RLCluster` rollout (the "vanilla" engine), TRL transformers' `generate` as its
+  `GRPOTrainer` calls it without vLLM. Generated tokens/s, the best of `--repeats` calls after a warm-up call.
+- update: one GRPO policy update (loss, gradient, AdamW step; beta 0, so no reference model) on the group's
+  `prompts x group` sequences of `prompt_len + new_tokens` tokens with given advantages: ours `Learner.update` on
+  `grpo_objective`, tunix its actor trainer's step (`rl_cluster.update_actor`), TRL `GRPOTrainer.compute_loss`,
+  backward and its optimizer's step. The best of `--repeats` after a warm-up.
+- peak memory: the process's peak resident set (`ru_maxrss`): the framework, its model, its compiled programs.
+
+Prints the table with ratios against this project (a peer's tokens/s over ours, its seconds over ours, its memory
+over ours) and writes benchmarks/results/peers.json. tunix runs in the environment `.ci/tunix_env` makes (it pins
+releases this project does not; `$RRC_TUNIX_PYTHON` names another); without it its row says so. Timings on a
+shared machine move by tens of percent between runs: compare ratios from one run only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FRAMEWORKS = ("rrc_jax", "tunix", "trl")
+MODEL = dict(vocab_size=128, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=64, rope_theta=1e6, tie_word_embeddings=True, max_position_embeddings=512,
+             bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def timed(fn, repeats: int) -> tuple[float, float, object]:
+    """(warm-up seconds, best seconds of `repeats`, the last result) of `fn()`."""
+    t = time.perf_counter()
+    out = fn()
+    warmup = time.perf_counter() - t
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return warmup, best, out
+
+
+def build_checkpoint(path: Path) -> None:
+    """The shared checkpoint: a random `LlamaForCausalLM` (`MODEL`) and a character tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rrc_jax.models.char_tokenizer import make_char_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = make_char_tokenizer()
+    if len(tokenizer) > MODEL["vocab_size"]:
+        raise RuntimeError(f"the tokenizer's {len(tokenizer)} ids do not fit the vocabulary of {MODEL['vocab_size']}")
+    LlamaForCausalLM(LlamaConfig(**MODEL, initializer_range=0.2)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def workload(args: dict) -> dict:
+    """The shared inputs: prompts `[B, P]` ids, completions `[B * G, N]` ids and advantages `[B * G]`."""
+    import numpy as np
+
+    rng = np.random.default_rng(args["seed"])
+    b, g, p, n = args["prompts_n"], args["group"], args["prompt_len"], args["new_tokens"]
+    return dict(prompts=rng.integers(3, MODEL["vocab_size"], (b, p)).tolist(),
+                completions=rng.integers(3, MODEL["vocab_size"], (b * g, n)).tolist(),
+                advantages=rng.standard_normal(b * g).tolist())
+
+
+# -- this project ---------------------------------------------------------------------------------------------
+
+def part_rrc_jax(args: dict) -> dict:
+    import flax
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from rrc_jax.inference import SamplingParams, make_sampler
+    from rrc_jax.models import load_hf
+    from rrc_jax.rl.grpo import grpo_objective
+    from rrc_jax.rl.learner import Learner, make_optimizer, token_logprobs
+
+    b, g, p, n, repeats = args["prompts_n"], args["group"], args["prompt_len"], args["new_tokens"], args["repeats"]
+    model = load_hf(args["ckpt"])
+    sampler = make_sampler("policy", model, max_batch=b * g)
+    params = SamplingParams(temperature=1.0, max_new_tokens=n, stop_token_ids=())
+    calls = iter(range(1 << 30))
+    roll_warm, roll_best, out = timed(lambda: sampler.generate(args["prompts"], g, params, rng=next(calls)), repeats)
+    assert int(out.lengths.sum()) == b * g * n, out.lengths
+
+    ids = np.concatenate([np.repeat(np.asarray(args["prompts"], np.int32), g, 0),
+                          np.asarray(args["completions"], np.int32)], 1)
+    mask = np.ones_like(ids, bool)
+    learner = Learner(model, make_optimizer(1e-6), grpo_objective(temperature=1.0, beta=0.0, max_len=n))
+    batch = dict(ids=ids, mask=mask, loss_mask=np.arange(p + n)[None].repeat(b * g, 0) >= p,
+                 old_logp=np.asarray(token_logprobs(model, ids, mask)),
+                 advantages=np.asarray(args["advantages"], np.float32))
+    up_warm, up_best, _ = timed(lambda: jax.block_until_ready(learner.update(batch)), repeats)
+    count = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    return dict(framework="rrc_jax", versions={"jax": jax.__version__, "flax": flax.__version__},
+                params=int(count), rollout_best_s=roll_best, update_best_s=up_best, peak_rss_bytes=peak_rss(),
+                warmup_s={"rollout": roll_warm, "update": up_warm},
+                notes="JaxSampler.generate (each prompt prefilled once, its G rows branch the cache); Learner.update "
+                      "of grpo_objective (one AdamW step, old log-probs given)")
+
+
+# -- the driver -------------------------------------------------------------------------------------------------
+
+def tunix_python() -> Path | None:
+    """The tunix environment's Python: `$RRC_TUNIX_PYTHON`, else `.venv-tunix/bin/python` (`.ci/tunix_env`)."""
+    path = Path(os.environ.get("RRC_TUNIX_PYTHON", REPO / ".venv-tunix" / "bin" / "python"))
+    return path if path.is_file() else None
+
+
+def run_part(framework: str, args: dict, scratch: Path) -> dict:
+    """One framework's figures, measured in a process of its own (its Python: the tunix environment's for tunix)."""
+    python = tunix_python() if framework == "tunix" else Path(sys.executable)
+    if python is None:
+        return dict(framework=framework, skipped="no tunix environment: run `bash .ci/tunix_env` first")
+    spec = scratch / f"{framework}.json"
+    spec.write_text(json.dumps(args))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TF_CPP_MIN_LOG_LEVEL": "3", "TOKENIZERS_PARALLELISM": "false"}
+    t = time.perf_counter()
+    out = subprocess.run([str(python), __file__, f"--part={framework}", f"--spec={spec}"], capture_output=True,
+                         text=True, env=env, cwd=REPO, timeout=900)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if out.returncode or not lines:
+        return dict(framework=framework, failed=out.stderr.strip().splitlines()[-1:] or [f"exit {out.returncode}"])
+    result = json.loads(lines[-1][len("RESULT "):])
+    b, g, p, n = args["prompts_n"], args["group"], args["prompt_len"], args["new_tokens"]
+    result.update(rollout_tokens_per_s=b * g * n / result["rollout_best_s"],
+                  update_tokens_per_s=b * g * (p + n) / result["update_best_s"], wall_s=time.perf_counter() - t)
+    print(f"{framework}: rollout {result['rollout_tokens_per_s']:.0f} tokens/s, update {result['update_best_s']:.3f} s, "
+          f"peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB ({result['wall_s']:.0f} s)", file=sys.stderr)
+    return result
+
+
+def table(results: list[dict]) -> str:
+    """The figures as a Markdown table, each peer's ratio to this project beside them."""
+    ours = next(r for r in results if r["framework"] == "rrc_jax")
+    rows = ["| framework | rollout tokens/s | vs rrc_jax | GRPO update s | vs rrc_jax | peak RSS MiB | vs rrc_jax |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        if "rollout_best_s" not in r:
+            rows.append(f"| {r['framework']} | {r.get('skipped') or r.get('failed')} | | | | | |")
+            continue
+        rows.append(f"| {r['framework']} | {r['rollout_tokens_per_s']:.0f} | "
+                    f"{r['rollout_tokens_per_s'] / ours['rollout_tokens_per_s']:.2f}x | {r['update_best_s']:.3f} | "
+                    f"{r['update_best_s'] / ours['update_best_s']:.2f}x | {r['peak_rss_bytes'] / 2**20:.0f} | "
+                    f"{r['peak_rss_bytes'] / ours['peak_rss_bytes']:.2f}x |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=8, dest="prompts_n")
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--prompt_len", type=int, default=32)
+    parser.add_argument("--new_tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "peers.json"))
+    parser.add_argument("--part", choices=FRAMEWORKS, help=argparse.SUPPRESS)  # one framework, in this process
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    a = parser.parse_args()
+    if a.part:
+        args = json.loads(Path(a.spec).read_text())
+        print("RESULT " + json.dumps(PARTS[a.part](args)), flush=True)
+        return
+    for name, value in (("prompts", a.prompts_n), ("group", a.group), ("prompt_len", a.prompt_len),
+                        ("new_tokens", a.new_tokens), ("repeats", a.repeats)):
+        if value < (2 if name == "group" else 1):
+            parser.error(f"--{name}={value} must be >= {2 if name == 'group' else 1}")
+    unknown = set(a.frameworks.split(",")) - set(FRAMEWORKS)
+    if unknown:
+        parser.error(f"--frameworks: unknown {', '.join(sorted(unknown))}; known: {', '.join(FRAMEWORKS)}")
+    frameworks = ["rrc_jax"] + [f for f in a.frameworks.split(",") if f != "rrc_jax"]
+    t = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        build_checkpoint(scratch / "ckpt")
+        args = dict(vars(a), ckpt=str(scratch / "ckpt"))
+        args.update(workload(args))
+        results = [run_part(f, args, scratch) for f in frameworks]
+    print(table(results))
+    print(f"\n{a.prompts_n} prompts x {a.group} samples, prompt {a.prompt_len} + {a.new_tokens} new tokens, float32 "
+          f"on the CPU, best of {a.repeats}; {time.perf_counter() - t:.0f} s in all")
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(settings={k: v for k, v in vars(a).items() if k not in ("part", "spec", "out")},
+                                   model=MODEL, results=results), indent=1) + "\n")
+
+
+PARTS = {"rrc_jax": part_rrc_jax}
+
+if __name__ == "__main__":
+    main()
