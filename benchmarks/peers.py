@@ -40,6 +40,10 @@ MODEL = dict(vocab_size=128, hidden_size=256, intermediate_size=768, num_hidden_
              bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
+def log(*items) -> None:
+    print(*items, file=sys.stderr, flush=True)
+
+
 def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -57,8 +61,9 @@ def timed(fn, repeats: int) -> tuple[float, float, object]:
     return warmup, best, out
 
 
-def build_checkpoint(path: Path) -> None:
-    """The shared checkpoint: a random `LlamaForCausalLM` (`MODEL`) and a character tokenizer."""
+def build_checkpoint(path: Path) -> int:
+    """The shared checkpoint: a random `LlamaForCausalLM` (`MODEL`) and a character tokenizer; returns the
+    tokenizer's size (the workload's ids are below it, so every framework can decode them)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -70,16 +75,17 @@ def build_checkpoint(path: Path) -> None:
         raise RuntimeError(f"the tokenizer's {len(tokenizer)} ids do not fit the vocabulary of {MODEL['vocab_size']}")
     LlamaForCausalLM(LlamaConfig(**MODEL, initializer_range=0.2)).save_pretrained(path)
     tokenizer.save_pretrained(path)
+    return len(tokenizer)
 
 
 def workload(args: dict) -> dict:
-    """The shared inputs: prompts `[B, P]` ids, completions `[B * G, N]` ids and advantages `[B * G]`."""
+    """The shared inputs: prompts `[B, P]` ids, completions `[B * G, N]` ids (below `args["ids"]`) and advantages
+    `[B * G]`."""
     import numpy as np
 
     rng = np.random.default_rng(args["seed"])
-    b, g, p, n = args["prompts_n"], args["group"], args["prompt_len"], args["new_tokens"]
-    return dict(prompts=rng.integers(3, MODEL["vocab_size"], (b, p)).tolist(),
-                completions=rng.integers(3, MODEL["vocab_size"], (b * g, n)).tolist(),
+    b, g, p, n, high = args["prompts_n"], args["group"], args["prompt_len"], args["new_tokens"], args["ids"]
+    return dict(prompts=rng.integers(3, high, (b, p)).tolist(), completions=rng.integers(3, high, (b * g, n)).tolist(),
                 advantages=rng.standard_normal(b * g).tolist())
 
 
@@ -120,6 +126,145 @@ def part_rrc_jax(args: dict) -> dict:
                       "of grpo_objective (one AdamW step, old log-probs given)")
 
 
+# -- TRL ------------------------------------------------------------------------------------------------------
+# Through a real `trl.GRPOTrainer` (TRL 1.16; lines of trl/trainer/grpo_trainer.py): the rollout is its
+# `_generate_single_turn` (the no-vLLM path, ~L1813-1890: `model.generate` with the trainer's GenerationConfig, each
+# prompt repeated G times as its RepeatSampler feeds them, L1305-1316; `min_new_tokens` through
+# `generation_kwargs` so that no row stops early); the update is `compute_loss` (loss_type "dapo", TRL's default;
+# beta 0; no old log-probs with one iteration, L2643-2657) + `accelerator.backward` + its optimizer's step, on
+# inputs shaped as `_generate_and_score_completions` returns them (L2898-2905). Its loop's gradient clipping and
+# scheduler step are not timed.
+
+def part_trl(args: dict) -> dict:
+    import numpy as np
+    import torch
+
+    # the machine's cores, unless args["threads"] says otherwise (on a shared, busy machine 2 OpenMP threads on 2
+    # cores contend with the other work and can run several times slower than 1)
+    torch.set_num_threads(int(args.get("threads") or os.cpu_count()))
+
+    import transformers
+    import trl
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    prompts = [list(map(int, p)) for p in args["prompts"]]
+    b, g, n, repeats, seed = len(prompts), int(args["group"]), int(args["new_tokens"]), int(args["repeats"]), \
+        int(args.get("seed", 0))
+    p = len(prompts[0])
+    if any(len(x) != p for x in prompts):
+        raise ValueError("all prompts must have the same length")
+
+    tokenizer = AutoTokenizer.from_pretrained(args["ckpt"], padding_side="left", truncation_side="left")
+    vocab = int(transformers.AutoConfig.from_pretrained(args["ckpt"]).vocab_size)
+
+    def reward_zero(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        config = GRPOConfig(
+            output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, per_device_train_batch_size=b * g,
+            num_generations=g, max_completion_length=n, beta=0.0, report_to="none", save_strategy="no",
+            activation_checkpointing=False, gradient_accumulation_steps=1, learning_rate=1e-6, seed=seed,
+            temperature=1.0, top_p=1.0, top_k=0, logging_steps=10**9, disable_tqdm=True,
+            generation_kwargs={"min_new_tokens": n},  # exactly N new tokens: EOS is suppressed until N
+            model_init_kwargs={"dtype": "float32"},
+        )
+        dataset = Dataset.from_dict({"prompt": [tokenizer.decode(x) for x in prompts]})
+        t = time.perf_counter()
+        trainer = GRPOTrainer(model=args["ckpt"], reward_funcs=reward_zero, args=config, train_dataset=dataset,
+                              processing_class=tokenizer)
+        log(f"trl: GRPOTrainer built in {time.perf_counter() - t:.1f} s")
+        model = trainer.model
+        assert not config.gradient_checkpointing and not config.activation_checkpointing
+        assert next(model.parameters()).dtype == torch.float32 and trainer.accelerator.device.type == "cpu"
+        assert trainer.ref_model is None and trainer.beta == 0.0 and not trainer.use_vllm
+        assert not trainer.use_transformers_continuous_batching
+        model.train()  # the state Trainer.train leaves it in; generation runs under no_grad either way
+        # Trainer's training loop sets this per optimizer step (transformers/trainer.py, `len(batch_samples)`)
+        trainer.current_gradient_accumulation_steps = 1
+
+        # -- rollout ----------------------------------------------------------------------------------------
+        # RepeatSampler(mini_repeat_count=G): each prompt G times in a row, one generate call over B*G rows
+        prompt_ids = [list(x) for x in prompts for _ in range(g)]
+        calls = iter(range(1 << 30))
+
+        def rollout():
+            torch.manual_seed(seed + next(calls))
+            completion_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, g)
+            return completion_ids
+
+        roll_warm, roll_best, completions_out = timed(rollout, repeats)
+        lengths = [len(c) for c in completions_out]
+        if lengths != [n] * (b * g):
+            raise RuntimeError(f"expected {b * g} completions of {n} tokens, got lengths {lengths}")
+        log(f"trl: rollout warm-up {roll_warm:.2f} s, best {roll_best:.3f} s")
+
+        # -- one GRPO update --------------------------------------------------------------------------------
+        device = trainer.accelerator.device
+        rng = np.random.default_rng(seed)
+        if args.get("completions") is not None:
+            completion_ids = torch.tensor(args["completions"], dtype=torch.long)
+        else:
+            completion_ids = torch.from_numpy(rng.integers(3, vocab, (b * g, n))).long()
+        if args.get("advantages") is not None:
+            advantages = torch.tensor(args["advantages"], dtype=torch.float32)
+        else:
+            advantages = torch.from_numpy(rng.standard_normal(b * g).astype(np.float32))
+        assert completion_ids.shape == (b * g, n) and advantages.shape == (b * g,)
+        prompt_t = torch.tensor(prompt_ids, dtype=torch.long, device=device)
+        completion_ids = completion_ids.to(device)
+        completion_mask = torch.ones_like(completion_ids, dtype=torch.long)
+        generate_every = config.steps_per_generation * trainer.num_iterations
+        assert config.gradient_accumulation_steps % generate_every == 0  # => old_per_token_logps is None
+        inputs = {
+            "prompt_ids": prompt_t,
+            "prompt_mask": torch.ones_like(prompt_t, dtype=torch.long),
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+            "advantages": advantages.to(device),
+            "num_items_in_batch": trainer.accelerator.gather(completion_mask.sum()).sum(),
+        }
+        if trainer.optimizer is None:
+            trainer.create_optimizer()
+        optimizer = trainer.optimizer
+        losses = []
+
+        def update():
+            loss = trainer.compute_loss(model, inputs)
+            trainer.accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(float(loss.detach()))
+
+        up_warm, up_best, _ = timed(update, repeats)
+        log(f"trl: update warm-up {up_warm:.2f} s, best {up_best:.3f} s, losses {losses}")
+        count = sum(x.numel() for x in model.parameters())
+        optim_name = f"{type(optimizer).__name__}({config.optim}, lr={config.learning_rate})"
+        loss_type = trainer.loss_type
+
+    return dict(
+        framework="trl",
+        versions={"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
+        params=int(count),
+        rollout_best_s=roll_best,
+        rollout_tokens_per_s=b * g * n / roll_best,
+        update_best_s=up_best,
+        update_tokens_per_s=b * g * (p + n) / up_best,
+        peak_rss_bytes=peak_rss(),
+        warmup_s={"rollout": roll_warm, "update": up_warm},
+        notes=(f"float32 CPU, {torch.get_num_threads()} torch threads. rollout: GRPOTrainer._generate_single_turn "
+               f"(transformers model.generate with the trainer's GenerationConfig: do_sample, temperature 1, top_p 1, "
+               f"top_k 0, max_new_tokens={n}, plus generation_kwargs min_new_tokens={n}; dynamic KV cache) on the "
+               f"{b} prompts each repeated {g}x ({b * g} rows, as RepeatSampler feeds them), incl. TRL's EOS masking "
+               f"and tolist. update: trainer.compute_loss (loss_type={loss_type}, beta 0, old_per_token_logps None "
+               f"-> detached current log-probs, fused LM head) + accelerator.backward + {optim_name}.step + "
+               f"zero_grad on {b * g} x {p}+{n} tokens; no grad clipping, no lr_scheduler.step (Trainer's loop "
+               f"adds those). Best of {repeats} after one warm-up each."),
+    )
+
+
 # -- the driver -------------------------------------------------------------------------------------------------
 
 def tunix_python() -> Path | None:
@@ -148,8 +293,8 @@ def run_part(framework: str, args: dict, scratch: Path) -> dict:
     b, g, p, n = args["prompts_n"], args["group"], args["prompt_len"], args["new_tokens"]
     result.update(rollout_tokens_per_s=b * g * n / result["rollout_best_s"],
                   update_tokens_per_s=b * g * (p + n) / result["update_best_s"], wall_s=time.perf_counter() - t)
-    print(f"{framework}: rollout {result['rollout_tokens_per_s']:.0f} tokens/s, update {result['update_best_s']:.3f} s, "
-          f"peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB ({result['wall_s']:.0f} s)", file=sys.stderr)
+    log(f"{framework}: rollout {result['rollout_tokens_per_s']:.0f} tokens/s, update {result['update_best_s']:.3f} s, "
+        f"peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB ({result['wall_s']:.0f} s)")
     return result
 
 
@@ -199,8 +344,7 @@ def main() -> None:
     t = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        build_checkpoint(scratch / "ckpt")
-        args = dict(vars(a), ckpt=str(scratch / "ckpt"))
+        args = dict(vars(a), ckpt=str(scratch / "ckpt"), ids=build_checkpoint(scratch / "ckpt"))
         args.update(workload(args))
         results = [run_part(f, args, scratch) for f in frameworks]
     print(table(results))
@@ -212,7 +356,7 @@ def main() -> None:
                                    model=MODEL, results=results), indent=1) + "\n")
 
 
-PARTS = {"rrc_jax": part_rrc_jax}
+PARTS = {"rrc_jax": part_rrc_jax, "trl": part_trl}
 
 if __name__ == "__main__":
     main()
