@@ -1,6 +1,6 @@
 """This project, tunix and TRL side by side: the same checkpoint, prompts, group size and lengths, in one run.
 
-    python benchmarks/peers.py [--prompts=8 --group=4 --prompt_len=32 --new_tokens=64 --repeats=3]
+    python benchmarks/peers.py [--prompts=8 --group=8 --prompt_len=64 --new_tokens=128 --repeats=3]
 
 A Llama-architecture checkpoint every framework loads (transformers' `LlamaForCausalLM`, random weights, RoPE theta
 1e6 and tied embeddings, which tunix's Llama assumes; a character tokenizer) is written once; then each framework
@@ -265,6 +265,348 @@ def part_trl(args: dict) -> dict:
     )
 
 
+# -- tunix -----------------------------------------------------------------------------------------------------
+# Through tunix's own GRPO calls (google-tunix 0.1.7, lines of tunix/rl/...): the rollout is
+# `RLCluster.generate(prompts, mode=TRAIN)` as `GRPOLearner` calls it (grpo/grpo_learner.py:235-242; the "vanilla"
+# engine, VanillaRollout -> generate.sampler.Sampler), each prompt repeated G times (rl_learner.py:408), EOS and pad
+# forbidden so that no row stops early; the update is `RLCluster.update_actor([TrainExample])` (rl_learner.py:769:
+# the jitted step of `grpo_loss_fn`, beta 0, AdamW), blocked on the parameters and the optimizer state. tunix's
+# rollout takes strings: when the prompt ids do not survive its decode / re-encode, a tokenizer that maps
+# placeholder strings to the exact ids stands in (`_IdPromptTokenizer`). Its Llama applies RoPE with theta 1e6
+# (why the shared checkpoint has it).
+
+class _IdPromptTokenizer:
+    """Duck-typed tokenizer for tunix's TokenizerAdapter (TokenizerType.NONE).
+
+    encode() maps the placeholder strings we pass as prompts back to the exact
+    benchmark token ids; everything else is delegated to the HF tokenizer.
+    bos_id() returns None when the given prompts do not start with BOS, so that
+    Sampler.tokenize (sampler.py:471-478) does not prepend an extra BOS and the
+    model sees exactly the P given ids.
+    """
+
+    def __init__(self, hf_tok, table, keep_bos):
+        self._hf = hf_tok
+        self._table = table
+        self._keep_bos = keep_bos
+
+    def encode(self, text, **kwargs):
+        if text in self._table:
+            return list(self._table[text])
+        return self._hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids, **kwargs):
+        return self._hf.decode(ids, **kwargs)
+
+    def bos_id(self):
+        return self._hf.bos_token_id if self._keep_bos else None
+
+    def eos_id(self):
+        return self._hf.eos_token_id
+
+    def pad_id(self):
+        pid = self._hf.pad_token_id
+        return self._hf.eos_token_id if pid is None else pid
+
+
+def _sampler_style_ids(hf_tok, text):
+    """What tunix's Sampler.tokenize (sampler.py:471-478) makes of `text`."""
+    ids = list(hf_tok.encode(text))  # TokenizerAdapter.encode -> HF encode()
+    bos = hf_tok.bos_token_id
+    ids = ([bos] if bos else []) + ids
+    i = 0
+    while i < len(ids) - 1 and ids[i] == ids[i + 1] == bos:  # dedup_bos_ids
+        i += 1
+    return ids[i:]
+
+
+def _tunix_config_from_hf(hf_cfg):
+    from tunix.models.llama3 import model as llama3_model
+    n_heads = hf_cfg["num_attention_heads"]
+    head_dim = hf_cfg.get("head_dim") or hf_cfg["hidden_size"] // n_heads
+    return llama3_model.ModelConfig(
+            num_layers=hf_cfg["num_hidden_layers"],
+            vocab_size=hf_cfg["vocab_size"],
+            embed_dim=hf_cfg["hidden_size"],
+            hidden_dim=hf_cfg["intermediate_size"],
+            num_heads=n_heads,
+            head_dim=head_dim,
+            num_kv_heads=hf_cfg.get("num_key_value_heads", n_heads),
+            rope_theta=int(_rope_theta(hf_cfg)),
+            norm_eps=hf_cfg.get("rms_norm_eps", 1e-5),
+            weight_tying=bool(hf_cfg.get("tie_word_embeddings", False)),
+    )
+
+
+def _rope_theta(hf_cfg):
+    # transformers<5: top-level rope_theta; >=5: rope_parameters.rope_theta
+    # (top-level key may be absent or null).
+    if hf_cfg.get("rope_theta") is not None:
+        return hf_cfg["rope_theta"]
+    rp = hf_cfg.get("rope_parameters") or {}
+    return rp.get("rope_theta") or 1e6
+
+
+def part_tunix(args: dict) -> dict:
+    t_start = time.time()
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    import flax
+    from flax import nnx
+    from transformers import AutoTokenizer
+    from tunix.generate import sampler as sampler_lib
+    from tunix.models.llama3 import params as llama3_params
+    from tunix.rl import rl_cluster as rl_cluster_lib
+    from tunix.rl.grpo import grpo_learner
+    from tunix.rl.rollout import base_rollout
+    # Import baseline (tunix -> metrics_logger -> tensorboardX pulls in torch
+    # when torch is installed, ~0.5 GB RSS before any model exists).
+    rss_after_imports = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    ckpt = args["ckpt"]
+    prompts = [list(map(int, p)) for p in args["prompts"]]
+    B = len(prompts)
+    P = len(prompts[0])
+    assert all(len(p) == P for p in prompts), "all prompts must have length P"
+    G = int(args["group"])
+    N = int(args["new_tokens"])
+    repeats = max(1, int(args.get("repeats", 3)))
+    seed = int(args.get("seed", 0))
+    lr = float(args.get("lr", 1e-6))
+    notes = []
+
+    # ---------------- model ----------------
+    with open(os.path.join(ckpt, "config.json")) as f:
+        hf_cfg = json.load(f)
+    cfg = _tunix_config_from_hf(hf_cfg)
+    if float(_rope_theta(hf_cfg)) != 1e6:
+        notes.append(
+                f"WARNING: checkpoint rope_theta={_rope_theta(hf_cfg)} but tunix "
+                "llama3 apply_rope always uses 1e6 (model.py:249); numerics differ "
+                "from HF, cost does not.")
+    rope_type = (hf_cfg.get("rope_parameters") or {}).get("rope_type", "default")
+    if hf_cfg.get("rope_scaling") or rope_type not in ("default", None):
+        notes.append("rope scaling in HF config ignored by tunix llama3.")
+    # PITFALL: jax>=0.7 make_mesh defaults to Explicit axes which break tunix's
+    # llama3 (gather on sharded embedding); use Auto axes.
+    mesh = jax.make_mesh(
+            (1, 1), ("fsdp", "tp"),
+            axis_types=(jax.sharding.AxisType.Auto,) * 2,
+            devices=jax.devices()[:1],
+    )
+    t = time.time()
+    actor = llama3_params.create_model_from_safe_tensors(
+            ckpt, cfg, mesh=mesh, dtype=jnp.float32)
+    params_state = nnx.state(actor, nnx.Param)
+    leaves = jax.tree.leaves(params_state)
+    n_params = int(sum(int(np.prod(x.shape)) for x in leaves))
+    assert all(x.dtype == jnp.float32 for x in leaves), "params not float32"
+    log(f"loaded {n_params} params in {time.time()-t:.1f}s")
+
+    # ---------------- tokenizer / prompts ----------------
+    hf_tok = AutoTokenizer.from_pretrained(ckpt)
+    eos_id = hf_tok.eos_token_id
+    pad_id = hf_tok.pad_token_id if hf_tok.pad_token_id is not None else eos_id
+    texts = [hf_tok.decode(p, skip_special_tokens=False,
+                                                  clean_up_tokenization_spaces=False) for p in prompts]
+    roundtrip_ok = all(_sampler_style_ids(hf_tok, s) == p
+                                          for s, p in zip(texts, prompts))
+    if roundtrip_ok:
+        tokenizer = hf_tok
+        prompt_strings = texts
+        notes.append("prompts passed as decoded strings with the checkpoint's HF "
+                                  "tokenizer; verified Sampler-style re-encoding (incl. BOS "
+                                  "handling) reproduces the exact P ids.")
+    else:
+        keep_bos = all(p[0] == hf_tok.bos_token_id for p in prompts)
+        table = {f"<<tunix_part_prompt_{i}>>": p for i, p in enumerate(prompts)}
+        prompt_strings = list(table.keys())
+        tokenizer = _IdPromptTokenizer(hf_tok, table, keep_bos)
+        notes.append("prompt ids did not round-trip through decode/re-encode, so "
+                                  "a duck-typed tokenizer maps placeholder prompt strings to the "
+                                  "exact ids (BOS prepend " +
+                                  ("kept" if keep_bos else "disabled so the model sees exactly "
+                                    "the P given ids") + ").")
+    # GRPO: each prompt repeated G times, consecutively (rl_learner.py:408).
+    grpo_prompts = list(np.repeat(np.array(prompt_strings, dtype=object), G))
+    BG = B * G
+
+    # ---------------- RL cluster + GRPO learner ----------------
+    forbidden = sorted({int(eos_id), int(pad_id)})
+    rollout_cfg = base_rollout.RolloutConfig(
+            max_tokens_to_generate=N,
+            max_prompt_length=P,          # == prompt length: no extra left pad
+            kv_cache_size=P + N,          # Sampler requires P+N <= cache size
+            temperature=1.0,
+            top_p=1.0,
+            top_k=None,
+            seed=seed,                    # int: re-materialised per call (no donate bug)
+    )
+    cluster_config = rl_cluster_lib.ClusterConfig(
+            role_to_mesh={
+                    rl_cluster_lib.Role.ACTOR: mesh,
+                    rl_cluster_lib.Role.REFERENCE: mesh,
+                    rl_cluster_lib.Role.ROLLOUT: mesh,  # same mesh -> shared weights
+            },
+            rollout_engine="vanilla",
+            offload_to_cpu=False,
+            training_config=rl_cluster_lib.RLTrainingConfig(
+                    actor_optimizer=optax.adamw(lr),
+                    eval_every_n_steps=10**9,
+                    max_steps=10**6,
+                    checkpoint_root_directory=None,
+                    metrics_logging_options=None,
+                    pbar_description=None,
+            ),
+            rollout_config=rollout_cfg,
+    )
+    cluster = rl_cluster_lib.RLCluster(
+            actor=actor, reference=None, tokenizer=tokenizer,
+            cluster_config=cluster_config)
+    learner = grpo_learner.GRPOLearner(
+            rl_cluster=cluster,
+            algo_config=grpo_learner.GRPOConfig(
+                    num_generations=G, num_iterations=1, beta=0.0, epsilon=0.2),
+            reward_fns=[lambda prompts, completions, **kw: [0.0] * len(completions)],
+    )
+    # GRPOLearner.__init__ installed grpo_loss_fn on the actor trainer.
+
+    # VanillaRollout.generate (vanilla_rollout.py:54-66) has no way to pass
+    # forbidden_tokens; inject them into the Sampler call so that EOS/pad are
+    # never sampled (logits set to -inf, sampler.py:496-497) and every row
+    # yields exactly N tokens (the decode while_loop would otherwise stop
+    # early once all rows hit EOS).
+    class _ForbidSampler(sampler_lib.Sampler):
+        def __call__(self, *a, **kw):
+            kw.setdefault("forbidden_tokens", forbidden)
+            return super().__call__(*a, **kw)
+
+    sampler = cluster.rollout._sampler  # pylint: disable=protected-access
+    assert type(sampler) is sampler_lib.Sampler
+    sampler.__class__ = _ForbidSampler
+    assert not learner.should_sync_weights  # rollout shares actor weights
+
+    def rollout_once():
+        # Exactly GRPOLearner._generate_and_compute_advantage's call
+        # (grpo_learner.py:235-242); micro_batch = rollout_micro_batch(B) * G.
+        out = cluster.generate(prompts=grpo_prompts,
+                                                      mode=rl_cluster_lib.Mode.TRAIN,
+                                                      micro_batch_size=BG)
+        # tokens are host numpy (device_get in Sampler.__call__) -> synced.
+        return out
+
+    t = time.time()
+    out = rollout_once()
+    warm_rollout = time.time() - t
+    lens = [len(x) for x in out.tokens]
+    assert len(lens) == BG and all(l == N for l in lens), lens
+    lp = np.asarray(out.left_padded_prompt_tokens)
+    expected_lp = np.repeat(np.array(prompts, dtype=np.int32), G, axis=0)
+    assert lp.shape == (BG, P) and np.array_equal(lp, expected_lp), (
+            "prompt ids seen by the sampler differ from the benchmark prompts")
+    assert all(not np.isin(x, forbidden).any() for x in out.tokens)
+    r_times = []
+    for _ in range(repeats):
+        t = time.time()
+        out = rollout_once()
+        r_times.append(time.time() - t)
+        assert all(len(x) == N for x in out.tokens)
+    rollout_best = min(r_times)
+    log(f"rollout warm-up {warm_rollout:.2f}s, times {r_times}")
+
+    # ---------------- GRPO update ----------------
+    rng = np.random.default_rng(seed)
+    vocab = cfg.vocab_size
+    prompt_ids = jnp.asarray(expected_lp)
+    completion_ids = jnp.asarray(
+            rng.integers(3, vocab, size=(BG, N)).astype(np.int32))
+    completion_mask = jnp.ones((BG, N), dtype=jnp.bool_)
+    advantages = rng.standard_normal(BG).astype(np.float32)
+    example = grpo_learner.TrainExample(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_ids != pad_id,
+            completion_ids=completion_ids,
+            completion_mask=completion_mask,
+            ref_per_token_logps=None,      # beta == 0.0
+            advantages=jax.device_put(advantages),
+            old_per_token_logps=None,      # num_iterations == 1
+    )
+    trainer = cluster.actor_trainer
+
+    def update_once():
+        # What RLLearner._run_all_micro_batch_steps does per queue item
+        # (rl_learner.py:769): rl_cluster.update_actor([TrainExample], eval, jit).
+        steps0 = trainer.train_steps
+        cluster.update_actor([example], None, False)
+        jax.block_until_ready(nnx.state(trainer.model, nnx.Param))
+        jax.block_until_ready(nnx.state(trainer.optimizer))
+        assert trainer.train_steps == steps0 + 1
+
+    before = np.asarray(jax.tree.leaves(nnx.state(trainer.model, nnx.Param))[0])
+    t = time.time()
+    update_once()
+    warm_update = time.time() - t
+    after = np.asarray(jax.tree.leaves(nnx.state(trainer.model, nnx.Param))[0])
+    assert not np.array_equal(before, after), "update did not change params"
+    u_times = []
+    for _ in range(repeats):
+        t = time.time()
+        update_once()
+        u_times.append(time.time() - t)
+    update_best = min(u_times)
+    log(f"update warm-up {warm_update:.2f}s, times {u_times}")
+    try:
+        loss_hist = trainer.metrics_logger.get_metric_history("actor", "loss", "train")
+        log("actor loss history:", np.asarray(loss_hist).tolist())
+    except Exception as e:  # pylint: disable=broad-except
+        log("no loss history:", e)
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    notes.append(
+            f"rollout: RLCluster.generate(prompts=B*G={BG} strings, "
+            f"mode=TRAIN, micro_batch_size={BG}) -> VanillaRollout.generate -> "
+            "Sampler.__call__ (host tokenize+left-pad, jitted prefill, jitted "
+            "decode while_loop, device_get, detokenize); temperature=1.0, "
+            f"top_p=1.0 (full-vocab categorical fast path), top_k=None, "
+            f"max_prompt_length=P={P}, kv_cache_size=P+N={P+N}, forbidden_tokens="
+            f"{forbidden} injected into Sampler.__call__ so every row has exactly "
+            f"N={N} tokens (asserted); same seed each call. Best of {repeats} "
+            "after 1 warm-up.")
+    notes.append(
+            "update: RLCluster.update_actor([TrainExample]) -> actor "
+            "PeftTrainer.train -> nnx.jit(_train_step): value_and_grad of "
+            "algo_core.grpo_loss_fn (policy loss only, beta=0.0, no reference "
+            "model, num_iterations=1 so old logps = stop_gradient(current)) + "
+            f"optax.adamw(lr={lr}) update + tunix per-step metric buffering; then "
+            "block_until_ready on params and optimizer state. Batch "
+            f"{BG}x(P+N={P+N}) tokens: prompt ids = prompts repeated G times, "
+            "completion ids uniform in [3,vocab), mask all ones, advantages "
+            f"N(0,1), numpy default_rng({seed}). Best of {repeats} after 1 "
+            "warm-up (warm-up includes jit compile).")
+    notes.append("float32 params/activations, CPU, 1 jax device, mesh "
+                              "(fsdp=1,tp=1) with AxisType.Auto.")
+    return dict(
+            framework="tunix",
+            versions={"tunix": "0.1.7", "jax": jax.__version__,
+                                "flax": flax.__version__},
+            params=n_params,
+            rollout_best_s=rollout_best,
+            rollout_tokens_per_s=BG * N / rollout_best,
+            rollout_times_s=r_times,
+            update_best_s=update_best,
+            update_tokens_per_s=BG * (P + N) / update_best,
+            update_times_s=u_times,
+            peak_rss_bytes=int(peak),
+            rss_after_imports_bytes=int(rss_after_imports),
+            warmup_s={"rollout": warm_rollout, "update": warm_update},
+            shapes={"B": B, "G": G, "P": P, "N": N, "repeats": repeats},
+            total_wall_s=time.time() - t_start,
+            notes=" ".join(notes),
+    )
+
+
 # -- the driver -------------------------------------------------------------------------------------------------
 
 def tunix_python() -> Path | None:
@@ -319,9 +661,9 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=8, dest="prompts_n")
-    parser.add_argument("--group", type=int, default=4)
-    parser.add_argument("--prompt_len", type=int, default=32)
-    parser.add_argument("--new_tokens", type=int, default=64)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--prompt_len", type=int, default=64)
+    parser.add_argument("--new_tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
@@ -356,7 +698,7 @@ def main() -> None:
                                    model=MODEL, results=results), indent=1) + "\n")
 
 
-PARTS = {"rrc_jax": part_rrc_jax, "trl": part_trl}
+PARTS = {"rrc_jax": part_rrc_jax, "tunix": part_tunix, "trl": part_trl}
 
 if __name__ == "__main__":
     main()

@@ -85,3 +85,25 @@ def test_scaling_runs_one_mesh(tmp_path, toy_cache):
     assert re.search(r"^\s+1,1,1\s+[0-9.]+", out.stdout, re.M), out.stdout
     rows = json.loads((tmp_path / "scaling.json").read_text())["rows"]
     assert [r["mesh"] for r in rows] == [[1, 1, 1]] and rows[0]["optimizer_bytes_per_device"] > 0
+
+
+def test_peers_prints_each_frameworks_figures_as_ratios(tmp_path):
+    """`benchmarks/peers.py` at tiny sizes: this project and TRL measured (tunix too where its environment is), the
+    table's ratios against this project, the JSON written; an unknown framework is a usage error."""
+    out_json = tmp_path / "peers.json"
+    frameworks = "rrc_jax,trl" + (",tunix" if (ROOT / ".venv-tunix" / "bin" / "python").is_file() else "")
+    out = subprocess.run([sys.executable, str(BENCH / "peers.py"), "--prompts=2", "--group=2", "--prompt_len=8",
+                          "--new_tokens=8", "--repeats=1", f"--frameworks={frameworks}", f"--out={out_json}"],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out_json.read_text())
+    names = [r["framework"] for r in result["results"]]
+    assert names == frameworks.split(",")
+    for r in result["results"]:
+        assert r["rollout_best_s"] > 0 and r["update_best_s"] > 0 and r["peak_rss_bytes"] > 0, r
+        assert r["rollout_tokens_per_s"] == pytest.approx(2 * 2 * 8 / r["rollout_best_s"])
+    assert re.search(r"^\| rrc_jax \| [0-9]+ \| 1\.00x \|", out.stdout, re.M), out.stdout
+    assert re.search(r"^\| trl \| [0-9]+ \| [0-9.]+x \| [0-9.]+ \| [0-9.]+x \|", out.stdout, re.M), out.stdout
+    bad = subprocess.run([sys.executable, str(BENCH / "peers.py"), "--frameworks=rrc_jax,vllm"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "--frameworks: unknown vllm" in bad.stderr
