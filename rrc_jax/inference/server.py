@@ -188,7 +188,12 @@ class Batcher:
                     break
                 batch.append(item)
                 rows += len(item[0].prompts) * item[0].n
-            await self._run(batch)
+            try:
+                await self._run(batch)
+            except Exception as e:  # noqa: BLE001 - never leave a request waiting, nor the loop dead
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(e)
 
     async def _run(self, batch: list[tuple[Completion, asyncio.Future]]) -> None:
         """Each group of `batch` with the same settings as one engine call; its rows back to each request."""

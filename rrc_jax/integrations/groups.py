@@ -30,7 +30,7 @@ from typing import Protocol
 import numpy as np
 
 from rrc_jax.constructions.agr import AGRSettings, agr_result
-from rrc_jax.constructions.base import RewardResult
+from rrc_jax.constructions.base import RewardResult, step_seed
 from rrc_jax.constructions.prc import prc_result
 from rrc_jax.constructions.scr import SCRSettings, scr_result
 from rrc_jax.judge import Judge
@@ -138,7 +138,7 @@ class GroupRewards:
         step = self.calls if step is None else step
         self.calls += 1
         self.judge.reset_metrics()
-        self.judge.reseed(self.seed * 1_000_003 + step)
+        self.judge.reseed(step_seed(self.seed, step))  # as the trainer's constructions do
         g = self.group_size
         groups = [rows[i:i + g] for i in range(0, len(rows), g)]
         prompts, responses = [x[0].prompt for x in groups], [[r.completion for r in x] for x in groups]
