@@ -5,8 +5,9 @@ checkpoint with it.
 
 Requests are batched: the endpoint queues each request's prompts and a single batcher takes everything that arrived
 within `batch_wait_s` of the first (at most `max_batch` rows), groups it by sampling settings and group size, and
-runs each group as one `Sampler.generate` call on one engine thread (the model is never called from two threads).
-Rows come back to their requests in order.
+runs each group as one `Sampler.generate` call on one engine thread (the model is never called from two threads),
+its prompts padded to a power of two (`row_bucket`: a few compilations serve every batch size). Rows come back to
+their requests in order.
 
 The request: `prompt` (a string, a list of strings, a list of token ids or a list of such lists: one prompt each),
 `n`, `max_tokens`, `temperature`, `top_p`, `top_k` (-1 or 0: off), `seed`, `stop` (strings: the text is cut at the
@@ -157,6 +158,13 @@ class ServerStats:
     rows: int = 0
 
 
+def row_bucket(prompts: int, most: int) -> int:
+    """The prompts a batch of `prompts` is padded to: the next power of two up to `most` (a call's most prompts),
+    beyond it the next multiple of `most`."""
+    bucket = 1 << max(prompts - 1, 0).bit_length()
+    return bucket if bucket <= most else -(-prompts // most) * most
+
+
 class Batcher:
     """Batches concurrent requests into `Sampler.generate` calls (the module docstring): `await submit(c)` gives the
     request's rows `[B * n]`. Runs on the server's event loop; the engine runs on one thread of its own."""
@@ -220,12 +228,17 @@ class Batcher:
                 start = stop
 
     def _generate(self, prompts, n, params, seed) -> SampleOutput:
+        """`Sampler.generate` of `prompts` padded (with copies of the first) to `row_bucket` prompts, so that batches
+        of any size share a few compilations; the padding's rows are dropped."""
+        padded = prompts + [prompts[0]] * (row_bucket(len(prompts), max(1, self.max_batch // n)) - len(prompts))
         if self.mesh is None:
-            return self.sampler.generate(prompts, n, params, rng=seed)
-        import jax
+            out = self.sampler.generate(padded, n, params, rng=seed)
+        else:
+            import jax
 
-        with jax.set_mesh(self.mesh):
-            return self.sampler.generate(prompts, n, params, rng=seed)
+            with jax.set_mesh(self.mesh):
+                out = self.sampler.generate(padded, n, params, rng=seed)
+        return SampleOutput(*(x[:len(prompts) * n] for x in out))
 
     def close(self) -> None:
         if self._task is not None:
