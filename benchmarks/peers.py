@@ -320,33 +320,6 @@ def _sampler_style_ids(hf_tok, text):
     return ids[i:]
 
 
-def _tunix_config_from_hf(hf_cfg):
-    from tunix.models.llama3 import model as llama3_model
-    n_heads = hf_cfg["num_attention_heads"]
-    head_dim = hf_cfg.get("head_dim") or hf_cfg["hidden_size"] // n_heads
-    return llama3_model.ModelConfig(
-            num_layers=hf_cfg["num_hidden_layers"],
-            vocab_size=hf_cfg["vocab_size"],
-            embed_dim=hf_cfg["hidden_size"],
-            hidden_dim=hf_cfg["intermediate_size"],
-            num_heads=n_heads,
-            head_dim=head_dim,
-            num_kv_heads=hf_cfg.get("num_key_value_heads", n_heads),
-            rope_theta=int(_rope_theta(hf_cfg)),
-            norm_eps=hf_cfg.get("rms_norm_eps", 1e-5),
-            weight_tying=bool(hf_cfg.get("tie_word_embeddings", False)),
-    )
-
-
-def _rope_theta(hf_cfg):
-    # transformers<5: top-level rope_theta; >=5: rope_parameters.rope_theta
-    # (top-level key may be absent or null).
-    if hf_cfg.get("rope_theta") is not None:
-        return hf_cfg["rope_theta"]
-    rp = hf_cfg.get("rope_parameters") or {}
-    return rp.get("rope_theta") or 1e6
-
-
 def part_tunix(args: dict) -> dict:
     t_start = time.time()
     import jax
@@ -357,7 +330,6 @@ def part_tunix(args: dict) -> dict:
     from flax import nnx
     from transformers import AutoTokenizer
     from tunix.generate import sampler as sampler_lib
-    from tunix.models.llama3 import params as llama3_params
     from tunix.rl import rl_cluster as rl_cluster_lib
     from tunix.rl.grpo import grpo_learner
     from tunix.rl.rollout import base_rollout
@@ -378,27 +350,17 @@ def part_tunix(args: dict) -> dict:
     notes = []
 
     # ---------------- model ----------------
-    with open(os.path.join(ckpt, "config.json")) as f:
-        hf_cfg = json.load(f)
-    cfg = _tunix_config_from_hf(hf_cfg)
-    if float(_rope_theta(hf_cfg)) != 1e6:
-        notes.append(
-                f"WARNING: checkpoint rope_theta={_rope_theta(hf_cfg)} but tunix "
-                "llama3 apply_rope always uses 1e6 (model.py:249); numerics differ "
-                "from HF, cost does not.")
-    rope_type = (hf_cfg.get("rope_parameters") or {}).get("rope_type", "default")
-    if hf_cfg.get("rope_scaling") or rope_type not in ("default", None):
-        notes.append("rope scaling in HF config ignored by tunix llama3.")
-    # PITFALL: jax>=0.7 make_mesh defaults to Explicit axes which break tunix's
-    # llama3 (gather on sharded embedding); use Auto axes.
-    mesh = jax.make_mesh(
-            (1, 1), ("fsdp", "tp"),
-            axis_types=(jax.sharding.AxisType.Auto,) * 2,
-            devices=jax.devices()[:1],
-    )
+    from rrc_jax.integrations.tunix import TUNIX_ROPE_THETA, tunix_llama, tunix_mesh
+    from rrc_jax.models.hf_io import decoder_config
+
+    architecture = decoder_config(ckpt)
+    theta = architecture.rope_theta
+    if theta != TUNIX_ROPE_THETA:
+        notes.append(f"WARNING: checkpoint rope_theta={theta} but tunix's Llama uses {TUNIX_ROPE_THETA:g}: numerics "
+                     "differ from the checkpoint's, cost does not.")
+    mesh = tunix_mesh()
     t = time.time()
-    actor = llama3_params.create_model_from_safe_tensors(
-            ckpt, cfg, mesh=mesh, dtype=jnp.float32)
+    actor = tunix_llama(ckpt, mesh, dtype=jnp.float32)
     params_state = nnx.state(actor, nnx.Param)
     leaves = jax.tree.leaves(params_state)
     n_params = int(sum(int(np.prod(x.shape)) for x in leaves))
@@ -518,7 +480,7 @@ def part_tunix(args: dict) -> dict:
 
     # ---------------- GRPO update ----------------
     rng = np.random.default_rng(seed)
-    vocab = cfg.vocab_size
+    vocab = architecture.vocab_size
     prompt_ids = jnp.asarray(expected_lp)
     completion_ids = jnp.asarray(
             rng.integers(3, vocab, size=(BG, N)).astype(np.int32))

@@ -26,8 +26,6 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
-from tunix.models.llama3 import model as llama3_model  # noqa: E402
-from tunix.models.llama3 import params as llama3_params  # noqa: E402
 from tunix.rl import rl_cluster as rl_cluster_lib  # noqa: E402
 from tunix.rl.grpo import grpo_learner  # noqa: E402
 from tunix.rl.rollout import base_rollout  # noqa: E402
@@ -35,19 +33,9 @@ from tunix.rl.rollout import base_rollout  # noqa: E402
 from rrc_jax.data.toy.task import SortTask  # noqa: E402
 from rrc_jax.data.toy.world import WorldSettings, build_world  # noqa: E402
 from rrc_jax.integrations import judge_for  # noqa: E402
-from rrc_jax.integrations.tunix import TunixReward  # noqa: E402
+from rrc_jax.integrations.tunix import TunixReward, tunix_llama, tunix_mesh  # noqa: E402
 
 G, BATCH = 4, 2
-
-
-def tunix_llama(path, mesh):
-    hf = json.load(open(os.path.join(path, "config.json")))
-    cfg = llama3_model.ModelConfig(
-        num_layers=hf["num_hidden_layers"], vocab_size=hf["vocab_size"], embed_dim=hf["hidden_size"],
-        hidden_dim=hf["intermediate_size"], num_heads=hf["num_attention_heads"], head_dim=hf["head_dim"],
-        num_kv_heads=hf["num_key_value_heads"], rope_theta=int(hf["rope_theta"]), norm_eps=hf["rms_norm_eps"],
-        weight_tying=hf["tie_word_embeddings"])
-    return llama3_params.create_model_from_safe_tensors(path, cfg, mesh=mesh)
 
 
 def main(policy_dir, grm_dir, url="", record=""):
@@ -65,8 +53,7 @@ def main(policy_dir, grm_dir, url="", record=""):
         return out
 
     recorded.__name__ = reward.__name__
-    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
-                         devices=jax.devices()[:1])
+    mesh = tunix_mesh()
     actor, reference = tunix_llama(policy_dir, mesh), tunix_llama(policy_dir, mesh)
     before = jax.tree.map(np.asarray, nnx.state(actor, nnx.Param))
     cluster = rl_cluster_lib.RLCluster(

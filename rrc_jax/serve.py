@@ -38,13 +38,13 @@ def serve() -> None:
     cli.check_at_least(1, "max_batch")
     if _WAIT.value < 0:
         raise cli.flag_error("batch_wait_ms", "must be >= 0")
-    model, tokenizer, mesh = cli.load_model(_MODEL.model.value, _MODEL.dtype.value, _MODEL.mesh.value)
+    model, tokenizer, _ = cli.load_model(_MODEL.model.value, _MODEL.dtype.value, _MODEL.mesh.value)
     if jax.process_count() > 1:
         raise ConfigError("rrc_jax.serve runs in one process; serve from one host (its devices hold the model)")
     name = _NAME.value or Path(_MODEL.model.value).name
     sampler = make_sampler("grm", model, tokenizer, max_batch=_MAX_BATCH.value)
     app = make_app(sampler, tokenizer, served_name=name, max_batch=_MAX_BATCH.value,
-                   batch_wait_s=_WAIT.value / 1000, mesh=mesh, vocab_size=model.cfg.vocab_size)
+                   batch_wait_s=_WAIT.value / 1000, vocab_size=model.cfg.vocab_size)
     server = uvicorn_server(app)
     server.config.host, server.config.port = _HOST.value, _PORT.value
     say(f"serving {name} ({_MODEL.model.value}) on http://{_HOST.value}:{_PORT.value}/v1/completions")

@@ -4,8 +4,8 @@ and the releases it pins: `safetensors<0.8` moves transformers, tokenizers and h
 `.ci/run` makes it). Each call's rewards are `scr_rewards` of the vote counts read from the judge's own trace, tunix
 logs their mean, and the policy's weights move."""
 
+import importlib.util
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -15,12 +15,10 @@ import pytest
 from rrc_jax.rewards import scr_rewards
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def tunix_python() -> Path | None:
-    """The tunix environment's Python: `$RRC_TUNIX_PYTHON`, else `.venv-tunix/bin/python` in the repository."""
-    path = Path(os.environ.get("RRC_TUNIX_PYTHON", REPO / ".venv-tunix" / "bin" / "python"))
-    return path if path.is_file() else None
+_spec = importlib.util.spec_from_file_location("peers", REPO / "benchmarks" / "peers.py")
+peers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(peers)
+tunix_python = peers.tunix_python  # `$RRC_TUNIX_PYTHON`, else the repository's `.venv-tunix/bin/python`
 
 
 @pytest.mark.skipif(tunix_python() is None, reason="no tunix environment: bash .ci/tunix_env (.ci/run makes it)")

@@ -53,6 +53,15 @@ def make_judge(config, roles) -> Judge:
                                                  temperature=j.temperature, seed=config.seed))
 
 
+def judge_metrics(judge: Judge) -> dict[str, float]:
+    """The `judge/*` metrics of what `judge` did since its last `reset_metrics` (a step's, or a reward call's)."""
+    s = judge.summary()
+    return {"judge/questions": s["questions"], "judge/tokens": s["judge_tokens"],
+            "judge/abstain_rate": s["abstain_rate"], "judge/position_consistency": s["position_consistency"],
+            "judge/prefill_tokens_saved": s["prefill_tokens_saved"], "judge/too_long": s["too_long"],
+            **{f"judge/{k}": s[k] for k in judge.sampler.stats.failures()}}
+
+
 class JudgeConstruction(Construction):
     """A construction that asks the GRM. Subclasses implement `construct`; `__call__` reseeds the judge from the
     step (exact resume), records its judgments when traced and adds its counters as `judge/*` metrics. With a
@@ -91,11 +100,7 @@ class JudgeConstruction(Construction):
         return dataclasses.replace(result, metrics={**result.metrics, **self.judge_metrics()}, judgments=judgments)
 
     def judge_metrics(self) -> dict[str, float]:
-        s = self.judge.summary()
-        return {"judge/questions": s["questions"], "judge/tokens": s["judge_tokens"],
-                "judge/abstain_rate": s["abstain_rate"], "judge/position_consistency": s["position_consistency"],
-                "judge/prefill_tokens_saved": s["prefill_tokens_saved"], "judge/too_long": s["too_long"],
-                **{f"judge/{k}": s[k] for k in self.judge.sampler.stats.failures()}}
+        return judge_metrics(self.judge)
 
     def evaluate(self, held_out, index, prompts, texts, step) -> dict[str, float]:
         """The oracle's quality and, with `eval_votes`, the judged win rate of the greedy `texts` against the

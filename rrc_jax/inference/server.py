@@ -66,6 +66,11 @@ class Completion:
     stop: tuple[str, ...] = ()
     skip_special_tokens: bool = True
 
+    @property
+    def rows(self) -> int:
+        """The rows it asks for: B x n."""
+        return len(self.prompts) * self.n
+
 
 def _number(body: dict, name: str, default, kind):
     value = body.get(name, default)
@@ -169,8 +174,8 @@ class Batcher:
     """Batches concurrent requests into `Sampler.generate` calls (the module docstring): `await submit(c)` gives the
     request's rows `[B * n]`. Runs on the server's event loop; the engine runs on one thread of its own."""
 
-    def __init__(self, sampler: Sampler, *, max_batch: int, batch_wait_s: float, mesh=None):
-        self.sampler, self.max_batch, self.batch_wait_s, self.mesh = sampler, max_batch, batch_wait_s, mesh
+    def __init__(self, sampler: Sampler, *, max_batch: int, batch_wait_s: float):
+        self.sampler, self.max_batch, self.batch_wait_s = sampler, max_batch, batch_wait_s
         self.stats = ServerStats()
         self._queue: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
@@ -187,7 +192,7 @@ class Batcher:
     async def _loop(self) -> None:
         while True:
             batch = [await self._queue.get()]
-            rows = len(batch[0][0].prompts) * batch[0][0].n
+            rows = batch[0][0].rows
             deadline = time.monotonic() + self.batch_wait_s
             while rows < self.max_batch:
                 try:
@@ -195,7 +200,7 @@ class Batcher:
                 except asyncio.TimeoutError:
                     break
                 batch.append(item)
-                rows += len(item[0].prompts) * item[0].n
+                rows += item[0].rows
             try:
                 await self._run(batch)
             except Exception as e:  # noqa: BLE001 - never leave a request waiting, nor the loop dead
@@ -222,22 +227,17 @@ class Batcher:
             self.stats.rows += len(prompts) * n
             start = 0
             for c, future in items:
-                stop = start + len(c.prompts) * n
+                stop = start + c.rows
                 if not future.done():  # (a client that went away)
                     future.set_result(SampleOutput(*(x[start:stop] for x in out)))
                 start = stop
 
     def _generate(self, prompts, n, params, seed) -> SampleOutput:
         """`Sampler.generate` of `prompts` padded (with copies of the first) to `row_bucket` prompts, so that batches
-        of any size share a few compilations; the padding's rows are dropped."""
+        of any size share a few compilations; the padding's rows are dropped. (The JAX engine runs each call on its
+        model's mesh itself.)"""
         padded = prompts + [prompts[0]] * (row_bucket(len(prompts), max(1, self.max_batch // n)) - len(prompts))
-        if self.mesh is None:
-            out = self.sampler.generate(padded, n, params, rng=seed)
-        else:
-            import jax
-
-            with jax.set_mesh(self.mesh):
-                out = self.sampler.generate(padded, n, params, rng=seed)
+        out = self.sampler.generate(padded, n, params, rng=seed)
         return SampleOutput(*(x[:len(prompts) * n] for x in out))
 
     def close(self) -> None:
@@ -247,12 +247,12 @@ class Batcher:
 
 
 def make_app(sampler: Sampler, tokenizer, *, served_name: str = "rrc-jax", max_batch: int = 64,
-             batch_wait_s: float = 0.005, mesh=None, vocab_size: int | None = None) -> Starlette:
+             batch_wait_s: float = 0.005, vocab_size: int | None = None) -> Starlette:
     """The ASGI app serving `sampler` (its `tokenizer` turns texts to ids and back): `POST /v1/completions`,
     `GET /v1/models`, `GET /health` (with the `ServerStats`). `app.state.batcher` is its `Batcher`."""
     if max_batch < 1 or batch_wait_s < 0:
         raise ValueError(f"make_app: need max_batch >= 1 and batch_wait_s >= 0, got {max_batch}, {batch_wait_s}")
-    batcher = Batcher(sampler, max_batch=max_batch, batch_wait_s=batch_wait_s, mesh=mesh)
+    batcher = Batcher(sampler, max_batch=max_batch, batch_wait_s=batch_wait_s)
 
     async def completions(request: Request) -> JSONResponse:
         try:

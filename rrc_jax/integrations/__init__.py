@@ -4,7 +4,8 @@
   across processes gathered, judged once, scattered back), `judge_for` (a judge from a directory, in process or
   served over HTTP).
 * ``trl``: `TRLReward`, a TRL `GRPOTrainer` reward function.
-* ``tunix``: `TunixReward`, a tunix `GRPOLearner` reward function.
+* ``tunix``: `TunixReward`, a tunix `GRPOLearner` reward function; `tunix_llama` and `tunix_mesh`, a Hugging Face
+  Llama checkpoint in tunix's model on its mesh.
 
 Neither trainer is imported until its module is.
 """

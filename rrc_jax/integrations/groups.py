@@ -31,6 +31,7 @@ import numpy as np
 
 from rrc_jax.constructions.agr import AGRSettings, agr_result
 from rrc_jax.constructions.base import RewardResult, step_seed
+from rrc_jax.constructions.judged import judge_metrics
 from rrc_jax.constructions.prc import prc_result
 from rrc_jax.constructions.scr import SCRSettings, scr_result
 from rrc_jax.judge import Judge
@@ -143,11 +144,7 @@ class GroupRewards:
         groups = [rows[i:i + g] for i in range(0, len(rows), g)]
         prompts, responses = [x[0].prompt for x in groups], [[r.completion for r in x] for x in groups]
         result = self._result(prompts, responses, groups)
-        s = self.judge.summary()
-        self.last_metrics = {**result.metrics, "judge/questions": s["questions"],
-                             "judge/abstain_rate": s["abstain_rate"],
-                             "judge/position_consistency": s["position_consistency"],
-                             **{f"judge/{k}": s[k] for k in self.judge.sampler.stats.failures()}}
+        self.last_metrics = {**result.metrics, **judge_metrics(self.judge)}
         return np.asarray(result.rewards, np.float32).reshape(-1)
 
     def _result(self, prompts: list[str], responses: list[list[str]], groups: list[Sequence[Row]]) -> RewardResult:

@@ -48,3 +48,37 @@ class TunixReward:
                        columns.get(self.anchors_column) if self.kind == "agr" else None,
                        columns.get(self.reference_column) if self.kind == "prc" else None)
         return [float(r) for r in self.rewards(rows)]
+
+
+TUNIX_ROPE_THETA = 1e6  # tunix 0.1.7's Llama applies RoPE with this base whatever its config says
+
+
+def tunix_mesh(fsdp: int = 1, tp: int = 1):
+    """A mesh over the first `fsdp x tp` devices with the axis names tunix's Llama shards by (`fsdp`, `tp`), its axes
+    `Auto` (tunix's embedding lookup fails under JAX's default `Explicit` axes)."""
+    import jax
+
+    return jax.make_mesh((fsdp, tp), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
+                         devices=jax.devices()[:fsdp * tp])
+
+
+def tunix_llama(path, mesh, dtype=None):
+    """The Llama checkpoint in the Hugging Face directory `path` as tunix's Llama 3 model on `mesh`, its architecture
+    read as this project reads it (`rrc_jax.models.hf_io.decoder_config`). tunix's Llama applies RoPE with base
+    `TUNIX_ROPE_THETA` and no scaling whatever the checkpoint says: a checkpoint with another base computes
+    otherwise there (same cost)."""
+    from tunix.models.llama3 import model as llama3_model
+    from tunix.models.llama3 import params as llama3_params
+
+    from rrc_jax.models.hf_io import decoder_config
+
+    cfg = decoder_config(path)
+    if cfg.model_type != "llama":
+        raise ValueError(f"{path}: a {cfg.model_type} checkpoint; tunix_llama loads Llama checkpoints")
+    config = llama3_model.ModelConfig(
+        num_layers=cfg.num_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.hidden_size,
+        hidden_dim=cfg.intermediate_size, num_heads=cfg.num_heads, head_dim=cfg.head_dim,
+        num_kv_heads=cfg.num_kv_heads, rope_theta=int(cfg.rope_theta), norm_eps=cfg.rms_norm_eps,
+        weight_tying=cfg.tie_word_embeddings)
+    return llama3_params.create_model_from_safe_tensors(str(path), config, mesh=mesh,
+                                                        **({} if dtype is None else {"dtype": dtype}))
