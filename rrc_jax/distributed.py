@@ -213,7 +213,10 @@ def host_block(n: int) -> np.ndarray:
 
 # metrics that are totals over the hosts' work; every other metric is a mean over hosts (NaN left out)
 SUMMED_METRICS = ("judge/questions", "judge/tokens", "judge/prefill_tokens_saved", "tokens_per_second",
-                  "data/filtered_groups", "data/surplus_groups", "data/unfilled_groups")
+                  "data/filtered_groups", "data/surplus_groups", "data/unfilled_groups",
+                  # a served judge's requests and failures (`rrc_jax.inference.openai_engine.HttpStats`)
+                  "judge/requests", "judge/failed_requests", "judge/refused", "judge/timeouts", "judge/dropped",
+                  "judge/not_found", "judge/http_errors", "judge/garbled")
 
 
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:

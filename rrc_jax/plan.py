@@ -91,18 +91,11 @@ def topology(name: str) -> Topology:
 
 
 def resolve_mesh(data: int, fsdp: int, tensor: int, devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) with a -1 taking the remaining devices, as `rrc_jax.sharding.make_mesh` resolves it."""
-    shape = [data, fsdp, tensor]
-    if shape.count(-1) > 1 or any(n == 0 or n < -1 for n in shape):
-        raise ConfigError(f"mesh data={data} fsdp={fsdp} tensor={tensor}: sizes are >= 1, at most one is -1")
-    if -1 in shape:
-        known = math.prod(n for n in shape if n != -1)
-        shape[shape.index(-1)] = devices // known
-    if math.prod(shape) > devices or math.prod(shape) < 1 or (-1 in (data, fsdp, tensor)
-                                                             and math.prod(shape) != devices):
-        raise ConfigError(f"mesh data={data} fsdp={fsdp} tensor={tensor} needs {math.prod(shape)} devices; the "
-                          f"topology has {devices}: make their product {devices} (or set one of them to -1)")
-    return tuple(shape)
+    """(data, fsdp, tensor) with a -1 taking the remaining devices, as the trainer's mesh resolves it
+    (`rrc_jax.sharding.mesh_shape`)."""
+    from rrc_jax.sharding import mesh_shape
+
+    return mesh_shape(data, fsdp, tensor, devices)
 
 
 def _split(n: int, k: int) -> int:
@@ -602,12 +595,12 @@ def _judging(config, cfg, shape, dtype, layout: str) -> tuple[list[Row], str]:
 def inference_shape(config, topo: Topology, num_heads: int) -> tuple[int, int, int]:
     """The inference layout's mesh `(data, fsdp, tensor)` (`mesh.inference`: `auto`, as
     `rrc_jax.sharding.inference_mesh` makes it, or DATA,FSDP,TENSOR)."""
-    from rrc_jax.sharding import inference_tensor
+    from rrc_jax import sharding
 
     if config.mesh.inference == "auto":
-        t = inference_tensor(topo.devices, topo.host_devices, num_heads)
+        t = sharding.inference_tensor(topo.devices, topo.host_devices, num_heads)
         return topo.devices // t, 1, t
-    return resolve_mesh(*(int(v) for v in config.mesh.inference.split(",")), topo.devices)
+    return sharding.inference_shape(config.mesh.inference, topo.devices)
 
 
 def role_layouts(config, topo: Topology, shape: tuple[int, int, int], cfgs: dict) -> dict:
@@ -646,6 +639,8 @@ def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = No
     policy = cfgs["policy"]
     layouts = role_layouts(config, topo, shape, cfgs)
     lora = parse(LoraConfig, config)
+    if lora.enabled:
+        lora.check_rank(policy, config.models.policy)
     size = lambda n: f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
     for role, cfg in cfgs.items():
         stored = "float32" if role == "policy" else dtype

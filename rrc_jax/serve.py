@@ -20,35 +20,44 @@ _MODEL = cli.model_flags("the model to serve")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
 _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.")
 _NAME = flags.DEFINE_string("served_name", "", "The model name requests may give (default: the directory's name).")
-_MAX_BATCH = flags.DEFINE_integer("max_batch", 64, "Most rows (prompts x n) batched into one engine call.")
+_MAX_BATCH = flags.DEFINE_integer("max_batch", 64, "Most rows (prompts x n) of one engine call; a larger request runs "
+                                  "as several, taking turns with the others.")
 _WAIT = flags.DEFINE_float("batch_wait_ms", 5.0, "How long a batch waits for more requests after its first.")
 
 
 def serve() -> None:
-    """Load the checkpoint and serve it until interrupted (a user's mistake raises `ConfigError`)."""
+    """Check the flags, take the port, load the checkpoint and serve it until interrupted (a user's mistake raises
+    `ConfigError`)."""
+    import math
     from pathlib import Path
 
     import jax
 
     from rrc_jax.errors import ConfigError
     from rrc_jax.inference import make_sampler
-    from rrc_jax.inference.server import make_app, uvicorn_server
+    from rrc_jax.inference.server import bind, make_app, uvicorn_server
     from rrc_jax.progress import say
 
     cli.check_at_least(1, "max_batch")
-    if _WAIT.value < 0:
-        raise cli.flag_error("batch_wait_ms", "must be >= 0")
-    model, tokenizer, _ = cli.load_model(_MODEL.model.value, _MODEL.dtype.value, _MODEL.mesh.value)
-    if jax.process_count() > 1:
-        raise ConfigError("rrc_jax.serve runs in one process; serve from one host (its devices hold the model)")
-    name = _NAME.value or Path(_MODEL.model.value).name
-    sampler = make_sampler("grm", model, tokenizer, max_batch=_MAX_BATCH.value)
-    app = make_app(sampler, tokenizer, served_name=name, max_batch=_MAX_BATCH.value,
-                   batch_wait_s=_WAIT.value / 1000, vocab_size=model.cfg.vocab_size)
-    server = uvicorn_server(app)
-    server.config.host, server.config.port = _HOST.value, _PORT.value
-    say(f"serving {name} ({_MODEL.model.value}) on http://{_HOST.value}:{_PORT.value}/v1/completions")
-    server.run()
+    if not (math.isfinite(_WAIT.value) and _WAIT.value >= 0):
+        raise cli.flag_error("batch_wait_ms", "must be a finite number >= 0")
+    if not 1 <= _PORT.value <= 65535:
+        raise cli.flag_error("port", "must be in 1-65535")
+    try:  # before the model loads: a busy port is said at once
+        sock = bind(_HOST.value, _PORT.value)
+    except OSError as e:
+        raise ConfigError(f"--host={_HOST.value} --port={_PORT.value}: cannot listen there ({e.strerror or e}); "
+                          "choose a free port, or stop what holds it") from None
+    with sock:
+        model, tokenizer, _ = cli.load_model(_MODEL.model.value, _MODEL.dtype.value, _MODEL.mesh.value)
+        if jax.process_count() > 1:
+            raise ConfigError("rrc_jax.serve runs in one process; serve from one host (its devices hold the model)")
+        name = _NAME.value or Path(_MODEL.model.value).name
+        sampler = make_sampler("grm", model, tokenizer, max_batch=_MAX_BATCH.value)
+        app = make_app(sampler, tokenizer, served_name=name, max_batch=_MAX_BATCH.value,
+                       batch_wait_s=_WAIT.value / 1000, vocab_size=model.cfg.vocab_size)
+        say(f"serving {name} ({_MODEL.model.value}) on http://{_HOST.value}:{_PORT.value}/v1/completions")
+        uvicorn_server(app).run(sockets=[sock])
 
 
 def main(argv: list[str]) -> None:

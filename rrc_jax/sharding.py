@@ -120,19 +120,25 @@ def inference_tensor(devices: int, host_devices: int, num_heads: int) -> int:
 
 def inference_mesh(mesh: jax.sharding.Mesh, shape: str = "auto", num_heads: int = 1) -> jax.sharding.Mesh:
     """The mesh of the inference layout over the devices of `mesh`, in their order (so that arrays of both layouts
-    meet in one program): `shape` `DATA,FSDP,TENSOR` (-1: the remaining devices), or `auto`: tensor over the
-    largest number of devices that divides the mesh, fits on one host (a host's chips share the fastest links)
-    and divides `num_heads`, rows over the rest (`data`)."""
+    meet in one program): `shape` `DATA,FSDP,TENSOR` (-1: the remaining devices; the product must be the mesh's
+    size, `inference_shape`), or `auto`: tensor over the largest number of devices that divides the mesh, fits on
+    one host (a host's chips share the fastest links) and divides `num_heads`, rows over the rest (`data`)."""
     devices = list(mesh.devices.flat)
     if shape != "auto":
-        try:
-            data, fsdp, tensor = (int(v) for v in shape.split(","))
-        except ValueError:
-            raise ConfigError(f"config.mesh.inference: {shape!r}; give 'auto' or three sizes DATA,FSDP,TENSOR, e.g. "
-                              "-1,1,4") from None
-        return make_mesh(data, fsdp, tensor, devices=devices)
+        return make_mesh(*inference_shape(shape, len(devices)), devices=devices)
     tensor = inference_tensor(len(devices), len(devices) // jax.process_count(), num_heads)
     return make_mesh(len(devices) // tensor, 1, tensor, devices=devices)
+
+
+def inference_shape(shape: str, devices: int) -> tuple[int, int, int]:
+    """`mesh.inference`'s `DATA,FSDP,TENSOR` resolved on the training mesh's `devices`: its product must be exactly
+    `devices` (the inference layout spans the same devices), else a one-line `ConfigError`."""
+    try:
+        data, fsdp, tensor = (int(v) for v in shape.split(","))
+    except ValueError:
+        raise ConfigError(f"config.mesh.inference: {shape!r}; give 'auto' or three sizes DATA,FSDP,TENSOR, e.g. "
+                          "-1,1,4") from None
+    return mesh_shape(data, fsdp, tensor, devices, name="config.mesh.inference", exact=True)
 
 
 def use_mesh(mesh: jax.sharding.Mesh | None):
@@ -141,34 +147,46 @@ def use_mesh(mesh: jax.sharding.Mesh | None):
     return jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()
 
 
+def mesh_shape(data: int, fsdp: int, tensor: int, devices: int, *, name: str = "mesh",
+               exact: bool = False) -> tuple[int, int, int]:
+    """`(data, fsdp, tensor)` on `devices` devices, a -1 (at most one) taking the remaining ones. A one-line
+    `ConfigError` naming `name` when a size is not >= 1, when the other sizes' product does not divide the devices
+    a -1 shares, or when the product exceeds `devices` (with `exact`, differs from it)."""
+    shape = [data, fsdp, tensor]
+    given = f"{name} data={data} fsdp={fsdp} tensor={tensor}"
+    if shape.count(-1) > 1 or any(n == 0 or n < -1 for n in shape):
+        raise ConfigError(f"{given}: sizes are >= 1, and at most one is -1 (the remaining devices)")
+    if -1 in shape:
+        known = math.prod(n for n in shape if n != -1)
+        if devices % known:
+            raise ConfigError(f"{given}: the -1 axis takes the devices the others leave, but their product {known} "
+                              f"does not divide the {devices} devices; make it a divisor of {devices}")
+        shape[shape.index(-1)] = devices // known
+    total = math.prod(shape)
+    if total > devices or (exact and total != devices):
+        raise ConfigError(f"{given} needs {total} devices, but {devices} are "
+                          f"{'available' if total > devices else 'in the training mesh'}; make their product "
+                          f"{devices} (or set one of them to -1)")
+    return shape[0], shape[1], shape[2]
+
+
 def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[jax.Device] | None = None
               ) -> jax.sharding.Mesh:
     """A `(data, fsdp, tensor)` mesh with Auto axes over `data * fsdp * tensor` devices (all local and remote
     devices by default).
 
-    Use -1 for at most one axis to take the remaining devices. A mesh of fewer devices than there are uses the first
-    ones (with a warning).
+    Use -1 for at most one axis to take the remaining devices (`mesh_shape`). A mesh of fewer devices than there are
+    uses the first ones (with a warning).
     """
     devices = list(devices) if devices is not None else jax.devices()
-    shape = [data, fsdp, tensor]
-    if shape.count(-1) > 1:
-        raise ConfigError(f"mesh shape {tuple(shape)}: at most one axis may be -1")
-    if -1 in shape:
-        known = 1
-        for s in shape:
-            known *= s if s != -1 else 1
-        shape[shape.index(-1)] = len(devices) // known
-    total = shape[0] * shape[1] * shape[2]
-    if total > len(devices) or (total < len(devices) and -1 in (data, fsdp, tensor)):
-        raise ConfigError(f"mesh shape data={shape[0]} fsdp={shape[1]} tensor={shape[2]} needs {total} devices, "
-                          f"but {len(devices)} are available; change the mesh sizes so their product is "
-                          f"{len(devices)} (or set one of them to -1)")
+    shape = mesh_shape(data, fsdp, tensor, len(devices))
+    total = math.prod(shape)
     if total < len(devices):
         from absl import logging
 
         logging.warning("mesh data=%d fsdp=%d tensor=%d uses %d of the %d devices", *shape, total, len(devices))
         devices = devices[:total]
-    return jax.make_mesh(tuple(shape), MESH_AXES, devices=devices,
+    return jax.make_mesh(shape, MESH_AXES, devices=devices,
                          axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 
@@ -202,7 +220,12 @@ class MeshConfig:
                               "DATA,FSDP,TENSOR, e.g. -1,1,4")
 
     def make(self) -> jax.sharding.Mesh:
-        return make_mesh(self.data, self.fsdp, self.tensor)
+        """The training mesh, with `inference` checked against its devices (on one device too, where no layout
+        uses it), so that a shape that cannot span them is refused before anything loads."""
+        mesh = make_mesh(self.data, self.fsdp, self.tensor)
+        if self.inference != "auto":
+            inference_shape(self.inference, mesh.size)
+        return mesh
 
     def kind(self, role: str, devices: int) -> str:
         """The layout kind of `role` on `devices` devices: the policy's master `train`, a frozen role its field;

@@ -90,4 +90,4 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_one_line(tmp_path):
     out = run_cli(f"--model={tmp_path}", "--prompt=hi")
     assert out.returncode != 0 and out.stdout == ""
     line = out.stderr.strip().splitlines()[-1]
-    assert line.startswith("error:") and f"the tokenizer has {len(tok)} ids but the model's vocabulary" in line
+    assert line.startswith("error:") and f"the tokenizer's largest id is {len(tok) - 1} ({len(tok)} ids) but the model's vocabulary" in line

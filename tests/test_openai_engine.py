@@ -1,9 +1,12 @@
 """The HTTP inference engine (`rrc_jax.inference.openai_engine`) against a scripted OpenAI-compatible server on the
-loopback address (a bounded request loop): the judge's verdicts through HTTP are the server's answers, and a server
-that drops, garbles and stalls requests gives abstentions counted exactly while every other verdict stays as it
-was."""
+loopback address (a bounded request loop): the judge's verdicts through HTTP are the server's answers; a server that
+drops, garbles and stalls requests gives abstentions counted exactly while every other verdict stays as it was; a
+server that is down, serves another model or is not a completions server ends a run before its first step with one
+line; and a step whose requests mostly fail stops the run, naming the failure."""
 
 import json
+import socket
+import subprocess
 import threading
 import time
 import zlib
@@ -32,40 +35,57 @@ def verdict_of(ids: list[int]) -> str:
     return "looks right [[A]]" if sum(ids) % 3 else "[[B]]"
 
 
-class Server:
-    """A scripted `/v1/completions` on 127.0.0.1 that serves at most `max_requests` requests (with `faults`, as
-    `fault_of` says). `log` holds (prompt ids, what it did) per request."""
+HTML = b"<html><body>It works!</body></html>"
 
-    def __init__(self, faults: bool, max_requests: int = 2000):
-        self.log, self.faults, self.max_requests, self.stop = [], faults, max_requests, False
+
+class Server:
+    """A scripted OpenAI-compatible server on 127.0.0.1 serving the model `scripted`, for at most `max_requests`
+    completions. `mode`: `clean` answers every question; `faults` drops, garbles and stalls some (`fault_of`);
+    `broken` answers the one-token probe (`OpenAISampler.probe`) and fails every question with a 500; `html` answers
+    everything with a web page (status 200). `log` holds (prompt ids, what it did) per completion request."""
+
+    def __init__(self, faults: bool = False, max_requests: int = 2000, mode: str | None = None):
+        self.mode = mode or ("faults" if faults else "clean")
+        self.log, self.max_requests, self.stop = [], max_requests, False
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
 
+            def reply(self, payload: bytes, status: int = 200, kind: str = "application/json"):
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", kind)
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except OSError:  # the client gave up on a stalled request
+                    pass
+
+            def do_GET(self):
+                if owner.mode == "html":
+                    return self.reply(HTML, kind="text/html")
+                self.reply(json.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]}).encode())
+
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 ids = body["prompt"]
-                what = fault_of(ids) if owner.faults else "answer"
+                question = len(ids) > 1  # (the probe asks one token)
+                what = {"faults": fault_of(ids) if question else "answer", "broken": "fail" if question else "answer",
+                        "html": "html"}.get(owner.mode, "answer")
                 owner.log.append((tuple(ids), what))
                 if what == "drop":
                     self.close_connection = True
                     return
                 if what == "stall":
                     time.sleep(STALL_S)
+                if what in ("html", "fail"):
+                    return self.reply(HTML, kind="text/html") if what == "html" else self.reply(b"oops", 500)
                 text = verdict_of(ids)
-                payload = (b"{not json" if what == "garbage" else json.dumps(
-                    {"choices": [{"index": j, "text": text, "finish_reason": "stop"} for j in range(body["n"])]}
+                self.reply(b"{not json" if what == "garbage" else json.dumps(
+                    {"choices": [{"index": j, "text": text, "finish_reason": "stop"} for j in range(body.get("n", 1))]}
                 ).encode())
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except OSError:  # the client gave up on a stalled request
-                    pass
 
         class Httpd(ThreadingHTTPServer):
             request_queue_size = 64  # the client's concurrency, and more
@@ -246,3 +266,91 @@ def test_a_run_whose_judge_server_fails_finishes_and_counts_each_failure(tmp_pat
     assert 2 * sum(rows[s]["judge/timeouts"] for s in (1, 2)) == kinds.count("stall") > 0
     for s in (1, 2):
         assert rows[s]["judge/abstain_rate"] * rows[s]["judge/questions"] >= rows[s]["judge/failed_requests"]
+
+
+def free_port() -> int:
+    """A port of 127.0.0.1 nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def served_run(tmp_path, toy_cache, url: str, api_model: str = "scripted", **overrides):
+    """A tiny SCR run's config whose judge is the server at `url` (no retries: a failure is final at once)."""
+    from conftest import tiny_config
+
+    return tiny_config("scr", tmp_path, toy_cache, **{
+        "inference.engine": "openai", "inference.url": url, "inference.api_model": api_model,
+        "inference.retries": 0, "eval.judge_votes": 0, **overrides})
+
+
+def test_a_judge_server_that_is_down_wrong_or_lying_ends_the_run_before_its_first_step(tmp_path, toy_cache):
+    """A run pointed at a malformed URL, at nothing, at a server of another model, or at a web page (status 200)
+    ends before step 0 with one line naming the URL, the model and what came back; the command line prints it as
+    `error:` and exits 1."""
+    from conftest import cli_args
+
+    from rrc_jax.errors import ConfigError
+    from rrc_jax.rl.trainer import run
+
+    def refused(name: str, url: str, api_model: str = "scripted") -> str:
+        workdir = tmp_path / name
+        with pytest.raises(ConfigError) as e:
+            run(served_run(workdir, toy_cache, url, api_model))
+        assert "\n" not in str(e.value) and not (workdir / "metrics.jsonl").exists()
+        return str(e.value)
+
+    assert refused("malformed", "htp:/127.0.0.1") == ("config.inference.url: 'htp:/127.0.0.1' is not an http(s) URL "
+                                                     "with a host; give the server's base URL, e.g. "
+                                                     "http://10.0.0.2:8000")
+    nothing = f"http://127.0.0.1:{free_port()}"
+    assert refused("nothing", nothing).startswith(
+        f"the judge server {nothing} (model 'scripted'): GET /v1/models: connection refused; start the server")
+    with Server() as server:
+        assert refused("wrong", server.url, "judge") == (
+            f"the judge server {server.url} (model 'judge'): the server serves 'scripted', not 'judge'; set "
+            "config.inference.api_model to one of them")
+    with Server(mode="html") as server:
+        assert refused("html", server.url).startswith(
+            f"the judge server {server.url} (model 'scripted'): GET /v1/models: a body that is not JSON: "
+            "'<html><body>It works!</body></html>'")
+
+    out = subprocess.run(cli_args(tmp_path / "cli", toy_cache, kind="scr", **{
+        "inference.engine": "openai", "inference.url": nothing, "inference.retries": 0, "eval.judge_votes": 0}),
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        f"error: the judge server {nothing} (model '(the server default)'): GET /v1/models: connection refused")
+
+
+def test_a_step_whose_requests_mostly_fail_stops_the_run_with_the_failure_named(tmp_path, toy_cache):
+    """A server that answers the start-up probe, then fails every question: a 1-step run stops at step 1 (exit 3)
+    with one line naming the server, the count and the kind, not the abstention alarm that blames the template,
+    and exports no policy."""
+    from conftest import cli_args
+
+    workdir = tmp_path / "run"
+    with Server(mode="broken") as server:
+        out = subprocess.run(cli_args(workdir, toy_cache, kind="scr", **{
+            "steps": 1, "inference.engine": "openai", "inference.url": server.url, "inference.retries": 0,
+            "eval.judge_votes": 0}), capture_output=True, text=True, timeout=300)
+    questions = sum(1 for ids, what in server.log if what == "fail")
+    assert out.returncode == 3 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"stopped: step 1: the judge server {server.url} left {questions} of {questions} requests of the step's "
+        "judging unanswered (another HTTP error: 48), more than inference.max_failed_fraction=0.5; the step is not "
+        "saved: once the server answers, rerun the same command to resume from the last checkpoint")
+    assert questions == 48 and "reward.judge.template is the format" not in out.stderr
+    assert "warning: step 1: the judge server left 48 of 48 requests unanswered" in out.stderr
+    assert not (workdir / "hf_export").exists() and not (workdir / "checkpoints" / "1").exists()
+
+
+def test_every_request_counter_is_summed_over_hosts():
+    """A step's requests and failures are totals over hosts (the stop compares them), and the stop names each
+    kind with its count."""
+    from rrc_jax.distributed import SUMMED_METRICS
+    from rrc_jax.inference.openai_engine import HttpStats, failure_text
+
+    stats = HttpStats(calls=10, failed=5, refused=3, timeouts=2)
+    assert all(f"judge/{k}" in SUMMED_METRICS for k in stats.failures())
+    assert failure_text(stats.failures()) == "connection refused: 3, timed out: 2"

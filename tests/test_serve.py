@@ -1,10 +1,15 @@
 """The judge served over HTTP (`rrc_jax.inference.server`, `python -m rrc_jax.serve`) and asked through the HTTP
-engine on the loopback address: at temperature 0 its verdicts are the in-process judge's, and the main job with
-`inference.engine=openai` pointed at it gives the in-process run's series without loading the judge's weights."""
+engine on the loopback address: at temperature 0 its verdicts are the in-process judge's; the main job with
+`inference.engine=openai` pointed at it gives the in-process run's series without loading the judge's weights, and
+stops when the server dies, then resumes to an uninterrupted run's metrics once it is back; the server holds its
+own limits (what a request may ask, a large request taking turns with the others, a client that went away)."""
 
+import dataclasses
 import json
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -12,7 +17,7 @@ import urllib.request
 import pytest
 
 from rrc_jax.inference import make_sampler
-from rrc_jax.inference.server import make_app, serving
+from rrc_jax.inference.server import bind, make_app, serving, uvicorn_server
 from rrc_jax.judge import Judge, JudgeConfig
 from rrc_jax.models import load_hf, load_tokenizer
 
@@ -99,7 +104,7 @@ def test_the_endpoint_takes_texts_ids_and_groups_and_says_what_is_wrong(grm, ser
             ({"prompt": ""}, 400, "a prompt is empty"),
             ({"prompt": [3.5]}, 400, "'prompt' must be"),
             ({"max_tokens": 4}, 400, "'prompt' is missing"),
-            ({"prompt": "1", "logprobs": 2}, 400, "'logprobs' are not served"),
+            ({"prompt": "1", "logprobs": 2}, 400, "'logprobs' is not applied by this server (got 2)"),
             ({"prompt": "1", "n": 0}, 400, "'n' must be >= 1"),
             ({"prompt": "1", "temperature": -1}, 400, "temperature=-1.0 must be"),
             ({"prompt": "1", "max_tokens": 10_000}, 400, "exceeds the model's context"),
@@ -149,28 +154,217 @@ def test_the_main_job_with_the_served_judge_gives_the_in_process_series(tmp_path
 
 
 def test_the_serve_command_serves_a_checkpoint(grm, tmp_path):
-    """`python -m rrc_jax.serve --model=DIR --port=P` answers a completion; a bad flag is one line."""
-    import socket
-
+    """`python -m rrc_jax.serve --model=DIR --port=P` answers a completion, and a client that drops mid-body leaves
+    no traceback in its log; a bad flag, and a busy port (said before the model loads), are one line."""
     path, _, _ = grm
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "rrc_jax.serve", f"--model={path}", f"--port={port}",
                              "--served_name=judge"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ask = {"prompt": "3+4=", "max_tokens": 4, "temperature": 0, "model": "judge"}
     try:
         url, deadline = f"http://127.0.0.1:{port}", time.time() + 300
         while True:
             try:
-                status, answer = post(url, {"prompt": "3+4=", "max_tokens": 4, "temperature": 0, "model": "judge"})
+                status, answer = post(url, ask)
                 break
             except urllib.error.URLError:
                 assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-2000:]
                 time.sleep(0.5)
         assert status == 200 and answer["choices"][0]["finish_reason"] in ("stop", "length")
+        with socket.create_connection(("127.0.0.1", port)) as client:  # a body that never comes whole
+            client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: 1000\r\n\r\n{\"prompt\": \"3")
+        assert post(url, ask)[0] == 200  # still serving
     finally:
         proc.terminate()
-        proc.wait(timeout=60)
-    bad = subprocess.run([sys.executable, "-m", "rrc_jax.serve", f"--model={path}", "--max_batch=0"],
-                         capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == "error: --max_batch=0: must be >= 1"
+        _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and "Exception" not in err, err[-3000:]
+
+    with socket.socket() as busy:  # held while the command starts: the port is named before the model (missing)
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        lines = {}
+        procs = {flag: subprocess.Popen([sys.executable, "-m", "rrc_jax.serve", *args], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+                 for flag, args in (("max_batch", [f"--model={path}", "--max_batch=0"]),
+                                    ("port", [f"--model={path}", "--port=70000"]),
+                                    ("batch_wait_ms", [f"--model={path}", "--batch_wait_ms=nan"]),
+                                    ("busy", [f"--model={tmp_path / 'absent'}", f"--port={taken}"]))}
+        for flag, p in procs.items():
+            _, err = p.communicate(timeout=300)
+            assert p.returncode == 1 and "Traceback" not in err, err[-2000:]
+            lines[flag] = err.strip().splitlines()[-1]
+    assert lines["max_batch"] == "error: --max_batch=0: must be >= 1"
+    assert lines["port"] == "error: --port=70000: must be in 1-65535"
+    assert lines["batch_wait_ms"] == "error: --batch_wait_ms=nan: must be a finite number >= 0"
+    assert lines["busy"].startswith(f"error: --host=127.0.0.1 --port={taken}: cannot listen there (")
+
+
+def test_the_server_refuses_what_it_does_not_apply_and_counts_the_tokens_it_returns(grm, served):
+    """A field of the wrong type or out of range, an OpenAI parameter the server does not apply, or a field it does
+    not know is a 400 naming it (a neutral value is taken); `usage.completion_tokens` counts the tokens of the texts
+    returned: without the stop token, and only up to a stop string."""
+    _, model, tokenizer = grm
+    url, _ = served
+    for body, message in (
+            ({"stop_token_ids": [2 ** 70]}, "'stop_token_ids' holds token ids outside the vocabulary [0, 36)"),
+            ({"stop_token_ids": [-1]}, "'stop_token_ids' holds token ids outside the vocabulary"),
+            ({"stop_token_ids": "2"}, "'stop_token_ids' must be a list of token ids"),
+            ({"skip_special_tokens": "no"}, "'skip_special_tokens' must be true or false, got 'no'"),
+            ({"n": "2"}, "'n' must be an integer, got '2'"),
+            ({"max_tokens": 1.5}, "'max_tokens' must be an integer"),
+            ({"temperature": "hot"}, "'temperature' must be a number"),
+            ({"top_p": None, "seed": [1]}, "'seed' must be an integer"),
+            ({"stop": 5}, "'stop' must be a string or a list"),
+            ({"model": 3}, "'model' must be a string"),
+            ({"user": 3}, "'user' must be a string"),
+            ({"echo": True}, "'echo' is not applied by this server (got True)"),
+            ({"best_of": 3}, "'best_of' is not applied by this server (got 3)"),
+            ({"presence_penalty": 0.5}, "'presence_penalty' is not applied"),
+            ({"frequency_penalty": -1}, "'frequency_penalty' is not applied"),
+            ({"suffix": "!"}, "'suffix' is not applied"),
+            ({"stream": True}, "'stream' is not applied"),
+            ({"tempreature": 0}, "'tempreature' is not a parameter this server knows"),
+            ({"n": 10 ** 6, "max_tokens": 100}, "exceeds the 16777216 tokens one request may ask for")):
+        status, answer = post(url, {"prompt": "1", **body})
+        assert status == 400 and message in answer["error"]["message"], (body, answer)
+    neutral = {"echo": False, "best_of": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "suffix": None,
+               "logprobs": None, "stream": False, "user": "me"}
+    greedy = {"prompt": ["3+4=", "12+5="], "n": 2, "max_tokens": 48, "temperature": 0}
+    status, answer = post(url, {**greedy, **neutral})
+    assert status == 200 and {c["finish_reason"] for c in answer["choices"]} == {"stop"}  # rows that stopped
+    tokens = lambda choices: sum(len(tokenizer(c["text"], add_special_tokens=False).input_ids) for c in choices)
+    assert answer["usage"]["completion_tokens"] == tokens(answer["choices"])
+    status, cut = post(url, {**greedy, "stop": "[["})
+    assert [c["text"] for c in cut["choices"]] == [c["text"].split("[[")[0] for c in answer["choices"]]
+    assert cut["usage"]["completion_tokens"] == tokens(cut["choices"]) < answer["usage"]["completion_tokens"]
+
+
+@pytest.fixture(scope="module")
+def small_calls(grm):
+    """(URL, app) of the toy judge served with calls of at most 8 rows: a larger request runs as several."""
+    _, model, tokenizer = grm
+    app = make_app(make_sampler("grm", model, tokenizer, max_batch=8), tokenizer, served_name="toy-grm",
+                   max_batch=8, vocab_size=model.cfg.vocab_size)
+    with serving(app, limit_max_requests=1000) as url:
+        yield url, app
+
+
+def in_background(url: str, body: dict) -> tuple[threading.Thread, dict]:
+    """A thread posting `body` (started); its answer lands in the dict's `answer`."""
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(answer=post(url, body)), daemon=True)
+    thread.start()
+    return thread, result
+
+
+def wait_for(condition, what: str) -> None:
+    deadline = time.time() + 120
+    while not condition():
+        assert time.time() < deadline, what
+        time.sleep(0.005)
+
+
+def test_a_large_request_takes_turns_with_the_others(small_calls):
+    """A request of n = 400 rows runs as calls of at most 8 rows; a 1-row request sent while it runs is answered
+    after at most one of them, long before it ends."""
+    url, app = small_calls
+    stats = app.state.batcher.stats
+    one = {"prompt": "1+1=", "max_tokens": 4, "temperature": 0}
+    assert post(url, one)[0] == 200  # its shape compiled
+    before = dataclasses.replace(stats)
+    thread, big = in_background(url, {"prompt": "3+4=", "n": 400, "max_tokens": 8, "temperature": 1.0, "seed": 3})
+    wait_for(lambda: stats.batches > before.batches, "the large request never started")
+    status, _ = post(url, one)
+    answered_at = stats.rows - before.rows
+    assert status == 200 and thread.is_alive() and "answer" not in big  # the large one still runs
+    assert answered_at <= 2 * 8 + 1
+    thread.join(timeout=300)
+    status, answer = big["answer"]
+    assert status == 200 and len(answer["choices"]) == 400
+    assert stats.rows - before.rows == 401 and stats.batches - before.batches == 400 // 8 + 1
+
+
+def test_a_request_whose_client_went_away_never_reaches_the_engine(small_calls):
+    """A request whose client disconnects while it waits is dropped before the engine runs it and is not counted
+    as answered."""
+    url, app = small_calls
+    stats = app.state.batcher.stats
+    before = dataclasses.replace(stats)
+    thread, big = in_background(url, {"prompt": "3+4=", "n": 64, "max_tokens": 16, "temperature": 1.0})
+    wait_for(lambda: stats.batches > before.batches, "the first request never started")
+    body = json.dumps({"prompt": "7+7=", "n": 8, "max_tokens": 16, "temperature": 0.5}).encode()
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as client:  # sent whole, then gone
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    wait_for(lambda: stats.disconnected > before.disconnected, "the disconnect was never seen")
+    thread.join(timeout=300)
+    assert big["answer"][0] == 200
+    assert (stats.requests - before.requests, stats.disconnected - before.disconnected) == (1, 1)
+    assert stats.rows - before.rows == 64  # none of the gone request's 8 rows
+
+
+class KillAfter:
+    """An app that dies, as a judge server killed mid-run does: after `completions` completion requests it shuts
+    its server down (a later request meets a closed port, or a 503 while it closes)."""
+
+    def __init__(self, app, completions: int):
+        self.app, self.left, self.server = app, completions, None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != "/v1/completions":
+            return await self.app(scope, receive, send)
+        if self.left <= 0:
+            from starlette.responses import PlainTextResponse
+
+            return await PlainTextResponse("shutting down", 503)(scope, receive, send)
+        self.left -= 1
+        await self.app(scope, receive, send)
+        if self.left == 0:
+            self.server.should_exit = True
+
+
+def test_a_run_stops_when_its_judge_server_dies_and_resumes_to_the_uninterrupted_metrics(tmp_path, toy_cache,
+                                                                                       grm):
+    """SCR, 6 steps, the judge greedy and served: the server dies after step 2 (its probe and 2 x 48 questions);
+    the run stops at step 3 naming the failure, keeps step 2's checkpoint, and once the server is back a rerun
+    resumes from it to the metrics of an uninterrupted run."""
+    from conftest import read_metrics
+    from test_faults import assert_same_metrics
+    from test_openai_engine import served_run
+
+    from rrc_jax.errors import Diverged
+    from rrc_jax.rl.trainer import run
+
+    _, model, tokenizer = grm
+    app = lambda: make_app(make_sampler("grm", model, tokenizer), tokenizer, served_name="toy-grm",  # noqa: E731
+                           vocab_size=model.cfg.vocab_size)
+    config = lambda workdir, url: served_run(workdir, toy_cache, url, "toy-grm", **{  # noqa: E731
+        "steps": 6, "checkpoint.save_every": 1, "reward.judge.max_new_tokens": 48, "inference.retries": 1,
+        "inference.timeout_s": 30.0})
+    with serving(app()) as url:
+        straight = read_metrics(run(config(tmp_path / "straight", url)))
+
+    dying = KillAfter(app(), 1 + 2 * 48)
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    dying.server = uvicorn_server(dying)
+    thread = threading.Thread(target=dying.server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait_for(lambda: dying.server.started, "the server never started")
+    url, workdir = f"http://127.0.0.1:{port}", tmp_path / "killed"
+    with pytest.raises(Diverged) as e:
+        run(config(workdir, url))
+    thread.join(timeout=60)
+    assert str(e.value).startswith(f"step 3: the judge server {url} left 48 of 48 requests of the step's judging "
+                                   "unanswered (")
+    assert "connection refused: " in str(e.value) or "another HTTP error: " in str(e.value)
+    assert sorted(read_metrics(workdir)) == [0, 1, 2, 3]  # step 3 logged, not saved
+    assert (workdir / "checkpoints" / "2").is_dir() and not (workdir / "checkpoints" / "3").exists()
+    with serving(app(), port=port):
+        run(config(workdir, url))
+    assert_same_metrics(straight, read_metrics(workdir))

@@ -105,7 +105,8 @@ class JudgeConstruction(Construction):
     def evaluate(self, held_out, index, prompts, texts, step) -> dict[str, float]:
         """The oracle's quality and, with `eval_votes`, the judged win rate of the greedy `texts` against the
         reference policy's greedy responses (`eval_votes` votes per prompt, A/B swapped, ties half; null when every
-        vote abstained)."""
+        vote abstained) and, from a served judge, its requests and failures (`eval/judge_requests`, ...: the
+        `judge/*` counters of the evaluation, summed over hosts)."""
         metrics = super().evaluate(held_out, index, prompts, texts, step)
         v = self.eval_votes
         if self.ctx is None or not v:
@@ -113,7 +114,12 @@ class JudgeConstruction(Construction):
         if self._eval_references is None:
             self._eval_references = self.ctx.greedy_texts(self.ctx.reference(), prompts, held_out)
         self.judge.reseed(step_seed(self.seed, step, stream=1))
+        self.judge.reset_metrics()  # (the step's were read)
         pv = self.judge.compare(prompts, texts, self._eval_references, votes=v, swap=True)
+        failures = self.judge.sampler.stats.failures()
+        if failures:
+            totals = distributed.host_concat(np.asarray([list(failures.values())], np.float64)).sum(axis=0)
+            metrics.update({f"eval/judge_{k}": float(n) for k, n in zip(failures, totals)})
         wins, losses = distributed.host_gather(pv.wins), distributed.host_gather(pv.losses)
         decided = wins + losses > 0  # no rate from nothing: NaN (null) when every vote abstained
         metrics["eval/win_rate_vs_reference"] = (float(np.mean((wins + 0.5 * (v - wins - losses)) / v))

@@ -9,6 +9,7 @@ import numpy as np
 
 from rrc_jax.constructions.base import JudgeLoad, RewardResult
 from rrc_jax.constructions.judged import JudgeConstruction
+from rrc_jax.errors import ConfigError
 from rrc_jax.rewards import prc_rewards
 from rrc_jax.settings import one_of
 
@@ -58,6 +59,13 @@ class PRCReward(JudgeConstruction):
     def judge_load(cls, config) -> JudgeLoad:
         q = cls.questions_per_prompt(config)  # without thinking, one read of P(A) per question
         return JudgeLoad(q, q * (config.reward.judge.max_new_tokens if cls.settings(config).think else 1))
+
+    @classmethod
+    def check(cls, config) -> None:
+        if config.inference.engine != "jax":  # only the judge leaves the process; P(A) is a read of its logits
+            raise ConfigError(f"config.inference.engine: {config.inference.engine!r} cannot give PRC's P(A): it "
+                              "reads the log-probs of the verdict tokens, which a completions server does not return; "
+                              "use inference.engine='jax' (the judge in this process) with reward.kind='prc'")
 
     @classmethod
     def absolute_scale(cls, config) -> bool:

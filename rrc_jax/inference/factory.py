@@ -6,7 +6,8 @@ policy's rollout, the reference's anchors, the GRM's judge) with the engine the 
 - `jax` (`rrc_jax.inference.engine.JaxSampler`; options `max_batch`, `prefix_reuse`, `stop_token_ids`, `pad_id`,
   `layout`): every role.
 - `openai` (`rrc_jax.inference.openai_engine.OpenAISampler`): the judge asks an OpenAI-compatible server
-  (`inference.url`, `api_model`, `concurrency`, `timeout_s`, `retries`). It serves the `grm` role only
+  (`inference.url`, `api_model`, `concurrency`, `timeout_s`, `retries`; a run stops when more than
+  `max_failed_fraction` of a step's requests fail). It serves the `grm` role only
   (`ENGINE_ROLES`); the rollout and the reference's anchors stay on the JAX engine, which they need (the learner
   reads the rollout's log-probs, and the rollout follows the policy's every update).
 
@@ -25,7 +26,7 @@ from typing import ClassVar
 
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.engine import JaxSampler
-from rrc_jax.inference.openai_engine import OpenAISampler
+from rrc_jax.inference.openai_engine import OpenAISampler, check_url
 from rrc_jax.inference.sampler import Sampler
 from rrc_jax.rl.roles import ROLES
 from rrc_jax.settings import at_least, field_error
@@ -38,7 +39,8 @@ ENGINE_ROLES: dict[str, tuple[str, ...]] = {"jax": ROLES, "openai": ("grm",)}  #
 class InferenceConfig:
     """The inference engine of a run's samplers (`inference`; the module docstring): `engine`, and for `openai`
     the server (`url`, its served model name `api_model`), the requests in flight (`concurrency`), each attempt's
-    limit (`timeout_s`) and the attempts after the first (`retries`)."""
+    limit (`timeout_s`), the attempts after the first (`retries`) and the share of a step's requests that may fail
+    before the run stops (`max_failed_fraction`; 1: never, `rrc_jax.rl.guard`)."""
 
     GROUP: ClassVar[str] = "inference"
     engine: str = "jax"
@@ -47,16 +49,22 @@ class InferenceConfig:
     concurrency: int = 16
     timeout_s: float = 60.0
     retries: int = 2
+    max_failed_fraction: float = 0.5
 
     def __post_init__(self):
         check_engine(self.engine)
-        if self.engine == "openai" and not self.url:
-            raise field_error("inference", "url", "empty; the openai engine asks a server: give its base URL, e.g. "
-                              "--config.inference.url=http://10.0.0.2:8000")
+        if self.engine == "openai":
+            if not self.url:
+                raise field_error("inference", "url", "empty; the openai engine asks a server: give its base URL, "
+                                  "e.g. --config.inference.url=http://10.0.0.2:8000")
+            check_url(self.url)
         at_least("inference", "concurrency", self.concurrency, 1)
         at_least("inference", "retries", self.retries, 0)
         if not self.timeout_s > 0:
             raise field_error("inference", "timeout_s", f"{self.timeout_s} must be > 0")
+        if not 0 <= self.max_failed_fraction <= 1:
+            raise field_error("inference", "max_failed_fraction", f"{self.max_failed_fraction} must be in [0, 1] (a "
+                              "share of a step's requests; 1: never stop)")
 
     def engine_for(self, role: str) -> str:
         """The engine that builds `role`'s sampler: `engine` where it serves the role, else `jax`."""
@@ -92,10 +100,14 @@ def make_sampler(role: str, model, tokenizer=None, *, engine: str | InferenceCon
 def role_sampler(roles, role: str, engine: str | InferenceConfig | Mapping = "jax", **options) -> Sampler:
     """`make_sampler` for `role` of a run's `roles` (`rrc_jax.rl.roles.Roles`), with its tokenizer: over the role's
     loaded model when the engine runs in this process; over its architecture alone (`Roles.config`: stop tokens,
-    context length) when the engine's server holds the weights, which are then never loaded here."""
+    context length) when the engine's server holds the weights, which are then never loaded here, and the server
+    is asked once whether it answers (`OpenAISampler.probe`: a one-line `ConfigError` if not)."""
     engine = _inference(engine)
-    model = roles.model(role) if engine.engine_for(role) == "jax" else roles.config(role)
-    return make_sampler(role, model, roles.tokenizer(role), engine=engine, **options)
+    if engine.engine_for(role) == "jax":
+        return make_sampler(role, roles.model(role), roles.tokenizer(role), engine=engine, **options)
+    sampler = make_sampler(role, roles.config(role), roles.tokenizer(role), engine=engine, **options)
+    sampler.probe()
+    return sampler
 
 
 def _inference(engine: str | InferenceConfig | Mapping) -> InferenceConfig:

@@ -7,12 +7,19 @@ Each question of `complete` (and each prompt of `generate`, with `n` = the group
 by `concurrency` threads. Reusing the prefix many questions share (the judge's `[instruction, prompt]`) is the
 server's business: vLLM's automatic prefix caching does it, and so this engine has no `prefix_reuse`.
 
-Failures are abstentions, never a crash and never a silent zero. A request that fails (refused or dropped
-connection, an HTTP error, a body that is not a completion) is retried `retries` times after `backoff_s`, doubling;
-one whose every attempt failed, or that outlived `timeout_s` (each attempt's limit), gives an empty continuation
-(length 0), in which the judge's parser finds no verdict and counts an abstention. `stats.failed` counts those
-questions and `stats.timeouts` those whose last attempt timed out (the judge logs them as `judge/failed_requests`
-and `judge/timeouts`); `stats.retries` counts the attempts made again.
+Before a run asks anything, `probe()` checks the server once (`rrc_jax.inference.factory.role_sampler` calls it):
+`GET /v1/models` must list `api_model` and a one-token completion must come back as a completion; a server that is
+down, serves another model or is not a completions server (an HTML page with status 200) is a one-line
+`ConfigError` naming the URL, the model and what came back.
+
+During a run a failed request is an abstention, never a crash and never a silent zero. A request that fails is
+retried `retries` times after `backoff_s`, doubling; one whose every attempt failed, or that outlived `timeout_s`
+(each attempt's limit), gives an empty continuation (length 0), in which the judge's parser finds no verdict and
+counts an abstention. `stats` counts the requests sent, those left unanswered (`failed`) and each by the kind of
+its last failure (`FAILURES`: refused, timed out, dropped, 404, another HTTP error, garbled), which the judge logs
+as `judge/requests`, `judge/failed_requests`, `judge/timeouts`, ...; `stats.retries` counts the attempts made
+again. A run stops when more than `inference.max_failed_fraction` of a step's requests failed
+(`rrc_jax.rl.guard`), naming the kinds (`failure_text`).
 
 The texts that come back are tokenized with the sampler's tokenizer (`SampleOutput.tokens`, cut at
 `max_new_tokens`; a row the server finished, `finish_reason` "stop", ends with the first stop token as the JAX
@@ -28,15 +35,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import http.client
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
 
+from rrc_jax.errors import ConfigError
 from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix, stop_tokens
 
 # Options the callers pass to every engine that only the JAX engine uses: the server batches, places and reuses
@@ -44,25 +54,65 @@ from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams
 JAX_ENGINE_OPTIONS = ("max_batch", "prefix_reuse", "layout")
 
 
+# How a request failed, by its last attempt: the `HttpStats` counter (and `judge/<counter>` metric) of each kind, and
+# how a stop names it.
+FAILURES = {"refused": ("refused", "connection refused"), "timeout": ("timeouts", "timed out"),
+            "dropped": ("dropped", "connection dropped"), "not_found": ("not_found", "HTTP 404"),
+            "http_error": ("http_errors", "another HTTP error"), "garbled": ("garbled", "not a completion")}
+
+
 @dataclasses.dataclass
 class HttpStats(SamplerStats):
-    """`SamplerStats` plus what went wrong: questions (or prompts) without an answer (`failed`), those whose last
-    attempt timed out (`timeouts`, a part of `failed`), and attempts made again (`retries`)."""
+    """`SamplerStats` (`calls`: the requests sent, one per question, or per prompt of `generate`) plus those left
+    without an answer (`failed`), each counted by the kind of its last failure (`FAILURES`), and the attempts made
+    again (`retries`)."""
 
     failed: int = 0
+    refused: int = 0
     timeouts: int = 0
+    dropped: int = 0
+    not_found: int = 0
+    http_errors: int = 0
+    garbled: int = 0
     retries: int = 0
 
     def failures(self) -> dict[str, int]:
-        return {"failed_requests": self.failed, "timeouts": self.timeouts}
+        return {"requests": self.calls, "failed_requests": self.failed,
+                **{counter: getattr(self, counter) for counter, _ in FAILURES.values()}}
+
+
+def failure_text(counts: Mapping[str, float]) -> str:
+    """The failed requests of `counts` (`HttpStats.failures()`' names) by kind, e.g. `connection refused: 48`."""
+    return ", ".join(f"{name}: {int(counts[counter])}" for counter, name in FAILURES.values()
+                     if counts.get(counter, 0) > 0) or "none"
 
 
 class RequestFailed(Exception):
-    """One request's last attempt failed; `timed_out` when it outlived the timeout."""
+    """One request's last attempt failed, of `kind` (`FAILURES`)."""
 
-    def __init__(self, message: str, timed_out: bool):
+    def __init__(self, message: str, kind: str):
         super().__init__(message)
-        self.timed_out = timed_out
+        self.kind = kind
+
+
+def check_url(url: str, where: str = "config.inference.url") -> str:
+    """`url` (an http(s) base URL with a host) without a trailing `/` or `/v1` (the OpenAI clients' base URL form);
+    else a one-line `ConfigError` naming `where`."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 1) > 0
+    except ValueError:  # a port that is not a number
+        ok = False
+    if not ok:
+        raise ConfigError(f"{where}: {url!r} is not an http(s) URL with a host; give the server's base URL, e.g. "
+                          "http://10.0.0.2:8000")
+    url = url.rstrip("/")
+    return url[:-len("/v1")] if url.endswith("/v1") else url
+
+
+def _snippet(data: bytes | str, n: int = 120) -> str:
+    text = data.decode(errors="replace") if isinstance(data, bytes) else data
+    return repr(" ".join(text.split())[:n])
 
 
 def _seed(rng: jax.Array | int) -> int:
@@ -98,13 +148,14 @@ class OpenAISampler:
             raise TypeError(f"OpenAISampler: unknown options {', '.join(unknown)}")
         if not url:
             raise ValueError("OpenAISampler: url is empty; give the server's base URL, e.g. http://127.0.0.1:8000")
+        self.url = check_url(url, "OpenAISampler: url")
         if tokenizer is None:
             raise ValueError("OpenAISampler: a tokenizer is needed (token ids are sent, texts come back)")
         if concurrency < 1 or timeout_s <= 0 or retries < 0 or backoff_s < 0:
             raise ValueError(f"OpenAISampler: need concurrency >= 1, timeout_s > 0, retries >= 0, backoff_s >= 0; "
                              f"got {concurrency}, {timeout_s}, {retries}, {backoff_s}")
         self.tokenizer, self.role = tokenizer, role
-        self.endpoint = url.rstrip("/") + "/v1/completions"
+        self.endpoint = self.url + "/v1/completions"
         self.api_model = api_model
         self.concurrency, self.timeout_s, self.retries, self.backoff_s = concurrency, timeout_s, retries, backoff_s
         cfg = getattr(model, "cfg", model)  # a Decoder's config, or the config itself
@@ -123,41 +174,90 @@ class OpenAISampler:
 
     # -- one request --------------------------------------------------------------------------------------------
 
-    def _post(self, body: dict) -> dict:
-        """One attempt: the parsed JSON answer, or `RequestFailed`."""
-        request = urllib.request.Request(self.endpoint, data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")
+    def _request(self, path: str, body: dict | None = None):
+        """One attempt at `GET path` (or `POST path` with the JSON `body`): the parsed JSON answer, or
+        `RequestFailed` of its kind."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"},
+                                         method="GET" if body is None else "POST")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                answer = json.loads(response.read())
+                raw = response.read()
         except TimeoutError as e:
-            raise RequestFailed(f"timed out after {self.timeout_s} s", timed_out=True) from e
+            raise RequestFailed(f"timed out after {self.timeout_s} s", "timeout") from e
+        except urllib.error.HTTPError as e:  # (a URLError: first)
+            kind = "not_found" if e.code == 404 else "http_error"
+            raise RequestFailed(f"HTTP {e.code} ({e.reason}): {_snippet(e.read())}", kind) from e
         except urllib.error.URLError as e:
-            timed_out = isinstance(e.reason, TimeoutError)
-            raise RequestFailed(f"{type(e).__name__}: {e.reason}", timed_out=timed_out) from e
-        except (OSError, ValueError) as e:  # a dropped connection, a body that is not JSON
-            raise RequestFailed(f"{type(e).__name__}: {e}", timed_out=False) from e
+            if isinstance(e.reason, TimeoutError):
+                raise RequestFailed(f"timed out after {self.timeout_s} s", "timeout") from e
+            if isinstance(e.reason, ConnectionRefusedError):
+                raise RequestFailed("connection refused", "refused") from e
+            raise RequestFailed(f"unreachable ({e.reason})", "refused") from e
+        except (OSError, http.client.HTTPException) as e:  # a connection closed or reset before the answer
+            raise RequestFailed(f"connection dropped ({type(e).__name__}: {e})", "dropped") from e
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise RequestFailed(f"a body that is not JSON: {_snippet(raw)}", "garbled") from None
+
+    def _post(self, body: dict) -> dict:
+        """One attempt at a completion: the parsed answer, or `RequestFailed`."""
+        answer = self._request("/v1/completions", body)
         choices = answer.get("choices") if isinstance(answer, dict) else None
         if not isinstance(choices, list) or not choices or not all(
                 isinstance(c, dict) and isinstance(c.get("text"), str) for c in choices):
-            raise RequestFailed(f"not a completion: {str(answer)[:200]}", timed_out=False)
+            raise RequestFailed(f"not a completion: {_snippet(json.dumps(answer))}", "garbled")
         return answer
+
+    def _attempts(self, attempt):
+        """`attempt()` with the retries: its result, or the last attempt's `RequestFailed`; and the attempts made
+        again."""
+        wait = self.backoff_s
+        for n in range(self.retries + 1):
+            if n:
+                time.sleep(wait)
+                wait *= 2
+            try:
+                return attempt(), n
+            except RequestFailed as failure:
+                last = failure
+        return last, self.retries
 
     def _ask(self, body: dict) -> tuple[list[dict] | RequestFailed, int]:
         """A request with its retries: the answer's choices (sorted by index), or the last attempt's failure; and
         the attempts made again."""
-        wait = self.backoff_s
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(wait)
-                wait *= 2
-            try:
-                answer = self._post(body)
-            except RequestFailed as failure:
-                last = failure
-                continue
-            return sorted(answer["choices"], key=lambda c: c.get("index", 0)), attempt
-        return last, self.retries
+        answer, retries = self._attempts(lambda: self._post(body))
+        if isinstance(answer, RequestFailed):
+            return answer, retries
+        return sorted(answer["choices"], key=lambda c: c.get("index", 0)), retries
+
+    def probe(self) -> None:
+        """Ask the server once (the module docstring): a `ConfigError` naming the URL, the model and what came back
+        unless it lists `api_model` and answers a one-token completion. A server's `max_model_len` lowers
+        `context_length` to it (a question that does not fit is then not sent: `rrc_jax.judge`)."""
+        where = f"the judge server {self.url} (model {self.api_model or '(the server default)'!r})"
+        fix = ("start the server (python -m rrc_jax.serve --model=DIR, or vLLM) or fix the URL "
+               "(config.inference.url)")
+        listed, _ = self._attempts(lambda: self._request("/v1/models"))
+        if isinstance(listed, RequestFailed):
+            raise ConfigError(f"{where}: GET /v1/models: {listed}; {fix}")
+        models = listed.get("data") if isinstance(listed, dict) else None
+        if not isinstance(models, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str)
+                                                   for m in models):
+            raise ConfigError(f"{where}: GET /v1/models answered {_snippet(json.dumps(listed))}, not a list of "
+                              "models; is the URL an OpenAI-compatible server?")
+        served = {m["id"]: m for m in models}
+        if self.api_model and self.api_model not in served:
+            raise ConfigError(f"{where}: the server serves {', '.join(map(repr, served)) or 'no model'}, not "
+                              f"{self.api_model!r}; set config.inference.api_model to one of them")
+        limit = served.get(self.api_model, next(iter(served.values()), {})).get("max_model_len")
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            self.context_length = min(self.context_length or limit, limit)
+        body = {"model": self.api_model, "prompt": [self.pad_id], "n": 1, "max_tokens": 1, "temperature": 0.0}
+        answer, _ = self._attempts(lambda: self._post(body))
+        if isinstance(answer, RequestFailed):
+            raise ConfigError(f"{where}: a one-token completion (POST /v1/completions): {answer}; {fix}")
 
     def _run(self, prompts: list[list[int]], n: int, params: SamplingParams, rng) -> SampleOutput:
         """`n` continuations of each prompt, rows `i*n ... i*n + n - 1` for prompt i."""
@@ -178,7 +278,8 @@ class OpenAISampler:
             self.stats.prefill_tokens += len(prompts[i])
             if isinstance(answer, RequestFailed):
                 self.stats.failed += 1
-                self.stats.timeouts += int(answer.timed_out)
+                counter = FAILURES[answer.kind][0]
+                setattr(self.stats, counter, getattr(self.stats, counter) + 1)
                 continue
             for j, choice in enumerate(answer[:n]):
                 ids = self.tokenizer(choice["text"], add_special_tokens=False).input_ids[:cap]

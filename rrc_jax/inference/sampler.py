@@ -76,8 +76,8 @@ class SamplerStats:
             setattr(self, field.name, 0)
 
     def failures(self) -> dict[str, int]:
-        """Questions the engine could not answer, by kind, for the judge's metrics (abstentions): none for an
-        engine in this process; an engine over a network counts its own (`openai_engine.HttpStats`)."""
+        """The requests an engine over a network sent and those it could not answer (abstentions), by kind, for the
+        judge's metrics (`openai_engine.HttpStats`); none for an engine in this process."""
         return {}
 
 

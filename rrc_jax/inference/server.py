@@ -3,24 +3,33 @@ a judge can run on its own host or slice while the policy trains elsewhere, aske
 (`rrc_jax.inference.openai_engine`) or by any OpenAI client. `python -m rrc_jax.serve --model=DIR` serves a
 checkpoint with it.
 
-Requests are batched: the endpoint queues each request's prompts and a single batcher takes everything that arrived
-within `batch_wait_s` of the first (at most `max_batch` rows), groups it by sampling settings and group size, and
-runs each group as one `Sampler.generate` call on one engine thread (the model is never called from two threads),
-its prompts padded to a power of two (`row_bucket`: a few compilations serve every batch size). Rows come back to
-their requests in order.
+Requests are batched and share the engine fairly. A request's B x n rows are cut into chunks of at most `max_batch`
+rows (whole prompts of n samples, or, when n exceeds `max_batch`, one prompt's samples in parts). A single batcher
+takes the requests that arrived within `batch_wait_s` of the first and, round after round, the next chunk of each
+request, the least recently served first (while they fit in `max_batch` rows and share sampling settings). Each
+round is one `Sampler.generate` call on one engine thread (the model is never called from two threads), its prompts
+padded to a power of two (`row_bucket`: a few compilations serve every batch size). So one request of n = 100,000
+runs as many calls, and a request that arrives meanwhile goes before the next of them. Rows come back to their
+requests in order. A request whose client has disconnected is dropped before its next chunk reaches the engine and
+is not counted as answered (`ServerStats.disconnected`).
 
 The request: `prompt` (a string, a list of strings, a list of token ids or a list of such lists: one prompt each),
 `n`, `max_tokens`, `temperature`, `top_p`, `top_k` (-1 or 0: off), `seed`, `stop` (strings: the text is cut at the
 first), `stop_token_ids` (default: the model's stop tokens), `skip_special_tokens` (default true), `model` (empty or
-the served name). The answer: one choice per prompt and sample, `index` = prompt x n + sample, `text` without the
-stop token, `finish_reason` `stop` or `length`, and the `usage` counts. `logprobs` are not served (a 400 naming it).
+the served name), `user`. A field of the wrong type or out of range is a 400 naming it. OpenAI parameters the server
+does not apply (`echo`, `best_of`, `presence_penalty`, `frequency_penalty`, `suffix`, `logit_bias`, `logprobs`,
+`stream`, ...) are a 400 naming them unless they hold their neutral value (`echo: false`, `presence_penalty: 0`,
+...); any other field is a 400 too: nothing a client asks for is silently ignored. The answer: one choice per prompt
+and sample, `index` = prompt x n + sample, `text` without the stop token, `finish_reason` `stop` or `length`, and
+the `usage` counts (`completion_tokens`: the tokens of the texts returned).
 
-At temperature 0 a continuation is the greedy one whatever it is batched with. At a temperature > 0 a batch draws
-with the seed of its first request, so a sample depends on what it was batched with: reproducible one request at a
-time only. Shared prefixes are not reused across requests (every prompt is prefilled; vLLM's prefix caching does
-that for a served judge at scale).
+At temperature 0 a continuation is the greedy one whatever it is batched with. At a temperature > 0 a round draws
+with the seed of its first chunk (a request's seed, plus the chunk's index within it), so a sample depends on what
+it was batched with: reproducible one request at a time only. Shared prefixes are not reused across requests
+(every prompt is prefilled; vLLM's prefix caching does that for a served judge at scale).
 
-Shapes: B prompts of a batch, n samples a prompt, N = `max_tokens`.
+Shapes: B prompts of a request, n samples a prompt, N = `max_tokens`, R rows of an engine call (at most
+`max_batch`).
 """
 
 from __future__ import annotations
@@ -29,18 +38,21 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import math
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 
+import numpy as np
+
 from rrc_jax.inference.sampler import Sampler, SampleOutput, SamplingParams
 
 try:
     from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 except ImportError as e:  # pragma: no cover - the optional extra
     raise ImportError("serving needs the serve extra: pip install 'rrc-jax[serve]' (starlette, uvicorn)") from e
@@ -72,23 +84,66 @@ class Completion:
         return len(self.prompts) * self.n
 
 
-def _number(body: dict, name: str, default, kind):
-    value = body.get(name, default)
+# The fields a request may hold: those applied, and those of OpenAI's API (and vLLM's) that are not, with the
+# neutral values that ask for nothing (any other value is a 400 naming the field).
+APPLIED = ("model", "prompt", "n", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
+           "skip_special_tokens", "user")
+NOT_APPLIED = {"echo": (False,), "best_of": (1,), "presence_penalty": (0,), "frequency_penalty": (0,),
+               "repetition_penalty": (1,), "suffix": ("",), "logit_bias": ({},), "logprobs": (0, False),
+               "stream": (False,), "stream_options": (), "min_p": (0,), "min_tokens": (0,), "ignore_eos": (False,),
+               "include_stop_str_in_output": (False,), "response_format": ()}
+MAX_REQUEST_TOKENS = 1 << 24  # rows x max_tokens of one request (64 MiB of token ids): its answer is held at once
+
+
+def _number(body: dict, name: str, default, kind, least=None):
+    """Field `name` of `body` as `kind` (int or float; `default` when absent or null), a 400 naming it unless it is
+    such a number (finite, >= `least` when given)."""
+    value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
+            kind is int and value != int(value)):
         raise BadRequest(f"'{name}' must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+    if least is not None and value < least:
+        raise BadRequest(f"'{name}' must be >= {least}, got {value!r}")
     return kind(value)
 
 
-def _prompts(prompt, tokenizer) -> list[list[int]]:
+def _check_fields(body: dict) -> None:
+    """A 400 naming the first field that is neither applied nor a not-applied OpenAI parameter at its neutral
+    value (`APPLIED`, `NOT_APPLIED`)."""
+    for name, value in body.items():
+        if name in APPLIED:
+            continue
+        if name not in NOT_APPLIED:
+            raise BadRequest(f"'{name}' is not a parameter this server knows; remove it (it applies "
+                             f"{', '.join(APPLIED)})")
+        neutral = value is None or any(value == v and isinstance(value, bool) == isinstance(v, bool)
+                                       for v in NOT_APPLIED[name]) or (
+            name == "best_of" and value == body.get("n", 1) and not isinstance(value, bool))
+        if not neutral:
+            raise BadRequest(f"'{name}' is not applied by this server (got {value!r}); remove it")
+
+
+def _token_ids(value, name: str, vocab_size: int | None) -> list[int]:
+    """A list of token ids in `[0, vocab_size)`, or a 400 naming `name`."""
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise BadRequest(f"'{name}' must be a list of token ids (integers), got {str(value)[:80]}")
+    top = vocab_size if vocab_size is not None else 1 << 31
+    bad = [t for t in value if not 0 <= t < top]
+    if bad:
+        raise BadRequest(f"'{name}' holds token ids outside the vocabulary [0, {top}): {bad[:4]}")
+    return value
+
+
+def _prompts(prompt, tokenizer, vocab_size: int | None) -> list[list[int]]:
     """The prompts of a request's `prompt` field, as token ids (`add_special_tokens=False`: a string is tokenized
     as it is, as a template already rendered it)."""
     def ids(p) -> list[int]:
         if isinstance(p, str):
             return tokenizer(p, add_special_tokens=False).input_ids
         if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-            return list(p)
+            return _token_ids(p, "prompt", vocab_size)
         raise BadRequest("'prompt' must be a string, a list of token ids, or a list of either")
 
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
@@ -103,30 +158,36 @@ def _prompts(prompt, tokenizer) -> list[list[int]]:
 
 def parse_completion(body, tokenizer, *, served_name: str, stop_token_ids: Sequence[int],
                      context_length: int | None, vocab_size: int | None = None) -> Completion:
-    """A `/v1/completions` body as a `Completion`, or `BadRequest` naming the field."""
+    """A `/v1/completions` body as a `Completion`, or `BadRequest` naming the field (the module docstring)."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
-    if body.get("model") not in (None, "", served_name):
+    _check_fields(body)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest(f"'model' must be a string, got {model!r}")
+    if model not in (None, "", served_name):
         raise BadRequest(f"the model {body['model']!r} is not served here; this server serves {served_name!r}", 404)
-    if body.get("logprobs") not in (None, 0, False):
-        raise BadRequest("'logprobs' are not served by this server")
-    if body.get("stream"):
-        raise BadRequest("'stream' is not served by this server")
-    prompts = _prompts(body.get("prompt"), tokenizer)
-    n, max_tokens = _number(body, "n", 1, int), _number(body, "max_tokens", 16, int)
-    top_k = _number(body, "top_k", 0, int)
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise BadRequest(f"'user' must be a string, got {body['user']!r}")
+    prompts = _prompts(body.get("prompt"), tokenizer, vocab_size)
+    n, max_tokens = _number(body, "n", 1, int, least=1), _number(body, "max_tokens", 16, int, least=1)
+    top_k = _number(body, "top_k", 0, int, least=-1)
     stops = body.get("stop_token_ids")
-    if stops is not None and not (isinstance(stops, list) and all(isinstance(t, int) for t in stops)):
-        raise BadRequest("'stop_token_ids' must be a list of token ids")
-    stop = body.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else stop
-    if not all(isinstance(s, str) and s for s in stop):
+    stops = _token_ids(stops, "stop_token_ids", vocab_size) if stops is not None else None
+    stop = body.get("stop")
+    stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
         raise BadRequest("'stop' must be a string or a list of non-empty strings")
-    if n < 1:
-        raise BadRequest(f"'n' must be >= 1, got {n}")
+    skip = body.get("skip_special_tokens", True)
+    if not isinstance(skip, bool):
+        raise BadRequest(f"'skip_special_tokens' must be true or false, got {skip!r}")
+    if n * len(prompts) * max_tokens > MAX_REQUEST_TOKENS:
+        raise BadRequest(f"'n' x prompts x 'max_tokens' = {n} x {len(prompts)} x {max_tokens} exceeds the "
+                         f"{MAX_REQUEST_TOKENS} tokens one request may ask for; split it into several requests")
     try:
-        params = SamplingParams(temperature=_number(body, "temperature", 1.0, float), top_k=max(top_k, 0),
-                                top_p=_number(body, "top_p", 1.0, float), max_new_tokens=max_tokens,
+        params = SamplingParams(temperature=_number(body, "temperature", 1.0, float),
+                                top_k=max(top_k, 0), top_p=_number(body, "top_p", 1.0, float),
+                                max_new_tokens=max_tokens,
                                 stop_token_ids=tuple(stops) if stops is not None else tuple(stop_token_ids))
     except ValueError as e:
         raise BadRequest(str(e)) from None
@@ -134,31 +195,47 @@ def parse_completion(body, tokenizer, *, served_name: str, stop_token_ids: Seque
         if context_length is not None and len(p) + max_tokens > context_length:
             raise BadRequest(f"a prompt of {len(p)} tokens plus max_tokens={max_tokens} exceeds the model's "
                              f"context of {context_length} tokens")
-        if vocab_size is not None and not all(0 <= t < vocab_size for t in p):
-            raise BadRequest(f"a prompt holds token ids outside the vocabulary [0, {vocab_size})")
     return Completion(tuple(map(tuple, prompts)), n, params, _number(body, "seed", 0, int) % (1 << 31),
-                      tuple(stop), bool(body.get("skip_special_tokens", True)))
+                      tuple(stop), skip)
 
 
-def choices(completion: Completion, out: SampleOutput, tokenizer) -> list[dict]:
+def _returned_tokens(tokenizer, ids: list[int], skip: bool, chars: int) -> int:
+    """The fewest of `ids` whose text holds the first `chars` characters: the tokens of a text cut at a stop
+    string (a binary search over prefixes; a decoded prefix grows with its tokens)."""
+    lo, hi = 0, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(tokenizer.decode(ids[:mid], skip_special_tokens=skip)) >= chars:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def choices(completion: Completion, out: SampleOutput, tokenizer) -> tuple[list[dict], int]:
     """The OpenAI choices of a request's rows `[B * n]`: the text without its stop token, cut at the first stop
-    string; `finish_reason` `stop` (a stop token or string ended it) or `length`."""
-    result = []
+    string; `finish_reason` `stop` (a stop token or string ended it) or `length`. And the tokens of the texts
+    returned (`usage.completion_tokens`: without the stop token, and only up to a stop string)."""
+    result, returned = [], 0
+    skip = completion.skip_special_tokens
     for index, (tokens, length, truncated) in enumerate(zip(out.tokens, out.lengths, out.truncated)):
         ids = tokens[:int(length) - (0 if truncated else 1)].tolist()  # a finished row ends with its stop token
-        text = tokenizer.decode(ids, skip_special_tokens=completion.skip_special_tokens)
+        text = tokenizer.decode(ids, skip_special_tokens=skip)
         cut = min((i for i in (text.find(s) for s in completion.stop) if i >= 0), default=-1)
         finished = not truncated or cut >= 0
+        returned += _returned_tokens(tokenizer, ids, skip, cut) if cut >= 0 else len(ids)
         result.append({"index": index, "text": text[:cut] if cut >= 0 else text, "logprobs": None,
                        "finish_reason": "stop" if finished else "length"})
-    return result
+    return result, returned
 
 
 @dataclasses.dataclass
 class ServerStats:
-    """What the server did: requests answered, engine calls (`batches`) and the rows they generated."""
+    """What the server did: requests answered, requests dropped because their client disconnected first, engine
+    calls (`batches`) and the rows they generated."""
 
     requests: int = 0
+    disconnected: int = 0
     batches: int = 0
     rows: int = 0
 
@@ -170,9 +247,66 @@ def row_bucket(prompts: int, most: int) -> int:
     return bucket if bucket <= most else -(-prompts // most) * most
 
 
+@dataclasses.dataclass
+class Chunk:
+    """A part of a request run in one engine call: `prompts` with `n` samples each, the `seed` it draws with."""
+
+    prompts: list[tuple[int, ...]]
+    n: int
+    seed: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.prompts) * self.n
+
+
+class Job:
+    """One request's work: its `Completion` cut lazily into chunks of at most `max_batch` rows (whole prompts, or one
+    prompt's samples in parts when `n > max_batch`), the rows that came back, and the future its handler awaits."""
+
+    def __init__(self, completion: Completion, max_batch: int, future: asyncio.Future):
+        self.completion, self.max_batch, self.future = completion, max_batch, future
+        self.parts: list[SampleOutput] = []
+        self.cancelled = False
+        self.last = 0  # the batcher's round that last served it (`Batcher._round`)
+        self._prompt, self._sample, self._chunks = 0, 0, 0
+
+    @property
+    def pending(self) -> bool:
+        """Whether chunks remain to be run (not once cancelled)."""
+        return not self.cancelled and self._prompt < len(self.completion.prompts)
+
+    def peek(self) -> Chunk:
+        """The next chunk (`pending` must hold); `take` moves past it."""
+        c = self.completion
+        if c.n <= self.max_batch:
+            prompts, n = list(c.prompts[self._prompt:self._prompt + self.max_batch // c.n]), c.n
+        else:
+            prompts, n = [c.prompts[self._prompt]], min(self.max_batch, c.n - self._sample)
+        return Chunk(prompts, n, (c.seed + self._chunks) % (1 << 31))
+
+    def take(self) -> Chunk:
+        chunk = self.peek()
+        self._chunks += 1
+        if self.completion.n <= self.max_batch:
+            self._prompt += len(chunk.prompts)
+        else:
+            self._sample += chunk.n
+            if self._sample == self.completion.n:
+                self._prompt, self._sample = self._prompt + 1, 0
+        return chunk
+
+    def add(self, out: SampleOutput) -> None:
+        """A chunk's rows (chunks come back in the order taken); the answer once every chunk has."""
+        self.parts.append(out)
+        if not self.pending and not self.future.done():
+            self.future.set_result(SampleOutput(*(np.concatenate(x) for x in zip(*self.parts))))
+
+
 class Batcher:
-    """Batches concurrent requests into `Sampler.generate` calls (the module docstring): `await submit(c)` gives the
-    request's rows `[B * n]`. Runs on the server's event loop; the engine runs on one thread of its own."""
+    """Runs concurrent requests' chunks as `Sampler.generate` calls (the module docstring): `submit(c)` gives the
+    request's `Job`, whose `future` resolves to its rows `[B * n]`. Runs on the server's event loop; the engine runs
+    on one thread of its own."""
 
     def __init__(self, sampler: Sampler, *, max_batch: int, batch_wait_s: float):
         self.sampler, self.max_batch, self.batch_wait_s = sampler, max_batch, batch_wait_s
@@ -181,56 +315,76 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._engine = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="engine")
 
-    async def submit(self, completion: Completion) -> SampleOutput:
+    def submit(self, completion: Completion) -> Job:
+        loop = asyncio.get_running_loop()
         if self._queue is None:  # on the serving loop's first request
             self._queue = asyncio.Queue()
-            self._task = asyncio.get_running_loop().create_task(self._loop())
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put((completion, future))
-        return await future
+            self._task = loop.create_task(self._loop())
+        job = Job(completion, self.max_batch, loop.create_future())
+        self._queue.put_nowait(job)
+        return job
 
     async def _loop(self) -> None:
+        active: list[Job] = []
+        rounds = 0
         while True:
-            batch = [await self._queue.get()]
-            rows = batch[0][0].rows
-            deadline = time.monotonic() + self.batch_wait_s
-            while rows < self.max_batch:
-                try:
-                    item = await asyncio.wait_for(self._queue.get(), max(0.0, deadline - time.monotonic()))
-                except asyncio.TimeoutError:
-                    break
-                batch.append(item)
-                rows += item[0].rows
+            if not active:  # idle: the first arrival, then what comes within batch_wait_s of it
+                first = await self._queue.get()
+                first.last, new = rounds - 1, [first]
+                deadline = time.monotonic() + self.batch_wait_s
+                while sum(j.peek().rows for j in new) < self.max_batch:
+                    try:
+                        new.append(await asyncio.wait_for(self._queue.get(), max(0.0, deadline - time.monotonic())))
+                    except asyncio.TimeoutError:
+                        break
+                    new[-1].last = rounds - 1
+                active += new
+            while not self._queue.empty():  # arrivals during the last call: ahead of the jobs it served
+                job = self._queue.get_nowait()
+                job.last = rounds - 2
+                active.append(job)
+            active = [j for j in active if j.pending]  # (the cancelled: their clients went away)
+            if not active:
+                continue
+            batch = self._round(active, rounds)
+            rounds += 1
             try:
                 await self._run(batch)
-            except Exception as e:  # noqa: BLE001 - never leave a request waiting, nor the loop dead
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(e)
+            except Exception as e:  # noqa: BLE001 - the engine failed: its requests get a 500, the loop goes on
+                for job, _ in batch:
+                    job.cancelled = True
+                    if not job.future.done():
+                        job.future.set_exception(e)
 
-    async def _run(self, batch: list[tuple[Completion, asyncio.Future]]) -> None:
-        """Each group of `batch` with the same settings as one engine call; its rows back to each request."""
-        groups: dict[tuple, list[tuple[Completion, asyncio.Future]]] = {}
-        for item in batch:
-            groups.setdefault((item[0].n, item[0].params), []).append(item)
-        loop = asyncio.get_running_loop()
-        for (n, params), items in groups.items():
-            prompts = [p for c, _ in items for p in c.prompts]
-            try:
-                out = await loop.run_in_executor(self._engine, self._generate, prompts, n, params, items[0][0].seed)
-            except Exception as e:  # the engine failed: every request of the group gets a 500
-                for _, future in items:
-                    if not future.done():
-                        future.set_exception(e)
-                continue
-            self.stats.batches += 1
-            self.stats.rows += len(prompts) * n
-            start = 0
-            for c, future in items:
-                stop = start + c.rows
-                if not future.done():  # (a client that went away)
-                    future.set_result(SampleOutput(*(x[start:stop] for x in out)))
-                start = stop
+    def _round(self, active: list[Job], number: int) -> list[tuple[Job, Chunk]]:
+        """Round `number`'s chunks: the next chunk of each active job, the least recently served first (a job that
+        arrived during the last call counts as served before it), while they share the first's sampling settings
+        and fit in `max_batch` rows. Every job waits at most a call behind another's."""
+        active.sort(key=lambda j: j.last)  # stable: arrival order among equals
+        first = active[0].peek()
+        key, rows, batch = (first.n, active[0].completion.params), 0, []
+        for job in active:
+            chunk = job.peek()
+            if (chunk.n, job.completion.params) == key and rows + chunk.rows <= self.max_batch:
+                batch.append((job, job.take()))
+                job.last = number
+                rows += chunk.rows
+        return batch
+
+    async def _run(self, batch: list[tuple[Job, Chunk]]) -> None:
+        """The chunks of `batch` as one engine call; each chunk's rows back to its job."""
+        prompts = [p for _, chunk in batch for p in chunk.prompts]
+        n, params = batch[0][1].n, batch[0][0].completion.params
+        out = await asyncio.get_running_loop().run_in_executor(self._engine, self._generate, prompts, n, params,
+                                                               batch[0][1].seed)
+        self.stats.batches += 1
+        self.stats.rows += len(prompts) * n
+        start = 0
+        for job, chunk in batch:
+            stop = start + chunk.rows
+            if not job.cancelled:
+                job.add(SampleOutput(*(x[start:stop] for x in out)))
+            start = stop
 
     def _generate(self, prompts, n, params, seed) -> SampleOutput:
         """`Sampler.generate` of `prompts` padded (with copies of the first) to `row_bucket` prompts, so that batches
@@ -246,15 +400,25 @@ class Batcher:
         self._engine.shutdown(wait=False, cancel_futures=True)
 
 
+async def _disconnected(receive) -> None:
+    """Returns once the client of a request whose body was read has disconnected (ASGI `http.disconnect`)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _error(message: str, status: int, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind}}, status)
+
+
 def make_app(sampler: Sampler, tokenizer, *, served_name: str = "rrc-jax", max_batch: int = 64,
              batch_wait_s: float = 0.005, vocab_size: int | None = None) -> Starlette:
     """The ASGI app serving `sampler` (its `tokenizer` turns texts to ids and back): `POST /v1/completions`,
     `GET /v1/models`, `GET /health` (with the `ServerStats`). `app.state.batcher` is its `Batcher`."""
-    if max_batch < 1 or batch_wait_s < 0:
+    if max_batch < 1 or not batch_wait_s >= 0:
         raise ValueError(f"make_app: need max_batch >= 1 and batch_wait_s >= 0, got {max_batch}, {batch_wait_s}")
     batcher = Batcher(sampler, max_batch=max_batch, batch_wait_s=batch_wait_s)
 
-    async def completions(request: Request) -> JSONResponse:
+    async def completions(request: Request) -> Response:
         try:
             try:
                 body = await request.json()
@@ -264,17 +428,29 @@ def make_app(sampler: Sampler, tokenizer, *, served_name: str = "rrc-jax", max_b
                                           stop_token_ids=sampler.stop_token_ids,
                                           context_length=sampler.context_length, vocab_size=vocab_size)
         except BadRequest as e:
-            return JSONResponse({"error": {"message": str(e), "type": "invalid_request_error"}}, e.status)
+            return _error(str(e), e.status)
+        except ClientDisconnect:  # the client went away mid-body: nothing to answer, nothing to log
+            return Response(status_code=400)
+        job = batcher.submit(completion)
+        gone = asyncio.ensure_future(_disconnected(request.receive))
         try:
-            out = await batcher.submit(completion)
-        except Exception as e:  # noqa: BLE001 - the engine's failure, reported to the client
-            return JSONResponse({"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error"}}, 500)
+            await asyncio.wait({job.future, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not job.future.done():  # disconnected: its chunks never reach the engine
+            job.cancelled = True
+            batcher.stats.disconnected += 1
+            return Response(status_code=499)
+        if job.future.exception() is not None:  # the engine's failure, reported to the client
+            e = job.future.exception()
+            return _error(f"{type(e).__name__}: {e}", 500, "server_error")
+        out = job.future.result()
         batcher.stats.requests += 1
         prompt_tokens = sum(map(len, completion.prompts))
-        completion_tokens = int(out.lengths.sum())
+        answers, completion_tokens = choices(completion, out, tokenizer)
         return JSONResponse({
             "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": served_name, "choices": choices(completion, out, tokenizer),
+            "model": served_name, "choices": answers,
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens}})
 
@@ -306,13 +482,26 @@ def uvicorn_server(app, *, limit_max_requests: int | None = None):
                                          timeout_graceful_shutdown=5))
 
 
-@contextlib.contextmanager
-def serving(app, *, host: str = "127.0.0.1", limit_max_requests: int | None = None) -> Iterator[str]:
-    """Serve `app` on a free port of `host` in a background thread for the `with` block; yields the base URL
-    (`http://host:port`). The server stops at the block's end, or after `limit_max_requests` requests."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host:port` (0: a free port), for `uvicorn_server(...).run(sockets=[it])`: binding
+    first tells a busy port (`OSError`) before anything loads."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+@contextlib.contextmanager
+def serving(app, *, host: str = "127.0.0.1", port: int = 0, limit_max_requests: int | None = None
+            ) -> Iterator[str]:
+    """Serve `app` on `host:port` (0: a free port) in a background thread for the `with` block; yields the base URL
+    (`http://host:port`). The server stops at the block's end, or after `limit_max_requests` requests."""
+    sock = bind(host, port)
     server = uvicorn_server(app, limit_max_requests=limit_max_requests)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="uvicorn")
     thread.start()
@@ -326,4 +515,3 @@ def serving(app, *, host: str = "127.0.0.1", limit_max_requests: int | None = No
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
-

@@ -164,26 +164,29 @@ class GroupRewards:
         return prc_result(self.judge, prompts, responses, references, think=self.think)
 
 
-def text_of(item) -> str:
+def text_of(item, what: str = "a completion") -> str:
     """A prompt or completion as text: a string as it is; a conversation (a list of `{"role", "content"}`
-    messages) of one message as its content, a longer one as `role: content` lines."""
+    messages, or one message) of one message as its content, a longer one as `role: content` lines. Anything else
+    is a `TypeError` naming `what` (e.g. `completion 3`) and the types taken."""
     if isinstance(item, str):
         return item
-    if isinstance(item, dict):
-        return str(item.get("content", ""))
-    messages = list(item)
+    messages = [item] if isinstance(item, dict) else list(item) if isinstance(item, (list, tuple)) else None
+    if not messages or not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages):
+        raise TypeError(f"{what} is {type(item).__name__} {str(item)[:80]!r}: the rewards take a string or a "
+                        "conversation (a list of {'role': ..., 'content': str} messages)")
     if len(messages) == 1:
-        return text_of(messages[0])
-    return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages)
+        return messages[0]["content"]
+    return "\n".join(f"{m.get('role', '')}: {m['content']}" for m in messages)
 
 
 def rows_of(prompts: Sequence, completions: Sequence, anchors: Sequence | None = None,
             references: Sequence | None = None) -> list[Row]:
     """The `Row`s of a trainer's call (one per completion; `anchors` and `references` a column each, per
-    completion, or None)."""
+    completion, or None). A prompt or completion that is not text is a `TypeError` naming its row (`text_of`)."""
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions (one prompt per completion)")
-    return [Row(text_of(p), text_of(c), tuple(map(str, anchors[i])) if anchors is not None else (),
+    return [Row(text_of(p, f"prompt {i}"), text_of(c, f"completion {i}"),
+                tuple(map(str, anchors[i])) if anchors is not None else (),
                 str(references[i]) if references is not None else "")
             for i, (p, c) in enumerate(zip(prompts, completions))]
 

@@ -11,11 +11,13 @@ splits a group unless `per_device_train_batch_size x steps_per_generation` is a 
 slices are then gathered, every group judged once and the rewards scattered back (`groups.judge_whole`, through
 accelerate's `gather_object`); with whole groups in every slice nothing is gathered.
 
-The judge's `judge/*` metrics of the step are logged through TRL's `log_metric` when it passes one.
+The judge's `judge/*` metrics of the step are logged through TRL's `log_metric` when it passes one (a rate of
+nothing, NaN, is left out: `judge/position_consistency` without a swapped couple).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from rrc_jax.integrations.groups import Alone, Collective, GroupRewards, judge_whole, rows_of
@@ -66,7 +68,8 @@ class TRLReward:
         step = getattr(trainer_state, "global_step", None)
         rewards = judge_whole(rows, self.rewards.group_size, lambda whole: self.rewards(whole, step),
                               self._collective())
-        if log_metric is not None:
+        if log_metric is not None:  # a rate of nothing (NaN: no swapped couple, no question) is not a value to log
             for name, value in self.rewards.last_metrics.items():
-                log_metric(name, value)
+                if not math.isnan(value):
+                    log_metric(name, value)
         return [float(r) for r in rewards]

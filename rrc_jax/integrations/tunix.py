@@ -44,7 +44,7 @@ class TunixReward:
                              "(call it as reward_fn(prompts=..., completions=..., num_generations=G))")
         if self.rewards is None or self.rewards.group_size != num_generations:
             self.rewards = GroupRewards(self.judge, self.kind, group_size=int(num_generations), **self.settings)
-        rows = rows_of(list(map(str, prompts)), list(map(str, completions)),
+        rows = rows_of(list(prompts), list(completions),
                        columns.get(self.anchors_column) if self.kind == "agr" else None,
                        columns.get(self.reference_column) if self.kind == "prc" else None)
         return [float(r) for r in self.rewards(rows)]

@@ -175,8 +175,8 @@ class Judge:
 
     def summary(self) -> dict[str, float]:
         """The counters, the sampler's (`sampler_calls`, `prefill_tokens`, `prefill_tokens_saved`; from an engine
-        over a network, `failed_requests` and `timeouts`, questions left unanswered and so abstentions), and the
-        rates `abstain_rate` and `position_consistency` (NaN when undefined)."""
+        over a network, its `requests`, the `failed_requests` left unanswered and so abstentions, and those by kind:
+        `openai_engine.HttpStats`), and the rates `abstain_rate` and `position_consistency` (NaN when undefined)."""
         m, s = self.metrics, self.sampler.stats
         out = dataclasses.asdict(m)
         out.update(sampler_calls=s.calls, prefill_tokens=s.prefill_tokens, prefill_tokens_saved=s.prefill_tokens_saved,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -136,7 +137,32 @@ def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"{cfg_file}: not valid JSON ({e}); the download or copy may be incomplete") from None
     if not isinstance(hf, dict):
         raise ConfigError(f"{cfg_file}: not a JSON object")
+    check_numbers(hf, cfg_file)
     return hf
+
+
+# The numeric fields of a decoder's config.json the families read: sizes (integers >= 1; null where the family has a
+# default) and other numbers (null: none).
+SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window", "max_window_layers",
+               "sliding_window_pattern")
+NUMBER_FIELDS = ("rms_norm_eps", "rope_theta", "rope_local_base_freq", "query_pre_attn_scalar",
+                 "attn_logit_softcapping", "final_logit_softcapping")
+
+
+def check_numbers(hf: dict[str, Any], where: Path) -> None:
+    """A one-line `ConfigError` naming the first of `SIZE_FIELDS` that is not an integer >= 1, or of
+    `NUMBER_FIELDS` that is not a number, in the `config.json` dict `hf` (read from `where`)."""
+    for name in SIZE_FIELDS + NUMBER_FIELDS:
+        value = hf.get(name)
+        if value is None:
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if name in SIZE_FIELDS and not (number and value == int(value) and value >= 1):
+            raise ConfigError(f"{where}: {name} is {value!r}, not an integer >= 1; fix the file (a Hugging Face "
+                              "config.json gives sizes as JSON numbers)")
+        if not number:
+            raise ConfigError(f"{where}: {name} is {value!r}, not a finite number; fix the file")
 
 
 @contextlib.contextmanager
@@ -431,18 +457,20 @@ def _tokenizer_class(path: Path):
 
 def load_tokenizer(path: str | os.PathLike):
     """`AutoTokenizer` from a local directory (never downloads). In a model directory (one with `config.json`) a
-    tokenizer with more ids than the model's `vocab_size` is a one-line `ConfigError`: its high ids would index past
-    the embedding (XLA clamps them silently), and every judgment or rollout would be noise."""
+    tokenizer whose largest id (its vocabulary's or an added token's; ids need not be contiguous) is beyond the
+    model's `vocab_size` is a one-line `ConfigError`: those ids would index past the embedding (XLA clamps them
+    silently), and every judgment or rollout would be noise."""
     path = Path(path)
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         raise FileNotFoundError(f"{path} has no tokenizer (tokenizer.json / tokenizer_config.json); save one with "
                                 "tokenizer.save_pretrained(dir)")
     tokenizer = _tokenizer_class(path).from_pretrained(str(path), local_files_only=True)
     vocab = read_hf_config(path).get("vocab_size") if (path / "config.json").is_file() else None
-    if isinstance(vocab, int) and len(tokenizer) > vocab:
-        raise ConfigError(f"{path}: the tokenizer has {len(tokenizer)} ids but the model's vocabulary (config.json "
-                          f"vocab_size) holds {vocab}; ids >= {vocab} have no embedding: pair the model with its own "
-                          "tokenizer")
+    largest = max(tokenizer.get_vocab().values(), default=-1)
+    if isinstance(vocab, int) and largest >= vocab:
+        raise ConfigError(f"{path}: the tokenizer's largest id is {largest} ({len(tokenizer)} ids) but the model's "
+                          f"vocabulary (config.json vocab_size) holds {vocab}; ids >= {vocab} have no embedding: pair "
+                          "the model with its own tokenizer")
     return tokenizer
 
 

@@ -90,6 +90,19 @@ class LoraConfig:
         """alpha / r, the adapters' factor."""
         return self.alpha / self.rank
 
+    def check_rank(self, cfg, where: str) -> None:
+        """A `ConfigError` when `rank` exceeds the smaller side of a targeted projection of the model `cfg` (a
+        `DecoderConfig`, `where` its directory): `A B` of rank r > min(In, Out) is no longer low-rank, and PEFT
+        refuses to load such adapters."""
+        e, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+        sides = {"q": (e, cfg.num_heads * d), "k": (e, cfg.num_kv_heads * d), "v": (e, cfg.num_kv_heads * d),
+                 "o": (cfg.num_heads * d, e), "gate": (e, i), "up": (e, i), "down": (i, e)}
+        for name in self.target_names:
+            if self.rank > min(sides[name]):
+                raise field_error("policy.lora", "rank", f"{self.rank} exceeds the smaller side of {where}'s {name} "
+                                  f"projection ({sides[name][0]} x {sides[name][1]}); use a rank <= "
+                                  f"{min(min(sides[t]) for t in self.target_names)}")
+
 
 def trainable(model) -> type[nnx.Variable]:
     """What the learner trains in `model`: its adapters (`nnx.LoRAParam`) under LoRA, else every `nnx.Param`."""

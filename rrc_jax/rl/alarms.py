@@ -3,7 +3,9 @@
 A GRPO step learns only from responses whose rewards differ within their group. Three ways a run can train on
 nothing, or pay twice for the same signal, without failing:
 
-- the judge abstains (no parseable verdict or score) on most questions: its rewards fall back to ties;
+- the judge abstains (no parseable verdict or score) on most of the questions it answered: its rewards fall back to
+  ties (questions a served judge left unanswered, `judge/failed_requests`, are not blamed on the template: they
+  warn as such, and stop the run past `inference.max_failed_fraction`, `rrc_jax.rl.guard`);
 - every group's reward is flat for several steps in a row: every advantage is zero (`reward/zero_signal`);
 - `votes > 1` with a greedy judge: repeated votes in the same A/B order are identical, at full cost.
 
@@ -20,6 +22,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from rrc_jax.inference.openai_engine import failure_text
 from rrc_jax.progress import say
 from rrc_jax.settings import field_error
 
@@ -81,10 +84,17 @@ class Alarms:
             say(f"warning: {message}")
 
     def check(self, step: int, metrics: dict) -> None:
-        rate = metrics.get("judge/abstain_rate", math.nan)
+        questions, failed = metrics.get("judge/questions", 0), metrics.get("judge/failed_requests", 0)
+        if failed:
+            self._warn("server", f"step {step}: the judge server left {int(failed)} of "
+                                 f"{int(metrics.get('judge/requests', 0))} requests unanswered ("
+                                 f"{failure_text({k[6:]: v for k, v in metrics.items() if k.startswith('judge/')})}"
+                                 "); they count as abstentions (judge/failed_requests)")
+        answered = questions - failed  # a question left unanswered is the server's failure, not the template's
+        rate = (metrics.get("judge/abstain_rate", math.nan) * questions - failed) / answered if answered else math.nan
         if rate > self.abstain_alarm:
-            self._warn("abstain", f"step {step}: the judge abstained on {rate:.0%} of its "
-                                  f"{int(metrics.get('judge/questions', 0))} questions (log.abstain_alarm="
+            self._warn("abstain", f"step {step}: the judge abstained on {rate:.0%} of its {int(answered)} "
+                                  f"{'answered ' if failed else ''}questions (log.abstain_alarm="
                                   f"{self.abstain_alarm}); abstentions score as ties, so these rewards carry little "
                                   f"signal. Read the judgments in {self.workdir}/samples/: check that "
                                   "reward.judge.template is the format the GRM was trained on and that "

@@ -10,7 +10,12 @@ workdir's latest checkpoint is the last good state:
   times its value when the run (or its resume) started (`rl.learning_rate=1e30` gets there in one update);
 - **an abstaining judge** (`log.abstain_abort`, 0.9 by default; 0 turns it off): the judge abstained on more than
   `log.abstain_abort` of its questions for `log.flat_alarm_steps` steps in a row, so the rewards were (nearly) all
-  ties and the run learned nothing (the alarm of `rrc_jax.rl.alarms` warns from `log.abstain_alarm` on).
+  ties and the run learned nothing (the alarm of `rrc_jax.rl.alarms` warns from `log.abstain_alarm` on);
+- **a failing judge server** (`inference.max_failed_fraction`, 0.5 by default; 1 turns it off): more than that share
+  of the requests of a step's judging (`judge/requests`, `judge/failed_requests`) or of its held-out evaluation
+  (`eval/judge_*`) went unanswered, checked at step 0's evaluation too (`check_requests`). The line names the
+  server and the failures by kind (connection refused, timed out, HTTP 404, ...); the step is not saved, so a rerun
+  once the server answers resumes where an uninterrupted run would be.
 
 A tripped guard raises `Diverged` with one line naming the cause and the step; the command line prints it and
 exits non-zero, leaving no `hf_export`.
@@ -29,6 +34,7 @@ import optax
 from flax import nnx
 
 from rrc_jax.errors import Diverged
+from rrc_jax.inference.openai_engine import failure_text
 from rrc_jax.models.lora import trainable
 from rrc_jax.settings import field_error
 
@@ -66,10 +72,13 @@ def parameter_health(model: nnx.Module) -> tuple[float, bool]:
 class DivergenceGuard:
     """`check(step, metrics, model)` after each step (module docstring). `updates_per_step`: optimizer updates a
     step makes (`mu` x minibatches); `steps`: the run's length (a shorter run is judged over all its steps);
-    `abstain_abort` (0: off) and `abstain_steps`: `log.abstain_abort` and `log.flat_alarm_steps`."""
+    `abstain_abort` (0: off) and `abstain_steps`: `log.abstain_abort` and `log.flat_alarm_steps`; `server` and
+    `max_failed_fraction`: a served judge's URL and `inference.max_failed_fraction` (1: off)."""
 
     def __init__(self, guard: GuardConfig, updates_per_step: int, steps: int, model: nnx.Module, *,
-                 abstain_abort: float = 0.0, abstain_steps: int = 1):
+                 abstain_abort: float = 0.0, abstain_steps: int = 1, server: str = "",
+                 max_failed_fraction: float = 1.0):
+        self.server, self.max_failed = server, max_failed_fraction
         self.max_skipped, self.max_growth = guard.max_skipped_fraction, guard.max_param_growth
         self.window = max(1, min(guard.guard_window, steps))
         self.skipped: deque[int] = deque(maxlen=self.window)
@@ -78,8 +87,21 @@ class DivergenceGuard:
         self.abstaining = 0
         self.initial_norm, _ = parameter_health(model)
 
+    def check_requests(self, step: int, metrics: dict) -> None:
+        """Raise `Diverged` when the judge server left more than `max_failed_fraction` of the requests of the
+        step's judging (`judge/*`) or of its held-out evaluation (`eval/judge_*`) unanswered."""
+        for prefix, what in (("judge/", "judging"), ("eval/judge_", "held-out evaluation")):
+            sent, failed = metrics.get(f"{prefix}requests", 0), metrics.get(f"{prefix}failed_requests", 0)
+            if sent and failed > self.max_failed * sent:
+                kinds = failure_text({k[len(prefix):]: v for k, v in metrics.items() if k.startswith(prefix)})
+                raise Diverged(f"step {step}: the judge server {self.server} left {int(failed)} of {int(sent)} "
+                               f"requests of the step's {what} unanswered ({kinds}), more than "
+                               f"inference.max_failed_fraction={self.max_failed:g}; the step is not saved: once the "
+                               "server answers, rerun the same command to resume from the last checkpoint")
+
     def check(self, step: int, metrics: dict, model: nnx.Module) -> None:
         """Raise `Diverged` when a guard trips at `step`."""
+        self.check_requests(step, metrics)
         norm, finite = parameter_health(model)
         if not finite:
             raise Diverged(f"step {step}: the policy has non-finite parameters")

@@ -158,6 +158,8 @@ class Roles:
                                   "reward model (a score head, no LM head); it can be config.models.drm only, give a "
                                   "causal LM here")
             adapted = role == "policy" and self.lora.enabled  # float32 adapters on a frozen base in `dtype`
+            if adapted:  # before a weight is read
+                self.lora.check_rank(self.config(role), str(path))
             model = load_hf(path, dtype=dtype, param_dtype="float32" if role == "policy" and not adapted else dtype,
                             value_head=role == "drm" or None, layout=self.layout(role),
                             lora=self.lora if adapted else None)

@@ -113,6 +113,10 @@ class Trainer:
             remat=learner.remat, loss=grpo.loss), micro_batch_size=learner.micro_batch_size)
         self.batches = prompt_batches(rollout.prompts_per_step, config.seed, len(self.train_prompts.texts),
                                       paired=self.train_prompts.paired)
+        if rollout.prompts_per_step > len(self.train_prompts.texts):
+            say(f"warning: rl.prompts_per_step={rollout.prompts_per_step} but the training set holds "
+                f"{len(self.train_prompts.texts)} prompts: prompts repeat within a step (their groups are judged and "
+                "learned from twice); lower rl.prompts_per_step or give more prompts")
         rows = rollout.prompts_per_step // jax.process_count() * rollout.group_size
         multiple = host_row_multiple(self.mesh)
         if rows % multiple:
@@ -257,13 +261,16 @@ class Trainer:
             self.sampler.update_weights(self.learner.params)  # the rollout copy of the restored policy
         save_config(workdir, config)
         guard = DivergenceGuard(s.guard, s.learner.updates(s.rollout.rows), config.steps, self.policy,
-                                abstain_abort=s.alarms.abstain_abort, abstain_steps=s.alarms.flat_alarm_steps)
+                                abstain_abort=s.alarms.abstain_abort, abstain_steps=s.alarms.flat_alarm_steps,
+                                server=s.inference.url, max_failed_fraction=s.inference.max_failed_fraction)
         logger = MetricsLogger(workdir, resume_step=start, tensorboard=s.metrics.tensorboard, wandb=s.metrics.wandb,
                                wandb_project=s.metrics.wandb_project, config=config.to_dict(), name=workdir.name)
         stop = StopSignals()
         try:
             if start == 0:
-                logger.log(0, {**self.evaluate(0), **self.memory(), **self.system(), **self.data_counts()})
+                metrics = {**self.evaluate(0), **self.memory(), **self.system(), **self.data_counts()}
+                logger.log(0, metrics)
+                guard.check_requests(0, metrics)
             with Progress(config.steps, "train", start=start) as bar:
                 for step in range(start + 1, config.steps + 1):
                     metrics = self.step(step)
