@@ -1,11 +1,14 @@
-"""Inputs a user (or a full disk) gets wrong, issue 25 items 5, 6 and 7: each is one `error:` line naming the thing
-and the fix, a resume that goes on, or a non-zero exit instead of a score computed from nothing.
+"""Inputs a user (or a full disk) gets wrong: each is one `error:` line naming the thing and the fix, a resume that
+goes on, or a non-zero exit instead of a score computed from nothing.
 
-- item 5: more held-out toy prompts than the evaluation split has (a draw that never ended);
-- item 6: a torn last line of `metrics.jsonl`, a data file that is not UTF-8 or holds only blank lines, a judge
+- more held-out toy prompts than the evaluation split has (a draw that never ended);
+- a torn last line of `metrics.jsonl`, a data file that is not UTF-8 or holds only blank lines, a judge
   template file whose fields have the wrong type, `python -m rrc_jax.judge --votes=0`;
-- item 7: `evaluate_rm` on a judge whose context no question fits with `--max_new_tokens`, and on a judge whose every
-  vote abstains.
+- `evaluate_rm` on a judge whose context no question fits with `--max_new_tokens`, and on a judge whose every
+  vote abstains;
+- a tokenizer whose ids reach past the model's vocabulary, settings that cannot work (PRC with a served judge, an
+  inference mesh that does not span the devices, a LoRA rank above a projection's side, a size in config.json
+  that is not a number), and more prompts per step than the training set holds.
 """
 
 import contextlib
@@ -334,3 +337,104 @@ def test_evaluate_rm_command_exits_non_zero_instead_of_a_score_from_nothing(shor
     line = one_error_line(proc)
     assert line.startswith("error: all 4 judge votes abstained") and "--max_new_tokens" in line
     assert "| accuracy |" not in proc.stdout
+
+
+def test_a_tokenizer_id_beyond_the_vocabulary_is_one_line_wherever_the_model_loads(tmp_path, toy_cache,
+                                                                                  short_judge):
+    """The toy GRM copied with a tokenizer that maps "9" to 40 (still 36 tokens; the model has 36 ids): loading it as
+    `models.grm`, in `serve`, `judge`, `generate` and `evaluate_rm`, is one line naming the largest id."""
+    import shutil
+
+    from conftest import tiny_config
+    from test_openai_engine import free_port
+
+    from rrc_jax.rl.roles import Roles
+    from rrc_jax.rl.trainer import run
+
+    bad = tmp_path / "grm"
+    shutil.copytree(Roles.from_config(tiny_config("scr", "unused", toy_cache)).path("grm"), bad)
+    spec = json.loads((bad / "tokenizer.json").read_text())
+    spec["model"]["vocab"]["9"] = 40
+    (bad / "tokenizer.json").write_text(json.dumps(spec))
+    said = (f"{bad}: the tokenizer's largest id is 40 (36 ids) but the model's vocabulary (config.json vocab_size) "
+            "holds 36; ids >= 36 have no embedding: pair the model with its own tokenizer")
+    with pytest.raises(ConfigError) as e:
+        run(tiny_config("scr", tmp_path / "run", toy_cache, **{"models.grm": str(bad)}))
+    assert str(e.value) == said
+    _, data = short_judge
+    procs = [subprocess.Popen([sys.executable, "-m", module, f"--model={bad}", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=ROOT)
+             for module, args in (("rrc_jax.serve", [f"--port={free_port()}"]),
+                                  ("rrc_jax.judge", ["--prompt=1", "--a=1", "--b=2"]), ("rrc_jax.generate", ["--prompt=1"]),
+                                  ("rrc_jax.evaluate_rm", [f"--data={data}", "--format=pairs"]))]
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert one_error_line(subprocess.CompletedProcess(proc.args, proc.returncode, out, err)) == f"error: {said}"
+
+
+def test_settings_that_cannot_work_are_refused_before_anything_loads(tmp_path, toy_cache):
+    """PRC with a served judge, an inference mesh that does not span the devices (in training, on 1 device, and in
+    the planner), a LoRA rank above a projection's smaller side, and a config.json with a string for a size: each
+    one line, before a weight is read. A mesh message never asks to set -1 where one already is."""
+    from conftest import tiny_config
+
+    from rrc_jax import plan
+    from rrc_jax.config import validate
+    from rrc_jax.models.hf_io import read_hf_config
+    from rrc_jax.rl.roles import Roles
+    from rrc_jax.rl.trainer import run
+    from rrc_jax.sharding import mesh_shape
+
+    prc = tiny_config("prc", tmp_path / "prc", toy_cache, **{"inference.engine": "openai",
+                                                            "inference.url": "http://127.0.0.1:9"})
+    with pytest.raises(ConfigError, match=r"^config.inference.engine: 'openai' cannot give PRC's P\(A\): it reads "
+                                          r"the log-probs of the verdict tokens"):
+        validate(prc)
+
+    loaded = []
+    real = Roles.model
+    Roles.model = lambda self, role: loaded.append(role) or real(self, role)
+    try:
+        with pytest.raises(ConfigError, match=r"^config.mesh.inference data=3 fsdp=3 tensor=3 needs 27 devices, but "
+                                              r"1 are available"):
+            run(tiny_config("scr", tmp_path / "mesh", toy_cache, **{"mesh.inference": "3,3,3"}))
+        with pytest.raises(ConfigError, match=r"^config.policy.lora.rank: 200 exceeds the smaller side of .*'s q "
+                                              r"projection \(64 x 64\); use a rank <= 32"):
+            run(tiny_config("scr", tmp_path / "lora", toy_cache, **{"policy.lora.rank": 200}))
+    finally:
+        Roles.model = real
+    assert loaded == ["policy"]  # the LoRA run asked for the policy, and was refused before load_hf
+
+    c = base_config("agr")
+    c.mesh.inference = "3,3,3"
+    with pytest.raises(ConfigError, match=r"config.mesh.inference data=3 fsdp=3 tensor=3 needs 27 devices, but 32 are "
+                                          r"in the training mesh; make their product 32"):
+        plan.plan(c, "v5p-64")
+    c.mesh.inference, c.policy.lora.rank = "auto", 5000
+    with pytest.raises(ConfigError, match="config.policy.lora.rank: 5000 exceeds the smaller side"):
+        plan.plan(c, "v5p-64")
+
+    with pytest.raises(ConfigError) as e:
+        mesh_shape(3, -1, 3, 8)
+    assert str(e.value) == ("mesh data=3 fsdp=-1 tensor=3: the -1 axis takes the devices the others leave, but their "
+                            "product 9 does not divide the 8 devices; make it a divisor of 8")
+
+    make_hf_model("llama3_untied").save_pretrained(tmp_path / "two")
+    hf = json.loads((tmp_path / "two" / "config.json").read_text())
+    (tmp_path / "two" / "config.json").write_text(json.dumps({**hf, "num_hidden_layers": "two"}))
+    with pytest.raises(ConfigError) as e:
+        read_hf_config(tmp_path / "two")
+    assert str(e.value) == (f"{tmp_path / 'two' / 'config.json'}: num_hidden_layers is 'two', not an integer >= 1; fix "
+                            "the file (a Hugging Face config.json gives sizes as JSON numbers)")
+    line = one_error_line(run_module("rrc_jax.generate", f"--model={tmp_path / 'two'}", "--prompt=hi"))
+    assert line == f"error: {e.value}"
+
+
+def test_more_prompts_per_step_than_prompts_says_they_repeat(tmp_path, toy_cache, capsys):
+    from conftest import tiny_config
+
+    from rrc_jax.rl.trainer import Trainer
+
+    Trainer(tiny_config("drm", tmp_path, toy_cache, **{"toy.train_prompts": 2, "rl.minibatch_size": 4}))
+    assert ("warning: rl.prompts_per_step=4 but the training set holds 2 prompts: prompts repeat within a step"
+            in capsys.readouterr().err)

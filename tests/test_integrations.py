@@ -165,3 +165,29 @@ def test_trl_grpo_trains_two_steps_with_rrc_rewards(toy_judge, tmp_path, monkeyp
     assert any(np.ptp(c[2]) > 0 for c in calls)  # the judge ranked something
     moved = max(float((p.detach() - before[n]).abs().max()) for n, p in trainer.model.named_parameters())
     assert moved > 0
+
+
+def test_trl_reward_names_a_row_that_is_not_text_and_logs_no_rate_of_nothing(toy_judge):
+    """A completion that is not a string or a conversation is a `TypeError` naming its row and the types taken; a
+    rate of nothing (`judge/position_consistency` with one vote a pair: no swapped couple, NaN) is not sent to TRL's
+    log, whose other values are."""
+    import math
+
+    from rrc_jax.integrations.groups import Alone
+    from rrc_jax.integrations.trl import TRLReward
+
+    judge, _ = toy_judge
+    reward = TRLReward(judge, "scr", group_size=G, votes=1, comm=Alone())
+    prompts = [SortTask.prompt_text(DIGITS[0])] * G
+    completions = list(RESPONSES[0][:3]) + [1234]
+    with pytest.raises(TypeError, match=r"^completion 3 is int '1234': the rewards take a string or a conversation "
+                                        r"\(a list of \{'role': \.\.\., 'content': str\} messages\)$"):
+        reward(prompts, completions)
+    with pytest.raises(TypeError, match=r"^completion 0 is list '\[1, 2\]'"):
+        reward(prompts, [[1, 2]] + RESPONSES[0][1:])
+    logged = {}
+    rewards = reward(prompts, [[{"role": "assistant", "content": c}] for c in RESPONSES[0]],
+                     log_metric=lambda name, value: logged.__setitem__(name, value))
+    assert len(rewards) == G and math.isnan(reward.rewards.last_metrics["judge/position_consistency"])
+    assert "judge/position_consistency" not in logged and logged["judge/questions"] == G * (G - 1) // 2
+    assert all(not math.isnan(v) for v in logged.values())

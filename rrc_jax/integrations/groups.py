@@ -195,8 +195,9 @@ def judge_for(model: str, *, url: str = "", template: str = "rrc_pairwise_cot", 
               temperature: float = 1.0, seed: int = 0, max_batch: int = 256, **engine_options) -> Judge:
     """The GRM in the Hugging Face directory `model` as a `Judge`: in this process on the JAX engine, or, with
     `url`, asked over HTTP (`inference.engine=openai`: `python -m rrc_jax.serve --model=DIR` or vLLM serving it;
-    the directory then needs only its config.json and tokenizer: no weight is read). `engine_options` go to the
-    HTTP engine (`api_model`, `concurrency`, `timeout_s`, `retries`)."""
+    the directory then needs only its config.json and tokenizer: no weight is read; the server is asked once here
+    whether it answers, `OpenAISampler.probe`). `engine_options` go to the HTTP engine (`api_model`,
+    `concurrency`, `timeout_s`, `retries`)."""
     from rrc_jax.inference import make_sampler
     from rrc_jax.judge import JudgeConfig
     from rrc_jax.models import load_hf, load_tokenizer
@@ -206,6 +207,7 @@ def judge_for(model: str, *, url: str = "", template: str = "rrc_pairwise_cot", 
     if url:
         sampler = make_sampler("grm", decoder_config(model), tokenizer,
                                engine={"engine": "openai", "url": url, **engine_options})
+        sampler.probe()
     else:
         if engine_options:
             raise TypeError(f"judge_for: {', '.join(engine_options)} are options of a served judge (give url=...)")
