@@ -311,9 +311,10 @@ def test_a_judge_server_that_is_down_wrong_or_lying_ends_the_run_before_its_firs
             f"the judge server {server.url} (model 'judge'): the server serves 'scripted', not 'judge'; set "
             "config.inference.api_model to one of them")
     with Server(mode="html") as server:
-        assert refused("html", server.url).startswith(
+        assert refused("html", server.url) == (
             f"the judge server {server.url} (model 'scripted'): GET /v1/models: a body that is not JSON: "
-            "'<html><body>It works!</body></html>'")
+            "'<html><body>It works!</body></html>'; is config.inference.url the base URL of an OpenAI-compatible "
+            "server?")
 
     out = subprocess.run(cli_args(tmp_path / "cli", toy_cache, kind="scr", **{
         "inference.engine": "openai", "inference.url": nothing, "inference.retries": 0, "eval.judge_votes": 0}),

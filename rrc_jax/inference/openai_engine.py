@@ -237,16 +237,20 @@ class OpenAISampler:
         unless it lists `api_model` and answers a one-token completion. A server's `max_model_len` lowers
         `context_length` to it (a question that does not fit is then not sent: `rrc_jax.judge`)."""
         where = f"the judge server {self.url} (model {self.api_model or '(the server default)'!r})"
-        fix = ("start the server (python -m rrc_jax.serve --model=DIR, or vLLM) or fix the URL "
-               "(config.inference.url)")
+
+        def fix(failure: RequestFailed) -> str:
+            if failure.kind in ("garbled", "not_found"):  # something answers there, not a completions server
+                return "is config.inference.url the base URL of an OpenAI-compatible server?"
+            return "start the server (python -m rrc_jax.serve --model=DIR, or vLLM) or fix config.inference.url"
+
         listed, _ = self._attempts(lambda: self._request("/v1/models"))
         if isinstance(listed, RequestFailed):
-            raise ConfigError(f"{where}: GET /v1/models: {listed}; {fix}")
+            raise ConfigError(f"{where}: GET /v1/models: {listed}; {fix(listed)}")
         models = listed.get("data") if isinstance(listed, dict) else None
         if not isinstance(models, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str)
                                                    for m in models):
             raise ConfigError(f"{where}: GET /v1/models answered {_snippet(json.dumps(listed))}, not a list of "
-                              "models; is the URL an OpenAI-compatible server?")
+                              "models; is config.inference.url the base URL of an OpenAI-compatible server?")
         served = {m["id"]: m for m in models}
         if self.api_model and self.api_model not in served:
             raise ConfigError(f"{where}: the server serves {', '.join(map(repr, served)) or 'no model'}, not "
@@ -257,7 +261,7 @@ class OpenAISampler:
         body = {"model": self.api_model, "prompt": [self.pad_id], "n": 1, "max_tokens": 1, "temperature": 0.0}
         answer, _ = self._attempts(lambda: self._post(body))
         if isinstance(answer, RequestFailed):
-            raise ConfigError(f"{where}: a one-token completion (POST /v1/completions): {answer}; {fix}")
+            raise ConfigError(f"{where}: a one-token completion (POST /v1/completions): {answer}; {fix(answer)}")
 
     def _run(self, prompts: list[list[int]], n: int, params: SamplingParams, rng) -> SampleOutput:
         """`n` continuations of each prompt, rows `i*n ... i*n + n - 1` for prompt i."""
