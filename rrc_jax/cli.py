@@ -14,7 +14,6 @@ from typing import NamedTuple
 
 from absl import app, flags, logging
 
-from rrc_jax.config import check_config_argv, resolve_config_argv
 from rrc_jax.errors import ConfigError, Diverged
 
 # The flags this module's helpers define belong to the command that calls them (its `--help` lists them).
@@ -23,13 +22,18 @@ flags.disclaim_key_flags()
 
 def start(main, argv: list[str] | None = None) -> None:
     """Run the absl `main` of a command line. A `--config` is resolved (a file or a packaged recipe) and checked
-    (`check_config_argv`) before any flag is parsed: a mistake there is one line `error: ...`, exit status 2."""
-    try:
-        argv = resolve_config_argv(sys.argv if argv is None else argv)
-        check_config_argv(argv)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    (`check_config_argv`) before any flag is parsed: a mistake there is one line `error: ...`, exit status 2. A
+    command line without one does not import the config schemas (a flag's mistake is said before JAX loads)."""
+    argv = sys.argv if argv is None else argv
+    if any(a.startswith("--config") for a in argv):
+        from rrc_jax.config import check_config_argv, resolve_config_argv
+
+        try:
+            argv = resolve_config_argv(argv)
+            check_config_argv(argv)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
     app.run(main, argv=argv)
 
 

@@ -31,23 +31,25 @@ def serve() -> None:
     import math
     from pathlib import Path
 
-    import jax
-
     from rrc_jax.errors import ConfigError
-    from rrc_jax.inference import make_sampler
-    from rrc_jax.inference.server import bind, make_app, uvicorn_server
-    from rrc_jax.progress import say
 
     cli.check_at_least(1, "max_batch")
     if not (math.isfinite(_WAIT.value) and _WAIT.value >= 0):
         raise cli.flag_error("batch_wait_ms", "must be a finite number >= 0")
     if not 1 <= _PORT.value <= 65535:
         raise cli.flag_error("port", "must be in 1-65535")
+    from rrc_jax.inference.server import bind, make_app, uvicorn_server
+
     try:  # before the model loads: a busy port is said at once
         sock = bind(_HOST.value, _PORT.value)
     except OSError as e:
         raise ConfigError(f"--host={_HOST.value} --port={_PORT.value}: cannot listen there ({e.strerror or e}); "
                           "choose a free port, or stop what holds it") from None
+    import jax
+
+    from rrc_jax.inference import make_sampler
+    from rrc_jax.progress import say
+
     with sock:
         model, tokenizer, _ = cli.load_model(_MODEL.model.value, _MODEL.dtype.value, _MODEL.mesh.value)
         if jax.process_count() > 1:
