@@ -7,7 +7,7 @@
 # Runs the three parts of benchmarks/device.py (sampler, transformers, learner), each in its own process under one
 # overall time limit (TIMEOUT_S, default 450 s); a part that fails does not stop the others, and the script exits
 # with the first failure's status. --dry-run (or DRY_RUN=1) runs the same code on the CPU with a tiny model, in
-# seconds. Results go to $OUT (if set, e.g. on a lent device machine) or benchmarks/results/, as device_<part>.json.
+# seconds. Results go to $OUT (if set, e.g. on a remote accelerator machine) or benchmarks/results/, as device_<part>.json.
 # Uses the repository's rrc_jax through PYTHONPATH (no install needed); PYTHON picks the interpreter.
 set -euo pipefail
 

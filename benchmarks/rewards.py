@@ -2,7 +2,7 @@
 
     python benchmarks/rewards.py [--quick]
 
-Prints a table and writes benchmarks/results/rewards.json. Targets (issue 3): jit SCR win counting at B=1024,
+Prints a table and writes benchmarks/results/rewards.json. Targets: jit SCR win counting at B=1024,
 m=16, V=8 at least 100x faster than a literal Python Algorithm 1; greedy CARA under 1 ms per group at m=16.
 """
 

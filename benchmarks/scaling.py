@@ -11,7 +11,7 @@ of its parts (`time/rollout`, `time/reward`: the judge, `time/update`), and the 
 of every model loaded (listed; the first mesh also loads the reference, to make the anchors), of the policy's, and
 of the optimizer state (`Trainer.memory()` after the steps, the most on any device).
 
-A second table (`--layouts`, on by default) measures the layouts of issue 27 on a tiny Llama (hidden 256, vocab
+A second table (`--layouts`, on by default) measures the inference and training layouts on a tiny Llama (hidden 256, vocab
 1024; 4 layers unless said): per mesh and layout, the parameter bytes per device; the collective bytes per decoded
 token, read from the compiled decode step (`rrc_jax.inference.sampling._decode`: each collective's result bytes on
 a device, those inside the decode loop per step, each inner loop's (the scan over layers) times its trip count,

@@ -1,4 +1,4 @@
-"""Bad rows never crash-loop (issue 16 item 2): prompts too long for the models are dropped at load and counted
+"""Bad rows never crash-loop: prompts too long for the models are dropped at load and counted
 (rows named in the log); a judge question too long for the judge's context is an abstention on every path (the
 prefix-reuse path of a real tiny decoder included), never generated; a malformed JSON line names file and line and,
 with `data.skip_bad_rows`, is skipped and counted."""

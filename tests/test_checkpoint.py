@@ -1,4 +1,4 @@
-"""Checkpoint integrity (issue 16 item 1) on a tiny learner, without the toy world or a trainer: a truncated file
+"""Checkpoint integrity on a tiny learner, without the toy world or a trainer: a truncated file
 or 256 overwritten bytes in the latest checkpoint are detected, the step is set aside under `bad/` with one line and
 the previous one resumed bit-identically; non-finite saved parameters are set aside likewise; rotation keeps the
 last good checkpoint until newer finite ones exist; a clean round trip is bit-identical with its manifest; a fault on

@@ -105,7 +105,7 @@ def test_stop_tokens_are_the_models_and_the_tokenizers(model):
 
 
 def test_samplers_come_from_the_factory_and_take_new_weights(model):
-    """Issue 26 item 2 (the factory and the protocol's explicit weight sync): `make_sampler` builds the engine
+    """The factory and the protocol's explicit weight sync: `make_sampler` builds the engine
     named in `inference.engine` for a role (an unknown engine or role is a one-line error listing the known ones); the sampler states
     its context length and pad id, and `update_weights` points it at other parameters."""
     from rrc_jax.config import base_config, validate

@@ -1,4 +1,4 @@
-"""Model families as plug-ins (issue 28): the registry, and end-to-end runs on a family other than Llama / Qwen2
+"""Model families as plug-ins: the registry, and end-to-end runs on a family other than Llama / Qwen2
 (Qwen3). Logit, greedy, export and sequence-classifier parity with transformers run for every family's test configs
 in test_models.py, test_sampling.py, test_generate_cli.py and test_hf_interop.py (their kinds come from the
 registry)."""

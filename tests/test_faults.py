@@ -1,4 +1,4 @@
-"""Issue 25's faults in the trainer: exact resume after an AGR anchor refresh (after a SIGKILL, and after falling
+"""Faults in the trainer: exact resume after an AGR anchor refresh (after a SIGKILL, and after falling
 back from a corrupted latest checkpoint), the drift check without `config.json`, the settings a resume may change,
 NaN settings and a judge that abstains on everything, the learner's compiles and its redundant log-prob pass."""
 
@@ -38,7 +38,7 @@ def assert_same_metrics(a: dict, b: dict) -> None:
 
 
 def test_resume_after_an_anchor_refresh_is_exact(tmp_path, toy_cache):
-    """Item 1. Anchors refreshed every 2 steps (before steps 3 and 5), a checkpoint every 3: a run SIGKILLed just
+    """Anchors refreshed every 2 steps (before steps 3 and 5), a checkpoint every 3: a run SIGKILLed just
     after writing its third anchors (the step-5 refresh; its latest checkpoint is step 3's, trained against the
     step-3 refresh) resumes to metrics identical to the uninterrupted run's; so does a rerun of the finished run
     whose latest checkpoint (step 6) is corrupted: it falls back to step 3 and replays steps 4-6."""
@@ -83,7 +83,7 @@ def finished_drm(tmp_path_factory, toy_cache):
 
 @pytest.mark.parametrize("damage", ["deleted", "truncated", "a JSON list"])
 def test_the_drift_check_reads_the_checkpoint_not_config_json(tmp_path, toy_cache, finished_drm, damage):
-    """Item 2. With `config.json` deleted, truncated or a JSON list, a resume with a changed learning rate is still
+    """With `config.json` deleted, truncated or a JSON list, a resume with a changed learning rate is still
     refused (the manifest of the checkpoint records its config), naming the change; the unchanged config resumes."""
     import shutil
 
@@ -101,7 +101,7 @@ def test_the_drift_check_reads_the_checkpoint_not_config_json(tmp_path, toy_cach
 
 
 def test_checkpoints_without_a_recorded_config_need_a_readable_config_json(tmp_path):
-    """Item 2, older checkpoints (their manifests hold no config): a missing or corrupt `config.json` is one line."""
+    """Older checkpoints (their manifests hold no config): a missing or corrupt `config.json` is one line."""
     from rrc_jax.workdir import _saved_config_file
 
     for text in (None, "{\"rl\": ", "[1]"):
@@ -115,7 +115,7 @@ def test_checkpoints_without_a_recorded_config_need_a_readable_config_json(tmp_p
 
 
 def test_steps_may_change_on_resume_only_under_a_constant_schedule():
-    """Item 3: the length of a run sets a cosine schedule's curve, so a changed `steps` is drift there."""
+    """The length of a run sets a cosine schedule's curve, so a changed `steps` is drift there."""
     from rrc_jax.config import base_config
     from rrc_jax.workdir import config_changes, config_hash
 
@@ -134,7 +134,7 @@ def test_steps_may_change_on_resume_only_under_a_constant_schedule():
 
 
 def test_every_setting_a_resume_may_change_leaves_the_run_as_it_was(tmp_path, toy_cache):
-    """Item 3: 3 steps straight, and 2 steps resumed for a third with every field of `RESUMABLE_CHANGES` that one
+    """3 steps straight, and 2 steps resumed for a third with every field of `RESUMABLE_CHANGES` that one
     device can change set otherwise (the length, micro-batches, remat, log-prob chunks, the guard, checkpointing,
     logging, evaluation, the toy cache's path, the mesh spelled out, the judge server's address and requests in
     flight): the training metrics of every step agree."""
@@ -160,7 +160,7 @@ def test_every_setting_a_resume_may_change_leaves_the_run_as_it_was(tmp_path, to
 
 
 def test_nan_settings_are_refused_at_start_up(tmp_path, toy_cache):
-    """Item 4 (and item 6's NaN `rl.beta` / `rl.eps_high`): every float field is checked finite; a NaN judge
+    """Every float field (`rl.beta`, `rl.eps_high`, ...) is checked finite; a NaN judge
     temperature used to pass `temperature < 0` and give 100% abstentions and exit 0."""
     from rrc_jax.config import base_config, validate
 
@@ -178,7 +178,7 @@ def test_nan_settings_are_refused_at_start_up(tmp_path, toy_cache):
 
 
 def test_a_judge_that_abstains_on_everything_stops_the_run_by_default(tmp_path, toy_cache, monkeypatch):
-    """Item 4: with the default `log.abstain_abort`, three steps of a judge without verdicts stop the run
+    """With the default `log.abstain_abort`, three steps of a judge without verdicts stop the run
     (`Diverged`: exit status 3 on the command line) before it saves or exports anything past them."""
     from rrc_jax.config import base_config
     from rrc_jax.errors import Diverged
@@ -193,7 +193,7 @@ def test_a_judge_that_abstains_on_everything_stops_the_run_by_default(tmp_path, 
 
 
 def test_the_old_logprob_pass_runs_only_when_a_rollout_gets_several_updates(tmp_path, toy_cache, monkeypatch):
-    """Item 11: one minibatch per step and `rl.mu=1` (each rollout's one update is on-policy) run no log-prob pass
+    """One minibatch per step and `rl.mu=1` (each rollout's one update is on-policy) run no log-prob pass
     of the policy; two minibatches (the second is off-policy) run one per step."""
     from rrc_jax.rl import trainer as trainer_lib
 
@@ -207,7 +207,7 @@ def test_the_old_logprob_pass_runs_only_when_a_rollout_gets_several_updates(tmp_
 
 
 def test_a_workdir_that_is_a_file_or_unwritable_and_a_mistyped_init_from_are_one_line(tmp_path, toy_cache):
-    """Item 6: tracebacks before; a mistyped `init_from` also created the directory it named."""
+    """Tracebacks before; a mistyped `init_from` also created the directory it named."""
     afile = tmp_path / "afile"
     afile.write_text("")
     with pytest.raises(ConfigError, match=f"config.workdir: {afile} is a file, not a directory"):
@@ -233,7 +233,7 @@ def small_disk(tmp_path):
 
 
 def test_a_full_disk_during_a_save_is_one_line_and_nothing_past_the_last_checkpoint_is_logged(small_disk, toy_cache):
-    """Item 6: a checkpoint every step on a 2 MB disk (one checkpoint fits): one `error:` line naming the disk and
+    """A checkpoint every step on a 2 MB disk (one checkpoint fits): one `error:` line naming the disk and
     the step it resumes from, no traceback (Orbax logged one per thread), no line of a step past the last checkpoint
     on disk; with room again, the same command resumes and finishes with every step logged once."""
     workdir = small_disk / "w"
@@ -255,7 +255,7 @@ def test_a_full_disk_during_a_save_is_one_line_and_nothing_past_the_last_checkpo
 
 
 def test_train_rm_reports_no_held_out_accuracy_from_nothing(tmp_path, monkeypatch, capsys):
-    """Item 7's rule for train_rm: a held-out evaluation whose every vote abstained gives no accuracy (it printed
+    """No result from nothing, in train_rm: a held-out evaluation whose every vote abstained gives no accuracy (it printed
     0.5), says why, and writes `accuracy: null`."""
     from rrc_jax.config import rm_config
     from rrc_jax.rm import recipes
@@ -270,7 +270,7 @@ def test_train_rm_reports_no_held_out_accuracy_from_nothing(tmp_path, monkeypatc
 
 
 def test_a_truncated_anchors_file_is_one_line_naming_its_line(tmp_path):
-    """Item 6: a truncated anchors file (a torn last line) was a JSON traceback."""
+    """A truncated anchors file (a torn last line) was a JSON traceback."""
     from rrc_jax.rl.anchor_store import load_anchors, save_anchors
 
     path = tmp_path / "anchors.jsonl"

@@ -68,7 +68,7 @@ def no_hang(seconds: int = 120):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Item 5: held-out toy prompts beyond the evaluation split
+# Held-out toy prompts beyond the evaluation split
 # ------------------------------------------------------------------------------------------------------------
 
 def test_held_out_prompt_count_is_the_number_of_evaluation_split_strings():
@@ -110,7 +110,7 @@ def test_toy_eval_prompts_up_to_the_maximum_are_drawn():
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Item 6: a torn metrics line
+# A torn metrics line
 # ------------------------------------------------------------------------------------------------------------
 
 def metrics_rows(workdir: Path) -> list[dict]:
@@ -137,7 +137,7 @@ def test_a_malformed_metrics_line_before_the_last_is_one_line_error(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Item 6: data files that are not UTF-8, or blank
+# Data files that are not UTF-8, or blank
 # ------------------------------------------------------------------------------------------------------------
 
 def write_bytes(path: Path, lines: list[bytes]) -> Path:
@@ -215,7 +215,7 @@ def test_evaluate_rm_names_the_line_that_is_not_utf8(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Item 6: judge template fields of the wrong type, judge --votes=0
+# Judge template fields of the wrong type, judge --votes=0
 # ------------------------------------------------------------------------------------------------------------
 
 TEMPLATE_FILES = {
@@ -265,7 +265,7 @@ def test_judge_cli_zero_votes_is_one_line(judge_dir):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Item 7: a score computed from nothing
+# A score computed from nothing
 # ------------------------------------------------------------------------------------------------------------
 
 def test_fit_judgment_budget():

@@ -75,7 +75,7 @@ def test_chat_template_is_used_when_present(model_dir):
 
 
 def test_a_nan_temperature_is_one_line(model_dir):
-    """Issue 25 item 4: `--temperature=nan` passed `temperature < 0` and printed an empty text with exit 0."""
+    """`--temperature=nan` passed `temperature < 0` and printed an empty text with exit 0."""
     out = run_cli(f"--model={model_dir}", "--prompt=hi", "--temperature=nan")
     assert out.returncode != 0 and out.stdout == ""
     (line,) = out.stderr.strip().splitlines()[-1:]
@@ -83,7 +83,7 @@ def test_a_nan_temperature_is_one_line(model_dir):
 
 
 def test_a_tokenizer_larger_than_the_vocabulary_is_one_line(tmp_path):
-    """Issue 25 item 4: ids past the model's vocabulary would index past its embedding (clamped silently)."""
+    """Ids past the model's vocabulary would index past its embedding (clamped silently)."""
     tok = make_char_tokenizer()
     make_hf_model("qwen2_tied", vocab_size=len(tok) - 8).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)

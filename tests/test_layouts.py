@@ -1,4 +1,4 @@
-"""A layout per role (issue 27): the inference layout (tensor-parallel, rows over the data axes) against the
+"""A layout per role: the inference layout (tensor-parallel, rows over the data axes) against the
 training layout, on 8 CPU devices (a subprocess, `layout_parity.py`)."""
 
 import json

@@ -84,7 +84,7 @@ def test_micro_batches_give_the_minibatch_update(aggregation):
     m2 = jax.device_get(Learner(micro, sgd, objective, micro_batch_size=4).update(batch))
     np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-4)
-    for k in m1:  # token means weighed by tokens, the token count summed, the ratio's extremes (issue 25 item 3)
+    for k in m1:  # token means weighed by tokens, the token count summed, the ratio's extremes
         np.testing.assert_allclose(m1[k], m2[k], rtol=1e-5, atol=1e-6, err_msg=k)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), params_of(whole), params_of(micro))
     with pytest.raises(ValueError, match="micro_batch_size=3"):
@@ -146,7 +146,7 @@ def test_dr_grpo_divides_by_the_generation_budget_not_the_padded_length():
 
 
 def test_updates_compile_once_and_an_on_policy_batch_needs_no_old_logprobs():
-    """Issue 25 item 11: the first update (fresh parameters) and the later ones (the update's outputs) are one
+    """The first update (fresh parameters) and the later ones (the update's outputs) are one
     compiled program; a batch without `old_logp` (each rollout's single update) takes the same step as one with
     the policy's own log-probabilities, without their pass."""
     batch, _ = rollout_batch(tiny_model(), seed=3)

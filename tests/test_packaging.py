@@ -1,4 +1,4 @@
-"""Issue 26 item 5: the recipes live in the top-level `configs/` and install as `rrc_jax.configs` (one copy), so
+"""The recipes live in the top-level `configs/` and install as `rrc_jax.configs` (one copy), so
 `--config=agr.py` resolves from any directory; `pyproject.toml` lists every package of the tree."""
 
 import tomllib

@@ -167,7 +167,7 @@ def paper_recipe():
 
 @pytest.mark.parametrize("topology", ["v5e-64", "v5p-64", "v4-32"])
 def test_the_paper_recipe_fits_with_15_percent_to_spare(topology):
-    """Issue 27: with the rollout copy and the GRM in the inference layout (no weights gathered for decoding),
+    """With the rollout copy and the GRM in the inference layout (no weights gathered for decoding),
     chunked prefill and donated caches, the recipe fits v5e-64, v5p-64 and v4-32 with the default judge batch and
     at least 15% of HBM to spare."""
     config = paper_recipe()
@@ -312,7 +312,7 @@ def test_topologies_roles_and_meshes():
 
 
 def test_kv_heads_fewer_than_tensor_are_replicated():
-    """Issue 27: 16-way tensor parallelism over Llama-3-8B's 8 kv heads keeps the kv heads whole on each device
+    """16-way tensor parallelism over Llama-3-8B's 8 kv heads keeps the kv heads whole on each device
     (as `sharding.Layout` places them), and the plan says so; the query heads are still split."""
     config = base_config("agr")
     config.models.policy = config.models.grm = "llama3-8b"
@@ -390,7 +390,7 @@ def test_planner_agrees_with_xla_within_a_quarter():
 
 
 def test_the_planner_predicts_time_per_phase():
-    """Issue 27 item 5: a roofline per phase. A decode step of the inference layout by hand: every weight shard and
+    """A roofline per phase. A decode step of the inference layout by hand: every weight shard and
     every cached token read once, 2 FLOP per parameter and row, two all-reduces of `[rows, embed]` per layer; and
     the report's breakdown with the JetStream anchor."""
     cfg = DecoderConfig(**TINY)

@@ -1,4 +1,4 @@
-"""Issue 26 item 1: a reward construction from a module outside the package gets a built-in one's treatment, from
+"""A reward construction from a module outside the package gets a built-in one's treatment, from
 config validation through the planner to two trainer steps, its metrics in `metrics.jsonl` and its judgments in
 `samples/`. The construction is `circular` (each response judged against the next one in its group, i against
 i + 1 mod m: m questions per vote), written here as a user would write it."""

@@ -157,7 +157,7 @@ def test_pointwise_judge_is_cached_apart_from_the_world(toy_cache):
 
 
 def test_the_default_world_ships_checked_and_is_copied_not_trained(tmp_path, monkeypatch):
-    """Issue 25 item 8: the README's first command copies the packaged default world (checked by SHA-256) instead of
+    """The README's first command copies the packaged default world (checked by SHA-256) instead of
     training it for 10 minutes; a damaged packaged file is a one-line error."""
     import shutil
 
@@ -191,7 +191,7 @@ def test_the_default_world_ships_checked_and_is_copied_not_trained(tmp_path, mon
 
 @pytest.mark.slow
 def test_a_rebuild_reproduces_the_packaged_world(tmp_path):
-    """Issue 25 item 8: training the default world from scratch (10 minutes on 2 cores) gives the packaged weights
+    """Training the default world from scratch (10 minutes on 2 cores) gives the packaged weights
     bit for bit on this machine's kind (XLA:CPU; another backend trains another, equally valid, world)."""
     from rrc_jax.data.toy import world as world_lib
 

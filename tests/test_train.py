@@ -291,7 +291,7 @@ def test_an_abstaining_judge_raises_the_alarms_and_metrics_stay_strict_json(tmp_
     steps = {r["step"]: r for r in rows}
     assert steps[1]["reward/zero_signal"] == steps[2]["reward/zero_signal"] == 1.0
     assert steps[2]["judge/abstain_rate"] == 1.0 and steps[2]["fidelity/kendall_tau"] is None
-    assert steps[2]["eval/win_rate_vs_reference"] is None  # no rate from nothing (issue 25 item 7's rule)
+    assert steps[2]["eval/win_rate_vs_reference"] is None  # no rate from nothing
     assert steps[2]["eval/decided_win_rate_vs_reference"] is None
 
 

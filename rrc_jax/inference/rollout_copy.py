@@ -6,7 +6,7 @@ onto every chip at each step. The rollout samples instead from a copy in the inf
 (`rrc_jax.sharding.Layout`, kind `inference`: tensor-parallel, in the compute dtype, bf16 in the paper's recipe),
 which one jitted program refreshes after each optimizer step (`sync`): cast and reshard, the old copy's buffers
 donated to the new one (no second copy at the peak). tunix reshards its trainer's weights into its rollout layout
-the same way (its docs/performance.md).
+the same way (tunix's docs/performance.md, in its repository).
 
 The program moves the stacked layers one layer at a time (a `fori_loop` writing each layer in place into the donated
 copy). XLA reshards a tensor between two meshes of different shapes through a replicated copy of it ("involuntary

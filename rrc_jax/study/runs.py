@@ -3,7 +3,7 @@ the per-run summary the report is built from.
 
 A run is `(construction, seed)`; its trainer workdir is `workdir/<construction>/seed<k>` (checkpoints: an
 interrupted run resumes) and its summary `out/runs/<construction>-seed<k>.json` (small; a run with a summary is
-never repeated, so a study resumes where it stopped, across sessions). Runs are split across processes by
+never repeated, so a study resumes where it stopped, in a later invocation). Runs are split across processes by
 `shard = INDEX/COUNT`: run i belongs to shard i % COUNT.
 
 Every run uses the trainer's defaults (the toy world, KL on) with the judge asked once per question (`votes=1`, the
