@@ -14,7 +14,7 @@ from rrc_jax.config import validate
 from rrc_jax.constructions import RewardResult
 from rrc_jax.errors import ConfigError
 from rrc_jax.rl.dynamic_sampling import Draw, fill
-from rrc_jax.rl.grpo import CLIP_RANGES, grpo_loss, group_advantages, overlong_penalty
+from rrc_jax.rl.grpo import LOSSES, grpo_loss, group_advantages, overlong_penalty
 from rrc_jax.rl.rollout import Groups
 
 # ---------------------------------------------------------------------------------------------------- advantages
@@ -78,7 +78,7 @@ def gspo_batch(seed, batch=6, time=7, spread=0.02):
 def test_gspo_is_the_clipped_sequence_ratio_objective(loss):
     """Random batches, some sequence ratios inside GSPO's clip range and some outside: the loss equals the literal
     objective (both GSPO variants have the same value)."""
-    eps_low, eps_high = CLIP_RANGES[loss]
+    eps_low, eps_high = LOSSES[loss].clip_range
     for seed in range(20):
         lp, old, adv, mask = gspo_batch(seed, spread=1e-3 if seed % 2 else 0.05)
         value, metrics = grpo_loss(lp.astype(np.float32), old.astype(np.float32), None, adv.astype(np.float32),

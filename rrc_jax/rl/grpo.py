@@ -1,13 +1,13 @@
 """GRPO in pure JAX: group advantages (Eq. 4) and the clipped surrogate loss (IRPO Appendix C), with the options
 the peers' learners have.
 
-* The advantage (`rl.advantage`, `ADVANTAGES`): GRPO's group-normalised one (Eq. 4), Dr.GRPO's mean-centred one
+* The advantage (`rl.advantage`, the registry `ADVANTAGES`): GRPO's group-normalised one (Eq. 4), Dr.GRPO's mean-centred one
   without the std ("Understanding R1-Zero-Like Training: A Critical Perspective", section 3.2) and RLOO's
   leave-one-out baseline ("Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback
   in LLMs", section 3.2).
-* The importance ratio (`rl.loss`, `LOSSES`): GRPO's per token, GSPO's length-normalised sequence ratio and its
+* The importance ratio (`rl.loss`, the registry `LOSSES`): GRPO's per token, GSPO's length-normalised sequence ratio and its
   token variant ("Group Sequence Policy Optimization", sections 4.1 and 4.3), each clipped to its own default range
-  (`CLIP_RANGES`) unless `rl.eps_low` / `rl.eps_high` are set.
+  (`Loss.clip_range`) unless `rl.eps_low` / `rl.eps_high` are set.
 * DAPO's overlong reward shaping ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale", section 3.4;
   `overlong_penalty`). Its dynamic sampling draws prompts (`rrc_jax.rl.rollout.DynamicSampling`).
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import ClassVar
+from collections.abc import Callable
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,23 +30,88 @@ from rrc_jax.rewards._checks import check_option, check_rank, check_real, is_con
 from rrc_jax.settings import at_least, field_error, one_of, unset
 
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
-ADVANTAGES = ("group_norm", "rlvr_no_std", "rloo")
-LOSSES = ("grpo", "gspo", "gspo_token")
-# Each loss's clip range (eps_low, eps_high) of its ratio: PPO's 0.2 for GRPO's token ratio; GSPO's for its sequence
-# ratio, whose length normalisation keeps it near 1 ("Group Sequence Policy Optimization", section 5.1: 3e-4, 4e-4).
-CLIP_RANGES = {"grpo": (0.2, 0.2), "gspo": (3e-4, 4e-4), "gspo_token": (3e-4, 4e-4)}
+
+
+# -- the advantage estimators (`rl.advantage`) ----------------------------------------------------------------------
+
+class Advantage(NamedTuple):
+    """An advantage estimator: `centered(r, eps)` maps rewards `[B, m]` to advantages (a flat group's are set to 0
+    by `group_advantages`), defined for groups of at least `min_group`."""
+
+    centered: Callable[[jax.Array, jax.Array], jax.Array]
+    min_group: int = 1
+
+
+def _group_norm(r: jax.Array, eps: jax.Array) -> jax.Array:
+    """GRPO, Eq. 4: (r_i - mu_r) / (sigma_r + eps), sigma with 1/m (ddof=0)."""
+    return (r - jnp.mean(r, axis=-1, keepdims=True)) / (jnp.std(r, axis=-1, keepdims=True) + eps)
+
+
+def _mean_centred(r: jax.Array, eps: jax.Array) -> jax.Array:
+    """Dr.GRPO, section 3.2: r_i - mu_r."""
+    return r - jnp.mean(r, axis=-1, keepdims=True)
+
+
+def _leave_one_out(r: jax.Array, eps: jax.Array) -> jax.Array:
+    """RLOO: r_i - 1/(m-1) sum_{j != i} r_j = m/(m-1) (r_i - mu_r)."""
+    m = r.shape[-1]
+    return (r - jnp.mean(r, axis=-1, keepdims=True)) * (m / (m - 1))
+
+
+ADVANTAGES: dict[str, Advantage] = {"group_norm": Advantage(_group_norm), "rlvr_no_std": Advantage(_mean_centred),
+                                    "rloo": Advantage(_leave_one_out, min_group=2)}
+
+
+# -- the importance ratios (`rl.loss`) --------------------------------------------------------------------------------
+
+class Loss(NamedTuple):
+    """A GRPO-family loss: `log_ratio(logp, old, mask)` gives the log importance ratio `[B, T]` of each token, and
+    `clip_range` its default (eps_low, eps_high)."""
+
+    log_ratio: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+    clip_range: tuple[float, float]
+
+
+def _token_ratio(logp: jax.Array, old: jax.Array, mask: jax.Array) -> jax.Array:
+    """GRPO: log pi_theta(y_t | x, y_<t) - log pi_old(y_t | x, y_<t), per token."""
+    return logp - old
+
+
+def _sequence_log_ratio(logp: jax.Array, old: jax.Array, mask: jax.Array) -> jax.Array:
+    """GSPO's log s_i = 1/|y_i| sum_t (log pi_theta - log pi_old) `[B, 1]`."""
+    n = jnp.maximum(jnp.sum(mask, axis=-1, keepdims=True), 1)
+    return jnp.sum(jnp.where(mask, logp - old, 0.0), axis=-1, keepdims=True) / n
+
+
+def _sequence_ratio(logp: jax.Array, old: jax.Array, mask: jax.Array) -> jax.Array:
+    """GSPO (section 4.1): log s_i, s_i = (pi_theta(y_i | x) / pi_old(y_i | x))^(1/|y_i|), the same for every token
+    of sequence i."""
+    return jnp.broadcast_to(_sequence_log_ratio(logp, old, mask), logp.shape)
+
+
+def _sequence_ratio_per_token(logp: jax.Array, old: jax.Array, mask: jax.Array) -> jax.Array:
+    """GSPO-token (section 4.3): log s_i,t = sg[log s_i] + log pi_theta(y_t) - sg[log pi_theta(y_t)]: the value of
+    s_i, the gradient of token t's own log-probability."""
+    seq = _sequence_log_ratio(logp, old, mask)
+    return jax.lax.stop_gradient(seq) + logp - jax.lax.stop_gradient(logp)
+
+
+# Each loss's clip range of its ratio: PPO's 0.2 for GRPO's token ratio; GSPO's for its sequence ratio, whose length
+# normalisation keeps it near 1 ("Group Sequence Policy Optimization", section 5.1: 3e-4, 4e-4).
+LOSSES: dict[str, Loss] = {"grpo": Loss(_token_ratio, (0.2, 0.2)), "gspo": Loss(_sequence_ratio, (3e-4, 4e-4)),
+                           "gspo_token": Loss(_sequence_ratio_per_token, (3e-4, 4e-4))}
 
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
     """The GRPO objective's hyper-parameters (`rl`): the advantage estimator, the ratio (`loss`) and its clip range
-    1 - eps_low .. 1 + eps_high (DAPO's decoupled clip; unset: the loss's `CLIP_RANGES`), the k3 KL's coefficient,
+    1 - eps_low .. 1 + eps_high (DAPO's decoupled clip; unset: the loss's `Loss.clip_range`), the k3 KL's coefficient,
     how token losses are aggregated, and DAPO's overlong shaping of the rewards."""
 
     GROUP: ClassVar[str] = "rl"
     advantage: str = "group_norm"  # `ADVANTAGES`: GRPO's Eq. 4, Dr.GRPO's (no std), RLOO's leave-one-out
     loss: str = "grpo"  # `LOSSES`: the importance ratio per token (GRPO) or of the sequence (GSPO)
-    eps_low: float | None = unset(float)  # None: the loss's own (`CLIP_RANGES`)
+    eps_low: float | None = unset(float)  # None: the loss's own (`Loss.clip_range`)
     eps_high: float | None = unset(float)
     beta: float = 1e-3  # KL coefficient to the frozen reference: RM-R1's and IRPO's (the paper gives none)
     loss_aggregation: str = "seq_mean_token_mean"
@@ -67,21 +133,15 @@ class GRPOConfig:
 
     @property
     def clip_range(self) -> tuple[float, float]:
-        """(eps_low, eps_high): as set, else the loss's default (`CLIP_RANGES`)."""
-        low, high = CLIP_RANGES[self.loss]
+        """(eps_low, eps_high): as set, else the loss's default (`Loss.clip_range`)."""
+        low, high = LOSSES[self.loss].clip_range
         return (low if self.eps_low is None else self.eps_low), (high if self.eps_high is None else self.eps_high)
 
 
 @functools.partial(jax.jit, static_argnames=("estimator",))
 def _group_advantages(r: jax.Array, eps: jax.Array, estimator: str) -> jax.Array:
-    m = r.shape[-1]
-    centered = r - jnp.mean(r, axis=-1, keepdims=True)  # r_i - mu_r
-    if estimator == "group_norm":
-        centered = centered / (jnp.std(r, axis=-1, keepdims=True) + eps)  # sigma_r with 1/m (ddof=0), Eq. 4
-    elif estimator == "rloo":  # r_i - 1/(m-1) sum_{j != i} r_j = m/(m-1) (r_i - mu_r)
-        centered = centered * (m / (m - 1))
     flat = jnp.max(r, axis=-1, keepdims=True) == jnp.min(r, axis=-1, keepdims=True)
-    return jnp.where(flat, 0.0, centered)
+    return jnp.where(flat, 0.0, ADVANTAGES[estimator].centered(r, eps))
 
 
 def group_advantages(rewards, estimator: str = "group_norm", eps: float = 1e-6) -> jax.Array:
@@ -106,8 +166,9 @@ def group_advantages(rewards, estimator: str = "group_norm", eps: float = 1e-6) 
     check_option(estimator, ADVANTAGES, "estimator")
     _, m = check_rank(rewards, 2, "rewards", "[batch, group]")
     check_real(rewards, "rewards")
-    if estimator == "rloo" and m < 2:
-        raise ValueError(f"RLOO's leave-one-out baseline needs at least 2 responses per group, got {m}")
+    if m < ADVANTAGES[estimator].min_group:
+        raise ValueError(f"the {estimator} advantage needs at least {ADVANTAGES[estimator].min_group} responses per "
+                         f"group, got {m}")
     return _group_advantages(jnp.asarray(rewards, jnp.float32), jnp.asarray(eps, jnp.float32), estimator)
 
 
@@ -159,26 +220,6 @@ def _aggregate(per_token: jax.Array, mask: jax.Array, aggregation: str, norm: ja
     return jnp.sum(jnp.where(has_tok, seq_mean, 0.0)) / jnp.maximum(jnp.sum(has_tok), 1)
 
 
-def log_ratio(logp: jax.Array, old: jax.Array, mask: jax.Array, loss: str) -> jax.Array:
-    """The log importance ratio `[B, T]` of each valid token of `mask` under `loss` (`LOSSES`):
-
-    * ``grpo``: ``log pi_theta(y_t | x, y_<t) - log pi_old(y_t | x, y_<t)``, per token;
-    * ``gspo`` ("Group Sequence Policy Optimization", section 4.1): ``log s_i = 1/|y_i| sum_t (log pi_theta -
-      log pi_old)``, the log of ``s_i = (pi_theta(y_i | x) / pi_old(y_i | x))^(1/|y_i|)``, the same for every token
-      of sequence i;
-    * ``gspo_token`` (section 4.3): ``log s_i,t = sg[log s_i] + log pi_theta(y_t) - sg[log pi_theta(y_t)]``: the value
-      of ``s_i``, the gradient of token t's own log-probability.
-    """
-    token = logp - old
-    if loss == "grpo":
-        return token
-    n = jnp.maximum(jnp.sum(mask, axis=-1, keepdims=True), 1)
-    seq = jnp.sum(jnp.where(mask, token, 0.0), axis=-1, keepdims=True) / n  # [B, 1]
-    if loss == "gspo":
-        return jnp.broadcast_to(seq, token.shape)
-    return jax.lax.stop_gradient(seq) + logp - jax.lax.stop_gradient(logp)
-
-
 @functools.partial(jax.jit, static_argnames=("aggregation", "has_ref", "loss"))
 def _grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, eps_low, eps_high, beta, norm, *,
                aggregation: str, has_ref: bool, loss: str):
@@ -190,7 +231,7 @@ def _grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, eps_low, 
     adv = advantages.astype(f32)[:, None]  # A_i, the same for every token of o_i
     eps_low, eps_high, beta, norm = (jnp.asarray(x).astype(f32) for x in (eps_low, eps_high, beta, norm))
 
-    ratio = jnp.exp(log_ratio(logp, old, mask, loss))  # pi_theta / pi_theta_old: of token t, or GSPO's s_i
+    ratio = jnp.exp(LOSSES[loss].log_ratio(logp, old, mask))  # pi_theta / pi_theta_old: of token t, or GSPO's s_i
     unclipped = ratio * adv
     clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
     policy_tok = -jnp.minimum(unclipped, clipped)  # IRPO Appendix C, negated (we minimise)
@@ -227,7 +268,7 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, eps_low
     """Clipped GRPO surrogate with a k3 KL penalty; returns ``(loss, metrics)``, to be minimised.
 
     Per valid token ``t`` of sequence ``i`` with ``rho = exp(logprobs - old_logprobs)`` (GRPO; GSPO's ``rho`` is
-    the sequence's ``s_i`` for every token, `log_ratio`)::
+    the sequence's ``s_i`` for every token, `Loss.log_ratio`)::
 
         l_it = -min(rho A_i, clip(rho, 1 - eps_low, 1 + eps_high) A_i) + beta * k3_it
         k3_it = exp(ref - logprobs) - (ref - logprobs) - 1      (unbiased, non-negative estimate of KL(pi || ref))
@@ -255,7 +296,7 @@ def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, eps_low
         ``'seq_mean_token_sum_norm'`` (Dr.GRPO): each sequence's token sum divided by the constant ``max_len``, then
         mean over all ``batch`` sequences, so the loss has no length bias.
       max_len: the Dr.GRPO constant (default ``time``); ignored by the other modes.
-      loss: the importance ratio, one of `LOSSES` (`log_ratio`).
+      loss: the importance ratio, one of `LOSSES` (`Loss.log_ratio`).
 
     Returns:
       ``(loss, metrics)``: scalar loss (float32; float64 for float64 inputs in x64 mode) and a dict of scalars
@@ -314,7 +355,7 @@ def grpo_objective(*, temperature: float = 1.0, eps_low: float = 0.2, eps_high: 
     were sampled from. `max_len` is Dr.GRPO's constant (the generation budget, `rl.max_new_tokens`). The metrics
     add the policy's mean token `entropy` and the learner's `weight` (`aggregation_weight`). `chunk_size` positions
     of the LM head at a time and `remat` (recompute each block in the backward pass) bound the memory of the
-    forward pass (`Decoder.token_logprobs`). `loss`: the importance ratio (`LOSSES`, `log_ratio`).
+    forward pass (`Decoder.token_logprobs`). `loss`: the importance ratio (`LOSSES`, `Loss.log_ratio`).
     """
     check_option(aggregation, AGGREGATIONS, "aggregation")
     check_option(loss, LOSSES, "loss")
