@@ -35,7 +35,7 @@ if __name__ == "__main__":
     world = build_world(WorldSettings(), "~/.cache/rrc_jax")  # the packaged toy world: policy, grm, drm
     print(f"policy {world.policy}, judge {world.grm}" + (f" served at {url}" if url else ""))
     judge = judge_for(str(world.grm), url=url, template="toy_pairwise_cot", max_new_tokens=48, temperature=0.0)
-    reward = TRLReward(judge, "scr", group_size=4, votes=1)  # or "cara", "agr" (+ an anchors column), "prc"
+    reward = TRLReward(judge, "scr", group_size=4, votes=1)  # or cara=True; "agr" (+ an anchors column), "prc", "swiss"
     trainer = make_trainer(str(world.policy), reward, output_dir="/tmp/trl_rewards")
     trainer.train()
     print([h["rewards/rrc_scr/mean"] for h in trainer.state.log_history if "rewards/rrc_scr/mean" in h])

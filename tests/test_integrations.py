@@ -104,12 +104,17 @@ def _counts(trace, b, m, key="j"):
 
 @pytest.mark.parametrize("kind", ["scr", "cara", "agr"])
 def test_each_kind_rewards_what_rrc_rewards_computes_from_the_verdicts(toy_judge, kind):
+    """SCR, SCR with CARA (its `cara` setting, as in the trainer's config) and AGR: the rewards are `rrc_jax.rewards`'
+    of the judge's own verdicts."""
     judge, _ = toy_judge
     prompts = [SortTask.prompt_text(d) for d in DIGITS]
     anchors = [[r[0], r[3]] for r in RESPONSES]  # AGR: two anchors a prompt
     rows = rows_of([p for p in prompts for _ in range(G)], [c for r in RESPONSES for c in r],
                    anchors=[a for a in anchors for _ in range(G)] if kind == "agr" else None)
-    rewards = GroupRewards(judge, kind, group_size=G, votes=2)
+    if kind == "cara":
+        rewards = GroupRewards(judge, "scr", group_size=G, votes=2, cara=True)
+    else:
+        rewards = GroupRewards(judge, kind, group_size=G, votes=2)
     judge.trace = []
     got = rewards(rows, step=3).reshape(len(prompts), G)
     trace, judge.trace = judge.trace, None
@@ -191,3 +196,26 @@ def test_trl_reward_names_a_row_that_is_not_text_and_logs_no_rate_of_nothing(toy
     assert len(rewards) == G and math.isnan(reward.rewards.last_metrics["judge/position_consistency"])
     assert "judge/position_consistency" not in logged and logged["judge/questions"] == G * (G - 1) // 2
     assert all(not math.isnan(v) for v in logged.values())
+
+
+def test_group_kinds_come_from_the_registry_with_their_settings(toy_judge):
+    """Every kind that can reward a group without this trainer is offered (a tournament too), with its own settings
+    checked; a kind that needs this trainer (the DRM, a DRM-seeded knockout) or a setting it does not have is one
+    `ValueError` naming it."""
+    from rrc_jax.constructions.registry import group_kinds
+
+    judge, _ = toy_judge
+    assert group_kinds() == ["prc", "scr", "agr", "swiss", "double_elimination", "seeded_knockout", "circular"]
+    prompts = [SortTask.prompt_text(d) for d in DIGITS]
+    rows = rows_of([p for p in prompts for _ in range(G)], [c for r in RESPONSES for c in r])
+    swiss = GroupRewards(judge, "swiss", group_size=G, votes=1, rounds=2)
+    got = swiss(rows, step=1).reshape(len(prompts), G)
+    assert swiss.last_metrics["judge/comparisons"] == 2 * (G // 2)  # rounds x duels a round
+    assert (np.sort(got, axis=1) <= 0.1 * (G - 1) + 1e-6).all() and np.ptp(got) > 0
+    with pytest.raises(ValueError, match=r"kind='drm': the kinds that reward another trainer's groups are prc, scr"):
+        GroupRewards(judge, "drm", group_size=G)
+    with pytest.raises(ValueError, match=r"kind='seeded_knockout' .* rewards inside this trainer only"):
+        GroupRewards(judge, "seeded_knockout", group_size=G)
+    GroupRewards(judge, "seeded_knockout", group_size=G, seed_by="index")
+    with pytest.raises(ValueError, match=r"^cara: not settings of 'agr' \(it has alpha, ties, n_anchors"):
+        GroupRewards(judge, "agr", group_size=G, cara=True)

@@ -56,6 +56,7 @@ class AGRReward(JudgeConstruction):
 
     kind = "agr"
     Settings = AGRSettings
+    columns = ("anchors",)  # another trainer's groups: each prompt's n anchors come with it
 
     def __init__(self, judge, seed: int, *, store: AnchorStore, votes: int, swap: bool, alpha: float,
                  ties: str, refresh_every: int, ctx, refreshed_dir: str | epath.Path = "",
@@ -89,6 +90,12 @@ class AGRReward(JudgeConstruction):
         return cls(**cls.judge_kwargs(config, ctx), store=anchor_store(config, ctx.train, ctx.tokenizer, ctx.rollout),
                    votes=j.votes, swap=j.swap, alpha=a.alpha, ties=a.ties, refresh_every=a.refresh_every,
                    refreshed_dir=workdir / "anchors_refreshed", checkpoints=workdir / "checkpoints")
+
+    @classmethod
+    def of_groups(cls, judge, *, votes: int, swap: bool, settings: AGRSettings):
+        return lambda prompts, responses, columns: agr_result(judge, prompts, responses, columns["anchors"],
+                                                              votes=votes, swap=swap, alpha=settings.alpha,
+                                                              ties=settings.ties)
 
     def use_anchors(self, step: int) -> None:
         """Hold the anchors step `step` judges against: the reference's, or those refreshed at `refresh_step`
@@ -125,7 +132,7 @@ class AGRReward(JudgeConstruction):
 def agr_result(judge, prompts, responses, anchors, *, votes: int, swap: bool, alpha: float = AGRSettings.alpha,
                ties: str = AGRSettings.ties) -> RewardResult:
     """AGR's rewards `[B, m]` for B `prompts`, their groups of m `responses` and each prompt's n `anchors` (`AGRReward`;
-    also what the trainer integrations call, `rrc_jax.integrations`)."""
+    also what the trainer integrations call, `AGRReward.of_groups`)."""
     wins, losses = judge.vs_anchors(prompts, responses, anchors, votes=votes, swap=swap)
     diag = agr_diagnostics(wins, losses, votes=votes)
     return RewardResult(np.asarray(agr_rewards(wins, losses, alpha=alpha, ties=ties)),

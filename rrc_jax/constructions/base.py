@@ -10,7 +10,10 @@ other module lists kinds (docs/design.md, "Reward constructions"):
 * `questions`: which judge questions its prompts are when `data.format` is set (None: it takes plain prompts);
 * `check(config)`: the rules across groups when it is the run's reward;
 * `absolute_scale(config)`: whether its rewards keep one scale across steps (the study's reading of reward/mean);
-  `baseline`: whether it is one of the RRC paper's baselines (PRC, DRM).
+  `baseline`: whether it is one of the RRC paper's baselines (PRC, DRM);
+* `of_groups(judge, ...)` and `columns`: how another trainer's groups are rewarded with it
+  (`rrc_jax.integrations.groups.GroupRewards`), from the texts and the per-prompt `columns` it reads; None when its
+  rewards need this trainer (a policy sampler, a DRM, a store of anchors).
 
 An instance is called once per step and returns a `RewardResult`; `evaluate` gives its held-out metrics. It is
 built by `from_config` from the run's config and its `RewardContext` (`rrc_jax.constructions.context`).
@@ -19,7 +22,7 @@ built by `from_config` from the run's config and its `RewardContext` (`rrc_jax.c
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, NamedTuple
 
 import numpy as np
@@ -46,6 +49,11 @@ class RewardResult:
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     judgments: list[dict] = dataclasses.field(default_factory=list)
     notes: list[dict] = dataclasses.field(default_factory=list)
+
+
+# How another trainer's groups are rewarded (`Construction.of_groups`): `(prompts [B], responses [B][m], columns)` ->
+# a `RewardResult` of `[B, m]` rewards, `columns` holding each prompt's `Construction.columns` (`{name: [B] values}`).
+GroupReward = Callable[[Sequence[str], Sequence[Sequence[str]], Mapping[str, Sequence]], "RewardResult"]
 
 
 class JudgeLoad(NamedTuple):
@@ -83,6 +91,7 @@ class Construction:
     Settings: ClassVar[type | None] = None  # the frozen dataclass of config group `reward.<kind>`
     questions: ClassVar[str | None] = None  # 'pairwise' | 'pointwise': the judge questions it trains on
     baseline: ClassVar[bool] = False  # one of the RRC paper's baselines (the study plots them together)
+    columns: ClassVar[tuple[str, ...]] = ()  # what `of_groups` reads per prompt besides the texts
 
     @classmethod
     def settings(cls, config):
@@ -111,6 +120,12 @@ class Construction:
     @classmethod
     def from_config(cls, config, ctx) -> Construction:
         return cls()
+
+    @classmethod
+    def of_groups(cls, judge, *, votes: int, swap: bool, settings) -> GroupReward | None:
+        """Its rewards of another trainer's groups (module docstring), asking `judge` `votes` times per pair (A/B
+        swapped across votes with `swap`), with `settings` (its `Settings`); None: it rewards in this trainer only."""
+        return None
 
     def construct(self, prompts: Sequence[str], responses: Sequence[Sequence[str]], prompt_index: np.ndarray,
                   step: int) -> RewardResult:

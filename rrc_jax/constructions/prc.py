@@ -37,6 +37,7 @@ class PRCReward(JudgeConstruction):
     kind = "prc"
     Settings = PRCSettings
     baseline = True
+    columns = ("reference",)  # another trainer's groups: each prompt's o_ref comes with it
 
     def __init__(self, judge, seed: int, *, think: bool, reference: str, ctx, eval_votes: int = 0):
         super().__init__(judge, seed, ctx=ctx, eval_votes=eval_votes)
@@ -76,6 +77,11 @@ class PRCReward(JudgeConstruction):
         s = cls.settings(config)
         return cls(**cls.judge_kwargs(config, ctx), think=s.think, reference=s.reference)
 
+    @classmethod
+    def of_groups(cls, judge, *, votes: int, swap: bool, settings: PRCSettings):
+        return lambda prompts, responses, columns: prc_result(judge, prompts, responses, columns["reference"],
+                                                              think=settings.think)
+
     def references(self, prompts: Sequence[str], prompt_index: np.ndarray) -> list[str]:
         """o_ref `[B]` of the step's prompts."""
         if self.reference == "current":
@@ -92,7 +98,7 @@ class PRCReward(JudgeConstruction):
 
 def prc_result(judge, prompts, responses, references, *, think: bool = PRCSettings.think) -> RewardResult:
     """PRC's rewards `[B, m]`: P(A) of each response shown as A against its prompt's reference response o_ref
-    (`references [B]`) as B (`PRCReward`; also what the trainer integrations call, `rrc_jax.integrations`)."""
+    (`references [B]`) as B (`PRCReward`; also what the trainer integrations call, `PRCReward.of_groups`)."""
     b, m = len(prompts), len(responses[0])
     p_a = judge.preference_prob([p for p in prompts for _ in range(m)], [o for g in responses for o in g],
                                 [r for r in references for _ in range(m)], think=think,

@@ -86,3 +86,9 @@ def make_construction(config, ctx) -> Construction:
 
 
 __all__ = ["CONSTRUCTIONS", "construction_class", "make_construction", "reward_defaults", "validate_reward"]
+
+
+def group_kinds() -> list[str]:
+    """The kinds that reward another trainer's groups (`Construction.of_groups`; `rrc_jax.integrations`)."""
+    return [kind for kind, cls in CONSTRUCTIONS.items()
+            if cls.of_groups.__func__ is not Construction.of_groups.__func__]

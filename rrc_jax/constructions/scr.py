@@ -77,6 +77,12 @@ class SCRReward(JudgeConstruction):
         return cls(**cls.judge_kwargs(config, ctx), votes=j.votes, swap=j.swap, alpha=s.alpha, ties=s.ties,
                    cara=s.cara, cara_method=s.cara_method, tournament=s.tournament)
 
+    @classmethod
+    def of_groups(cls, judge, *, votes: int, swap: bool, settings: SCRSettings):
+        return lambda prompts, responses, columns: scr_result(
+            judge, prompts, responses, votes=votes, swap=swap, alpha=settings.alpha, ties=settings.ties,
+            cara=settings.cara, cara_method=settings.cara_method, tournament=settings.tournament)
+
     def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
         return scr_result(self.judge, prompts, responses, votes=self.votes, swap=self.swap, alpha=self.alpha,
                           ties=self.ties, cara=self.cara, cara_method=self.cara_method, tournament=self.tournament)
@@ -86,7 +92,7 @@ def scr_result(judge, prompts, responses, *, votes: int, swap: bool, alpha: floa
                ties: str = SCRSettings.ties, cara: bool = False, cara_method: str = SCRSettings.cara_method,
                tournament: str = "round_robin") -> RewardResult:
     """SCR's rewards `[B, m]` for B `prompts` and their groups of m `responses` (`SCRReward`; also what the trainer
-    integrations call, `rrc_jax.integrations`)."""
+    integrations call, `SCRReward.of_groups`)."""
     if tournament != "round_robin":
         play = merge_sort if tournament == "merge_sort" else knockout
         t = play(judge, prompts, responses, votes=votes, swap=swap)

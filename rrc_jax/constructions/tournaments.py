@@ -102,6 +102,13 @@ class TournamentReward(JudgeConstruction):
         """What a format needs beyond the judge and its settings."""
         return {}
 
+    @classmethod
+    def of_groups(cls, judge, *, votes: int, swap: bool, settings: TournamentSettings):
+        if getattr(settings, "seed_by", None) == "drm":  # seeded by this trainer's DRM
+            return None
+        reward = cls(judge, 0, votes=votes, swap=swap, **dataclasses.asdict(settings))
+        return lambda prompts, responses, columns: reward.construct(prompts, responses, None, 0)
+
     def rules(self, prompts, responses) -> list:
         """One rule object per group."""
         raise NotImplementedError

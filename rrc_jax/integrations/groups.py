@@ -3,15 +3,19 @@ tunix reward functions that knows neither (`rrc_jax.integrations.trl`, `rrc_jax.
 
 A GRPO trainer asks for rewards of `B x G` completions, the G of one prompt side by side (rows `b*G ... b*G + G - 1`:
 TRL's `RepeatSampler`, tunix's `np.repeat`). `GroupRewards` cuts them into B groups, checks each is one prompt's,
-judges each group whole and returns one float per completion, through the constructions the trainer itself uses
-(`scr_result`, `agr_result`, `prc_result` in `rrc_jax.constructions`):
+judges each group whole and returns one float per completion, through the constructions the trainer itself uses:
+a kind of the registry (`rrc_jax.constructions.registry.group_kinds`) with its own settings, rewarding the groups by
+its `Construction.of_groups`:
 
-* `scr`: win counts of a round robin in the group, alpha x wins (the RRC paper, Eq. 16, Algorithm 1);
-* `cara`: the group's greedy Kemeny order from those votes, alpha x position (Eq. 19-21);
+* `scr`: win counts of a round robin in the group, alpha x wins (the RRC paper, Eq. 16, Algorithm 1); `cara=True`:
+  the group's greedy Kemeny order from those votes, alpha x position (Eq. 19-21); `tournament='merge_sort'` or
+  `'knockout'`: an adaptive tournament's order;
 * `agr`: anchors beaten, alpha x wins (Eq. 22, Algorithm 2): each prompt's anchors (reference responses) come in a
   dataset column (`anchors_column`, a list of n strings per row);
 * `prc`: the judge's P(A) against a reference response o_ref (Eq. 5), from a dataset column (`reference_column`);
-  it reads next-token log-probs, which only the in-process JAX engine gives.
+  it reads next-token log-probs, which only the in-process JAX engine gives;
+* `swiss`, `double_elimination`, `circular`, `seeded_knockout` (`seed_by='index'`: the DRM's seeds need this
+  trainer): a tournament's standing as rank rewards.
 
 Groups split across processes. TRL gives each process its own slice of the batch, and a slice need not hold whole
 groups (its `per_device_train_batch_size x steps_per_generation` need not be a multiple of G). `judge_whole` gathers
@@ -29,14 +33,10 @@ from typing import Protocol
 
 import numpy as np
 
-from rrc_jax.constructions.agr import AGRSettings, agr_result
-from rrc_jax.constructions.base import RewardResult, step_seed
+from rrc_jax.constructions.base import step_seed
 from rrc_jax.constructions.judged import judge_metrics
-from rrc_jax.constructions.prc import prc_result
-from rrc_jax.constructions.scr import SCRSettings, scr_result
+from rrc_jax.constructions.registry import construction_class, group_kinds
 from rrc_jax.judge import Judge
-
-KINDS = ("scr", "cara", "agr", "prc")
 
 
 class Collective(Protocol):
@@ -106,30 +106,40 @@ class GroupRewards:
     Args:
       judge: the GRM as a `rrc_jax.judge.Judge` over any Sampler (in process: `make_sampler("grm", model, tok)`;
         a served judge: `inference.engine=openai`); `integrations.judge_for` builds one from a directory.
-      kind: one of `KINDS`.
+      kind: one of `group_kinds()` (a reward kind of the registry).
       group_size: G, the trainer's completions per prompt.
       votes, swap: judgments per pair (voting@V) and the A/B swap across them.
-      alpha, ties: Eq. 16 / 22's reward per win and tie rule (defaults: the trainer's, `reward.scr` / `reward.agr`).
-      think: PRC reads P(A) after the judge's reasoning (False: the template's direct variant).
       seed: the judge's random stream; call k is reseeded from `seed` and k (or the trainer's step).
+      settings: the kind's own (its `Settings`, as `reward.<kind>` in the trainer's config: `alpha`, `ties`, `cara`,
+        `think`, `rounds`, ...; the defaults are the trainer's).
 
-    `last_metrics` holds the last call's `judge/*` metrics (abstain rate, questions, position consistency, failed
-    requests of a served judge): log them.
+    `columns` are the per-prompt inputs the kind reads besides the texts (`Construction.columns`: AGR's `anchors`,
+    PRC's `reference`). `last_metrics` holds the last call's `judge/*` metrics (abstain rate, questions, position
+    consistency, failed requests of a served judge): log them.
     """
 
     def __init__(self, judge: Judge, kind: str = "scr", *, group_size: int, votes: int = 1, swap: bool = True,
-                 alpha: float | None = None, ties: str | None = None, think: bool = True, seed: int = 0):
-        if kind not in KINDS:
-            raise ValueError(f"kind={kind!r}: the group rewards are {', '.join(KINDS)}")
+                 seed: int = 0, **settings):
+        if kind not in group_kinds():
+            raise ValueError(f"kind={kind!r}: the kinds that reward another trainer's groups are "
+                             f"{', '.join(group_kinds())}")
         if group_size < 2:
             raise ValueError(f"group_size={group_size}: a GRPO group needs at least 2 completions")
         if votes < 1:
             raise ValueError(f"votes={votes} must be >= 1")
-        settings = AGRSettings() if kind == "agr" else SCRSettings()
-        self.judge, self.kind, self.group_size, self.votes, self.swap = judge, kind, group_size, votes, swap
-        self.alpha = settings.alpha if alpha is None else alpha
-        self.ties = settings.ties if ties is None else ties
-        self.think, self.seed, self.calls = think, seed, 0
+        cls = construction_class(kind)
+        try:
+            parsed = cls.Settings(**settings)
+        except TypeError:
+            known = [f.name for f in dataclasses.fields(cls.Settings)]
+            raise ValueError(f"{', '.join(sorted(set(settings) - set(known)))}: not settings of {kind!r} (it has "
+                             f"{', '.join(known)})") from None
+        self.reward = cls.of_groups(judge, votes=votes, swap=swap, settings=parsed)
+        if self.reward is None:
+            raise ValueError(f"kind={kind!r} with {settings} rewards inside this trainer only (see the kind's "
+                             "settings)")
+        self.judge, self.kind, self.columns = judge, kind, cls.columns
+        self.group_size, self.votes, self.swap, self.seed, self.calls = group_size, votes, swap, seed, 0
         self.last_metrics: dict[str, float] = {}
 
     def __call__(self, rows: Sequence[Row], step: int | None = None) -> np.ndarray:
@@ -143,25 +153,26 @@ class GroupRewards:
         g = self.group_size
         groups = [rows[i:i + g] for i in range(0, len(rows), g)]
         prompts, responses = [x[0].prompt for x in groups], [[r.completion for r in x] for x in groups]
-        result = self._result(prompts, responses, groups)
+        result = self.reward(prompts, responses, self._columns(groups))
         self.last_metrics = {**result.metrics, **judge_metrics(self.judge)}
         return np.asarray(result.rewards, np.float32).reshape(-1)
 
-    def _result(self, prompts: list[str], responses: list[list[str]], groups: list[Sequence[Row]]) -> RewardResult:
-        if self.kind in ("scr", "cara"):
-            return scr_result(self.judge, prompts, responses, votes=self.votes, swap=self.swap, alpha=self.alpha,
-                              ties=self.ties, cara=self.kind == "cara")
-        if self.kind == "agr":
+    def _columns(self, groups: list[Sequence[Row]]) -> dict[str, list]:
+        """Each group's values of the kind's `columns`, checked."""
+        out = {}
+        if "anchors" in self.columns:
             anchors = [list(x[0].anchors) for x in groups]
             if not all(anchors) or len({len(a) for a in anchors}) != 1:
-                raise ValueError("AGR needs each prompt's anchors, the same number for every prompt (a dataset "
-                                 "column of lists of reference responses: anchors_column)")
-            return agr_result(self.judge, prompts, responses, anchors, votes=self.votes, swap=self.swap,
-                              alpha=self.alpha, ties=self.ties)
-        references = [x[0].reference for x in groups]
-        if not all(references):
-            raise ValueError("PRC needs each prompt's reference response o_ref (a dataset column: reference_column)")
-        return prc_result(self.judge, prompts, responses, references, think=self.think)
+                raise ValueError(f"{self.kind} needs each prompt's anchors, the same number for every prompt (a "
+                                 "dataset column of lists of reference responses: anchors_column)")
+            out["anchors"] = anchors
+        if "reference" in self.columns:
+            references = [x[0].reference for x in groups]
+            if not all(references):
+                raise ValueError(f"{self.kind} needs each prompt's reference response o_ref (a dataset column: "
+                                 "reference_column)")
+            out["reference"] = references
+        return out
 
 
 def text_of(item, what: str = "a completion") -> str:

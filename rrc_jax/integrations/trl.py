@@ -63,8 +63,9 @@ class TRLReward:
     def __call__(self, prompts: Sequence, completions: Sequence, completion_ids=None, trainer_state=None,
                  log_metric=None, **columns) -> list[float]:
         """One reward per completion `[len(completions)]` (the module docstring)."""
-        rows = rows_of(prompts, completions, columns.get(self.anchors_column) if self.rewards.kind == "agr" else None,
-                       columns.get(self.reference_column) if self.rewards.kind == "prc" else None)
+        wants = self.rewards.columns
+        rows = rows_of(prompts, completions, columns.get(self.anchors_column) if "anchors" in wants else None,
+                       columns.get(self.reference_column) if "reference" in wants else None)
         step = getattr(trainer_state, "global_step", None)
         rewards = judge_whole(rows, self.rewards.group_size, lambda whole: self.rewards(whole, step),
                               self._collective())

@@ -45,8 +45,8 @@ class TunixReward:
         if self.rewards is None or self.rewards.group_size != num_generations:
             self.rewards = GroupRewards(self.judge, self.kind, group_size=int(num_generations), **self.settings)
         rows = rows_of(list(prompts), list(completions),
-                       columns.get(self.anchors_column) if self.kind == "agr" else None,
-                       columns.get(self.reference_column) if self.kind == "prc" else None)
+                       columns.get(self.anchors_column) if "anchors" in self.rewards.columns else None,
+                       columns.get(self.reference_column) if "reference" in self.rewards.columns else None)
         return [float(r) for r in self.rewards(rows)]
 
 
