@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import math
 import runpy
 from pathlib import Path
 
 import ml_collections
 
-from rrc_jax import configs
 from rrc_jax.checkpoint import CheckpointConfig
 from rrc_jax.constructions import Construction, JudgeSettings, reward_defaults, validate_reward
 from rrc_jax.data.prompts import DataConfig, PromptSource
@@ -44,7 +44,8 @@ from rrc_jax.settings import defaults, flat_fields, parse
 from rrc_jax.sharding import MeshConfig
 from rrc_jax.workdir import ResumeConfig
 
-CONFIG_DIR = Path(configs.__file__).resolve().parent  # the top-level configs/, installed as rrc_jax.configs
+# The top-level configs/, installed as rrc_jax.configs: found, not imported (its recipes import this module).
+CONFIG_DIR = Path(importlib.util.find_spec("rrc_jax.configs").origin).resolve().parent
 
 def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     """The GRPO trainer's defaults, rewards of `kind`: the toy world on a laptop CPU (a few minutes); point

@@ -13,7 +13,8 @@ steps run as one SPMD program over the global mesh, and the host side keeps in s
 - `host_concat(x)`: this host's numpy rows concatenated with every other host's, in process order (`host_gather`
   when the hosts' row counts differ, `gather_texts` for strings).
 - `host_max(x)`: the elementwise maximum of a small integer array over hosts: how hosts agree on the shapes of a
-  collective call (`agree` for a list of per-chunk shapes).
+  collective call (`agree` for a list of per-chunk shapes; `rrc_jax.models.batches.agreed_chunks` for items cut into
+  chunks).
 - `any_host(flag)`: whether any host has more work, for loops whose every iteration is a collective call.
 - `host_block(n)`: this host's contiguous share of n items (the eval prompts, the anchors' prompts).
 - `reduce_metrics(metrics)`: one step's metrics averaged over hosts (counters summed).
@@ -35,7 +36,6 @@ import math
 import importlib.util
 import os
 import zlib
-from collections.abc import Sequence
 from typing import ClassVar
 
 import jax
@@ -185,19 +185,6 @@ def agree(plan: list[tuple[int, ...]], width: int) -> list[tuple[int, ...]]:
     if plan:
         table[:len(plan)] = np.asarray(plan, np.int64).reshape(len(plan), width)
     return [tuple(int(v) for v in row) for row in host_max(table)]
-
-
-def agreed_chunks(lengths: Sequence[int], per_host: int) -> list[tuple[list[int], int, int]]:
-    """Items of the given token `lengths`, sorted by length and cut into chunks of at most `per_host`, as
-    `(item indices, rows, padded length)` per chunk: rows and padded length (`length_bucket`) are the largest of
-    every host's chunk of that index, and every host gets as many chunks as the host with the most (the extra ones
-    without items)."""
-    from rrc_jax.data.batches import length_bucket
-
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    chunks = [order[start:start + per_host] for start in range(0, len(order), per_host)]
-    plan = agree([(len(c), length_bucket(max(lengths[i] for i in c))) for c in chunks], 2)
-    return [(chunks[k] if k < len(chunks) else [], n, t) for k, (n, t) in enumerate(plan)]
 
 
 def any_host(flag: bool) -> bool:

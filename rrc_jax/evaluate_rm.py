@@ -115,7 +115,7 @@ def run(args: Args) -> tuple[dict, list[dict]]:
     from rrc_jax.judge import get_template
     from rrc_jax.judge.templates import question_length
     from rrc_jax.progress import Progress, say
-    from rrc_jax.constructions.drm import DRMReward
+    from rrc_jax.rm.scores import DRMScorer
     from rrc_jax.rm.evaluation import (KINDS, abstention_causes, evaluate, fitted_judge, markdown_table,
                                        nothing_scored, question_items)
 
@@ -143,7 +143,7 @@ def run(args: Args) -> tuple[dict, list[dict]]:
     judge = drm = None
     n = len(data.prefs)
     if args.kind == "drm":
-        drm = DRMReward(model, tokenizer, args.max_batch)
+        drm = DRMScorer(model, tokenizer, args.max_batch)
         say(f"scoring {n} pairs with the DRM: {2 * n} responses")
     else:
         template = get_template(args.template or DEFAULT_TEMPLATES[args.kind])

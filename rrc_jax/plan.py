@@ -503,7 +503,7 @@ def _policy_rollouts(config, cfg, shape, dtype, layout: str) -> list[Row]:
     """The rollout phase on mesh `shape` in `layout`: the policy sampler's caches (a step's groups or the held-out
     greedy generation, the larger), its transients and, sampling from the training layout, the weights its decode
     loop gathers."""
-    from rrc_jax.data.batches import bucket_length, round_up
+    from rrc_jax.models.batches import bucket_length, round_up
     from rrc_jax.inference.sampling import PREFILL_CHUNK
     from rrc_jax.models.decoder import ATTENTION_BLOCK
     from rrc_jax.rl.rollout import RolloutConfig
@@ -540,7 +540,7 @@ def judge_chunk(questions: int, prompts: int, max_batch: int) -> tuple[int, int]
     prefixes has `questions` questions: a prefix's questions in pieces of at most `max_batch`, M the power-of-two
     bucket of a piece, and P the power-of-two bucket of the pieces a chunk takes, as many as keep P x M within
     `max_batch` (at least one)."""
-    from rrc_jax.data.batches import bucket_length
+    from rrc_jax.models.batches import bucket_length
 
     m = bucket_length(min(questions, max_batch), 1)
     fit = max(1, max_batch // m)
@@ -552,7 +552,7 @@ def judge_chunk(questions: int, prompts: int, max_batch: int) -> tuple[int, int]
 def _judging(config, cfg, shape, dtype, layout: str) -> tuple[list[Row], str]:
     """The reward phase of a judge reward on mesh `shape` in `layout`: the call (a step's questions or the judged
     evaluation's) whose caches and transients are the larger; and a note on the estimated question lengths."""
-    from rrc_jax.data.batches import length_bucket, round_up
+    from rrc_jax.models.batches import length_bucket, round_up
     from rrc_jax.inference.sampling import PREFILL_CHUNK
     from rrc_jax.models.decoder import ATTENTION_BLOCK
 
@@ -623,7 +623,7 @@ def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = No
          micro_batch_size: int | None = None, remat: bool | None = None) -> Plan:
     """The memory `Plan` of trainer `config` on `topo` (a `Topology` or its name), on the config's mesh,
     `rl.micro_batch_size` and `rl.remat` unless `mesh`, `micro_batch_size` or `remat` are given."""
-    from rrc_jax.data.batches import bucket_length, length_bucket
+    from rrc_jax.models.batches import bucket_length, length_bucket
 
     topo = topology(topo) if isinstance(topo, str) else topo
     rl, dtype = config.rl, config.models.dtype
@@ -820,7 +820,7 @@ def decode_time(topo: Topology, cfg, dtype: str, shape, layout: str, rows: int, 
 def step_times(config, p: Plan) -> list[PhaseTime]:
     """The roofline seconds of each phase of one step of `config` on plan `p`'s topology and layouts."""
     from rrc_jax.constructions import construction_class
-    from rrc_jax.data.batches import bucket_length, length_bucket
+    from rrc_jax.models.batches import bucket_length, length_bucket
 
     topo, rl, dtype = p.topology, config.rl, config.models.dtype
     policy = model_config(config.models.policy)

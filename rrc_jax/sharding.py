@@ -56,6 +56,12 @@ LOGICAL_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 INFERENCE_RULES = tuple((name, None if name in ("embed", "lora_rank") else axes) for name, axes in LOGICAL_RULES)
 LAYOUTS = {"train": LOGICAL_RULES, "inference": INFERENCE_RULES}
 
+# The roles a run's models play: the policy (trained), and the frozen reference, GRM and DRM, each held in a layout
+# of its own (`MeshConfig`: the policy's master in `train`, a frozen role in its `mesh.<role>` field's). Samplers
+# (`rrc_jax.inference.factory`), the run's models (`rrc_jax.rl.roles.Roles`) and the reward constructions name them.
+ROLES = ("policy", "reference", "grm", "drm")
+FROZEN_ROLES = ROLES[1:]
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -212,7 +218,7 @@ class MeshConfig:
         if sizes.count(-1) > 1 or any(n == 0 or n < -1 for n in sizes):
             raise ConfigError(f"config.mesh: data={self.data} fsdp={self.fsdp} tensor={self.tensor}: sizes are >= 1, "
                               "and at most one is -1 (the remaining devices)")
-        for role in ("reference", "grm", "drm"):
+        for role in FROZEN_ROLES:
             if getattr(self, role) not in LAYOUTS:
                 raise ConfigError(f"config.mesh.{role}: {getattr(self, role)!r}; use one of {', '.join(LAYOUTS)}")
         if self.inference != "auto" and not _is_shape(self.inference):

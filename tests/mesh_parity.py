@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rrc_jax.data.batches import completion_batch
+from rrc_jax.models.batches import completion_batch
 from rrc_jax.inference import SamplingParams, make_sampler
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, save_hf
 from rrc_jax.rl.grpo import grpo_objective

@@ -9,7 +9,7 @@ from flax import nnx
 
 from rrc_jax import testing
 from rrc_jax.config import base_config, validate
-from rrc_jax.data.batches import pad_sequences
+from rrc_jax.models.batches import pad_sequences
 from rrc_jax.data.prompts import PromptSet, PromptSource, load_prompts
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference import SamplingParams

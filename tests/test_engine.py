@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rrc_jax.data.batches import bucket_length, pad_sequences
+from rrc_jax.models.batches import bucket_length, pad_sequences
 from rrc_jax.inference import JaxSampler, SamplingParams, make_sampler
 from rrc_jax.inference.engine import prefix_chunks
 from rrc_jax.inference.sampling import generate

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rrc_jax.data.batches import pad_sequences
+from rrc_jax.models.batches import pad_sequences
 from rrc_jax.data.preferences import Preference
 from rrc_jax.judge import Judge, JudgeTemplate
 from rrc_jax.models import Decoder, DecoderConfig

@@ -9,7 +9,7 @@ import optax
 import pytest
 from flax import nnx
 
-from rrc_jax.data.batches import completion_batch
+from rrc_jax.models.batches import completion_batch
 from rrc_jax.inference import SamplingParams, make_sampler
 from rrc_jax.models import Decoder, DecoderConfig
 from rrc_jax.rl.grpo import AGGREGATIONS, group_advantages, grpo_objective

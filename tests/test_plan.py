@@ -142,7 +142,7 @@ def test_sliding_layers_count_their_window_in_a_long_cache():
 ])
 def test_judge_chunk_is_the_engines_largest_chunk(questions, prompts, max_batch):
 
-    from rrc_jax.data.batches import bucket_length
+    from rrc_jax.models.batches import bucket_length
     from rrc_jax.inference.engine import prefix_chunks
 
     owners = [o for o in range(prompts) for _ in range(questions)]

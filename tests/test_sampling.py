@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import make_hf_model, padded_batch
-from rrc_jax.data.batches import pad_sequences
+from rrc_jax.models.batches import pad_sequences
 from rrc_jax.inference import sampling
 from rrc_jax.inference.sampling import SamplingParams, decode, extend, generate, prefill, sample_token
 from rrc_jax.models import load_hf

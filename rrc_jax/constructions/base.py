@@ -5,7 +5,7 @@ other module lists kinds (docs/design.md, "Reward constructions"):
 
 * `kind` and `Settings`: its name in `reward.kind` and the frozen dataclass of its config group `reward.<kind>`,
   whose defaults are the config's and whose `__post_init__` validates the fields;
-* `roles(config)`: the models it loads beyond the policy (of `ROLES`);
+* `roles(config)`: the models it loads beyond the policy (of `rrc_jax.sharding.FROZEN_ROLES`);
 * `judge_load(config)`: the judge questions and judge tokens per prompt of a step (the planner's inputs);
 * `questions`: which judge questions its prompts are when `data.format` is set (None: it takes plain prompts);
 * `check(config)`: the rules across groups when it is the run's reward;
@@ -32,7 +32,6 @@ from rrc_jax.data.prompts import PromptSet
 from rrc_jax.judge.judge import check_groups
 from rrc_jax.settings import parse
 
-ROLES = ("reference", "grm", "drm")  # what a construction may ask for beyond the policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +99,7 @@ class Construction:
 
     @classmethod
     def roles(cls, config) -> frozenset[str]:
-        """The models it needs beyond the policy (`ROLES`), its held-out evaluation's included."""
+        """The models it needs beyond the policy (`FROZEN_ROLES`), its held-out evaluation's included."""
         return frozenset()
 
     @classmethod

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from rrc_jax.constructions.agr import AGRReward
-from rrc_jax.constructions.base import ROLES, Construction
+from rrc_jax.constructions.base import Construction
 from rrc_jax.constructions.drm import DRMReward
 from rrc_jax.constructions.irpo import IRPOReward
 from rrc_jax.constructions.judged import JudgeSettings
@@ -19,6 +19,7 @@ from rrc_jax.constructions.scr import SCRReward
 from rrc_jax.constructions.tournaments import (CircularReward, DoubleEliminationReward, SeededKnockoutReward,
                                                SwissReward)
 from rrc_jax.errors import ConfigError
+from rrc_jax.sharding import FROZEN_ROLES
 
 CONSTRUCTIONS: dict[str, type[Construction]] = {cls.kind: cls for cls in (
     DRMReward,
@@ -60,10 +61,10 @@ def validate_reward(config) -> type[Construction]:
         if cls.Settings:
             cls.settings(config)
     cls = construction_class(config.reward.kind)
-    unknown = sorted(set(cls.roles(config)) - set(ROLES))
+    unknown = sorted(set(cls.roles(config)) - set(FROZEN_ROLES))
     if unknown:
         raise ConfigError(f"config.reward.kind={config.reward.kind!r} asks for the roles {', '.join(unknown)}; a "
-                          f"construction's roles are {', '.join(ROLES)} (the policy is always there)")
+                          f"construction's roles are {', '.join(FROZEN_ROLES)} (the policy is always there)")
     if config.data.format and cls.questions is None:
         raise ConfigError(f"config.data.format: {config.data.format!r} makes the prompts judge questions, which "
                           f"reward.kind={config.reward.kind!r} does not score; leave data.format empty for a prompt "

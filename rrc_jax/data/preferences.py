@@ -51,8 +51,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from rrc_jax.data.sources import read_rows, render_conversation
+from rrc_jax.data.sources import read_rows
 from rrc_jax.errors import ConfigError
+from rrc_jax.models.hf_io import render_conversation
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ file, optionally gzipped, a parquet file, a `save_to_disk` folder or a Hub datas
 `rrc_jax.data.sources.read_rows`), the prompt in `data.field`. A prompt is a string or a chat conversation (a list
 of `{role, content}` messages ending with a user turn): the policy sees the whole conversation, system message and
 earlier turns included, through its chat template (`PromptSet.chats`); a judge reads it as one text
-(`render_conversation`). Rows with no usable prompt are dropped and counted in the log. A malformed JSON line is
+(`rrc_jax.models.render_conversation`). Rows with no usable prompt are dropped and counted in the log. A malformed JSON line is
 an error naming the file and line, or with `data.skip_bad_rows=True` skipped and counted.
 
 Prompts too long for the models are dropped at load (`load_prompts(..., max_tokens)`, the trainer's

@@ -13,7 +13,7 @@ Types are those `datasets` infers for the whole file. A JSON file that `datasets
 not UTF-8) is scanned for where it is malformed: each line of JSON lines that is not one JSON object in UTF-8
 (blank lines are fine) is named as `FILE:LINE`; with a `bad_lines` list they are skipped instead (and listed
 there), the file's other rows read as usual. A CSV file's first line that is not UTF-8 is named the same way; a
-file of blank lines is an error. `render_conversation` is how a chat conversation reads as one text (what a judge
+file of blank lines is an error. `rrc_jax.models.render_conversation` is how a chat conversation reads as one text (what a judge
 is shown of a multi-turn prompt).
 """
 
@@ -188,11 +188,3 @@ def read_rows(path: str, split: str = "train", bad_lines: list[tuple[int, str]] 
     except (datasets.exceptions.DatasetNotFoundError, ConnectionError, FileNotFoundError, ValueError) as e:
         raise ConfigError(f"{path} is not a local file or folder, and the Hugging Face Hub did not provide it "
                           f"(split {split!r}): {e}") from e
-
-
-def render_conversation(turns: list[tuple[str, str]]) -> str:
-    """A conversation `[(role, content)]` as one text: a single turn is its content; several are
-    `"{Role}: {content}"` each, separated by blank lines."""
-    if len(turns) == 1:
-        return turns[0][1]
-    return "\n\n".join(f"{role.capitalize()}: {content}" for role, content in turns)

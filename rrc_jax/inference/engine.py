@@ -39,8 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from rrc_jax import distributed
-from rrc_jax.data.batches import bucket_length, length_bucket, pad_sequences, round_up
-from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix, stop_tokens
+from rrc_jax.models.batches import agreed_chunks, bucket_length, length_bucket, pad_sequences, round_up
+from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix
+from rrc_jax.models import stop_tokens
 from rrc_jax.inference.sampling import decode, extend, generate, prefill
 from rrc_jax.models.decoder import ATTENTION_BLOCK, Decoder, KVCache
 from rrc_jax.inference.rollout_copy import RolloutCopy
@@ -74,7 +75,7 @@ class JaxSampler:
       stop_token_ids: ids that end a continuation when `SamplingParams.stop_token_ids` is None (default: the
         model's EOS ids and the tokenizer's, `stop_tokens`).
       pad_id: id written after a row ends (default: the model's pad id, else the tokenizer's, else 0).
-      role: the role it samples for (`rrc_jax.rl.roles.ROLES`; `make_sampler` sets it).
+      role: the role it samples for (`rrc_jax.sharding.ROLES`; `make_sampler` sets it).
       layout: decode from a copy of `model` in this layout (module docstring), its parameters in the model's
         compute dtype; None, or a layout of one device: decode from `model` itself.
     """
@@ -199,7 +200,7 @@ class JaxSampler:
             yield from self._shared_caches(prefixes, suffixes, extra)
             return
         full = [list(prefixes[o]) + list(s) for o, s in suffixes]
-        for chunk, n, t in distributed.agreed_chunks([len(f) for f in full], self.host_batch):
+        for chunk, n, t in agreed_chunks([len(f) for f in full], self.host_batch):
             rows = [full[i] for i in chunk] + [[self.pad_id]] * (self._rows(n) - len(chunk))
             ids, mask = pad_sequences(rows, t, self.pad_id, "left")
             self.stats.calls += 1

@@ -28,8 +28,8 @@ from rrc_jax.errors import ConfigError
 from rrc_jax.inference.engine import JaxSampler
 from rrc_jax.inference.openai_engine import OpenAISampler, check_url
 from rrc_jax.inference.sampler import Sampler
-from rrc_jax.rl.roles import ROLES
 from rrc_jax.settings import at_least, field_error
+from rrc_jax.sharding import ROLES
 
 ENGINES: dict[str, Callable[..., Sampler]] = {"jax": JaxSampler, "openai": OpenAISampler}
 ENGINE_ROLES: dict[str, tuple[str, ...]] = {"jax": ROLES, "openai": ("grm",)}  # the others: the JAX engine
@@ -87,7 +87,7 @@ def check_engine(engine: str) -> None:
 
 def make_sampler(role: str, model, tokenizer=None, *, engine: str | InferenceConfig | Mapping = "jax",
                  **options) -> Sampler:
-    """The Sampler of `role` (one of `rrc_jax.rl.roles.ROLES`) on `model` and its `tokenizer` (the stop tokens,
+    """The Sampler of `role` (one of `rrc_jax.sharding.ROLES`) on `model` and its `tokenizer` (the stop tokens,
     the pad id), built by the engine a run's `inference` group (`engine`: an `InferenceConfig`, the config group
     itself, or an engine's name) names for that role, with the caller's `options` (e.g. `max_batch`, the most rows
     per model call) and the engine's own (`InferenceConfig.options`)."""

@@ -47,7 +47,8 @@ import jax
 import numpy as np
 
 from rrc_jax.errors import ConfigError
-from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix, stop_tokens
+from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix
+from rrc_jax.models import stop_tokens
 
 # Options the callers pass to every engine that only the JAX engine uses: the server batches, places and reuses
 # prefixes itself.
@@ -129,7 +130,7 @@ class OpenAISampler:
       model: the judge's `Decoder` or its `DecoderConfig` (`Roles.config`), for its stop tokens and context length
         only (the weights live on the server); None when neither is at hand.
       tokenizer: the judge model's tokenizer (ids in, texts back to ids).
-      role: the role it samples for (`rrc_jax.rl.roles.ROLES`).
+      role: the role it samples for (`rrc_jax.sharding.ROLES`).
       url: the server's base URL, e.g. `http://10.0.0.2:8000` (`/v1/completions` is appended).
       api_model: the model name the server serves (the request's `model`).
       concurrency: requests in flight at once.

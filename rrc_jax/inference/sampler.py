@@ -28,7 +28,8 @@ import numpy as np
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """How a continuation is sampled. `temperature=0` is greedy; `top_k=0` and `top_p=1` switch those filters
-    off. `stop_token_ids=None` means the sampler's own stop tokens (`stop_tokens`). Hashable: static under jit."""
+    off. `stop_token_ids=None` means the sampler's own stop tokens (`rrc_jax.models.stop_tokens`). Hashable:
+    static under jit."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -112,15 +113,6 @@ class Sampler(Protocol):
 
     def next_token_logprobs(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix],
                             token_ids: Sequence[int]) -> np.ndarray: ...
-
-
-def stop_tokens(eos_token_ids: Sequence[int], tokenizer=None) -> tuple[int, ...]:
-    """The ids that end a continuation: the model's EOS ids and the tokenizer's EOS id (chat models often end a
-    turn with a token that only one of the two names)."""
-    ids = {int(t) for t in eos_token_ids}
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return tuple(sorted(ids))
 
 
 def response_texts(tokenizer, out: SampleOutput) -> list[str]:

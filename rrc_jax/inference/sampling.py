@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rrc_jax.data.batches import bucket_length, pad_sequences, round_up
+from rrc_jax.models.batches import bucket_length, pad_sequences, round_up
 from rrc_jax.inference.sampler import SampleOutput, SamplingParams
 from rrc_jax.models.decoder import ATTENTION_BLOCK, Decoder, KVCache, init_cache
 from rrc_jax import distributed

@@ -21,7 +21,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -334,7 +334,7 @@ def save_hf(model: Decoder, path: str | os.PathLike, *, dtype: str | None = None
     """Write `config.json` and safetensors (sharded with an index above `max_shard_bytes`) to `path`.
 
     A causal LM also gets `generation_config.json` (BOS, pad, and as `eos_token_id` the stop tokens its samplers
-    use: the model's EOS ids and the tokenizer's, `rrc_jax.inference.stop_tokens`). A model with a value head (a
+    use: the model's EOS ids and the tokenizer's, `stop_tokens`). A model with a value head (a
     DRM) is written as a sequence classifier: `score.weight [1, E]`, no LM head, and a `pad_token_id` (the model's,
     else the tokenizer's), which transformers needs to find the scored token.
 
@@ -386,10 +386,17 @@ def save_hf(model: Decoder, path: str | os.PathLike, *, dtype: str | None = None
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
+def stop_tokens(eos_token_ids: Sequence[int], tokenizer=None) -> tuple[int, ...]:
+    """The ids that end a continuation: the model's EOS ids and the tokenizer's EOS id (chat models often end a
+    turn with a token that only one of the two names)."""
+    ids = {int(t) for t in eos_token_ids}
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return tuple(sorted(ids))
+
+
 def _generation_config(cfg: DecoderConfig, tokenizer: Any) -> dict[str, Any]:
     """The `generation_config.json` dict of a causal LM: BOS, pad and its stop tokens as `eos_token_id`."""
-    from rrc_jax.inference.sampler import stop_tokens  # local: inference imports models
-
     stop = list(stop_tokens(cfg.eos_token_ids, tokenizer))
     return {"bos_token_id": cfg.bos_token_id, "eos_token_id": stop[0] if len(stop) == 1 else (stop or None),
             "pad_token_id": cfg.pad_token_id}
@@ -474,6 +481,14 @@ def load_tokenizer(path: str | os.PathLike):
     return tokenizer
 
 
+def render_conversation(turns: list[tuple[str, str]]) -> str:
+    """A conversation `[(role, content)]` as one text: a single turn is its content; several are
+    `"{Role}: {content}"` each, separated by blank lines."""
+    if len(turns) == 1:
+        return turns[0][1]
+    return "\n\n".join(f"{role.capitalize()}: {content}" for role, content in turns)
+
+
 def format_prompt(tokenizer, text: str | list[dict], system: str | None = None) -> str:
     """The text the model sees for a user prompt, or for a whole conversation (`text` a list of `{role, content}`
     messages ending with a user turn: system message and earlier turns included).
@@ -481,7 +496,7 @@ def format_prompt(tokenizer, text: str | list[dict], system: str | None = None) 
     With a chat template: `[system,] user` messages (or the conversation) rendered with
     `add_generation_prompt=True`. Without one (base models, the toy world): the fallback is `text` itself,
     unchanged (a `system` string, if given, is prepended followed by a blank line; a conversation reads as
-    `rrc_jax.data.sources.render_conversation` writes it).
+    `render_conversation` writes it).
     """
     if isinstance(text, list):
         messages = ([{"role": "system", "content": system}] if system else []) + list(text)
@@ -490,8 +505,6 @@ def format_prompt(tokenizer, text: str | list[dict], system: str | None = None) 
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     if isinstance(text, list):
-        from rrc_jax.data.sources import render_conversation
-
         return render_conversation([(m["role"], m["content"]) for m in messages])
     return f"{system}\n\n{text}" if system else text
 

@@ -23,12 +23,11 @@ from rrc_jax.models.hf_io import decoder_config, read_hf_config
 from rrc_jax.models.lora import LoraConfig, frozen_copy
 from rrc_jax.progress import say
 from rrc_jax.settings import field_error, one_of, parse
-from rrc_jax.sharding import Layout, MeshConfig
+from rrc_jax.sharding import ROLES, Layout, MeshConfig
 
 if TYPE_CHECKING:
     from rrc_jax.data.toy.world import ToyWorldConfig
 
-ROLES = ("policy", "reference", "grm", "drm")
 TOY_NAMES = ("policy", "grm", "drm", "pointwise")  # `toy:<name>`; the pointwise judge is built only when asked for
 
 

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from rrc_jax import distributed
-from rrc_jax.data.batches import completion_batch, length_bucket
+from rrc_jax.models.batches import completion_batch, length_bucket
 from rrc_jax.data.prompts import PromptSet, prompt_tokens
 from rrc_jax.inference.sampler import Sampler, SamplingParams, response_texts
 from rrc_jax.settings import at_least, field_error

@@ -9,7 +9,7 @@ metrics are small functions of the arrays read from them:
   times with it shown as B (order 2), all in one judge call. `vote_counts(records)` is `[N, 2, 3]` int: per order
   the votes for chosen, for rejected, and the abstentions.
 - pointwise (`score_pointwise`): each response is scored V times (`Judge.score`, NaN when unparseable).
-- DRM (`score_pairs`): the value head's score of chosen and of rejected (`DRMReward.scores`).
+- DRM (`score_pairs`): the value head's score of chosen and of rejected (`rrc_jax.rm.scores.DRMScorer`).
 
 Metrics (`evaluate` computes the ones that apply; all are shares in [0, 1]):
 
@@ -112,7 +112,7 @@ def score_pointwise(judge: Judge, prefs: Sequence[Preference], votes: int = 1) -
 
 
 def score_pairs(drm, prefs: Sequence[Preference]) -> list[dict]:
-    """Score chosen and rejected with a discriminative reward model (`rrc_jax.constructions.drm.DRMReward`, or anything
+    """Score chosen and rejected with a discriminative reward model (`rrc_jax.rm.scores.DRMScorer`, or anything
     with its `scores(prompts, responses) -> [K]`) in one call. Returns N records: the example's fields and
     `score_chosen`, `score_rejected`."""
     n = len(prefs)
@@ -334,7 +334,7 @@ def evaluate(kind: str, prefs: Sequence[Preference], *, judge: Judge | None = No
 
     Args:
       kind: "pairwise" (`judge` with a pairwise template), "pointwise" (`judge` with a pointwise template) or "drm"
-        (`drm`: a `DRMReward`).
+        (`drm`: a `DRMScorer`).
       votes: V judgments per order (pairwise) or scores per response (pointwise).
       prc: pairwise only: also read P(chosen) at the verdict position (another 2N questions; with `think` the judge
         writes its reasoning first, else the direct-verdict template is read).
@@ -347,7 +347,7 @@ def evaluate(kind: str, prefs: Sequence[Preference], *, judge: Judge | None = No
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}; use one of {', '.join(KINDS)}")
     if kind == "drm" and drm is None:
-        raise ValueError("kind='drm' needs drm= (a DRMReward over a reward model with a value head)")
+        raise ValueError("kind='drm' needs drm= (a DRMScorer over a reward model with a value head)")
     if kind != "drm" and judge is None:
         raise ValueError(f"kind={kind!r} needs judge= (a Judge)")
     if prc and kind != "pairwise":

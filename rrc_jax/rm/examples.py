@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from rrc_jax.data.batches import completion_batch, length_bucket, pad_sequences
+from rrc_jax.models.batches import completion_batch, length_bucket, pad_sequences
 from rrc_jax.data.preferences import Preference
 from rrc_jax.judge.templates import JudgeTemplate, encode_text, get_template, render_parts
 from rrc_jax.models import prompt_ids

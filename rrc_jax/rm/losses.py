@@ -3,7 +3,7 @@ completions (the GRM's Eq. 2, the toy policy's pre-training) and the Bradley-Ter
 
 Batches are dicts of right-padded arrays:
 
-- SFT (`rrc_jax.data.batches.completion_batch`): `ids [B, T]`, `mask [B, T]` (real tokens), `loss_mask [B, T]`
+- SFT (`rrc_jax.models.batches.completion_batch`): `ids [B, T]`, `mask [B, T]` (real tokens), `loss_mask [B, T]`
   (tokens whose log-likelihood is trained: the judge's rationale + verdict for a GRM, the response for a policy).
 - Pairs (`rrc_jax.rm.examples.drm_batches`): `chosen_ids`, `chosen_mask`, `rejected_ids`, `rejected_mask`
   `[B, T]`; optional `margin [B]`.

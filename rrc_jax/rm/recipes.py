@@ -156,11 +156,11 @@ def held_out_accuracy(config, model, tokenizer, prefs: Sequence[Preference]) -> 
     the GRM judging greedily in both A/B orders with its template, the DRM scoring both responses."""
     from rrc_jax.inference import make_sampler
     from rrc_jax.judge import Judge, JudgeConfig
-    from rrc_jax.constructions.drm import DRMReward
+    from rrc_jax.rm.scores import DRMScorer
     from rrc_jax.rm.evaluation import evaluate
 
     if config.kind == "drm":
-        return evaluate("drm", prefs, drm=DRMReward(model, tokenizer))
+        return evaluate("drm", prefs, drm=DRMScorer(model, tokenizer))
     judge = Judge(make_sampler("grm", model, tokenizer, engine=config.inference), tokenizer, JudgeConfig(
         template=config.judge.template, max_new_tokens=config.judge.max_new_tokens, temperature=0.0,
         seed=config.seed))

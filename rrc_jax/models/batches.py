@@ -1,5 +1,6 @@
-"""Padding token lists into fixed-shape batches: the length buckets every jitted step compiles for, and the
-completion batches (prompt + completion, loss on the completion) that GRPO, SFT and the toy world train on.
+"""Padding token lists into fixed-shape batches: the length buckets every jitted step compiles for, the chunks every
+host agrees on (`agreed_chunks`), and the completion batches (prompt + completion, loss on the completion) that
+GRPO, SFT and the toy world train on.
 
 Shapes: B rows, T padded length.
 """
@@ -9,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
+from rrc_jax import distributed
 
 MIN_BUCKET = 16
 
@@ -62,3 +65,14 @@ def completion_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Seq
     for i, (p, c) in enumerate(zip(prompts, completions)):
         loss_mask[i, len(p):len(p) + len(c)] = True
     return {"ids": ids, "mask": mask, "loss_mask": loss_mask}
+
+
+def agreed_chunks(lengths: Sequence[int], per_host: int) -> list[tuple[list[int], int, int]]:
+    """Items of the given token `lengths`, sorted by length and cut into chunks of at most `per_host`, as
+    `(item indices, rows, padded length)` per chunk: rows and padded length (`length_bucket`) are the largest of
+    every host's chunk of that index, and every host gets as many chunks as the host with the most (the extra ones
+    without items)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    chunks = [order[start:start + per_host] for start in range(0, len(order), per_host)]
+    plan = distributed.agree([(len(c), length_bucket(max(lengths[i] for i in c))) for c in chunks], 2)
+    return [(chunks[k] if k < len(chunks) else [], n, t) for k, (n, t) in enumerate(plan)]
