@@ -133,44 +133,22 @@ def model_config(name: str, *, field: str = "models.policy", value_head: bool = 
 
 
 def param_shapes(cfg) -> dict[tuple, tuple[tuple[int, ...], tuple[str | None, ...]]]:
-    """Every parameter of `Decoder(cfg)`: its state path -> (shape, logical axis names), as the decoder builds them.
+    """Every parameter of `Decoder(cfg)`: its state path -> (shape, logical axis names), read from the decoder built
+    abstractly (`nnx.eval_shape`: nothing allocated, so a family's own parameters count without a table here)."""
+    return dict(_param_shapes(cfg))
 
-    Embedding `[V, E]`; every layer's, stacked on a leading `[L, ...]` axis: qkv `[E, K, G + 2, D]` (+ bias
-    `[K, G + 2, D]`), o `[H, D, E]` (+ bias `[E]`), gate_up `[E, I, 2]`, down `[I, E]` (+ biases), two RMSNorm
-    scales `[E]` (four with sandwich norms), q/k norms `[D]`; the final norm `[E]`; the LM head `[E, V]` unless tied; the value head `[E]` (DRM).
-    """
-    from rrc_jax.models.decoder import LAYERS
 
-    e, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    h, k, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    out = {("embed",): ((v, e), ("vocab", "embed"))}
-    layer = {
-        ("attn", "qkv"): ((e, k, h // k + 2, d), ("embed", "kv_heads", None, "head_dim")),
-        ("attn", "o"): ((h, d, e), ("heads", "head_dim", "embed")),
-        ("mlp", "gate_up"): ((e, i, 2), ("embed", "mlp", None)),
-        ("mlp", "down"): ((i, e), ("mlp", "embed")),
-        ("attn_norm", "scale"): ((e,), ("norm",)),
-        ("mlp_norm", "scale"): ((e,), ("norm",)),
-    }
-    if cfg.qkv_bias:
-        layer["attn", "qkv_bias"] = ((k, h // k + 2, d), ("kv_heads", None, "head_dim"))
-    if cfg.o_bias:
-        layer["attn", "o_bias"] = ((e,), ("embed",))
-    if cfg.mlp_bias:
-        layer["mlp", "gate_up_bias"] = ((i, 2), ("mlp", None))
-        layer["mlp", "down_bias"] = ((e,), ("embed",))
-    if cfg.qk_norm:
-        layer["attn", "q_norm", "scale"] = layer["attn", "k_norm", "scale"] = ((d,), ("norm",))
-    if cfg.sandwich_norms:
-        layer["post_attn_norm", "scale"] = layer["post_mlp_norm", "scale"] = ((e,), ("norm",))
-    out.update({("layers", *path): ((cfg.num_layers, *shape), (LAYERS, *names))
-                for path, (shape, names) in layer.items()})
-    out["final_norm", "scale"] = ((e,), ("norm",))
-    if cfg.lm_head and not cfg.tie_word_embeddings:  # a sequence-classification DRM has no LM head
-        out["lm_head",] = ((e, v), ("embed", "vocab"))
-    if cfg.value_head:
-        out["value_head", "kernel"] = ((e,), ("embed",))
-    return out
+@functools.lru_cache(maxsize=64)
+def _param_shapes(cfg) -> tuple:
+    from flax import nnx
+
+    from rrc_jax.models.decoder import Decoder
+    from rrc_jax.sharding import model_context
+
+    with model_context(None):
+        model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    return tuple((tuple(path), (tuple(v.shape), tuple(v.get_metadata()["out_sharding"])))
+                 for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
 
 
 def param_count(cfg) -> int:
