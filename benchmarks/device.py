@@ -87,7 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def model_config(args, **numerics):
-    from rrc_jax.models.decoder import DecoderConfig
+    from rrc_jax.models.decoder_config import DecoderConfig
 
     shape = DRY_MODEL if args.dry_run else FULL_MODEL
     return DecoderConfig(model_type="llama", **shape, rms_norm_eps=1e-5, rope_theta=500000.0, rope_type="llama3",

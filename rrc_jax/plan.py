@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import families
-from rrc_jax.models.decoder import ring_size
+from rrc_jax.models.kv_cache import ring_size
 from rrc_jax.models.lora import LoraConfig
 from rrc_jax.settings import parse
 
@@ -110,7 +110,7 @@ def _split(n: int, k: int) -> int:
 def model_config(name: str, *, field: str = "models.policy", value_head: bool = False):
     """The `DecoderConfig` of a role: a size preset (`PRESETS`), `toy` (the toy world's sizes, `TOY_MODELS`; the
     world is not built) or a Hugging Face directory (its `config.json`). `field` names the config field in errors."""
-    from rrc_jax.models.decoder import DecoderConfig
+    from rrc_jax.models.decoder_config import DecoderConfig
 
     if name in PRESETS:
         return DecoderConfig(**PRESETS[name], value_head=value_head)
@@ -241,7 +241,7 @@ def _attention_residual_bytes(cfg, hq: int, keys: int, dtype: str) -> int:
     """Per token, what one layer's attention over `keys` keys keeps for the backward pass: dense up to
     `TRAINING_ATTENTION_BLOCK` keys (masked scores, exp, mask, probabilities `[hq, keys]`), else
     `blockwise_attention`'s (docs/planner.md): the block-split mask and n + 1 float32 carries for n blocks."""
-    from rrc_jax.models.decoder import TRAINING_ATTENTION_BLOCK as block
+    from rrc_jax.models.attention import TRAINING_ATTENTION_BLOCK as block
 
     if keys <= block:
         return (4 + 4 + 1 + _itemsize(dtype)) * hq * keys
@@ -275,13 +275,13 @@ def activation_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, in
                      remat: bool = False) -> int:
     """Bytes per device of the activations the learner's backward pass keeps for `rows` sequences of `length`
     tokens: per layer, its input residual and (without `remat`) the products the scan saves
-    (`rrc_jax.models.decoder.SAVED_RESIDUALS`: q/k/v, the attention output, the residual after attention, gate/up),
+    (`rrc_jax.models.block.SAVED_RESIDUALS`: q/k/v, the attention output, the residual after attention, gate/up),
     plus one layer's internals (`layer_activation_bytes`), which the backward pass recomputes a layer at a time;
     then the final norm, the hidden states the log-prob chunks read and the loss's per-token terms. With
     `blockwise_attention` (over `TRAINING_ATTENTION_BLOCK` keys), also the block of one layer that the backward
     pass recomputes at a time: its dense internals (masked scores, exp, mask, probabilities `[heads, block]` a
     token)."""
-    from rrc_jax.models.decoder import TRAINING_ATTENTION_BLOCK as block
+    from rrc_jax.models.attention import TRAINING_ATTENTION_BLOCK as block
 
     c, e, d = _itemsize(dtype), cfg.hidden_size, cfg.head_dim
     tokens = _rows_per_device(rows, mesh_shape) * length
@@ -305,7 +305,7 @@ def forward_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, int],
     """Bytes per device of a forward pass without gradients (prefill, log-probs, DRM scores) over `rows` x
     `length` new tokens attending to `keys` positions at once (default: a no-cache forward's, `length` keys in
     blocks of `TRAINING_ATTENTION_BLOCK`): the residual stream in and out of a layer plus one layer's internals."""
-    from rrc_jax.models.decoder import TRAINING_ATTENTION_BLOCK
+    from rrc_jax.models.attention import TRAINING_ATTENTION_BLOCK
 
     stream = 2 * _rows_per_device(rows, mesh_shape) * length * cfg.hidden_size * _itemsize(dtype)
     keys = keys or min(length, TRAINING_ATTENTION_BLOCK)
@@ -315,7 +315,7 @@ def forward_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, int],
 def shared_block(prefix_slots: int) -> int:
     """Prefix slots that `shared_attention` scores at once: `SHARED_ATTENTION_BLOCK` when it splits the N prefix
     slots into several whole blocks (a `lax.scan`), else N (one pass)."""
-    from rrc_jax.models.decoder import SHARED_ATTENTION_BLOCK as block
+    from rrc_jax.models.kv_cache import SHARED_ATTENTION_BLOCK as block
 
     return block if prefix_slots > block and prefix_slots % block == 0 else prefix_slots
 
@@ -483,7 +483,7 @@ def _policy_rollouts(config, cfg, shape, dtype, layout: str) -> list[Row]:
     loop gathers."""
     from rrc_jax.models.batches import bucket_length, round_up
     from rrc_jax.inference.sampling import PREFILL_CHUNK
-    from rrc_jax.models.decoder import ATTENTION_BLOCK
+    from rrc_jax.models.kv_cache import ATTENTION_BLOCK
     from rrc_jax.rl.rollout import RolloutConfig
     from rrc_jax.settings import parse
 
@@ -532,7 +532,7 @@ def _judging(config, cfg, shape, dtype, layout: str) -> tuple[list[Row], str]:
     evaluation's) whose caches and transients are the larger; and a note on the estimated question lengths."""
     from rrc_jax.models.batches import length_bucket, round_up
     from rrc_jax.inference.sampling import PREFILL_CHUNK
-    from rrc_jax.models.decoder import ATTENTION_BLOCK
+    from rrc_jax.models.kv_cache import ATTENTION_BLOCK
 
     r, n_new = config.reward, config.rl.max_new_tokens
     pre_tokens, item_tokens = _template_tokens(config)

@@ -35,7 +35,7 @@ from rrc_jax.inference import sampling
 from rrc_jax.inference.rollout_copy import RolloutCopy
 from rrc_jax.inference.sampler import SamplingParams
 from rrc_jax.models import Decoder, DecoderConfig
-from rrc_jax.models.decoder import init_cache
+from rrc_jax.models.kv_cache import init_cache
 from rrc_jax.rl.grpo import grpo_objective
 from rrc_jax.rl.learner import Learner, make_optimizer
 from rrc_jax.sharding import Layout, make_mesh, model_context, put_batch

@@ -125,7 +125,7 @@ def test_a_sequence_classifier_exports_back_to_transformers(tmp_path, kind, arch
 def test_gemma3_reads_both_config_layouts():
     """Gemma 3's RoPE and layer pattern from transformers 5's `rope_parameters` per layer type and from 4.x's
     `rope_theta` / `rope_local_base_freq` / `rope_scaling` / `sliding_window_pattern` give one `DecoderConfig`."""
-    from rrc_jax.models.decoder import DecoderConfig
+    from rrc_jax.models.decoder_config import DecoderConfig
 
     common = dict(model_type="gemma3_text", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=7,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,

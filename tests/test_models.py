@@ -38,10 +38,10 @@ def test_logits_match_transformers_on_padded_batch(hf_checkpoint, side):
 def test_blockwise_attention_matches_transformers_and_dense_gradients(hf_checkpoint, monkeypatch):
     """With 8-key blocks (a 23-token batch spans three), the training attention (`blockwise_attention`) still gives
     transformers' logits, and its gradients equal dense attention's wherever a query sees a key."""
-    from rrc_jax.models import decoder
+    from rrc_jax.models import attention
 
     kind, path, ref_model = hf_checkpoint
-    monkeypatch.setattr(decoder, "TRAINING_ATTENTION_BLOCK", 8)
+    monkeypatch.setattr(attention, "TRAINING_ATTENTION_BLOCK", 8)
     ids, mask = padded_batch([5, 23, 11, 17], "left")
     ours = np.asarray(load_hf(path)(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
     real = mask.astype(bool)
@@ -53,7 +53,7 @@ def test_blockwise_attention_matches_transformers_and_dense_gradients(hf_checkpo
     causal = jnp.tril(jnp.ones((t, t), bool))[None] & (jnp.arange(t) >= jnp.array([[3], [0]]))[:, None, :]
     sees = causal.any(-1)[:, None, None, :, None]
     grads = lambda fn: jax.grad(lambda *x: (jnp.where(sees, fn(*x, causal), 0) ** 2).sum(), argnums=(0, 1, 2))(q, k, v)
-    for a, b_ in zip(grads(decoder.dense_attention), grads(lambda *x: decoder.blockwise_attention(*x, block=16))):
+    for a, b_ in zip(grads(attention.dense_attention), grads(lambda *x: attention.blockwise_attention(*x, block=16))):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b_), atol=1e-5)
 
 

@@ -114,7 +114,7 @@ def test_sliding_layers_count_their_window_in_a_long_cache():
     """A cache longer than the window keeps the sliding layers' window (`KVCache.ring`): the planner's bytes are
     the cache's own, and a Gemma 3 judge's rows (5 of 6 layers sliding, window 1024) hold 5/6 less at 8K slots.
     The shared prefixes keep every layer's slots."""
-    from rrc_jax.models.decoder import init_cache
+    from rrc_jax.models.kv_cache import init_cache
 
     cfg = DecoderConfig(**{**TINY, "model_type": "gemma2", "sliding_window": 16,
                            "layer_types": ("sliding_attention", "full_attention")})

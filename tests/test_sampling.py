@@ -208,7 +208,7 @@ def test_compiles_once_per_batch_bucket_and_length(llama):
 
 
 def test_blocked_attention_equals_dense():
-    from rrc_jax.models.decoder import _empty_carry, _normalize, cache_attention, dense_attention
+    from rrc_jax.models.attention import cache_attention, dense_attention, empty_carry, normalize_carry
 
     rng = np.random.default_rng(0)
     b, kh, g, t, d, s = 3, 2, 3, 5, 8, 512
@@ -221,7 +221,7 @@ def test_blocked_attention_equals_dense():
     mask = jnp.asarray(mask)
     blocks = lambda x, axis: tuple(jnp.split(x[None], s // 128, axis=axis + 1))  # 4 blocks of 128 slots, 1 layer
     dense = dense_attention(q, k, v, mask)
-    blocked = _normalize(cache_attention(_empty_carry(q), q, blocks(k, 3), blocks(v, 2), mask, jnp.asarray(end + t),
+    blocked = normalize_carry(cache_attention(empty_carry(q), q, blocks(k, 3), blocks(v, 2), mask, jnp.asarray(end + t),
                                          layer=0))
     assert not np.isnan(np.asarray(blocked)).any()
     sees = np.asarray(mask.any(-1))[:, None, None, :, None]  # a query that sees nothing has no defined output
@@ -232,13 +232,13 @@ def test_blocked_attention_equals_dense():
 def test_long_cache_uses_blocks_and_matches(llama, monkeypatch):
     """A 576-slot cache (9 blocks, blocked attention) gives the same greedy tokens as a 96-slot one (one block);
     so does a prefill that spans several blocks and starts past the first (extend into a blocked cache)."""
-    from rrc_jax.models import decoder
+    from rrc_jax.models import kv_cache
 
     model, _ = llama
     ids, mask = padded_batch(LENGTHS, "left", seed=9)
     small = gen(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=96)
-    monkeypatch.setattr(decoder, "BLOCKED_ATTENTION_MIN_BYTES", 0)  # a tiny model's cache is blocked too
-    blocks = decoder.init_cache(model.cfg, 4, 576).k  # 9 blocks [L, B, K, D, 64]
+    monkeypatch.setattr(kv_cache, "BLOCKED_ATTENTION_MIN_BYTES", 0)  # a tiny model's cache is blocked too
+    blocks = kv_cache.init_cache(model.cfg, 4, 576).k  # 9 blocks [L, B, K, D, 64]
     assert len(blocks) == 9 and {b.shape for b in blocks} == {(model.cfg.num_layers, 4, model.cfg.num_kv_heads,
                                                                 model.cfg.head_dim, 64)}
     large = gen(model, prompts_of(ids, mask), max_new_tokens=40, temperature=0.0, cache_size=576)
@@ -266,11 +266,11 @@ def test_branch_equals_take(request, monkeypatch, blocked, family):
 (blocked):
     a sliding window (4) shorter than the prefixes, so the suffixes see only the last prefix slots, and soft-capped
     scores in the prefix attention."""
-    from rrc_jax.models import decoder
+    from rrc_jax.models import kv_cache
 
     model, _ = request.getfixturevalue(family)
     if blocked:
-        monkeypatch.setattr(decoder, "BLOCKED_ATTENTION_MIN_BYTES", 0)
+        monkeypatch.setattr(kv_cache, "BLOCKED_ATTENTION_MIN_BYTES", 0)
     rng = np.random.default_rng(1)
     prefixes = [list(rng.integers(3, 96, n)) for n in (6, 11, 2)]
     suffixes = [list(rng.integers(3, 96, n)) for n in (3, 8, 1, 5, 7, 0)]  # two rows per prefix, one empty
@@ -352,7 +352,7 @@ def test_ring_buffers_are_updated_in_place():
 
 
 def test_layer_segments_cover_the_layers_with_the_fewest_traced():
-    from rrc_jax.models.decoder import layer_segments
+    from rrc_jax.models.block import layer_segments
 
     full, local = False, True
     assert layer_segments([full] * 4) == [(0, (full,), 4)]
@@ -392,12 +392,13 @@ def test_group_size_shares_each_prompt(llama):
 def test_shared_then_blocked_attention_equals_dense(monkeypatch, prefix_block):
     """Per-prompt prefixes (3 prompts x 2 rows; in one pass, or two blocks of 8 slots) then the rows' blocked cache
     equal dense attention over each row's own prefix followed by its own slots."""
-    from rrc_jax.models import decoder
-    from rrc_jax.models.decoder import (_empty_carry, _normalize, cache_attention, dense_attention, prefix_blocks,
-                                        shared_attention)
+    from rrc_jax.models import kv_cache
+    from rrc_jax.models.attention import (cache_attention, dense_attention, empty_carry, normalize_carry,
+                                          shared_attention)
+    from rrc_jax.models.kv_cache import prefix_blocks
 
     if prefix_block:
-        monkeypatch.setattr(decoder, "SHARED_ATTENTION_BLOCK", prefix_block)
+        monkeypatch.setattr(kv_cache, "SHARED_ATTENTION_BLOCK", prefix_block)
     rng = np.random.default_rng(2)
     p, m, kh, g, t, d, n, s = 3, 2, 2, 2, 4, 8, 16, 128
     b = p * m
@@ -408,8 +409,8 @@ def test_shared_then_blocked_attention_equals_dense(monkeypatch, prefix_block):
     mask = jnp.asarray(np.broadcast_to(np.arange(s) < 70, (b, t, s)))
     bk, bv, bmask = prefix_blocks(ks[None], vs[None], shared_mask)  # one layer: [1, J, P, ...]
     assert bk.shape[1] == (2 if prefix_block else 1)
-    carry = shared_attention(_empty_carry(q), q, bk[0], bv[0], bmask)
-    out = _normalize(cache_attention(carry, q, jnp.split(k[None], 2, axis=4), jnp.split(v[None], 2, axis=3), mask,
+    carry = shared_attention(empty_carry(q), q, bk[0], bv[0], bmask)
+    out = normalize_carry(cache_attention(carry, q, jnp.split(k[None], 2, axis=4), jnp.split(v[None], 2, axis=3), mask,
                                      jnp.asarray(70), layer=0))
     rows = lambda x: jnp.repeat(x, m, axis=0)
     full_k = jnp.concatenate([rows(ks), k], axis=3)

@@ -43,7 +43,8 @@ from rrc_jax.models.batches import agreed_chunks, bucket_length, length_bucket, 
 from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix
 from rrc_jax.models import stop_tokens
 from rrc_jax.inference.sampling import decode, extend, generate, prefill
-from rrc_jax.models.decoder import ATTENTION_BLOCK, Decoder, KVCache
+from rrc_jax.models.decoder import Decoder
+from rrc_jax.models.kv_cache import ATTENTION_BLOCK, KVCache
 from rrc_jax.inference.rollout_copy import RolloutCopy
 from rrc_jax.sharding import Layout, host_row_multiple, host_rows, mesh_of, use_mesh
 

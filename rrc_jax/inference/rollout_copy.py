@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rrc_jax.models import Decoder
-from rrc_jax.models.decoder import LAYERS
+from rrc_jax.models.kv_cache import LAYERS
 from rrc_jax.models.lora import trainable
 from rrc_jax.sharding import Layout, bytes_per_device, model_context
 

@@ -29,7 +29,8 @@ from flax import nnx
 
 from rrc_jax.models.batches import bucket_length, pad_sequences, round_up
 from rrc_jax.inference.sampler import SampleOutput, SamplingParams
-from rrc_jax.models.decoder import ATTENTION_BLOCK, Decoder, KVCache, init_cache
+from rrc_jax.models.decoder import Decoder
+from rrc_jax.models.kv_cache import ATTENTION_BLOCK, KVCache, init_cache
 from rrc_jax import distributed
 from rrc_jax.sharding import host_rows, mesh_of, put_rows
 

@@ -34,7 +34,8 @@ from safetensors.numpy import save as safetensors_bytes
 
 from rrc_jax import sharding
 from rrc_jax.errors import ConfigError
-from rrc_jax.models.decoder import Decoder, DecoderConfig, is_sequence_classifier, token_ids
+from rrc_jax.models.decoder import Decoder
+from rrc_jax.models.decoder_config import DecoderConfig, is_sequence_classifier, token_ids
 from rrc_jax.models import lora as lora_
 from rrc_jax.models.families import family
 from rrc_jax.models.lora import LoraConfig

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 from rrc_jax import distributed
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer
-from rrc_jax.models.decoder import is_sequence_classifier
+from rrc_jax.models.decoder_config import is_sequence_classifier
 from rrc_jax.models.hf_io import decoder_config, read_hf_config
 from rrc_jax.models.lora import LoraConfig, frozen_copy
 from rrc_jax.progress import say
