@@ -320,7 +320,7 @@ def test_kv_heads_fewer_than_tensor_are_replicated():
     assert not p.problems and any("8 kv heads: they are replicated" in x for x in p.notes)
     cfg = plan.model_config("llama3-8b")
     qkv, o = cfg.hidden_size * 8 * 6 * 128, 32 * 128 * cfg.hidden_size  # per layer: [E, K, G + 2, D], [H, D, E]
-    layers = lambda shape: sum(math.prod(s // w for s, w in zip(sh, plan._mesh_axes(n, sh, shape)))
+    layers = lambda shape: sum(math.prod(s // w for s, w in zip(sh, plan.mesh_axes(n, sh, shape)))
                                for path, (sh, n) in plan.param_shapes(cfg).items()
                                if path in (("layers", "attn", "qkv"), ("layers", "attn", "o")))
     # every layer's stacked: qkv over fsdp only (embed), o over fsdp and tensor

@@ -1,190 +1,31 @@
-"""Memory planner: will a GRPO run of a trainer config fit a TPU slice or GPU host, and on which mesh?
-
-    python -m rrc_jax.plan --config=agr.py --topology=v5e-64 [--config.models.policy=llama3-8b
-        --config.models.grm=llama3-8b --config.mesh.fsdp=... --config.rl.micro_batch_size=...]
-
-prints, per device, what the run holds in high-bandwidth memory, whether it fits, and, when it does not, a mesh and
-micro-batch size that do. Nothing is loaded or compiled: the figures are arithmetic on the model shapes
-(`DecoderConfig`: a size preset such as `llama3-8b`, a Hugging Face directory's `config.json`, or `toy`) and the
-config. `tests/test_plan.py` checks them against XLA's own accounting of the compiled learner update and decode
-step on an 8-device CPU mesh.
-
-The model of memory (a resident part plus the largest of five phases; what each row counts, and the check against
-XLA) is in docs/planner.md.
-"""
+"""The memory of one GRPO step per device (docs/planner.md): the resident parameters and optimizer state plus the
+largest of the phases (rollout, reward, log-prob, backward, update, sync), each a list of `Row`s, for a config on a
+topology and mesh (`plan`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 import re
-from pathlib import Path
 
-from rrc_jax.errors import ConfigError
-from rrc_jax.models import families
 from rrc_jax.models.kv_cache import ring_size
 from rrc_jax.models.lora import LoraConfig
 from rrc_jax.settings import parse
+from rrc_jax.plan.hardware import split_size, GiB, HEADROOM, resolve_mesh, Topology, topology
+from rrc_jax.plan.shapes import (itemsize, lora_param_bytes, model_config, param_bytes, param_count, param_shapes,
+                                 shard_size)
 
-GiB = 1 << 30
-HEADROOM = 0.9  # the share of HBM a plan may use: XLA's scratch, fragmentation and collectives take the rest
-
-# Per device of each accelerator family (a chip; v4 and v5p name TensorCores, 2 per chip, one JAX device per chip):
-# HBM (GiB), devices per host (`host`; slices of at most 8 chips of v5e / v6e are one host of 8), and the
-# roofline's peak dense bf16 FLOP/s, HBM bytes/s and interconnect bytes/s one way (Cloud TPU system architecture
-# pages; NVIDIA's H100 / H200 SXM data sheets, NVLink 900 GB/s both ways).
-ACCELERATORS = {
-    "v4": dict(hbm=32, unit="TensorCores", per_chip=2, host=4, flops=275e12, hbm_bw=1.2e12, ici_bw=300e9),
-    "v5p": dict(hbm=95, unit="TensorCores", per_chip=2, host=4, flops=459e12, hbm_bw=2.765e12, ici_bw=600e9),
-    "v5e": dict(hbm=16, unit="chips", per_chip=1, host=4, flops=197e12, hbm_bw=819e9, ici_bw=200e9),
-    "v5litepod": dict(hbm=16, unit="chips", per_chip=1, host=4, flops=197e12, hbm_bw=819e9, ici_bw=200e9),
-    "v6e": dict(hbm=32, unit="chips", per_chip=1, host=4, flops=918e12, hbm_bw=1.64e12, ici_bw=400e9),
-    "h100": dict(hbm=80, unit="GPUs", per_chip=1, host=8, flops=989e12, hbm_bw=3.35e12, ici_bw=450e9),
-    "h200": dict(hbm=141, unit="GPUs", per_chip=1, host=8, flops=989e12, hbm_bw=4.8e12, ici_bw=450e9),
-    # nominal, for tests (host memory is not HBM; the speeds are placeholders, not a CPU's)
-    "cpu": dict(hbm=1024, unit="devices", per_chip=1, host=1 << 20, flops=1e12, hbm_bw=1e11, ici_bw=1e10),
-}
-
-# Size presets: DecoderConfig fields from the public Hugging Face config.json of each model, one family's in its
-# module (`rrc_jax.models.families`).
-PRESETS = families.presets()
 
 LOGPROB_CHUNK_ARRAYS = 4  # float32 [rows, chunk, vocab] arrays live at once in a log-prob chunk (see above)
+
+
 CHARS_PER_TOKEN = 4       # judge template text -> tokens (BPE on English); 1 for the toy character tokenizer
+
+
 CHAT_FORMAT_TOKENS = 32   # special tokens and role headers of a chat template, per judge question
+
+
 PHASES = ("resident", "rollout", "reward", "log-prob", "backward", "update", "sync")
 
-
-# ------------------------------------------------------------------------------------------------------------
-# Topologies and meshes
-# ------------------------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class Topology:
-    """A slice or host: `devices` JAX devices (TPU chips, GPUs) of `hbm_bytes` each, `host_devices` to a host; per
-    device the peak dense bf16 `flops` (FLOP/s), `hbm_bw` and one-way interconnect `ici_bw` (bytes/s)."""
-
-    name: str
-    devices: int
-    hbm_bytes: int
-    host_devices: int = 1
-    flops: float = 0.0
-    hbm_bw: float = 0.0
-    ici_bw: float = 0.0
-
-
-def topology(name: str) -> Topology:
-    """The `Topology` of a Cloud TPU name (`v4-32`, `v5p-64`: TensorCores, 2 per chip; `v5e-64`, `v5litepod-16`,
-    `v6e-8`: chips), a GPU host (`h100-8`, `h200-8`) or `cpu-N` (tests). A multi-host pod is one topology: its
-    devices are its chips. Anything else is a `ConfigError` naming the known forms."""
-    match = re.fullmatch(r"([a-z0-9]+)-(\d+)", name.strip().lower())
-    family = ACCELERATORS.get(match.group(1)) if match else None
-    count = int(match.group(2)) if match else 0
-    if family is None or count < family["per_chip"] or count % family["per_chip"]:
-        known = ", ".join(f"{k}-N ({v['unit']}{', 2 per chip' if v['per_chip'] == 2 else ''})"
-                          for k, v in ACCELERATORS.items())
-        raise ConfigError(f"--topology={name}: unknown topology; known: {known}")
-    devices = count // family["per_chip"]
-    host = devices if family["unit"] == "chips" and devices <= 8 else min(devices, family["host"])
-    return Topology(name, devices, family["hbm"] * GiB, host, family["flops"], family["hbm_bw"], family["ici_bw"])
-
-
-def resolve_mesh(data: int, fsdp: int, tensor: int, devices: int) -> tuple[int, int, int]:
-    """(data, fsdp, tensor) with a -1 taking the remaining devices, as the trainer's mesh resolves it
-    (`rrc_jax.sharding.mesh_shape`)."""
-    from rrc_jax.sharding import mesh_shape
-
-    return mesh_shape(data, fsdp, tensor, devices)
-
-
-def _split(n: int, k: int) -> int:
-    """The per-device share of an axis of n split k ways: n / k when k divides n, else n (left whole)."""
-    return n // k if n % k == 0 else n
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Models
-# ------------------------------------------------------------------------------------------------------------
-
-def model_config(name: str, *, field: str = "models.policy", value_head: bool = False):
-    """The `DecoderConfig` of a role: a size preset (`PRESETS`), `toy` (the toy world's sizes, `TOY_MODELS`; the
-    world is not built) or a Hugging Face directory (its `config.json`). `field` names the config field in errors."""
-    from rrc_jax.models.decoder_config import DecoderConfig
-
-    if name in PRESETS:
-        return DecoderConfig(**PRESETS[name], value_head=value_head)
-    if name == "toy":
-        from rrc_jax.data.toy.task import TOY_MODELS
-        from rrc_jax.data.toy.task import ALPHABET
-        from rrc_jax.data.toy.world import ModelSpec, model_config as toy_config
-        from rrc_jax.models.char_tokenizer import SPECIAL_TOKENS
-
-        role = field.rsplit(".", 1)[-1]
-        spec = ModelSpec(**TOY_MODELS["policy" if role == "reference" else role])
-        return toy_config(spec, len(SPECIAL_TOKENS) + len(ALPHABET), value_head=value_head)
-    path = Path(name).expanduser()
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"config.{field}={name!r}: not a size preset (known: {', '.join(PRESETS)}), 'toy', or a "
-                          "Hugging Face directory with a config.json")
-    from rrc_jax.models.hf_io import read_hf_config
-
-    return DecoderConfig.from_hf(read_hf_config(path), value_head=value_head)
-
-
-def param_shapes(cfg) -> dict[tuple, tuple[tuple[int, ...], tuple[str | None, ...]]]:
-    """Every parameter of `Decoder(cfg)`: its state path -> (shape, logical axis names), read from the decoder built
-    abstractly (`nnx.eval_shape`: nothing allocated, so a family's own parameters count without a table here)."""
-    return dict(_param_shapes(cfg))
-
-
-@functools.lru_cache(maxsize=64)
-def _param_shapes(cfg) -> tuple:
-    from flax import nnx
-
-    from rrc_jax.models.decoder import Decoder
-    from rrc_jax.sharding import model_context
-
-    with model_context(None):
-        model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
-    return tuple((tuple(path), (tuple(v.shape), tuple(v.get_metadata()["out_sharding"])))
-                 for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
-
-
-def param_count(cfg) -> int:
-    """The number of parameters of `Decoder(cfg)`."""
-    return sum(math.prod(shape) for shape, _ in param_shapes(cfg).values())
-
-
-def _mesh_axes(names, shape, mesh_shape, layout: str = "train") -> list[int]:
-    """Ways each axis of an array of `shape` with logical `names` is split on a `(data, fsdp, tensor)` mesh in
-    `layout` (`rrc_jax.sharding.partition`: an axis its mesh axes do not divide is replicated, as JAX places it)."""
-    from rrc_jax.sharding import LAYOUTS, MESH_AXES, partition
-
-    size = dict(zip(MESH_AXES, mesh_shape))
-    return [math.prod(size[a] for a in axes) for axes in partition(names, shape, LAYOUTS[layout], size)]
-
-
-def param_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int], layout: str = "train") -> int:
-    """Bytes per device of `Decoder(cfg)`'s parameters stored in `dtype` on a `(data, fsdp, tensor)` mesh in
-    `layout` (`rrc_jax.sharding.LAYOUTS`): each parameter's shard, replicated over data (and, in the inference
-    layout, over fsdp); an axis its mesh axes do not divide is whole."""
-    return sum(_shard_size(shape, names, mesh_shape, layout)
-               for shape, names in param_shapes(cfg).values()) * _itemsize(dtype)
-
-
-def _shard_size(shape, names, mesh_shape, layout: str) -> int:
-    """Elements on one device of an array of `shape` with logical `names` (`_mesh_axes`)."""
-    return math.prod(n // w for n, w in zip(shape, _mesh_axes(names, shape, mesh_shape, layout)))
-
-
-def _itemsize(dtype: str) -> int:
-    return {"float32": 4, "bfloat16": 2}[dtype]
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Caches and activations
-# ------------------------------------------------------------------------------------------------------------
 
 def _rows_per_device(rows: int, mesh_shape: tuple[int, int, int]) -> int:
     """Rows of a batch on one device: over data x fsdp, rounded up (XLA pads a split that does not divide)."""
@@ -210,8 +51,8 @@ def kv_cache_bytes(cfg, rows: int, slots: int, mesh_shape: tuple[int, int, int],
     whole (`_prefixes_per_device`). A rows' cache longer than the sliding window keeps the sliding layers' window
     only (`KVCache.ring`: `layer_slots`), with the positions its slots hold `[rows, window]` (int32); the shared
     prefixes keep every slot of every layer."""
-    kv = _split(cfg.num_kv_heads, mesh_shape[2])
-    per_slot = 2 * kv * cfg.head_dim * _itemsize(dtype)  # one token's keys and values in one layer
+    kv = split_size(cfg.num_kv_heads, mesh_shape[2])
+    per_slot = 2 * kv * cfg.head_dim * itemsize(dtype)  # one token's keys and values in one layer
     if shared:
         return _prefixes_per_device(rows, mesh_shape) * (cfg.num_layers * slots * per_slot + slots)
     ring = ring_size(cfg.sliding, cfg.sliding_window or 0, slots) or 0
@@ -244,7 +85,7 @@ def _attention_residual_bytes(cfg, hq: int, keys: int, dtype: str) -> int:
     from rrc_jax.models.attention import TRAINING_ATTENTION_BLOCK as block
 
     if keys <= block:
-        return (4 + 4 + 1 + _itemsize(dtype)) * hq * keys
+        return (4 + 4 + 1 + itemsize(dtype)) * hq * keys
     n = -(-keys // block)
     return n * block + (n + 1) * 4 * hq * (cfg.head_dim + 2)
 
@@ -256,10 +97,10 @@ def layer_activation_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, i
     training forward keeps (attention over `length` keys: dense or blockwise); with `keys`, dense scores over that
     many keys at once, what a forward pass without gradients holds while it runs the layer."""
     tensor = mesh_shape[2]
-    c, e, d = _itemsize(dtype), cfg.hidden_size, cfg.head_dim
-    kv = _split(cfg.num_kv_heads, tensor)
+    c, e, d = itemsize(dtype), cfg.hidden_size, cfg.head_dim
+    kv = split_size(cfg.num_kv_heads, tensor)
     hq = kv * (cfg.num_heads // cfg.num_kv_heads)
-    i = _split(cfg.intermediate_size, tensor)
+    i = split_size(cfg.intermediate_size, tensor)
     attention = ((4 + 4 + 1 + c) * hq * keys if keys                # masked scores, exp (float32), mask, probs
                  else _attention_residual_bytes(cfg, hq, length, dtype))
     per_token = (2 * (4 + 2 * c) * e                        # two RMSNorms: float32 input, normed and scaled outputs
@@ -283,11 +124,11 @@ def activation_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, in
     token)."""
     from rrc_jax.models.attention import TRAINING_ATTENTION_BLOCK as block
 
-    c, e, d = _itemsize(dtype), cfg.hidden_size, cfg.head_dim
+    c, e, d = itemsize(dtype), cfg.hidden_size, cfg.head_dim
     tokens = _rows_per_device(rows, mesh_shape) * length
-    kv = _split(cfg.num_kv_heads, mesh_shape[2])
+    kv = split_size(cfg.num_kv_heads, mesh_shape[2])
     hq = kv * (cfg.num_heads // cfg.num_kv_heads)
-    saved = e if remat else (e + (hq + 2 * kv) * d + hq * d + e + 2 * _split(cfg.intermediate_size, mesh_shape[2]))
+    saved = e if remat else (e + (hq + 2 * kv) * d + hq * d + e + 2 * split_size(cfg.intermediate_size, mesh_shape[2]))
     layers = cfg.num_layers * c * saved * tokens + layer_activation_bytes(cfg, rows, length, mesh_shape, dtype)
     recompute = tokens * (4 + 4 + 1 + c) * hq * block if length > block else 0
     return layers + recompute + tokens * ((4 + 2 * c) * e + c * e + 8 * 4)
@@ -296,7 +137,7 @@ def activation_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, in
 def logprob_chunk_bytes(cfg, rows: int, chunk: int, mesh_shape: tuple[int, int, int]) -> int:
     """Bytes per device of one log-prob chunk: `LOGPROB_CHUNK_ARRAYS` float32 `[rows, chunk, vocab]` (rows over
     data x fsdp, vocab over tensor when it divides it)."""
-    return LOGPROB_CHUNK_ARRAYS * _rows_per_device(rows, mesh_shape) * chunk * _split(cfg.vocab_size,
+    return LOGPROB_CHUNK_ARRAYS * _rows_per_device(rows, mesh_shape) * chunk * split_size(cfg.vocab_size,
                                                                                        mesh_shape[2]) * 4
 
 
@@ -307,7 +148,7 @@ def forward_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, int],
     blocks of `TRAINING_ATTENTION_BLOCK`): the residual stream in and out of a layer plus one layer's internals."""
     from rrc_jax.models.attention import TRAINING_ATTENTION_BLOCK
 
-    stream = 2 * _rows_per_device(rows, mesh_shape) * length * cfg.hidden_size * _itemsize(dtype)
+    stream = 2 * _rows_per_device(rows, mesh_shape) * length * cfg.hidden_size * itemsize(dtype)
     keys = keys or min(length, TRAINING_ATTENTION_BLOCK)
     return stream + layer_activation_bytes(cfg, rows, length, mesh_shape, dtype, keys=keys)
 
@@ -325,7 +166,7 @@ def decode_step_bytes(cfg, rows: int, prefix_slots: int, mesh_shape: tuple[int, 
     = N slots: masked scores and their exponentials, float32 `[P, K, M, G, 1, N_j]` for the P x M = `rows` rows,
     i.e. `[rows, heads, N_j]`: each row group reads only its own prefix, a block of `shared_block(N)` slots at a
     time (`shared_attention`); the own slots are read a cache block at a time."""
-    kv = _split(cfg.num_kv_heads, mesh_shape[2])
+    kv = split_size(cfg.num_kv_heads, mesh_shape[2])
     hq = kv * (cfg.num_heads // cfg.num_kv_heads)
     return 2 * 4 * _rows_per_device(rows, mesh_shape) * hq * shared_block(prefix_slots)
 
@@ -339,16 +180,16 @@ def gathered_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int], *, lm_head
     data, fsdp, tensor = mesh_shape
     if fsdp == 1:
         return 0
-    head = cfg.hidden_size * _split(cfg.vocab_size, tensor) * _itemsize(dtype)
+    head = cfg.hidden_size * split_size(cfg.vocab_size, tensor) * itemsize(dtype)
     return head if lm_head_only else head + layer_param_bytes(cfg, dtype, (1, 1, tensor))
 
 
 def layer_param_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int], layout: str = "train") -> int:
     """Bytes per device of one decoder layer's parameters in `dtype` on a mesh in `layout` (a layer's slice of the
     stacked parameters, which the scan reads in its turn; the layers axis is never split)."""
-    stacked = sum(_shard_size(shape, names, mesh_shape, layout)
+    stacked = sum(shard_size(shape, names, mesh_shape, layout)
                   for path, (shape, names) in param_shapes(cfg).items() if path[0] == "layers")
-    return stacked // cfg.num_layers * _itemsize(dtype)
+    return stacked // cfg.num_layers * itemsize(dtype)
 
 
 def sync_transient_bytes(cfg, dtype: str) -> int:
@@ -364,42 +205,6 @@ def gather_traffic_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int]) -> i
     in its turn). 0 without fsdp."""
     return param_bytes(cfg, dtype, (1, 1, mesh_shape[2])) if mesh_shape[1] > 1 else 0
 
-
-def lora_param_bytes(cfg, lora, dtype: str, mesh_shape: tuple[int, int, int], layout: str = "train"
-                     ) -> tuple[int, int, int]:
-    """(frozen base, adapters, adapter count) per device of `Decoder(cfg)` under `lora` (`LoraConfig`) on a mesh in
-    `layout`: the base in `dtype` or quantized (`weight_qtype`: int8 values, or nf4's 4-bit codes at half a byte,
-    with their scales in `dtype`), the adapters float32; counted on the decoder's own abstract parameters."""
-    base = adapters = count = 0
-    for shape, names, bits, adapter in _lora_leaves(cfg, lora, dtype):
-        size = _shard_size(shape, names, mesh_shape, layout) * bits // 8
-        if adapter:
-            adapters, count = adapters + size, count + math.prod(shape)
-        else:
-            base += size
-    return base, adapters, count
-
-
-@functools.lru_cache(maxsize=16)
-def _lora_leaves(cfg, lora, dtype: str) -> tuple[tuple[tuple[int, ...], tuple, int, bool], ...]:
-    """(shape, logical axes, bits per element, is an adapter) of each parameter of `Decoder(cfg)` under `lora`,
-    from the decoder built abstractly (nothing allocated)."""
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from rrc_jax.models.decoder import Decoder
-    from rrc_jax.sharding import model_context
-
-    with model_context(None):
-        model = nnx.eval_shape(lambda: Decoder(cfg.replace(lora=lora, param_dtype=dtype), rngs=nnx.Rngs(0)))
-    return tuple((tuple(v.shape), tuple(v.out_sharding or ()),
-                  4 if v.dtype == jnp.uint4 else jnp.dtype(v.dtype).itemsize * 8, isinstance(v, nnx.LoRAParam))
-                 for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
-
-
-# ------------------------------------------------------------------------------------------------------------
-# The plan
-# ------------------------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class Row:
@@ -465,7 +270,7 @@ def roles(config) -> dict[str, str]:
     return out
 
 
-def _template_tokens(config) -> tuple[int, int]:
+def template_tokens(config) -> tuple[int, int]:
     """Estimated tokens of the judge template's fixed text: (instruction + context, item), chat format included."""
     from rrc_jax.judge.templates import get_template
 
@@ -535,7 +340,7 @@ def _judging(config, cfg, shape, dtype, layout: str) -> tuple[list[Row], str]:
     from rrc_jax.models.kv_cache import ATTENTION_BLOCK
 
     r, n_new = config.reward, config.rl.max_new_tokens
-    pre_tokens, item_tokens = _template_tokens(config)
+    pre_tokens, item_tokens = template_tokens(config)
     prefix = length_bucket(config.data.max_prompt_tokens + pre_tokens)
     suffix = length_bucket(2 * n_new + item_tokens)
     own = round_up(suffix + r.judge.max_new_tokens, ATTENTION_BLOCK)
@@ -722,250 +527,3 @@ def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = No
                      f"{_rows_per_device(learn_rows, shape)} per device, padded")
     rows = [r for r in rows if r.bytes or r.phase == "resident"]  # e.g. no gathered weights without fsdp
     return Plan(topo, shape, micro, remat, tuple(rows), tuple(notes), tuple(problems), layouts)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Time: a roofline per phase (docs/planner.md, "Time")
-# ------------------------------------------------------------------------------------------------------------
-
-JETSTREAM = dict(model="llama3-8b", topology="v5e-8", rows=128, prompt=1024, new=1024, tokens_per_s=8249.0)
-# JetStream serving Llama-3-8B in bf16 on a v5e-8 at batch 128, 1,024 tokens in and out: 8,249 tokens/s
-# (AI-Hypercomputer/jetstream-pytorch, benchmarks/summary.md): the planner's sanity anchor.
-
-
-@dataclasses.dataclass(frozen=True)
-class PhaseTime:
-    """Seconds of one phase of a step, what bounds it (compute, HBM or interconnect) and how it was counted."""
-
-    name: str
-    seconds: float
-    bound: str
-    detail: str = ""
-
-
-def matmul_params(cfg) -> int:
-    """Parameters a token multiplies by: all but the embedding lookup (the tied embedding is the LM head)."""
-    return param_count(cfg) - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
-
-
-def _kv_slot_bytes(cfg, dtype: str, tensor: int) -> int:
-    """Bytes per device of one token's keys and values in one layer."""
-    return 2 * _split(cfg.num_kv_heads, tensor) * cfg.head_dim * _itemsize(dtype)
-
-
-def _roofline(topo: Topology, flops: float, hbm: float, ici: float) -> tuple[float, str]:
-    """max(compute, HBM) plus the interconnect (not overlapped: an upper bound), and the largest term."""
-    terms = {"compute": flops / topo.flops, "HBM": hbm / topo.hbm_bw, "interconnect": ici / topo.ici_bw}
-    return max(terms["compute"], terms["HBM"]) + terms["interconnect"], max(terms, key=terms.get)
-
-
-def _allreduce_bytes(cfg, rows: float, dtype: str, tensor: int) -> float:
-    """Bytes a device sends per forward of `rows` tokens in the inference layout: two ring all-reduces of
-    `[rows, embed]` per layer (after attention and after the MLP) over `tensor` devices."""
-    return 2 * cfg.num_layers * rows * cfg.hidden_size * _itemsize(dtype) * 2 * (tensor - 1) / tensor
-
-
-def forward_time(topo: Topology, cfg, dtype: str, shape, layout: str, tokens: float) -> tuple[float, str]:
-    """A forward pass over `tokens` tokens (rows over the mesh's row groups): every weight read once, 2 FLOP per
-    parameter and token, and the layout's communication (the inference layout's all-reduces; the training
-    layout's gather of every weight over fsdp, a layer at a time)."""
-    groups, tensor = shape[0] * shape[1], shape[2]
-    flops = 2 * matmul_params(cfg) * tokens / (groups * tensor)
-    hbm = param_bytes(cfg, dtype, shape, layout)
-    ici = (_allreduce_bytes(cfg, tokens / groups, dtype, tensor) if layout == "inference"
-           else gather_traffic_bytes(cfg, dtype, shape))
-    return _roofline(topo, flops, hbm, ici)
-
-
-def decode_time(topo: Topology, cfg, dtype: str, shape, layout: str, rows: int, steps: int, prefixes: int,
-                prefix: int, own: int) -> tuple[float, str]:
-    """`steps` decode steps of `rows` rows continuing `prefixes` shared prefixes of `prefix` tokens, each row with
-    `own` tokens of its own before the first step: per step every weight and every cached token read once (a
-    shared prefix once for its rows), 2 FLOP per parameter and row, and the layout's communication."""
-    groups, tensor = shape[0] * shape[1], shape[2]
-    kv = _kv_slot_bytes(cfg, dtype, tensor)
-    per_row = -(-rows // groups)
-    cached = (-(-prefixes // groups) * prefix * cfg.num_layers  # a sliding layer's own slots: its window at most
-              + per_row * layer_slots(cfg, own + steps / 2)) * kv  # (the mean over the steps)
-    flops = 2 * matmul_params(cfg) * per_row / tensor
-    hbm = param_bytes(cfg, dtype, shape, layout) + cached
-    ici = (_allreduce_bytes(cfg, per_row, dtype, tensor) if layout == "inference"
-           else gather_traffic_bytes(cfg, dtype, shape))  # the training layout gathers every layer at every step
-    step, bound = _roofline(topo, flops, hbm, ici)
-    return steps * step, bound
-
-
-def step_times(config, p: Plan) -> list[PhaseTime]:
-    """The roofline seconds of each phase of one step of `config` on plan `p`'s topology and layouts."""
-    from rrc_jax.constructions import construction_class
-    from rrc_jax.models.batches import bucket_length, length_bucket
-
-    topo, rl, dtype = p.topology, config.rl, config.models.dtype
-    policy = model_config(config.models.policy)
-    prompt = bucket_length(config.data.max_prompt_tokens)
-    rows, new = rl.prompts_per_step * rl.group_size, rl.max_new_tokens
-    kind, where = p.layouts.get("rollout", p.layouts["policy"])
-    stored = dtype if kind == "inference" else "float32"
-    out = [PhaseTime("rollout prefill", *forward_time(topo, policy, stored, where, kind, rl.prompts_per_step * prompt),
-                     f"{rl.prompts_per_step} prompts x {prompt} tokens, each once for its group"),
-           PhaseTime("rollout decode", *decode_time(topo, policy, stored, where, kind, rows, new, rl.prompts_per_step,
-                                                    prompt, 0),
-                     f"{rows} rows x {new} tokens, {kind} layout (data={where[0] * where[1]} tensor={where[2]})")]
-    if "grm" in p.layouts:
-        grm, (gkind, gwhere) = model_config(config.models.grm, field="models.grm"), p.layouts["grm"]
-        r = config.reward
-        pre, item = _template_tokens(config)
-        prefix, suffix = length_bucket(config.data.max_prompt_tokens + pre), length_bucket(2 * new + item)
-        questions = construction_class(r.kind).judge_load(config).questions * rl.prompts_per_step
-        chunks, chunk = -(-questions // r.judge.max_batch), min(questions, r.judge.max_batch)
-        prefill = forward_time(topo, grm, dtype, gwhere, gkind, rl.prompts_per_step * prefix + questions * suffix)
-        decode = decode_time(topo, grm, dtype, gwhere, gkind, chunk, r.judge.max_new_tokens,
-                             max(1, chunk * rl.prompts_per_step // max(questions, 1)), prefix, suffix)
-        out += [PhaseTime("judge prefill", *prefill, f"{rl.prompts_per_step} prefixes x {prefix} + {questions} "
-                                                     f"questions x {suffix} tokens"),
-                PhaseTime("judge decode", chunks * decode[0], decode[1],
-                          f"{chunks} chunks of {chunk} questions x {r.judge.max_new_tokens} tokens, {gkind} layout")]
-    length, shape = prompt + new, p.mesh
-    passes = int(rl.mu > 1 or rl.minibatch_size < rows) + int(rl.beta > 0)
-    if passes:
-        one, bound = forward_time(topo, policy, "float32", shape, "train", rows * length)
-        out.append(PhaseTime("log-prob passes", passes * one, bound, f"{passes} x {rows} rows x {length} tokens"))
-    updates = rl.mu * -(-rows // rl.minibatch_size)
-    flops = (8 if p.remat else 6) * matmul_params(policy) * rl.mu * rows * length / topo.devices
-    ici = updates * 3 * gather_traffic_bytes(policy, "float32", shape)  # gather (forward, backward), reduce-scatter
-    out.append(PhaseTime("update", *_roofline(topo, flops, updates * 3 * p.rows[0].bytes, ici),
-                         f"{updates} updates, {'8' if p.remat else '6'} FLOP per parameter and token"))
-    if "rollout" in p.layouts:
-        copy = param_bytes(policy, dtype, p.layouts["rollout"][1], "inference")
-        out.append(PhaseTime("weight sync", copy / topo.ici_bw, "interconnect",
-                             f"{copy / GiB:.2f} GiB a device into the rollout copy"))
-    return out
-
-
-def decode_tokens_per_s(config, p: Plan, times: list[PhaseTime]) -> float:
-    """Rollout tokens a chip decodes per second (its prefill included)."""
-    rollout = sum(t.seconds for t in times if t.name.startswith("rollout"))
-    return config.rl.prompts_per_step * config.rl.group_size * config.rl.max_new_tokens / rollout / p.topology.devices
-
-
-def jetstream_prediction() -> float:
-    """The roofline's tokens/s (all chips) for `JETSTREAM`'s configuration: prefill then decode of every row, the
-    model in the inference layout over the host's 8 chips."""
-    j, topo = JETSTREAM, topology(JETSTREAM["topology"])
-    cfg, shape = model_config(j["model"]), (1, 1, topo.devices)
-    prefill = forward_time(topo, cfg, "bfloat16", shape, "inference", j["rows"] * j["prompt"])[0]
-    decode = decode_time(topo, cfg, "bfloat16", shape, "inference", j["rows"], j["new"], j["rows"], j["prompt"], 0)[0]
-    return j["rows"] * j["new"] / (prefill + decode)
-
-
-def format_times(config, p: Plan) -> str:
-    """The step-time breakdown, the rollout's tokens/s per chip and the JetStream anchor."""
-    times = step_times(config, p)
-    total = sum(t.seconds for t in times)
-    lines = [f"{'phase (roofline)':<30} {'seconds':>10}  {'bound':<12} detail", "-" * 110]
-    lines += [f"{t.name:<30} {t.seconds:>10.2f}  {t.bound:<12} {t.detail}" for t in times]
-    lines.append(f"{'step':<30} {total:>10.2f}")
-    got = jetstream_prediction()
-    lines.append(f"rollout: {decode_tokens_per_s(config, p, times):,.0f} tokens/s a chip; anchor: JetStream's "
-                 f"Llama-3-8B bf16 v5e-8 batch 128 (1,024 in / out) predicted {got:,.0f} tokens/s, published "
-                 f"{JETSTREAM['tokens_per_s']:,.0f} (ratio {got / JETSTREAM['tokens_per_s']:.2f})")
-    return "\n".join(lines)
-
-
-def _factorizations(n: int) -> list[tuple[int, int, int]]:
-    """Every (data, fsdp, tensor) with product n."""
-    return [(d, n // t // d, t) for t in range(1, n + 1) if n % t == 0 for d in range(1, n // t + 1)
-            if (n // t) % d == 0]
-
-
-def _candidates(config, topo: Topology) -> list[Plan]:
-    """Plans of every `(data, fsdp, tensor)` factorization of the device count, every micro-batch size dividing
-    `rl.minibatch_size`, with the config's remat setting and with remat."""
-    mb = config.rl.minibatch_size
-    return [plan(config, topo, mesh=shape, micro_batch_size=micro, remat=remat)
-            for remat in sorted({bool(config.rl.remat), True})
-            for shape in _factorizations(topo.devices)
-            for micro in range(mb, 0, -1) if mb % micro == 0]
-
-
-def suggest(config, topo: Topology | str) -> Plan | None:
-    """The plan of a mesh, micro-batch size and remat setting that fit, or None: the first of the fitting
-    candidates (`_candidates`) by `_preference`."""
-    topo = topology(topo) if isinstance(topo, str) else topo
-    return min((p for p in _candidates(config, topo) if p.fits), key=_preference, default=None)
-
-
-def _preference(p: Plan) -> tuple:
-    """Sort key of fitting plans, best first: no remat, the least tensor parallelism, the largest micro-batch, the
-    smallest peak."""
-    return p.remat, p.mesh[2], -p.micro_batch, p.peak_bytes
-
-
-def format_table(p: Plan) -> str:
-    """The plan as a fixed-width table in GiB (2 decimals), phase totals, the fit line, problems and notes."""
-    t = p.topology
-    lines = [f"{t.name}: {t.devices} devices x {t.hbm_bytes / GiB:.0f} GiB HBM; mesh data={p.mesh[0]} "
-             f"fsdp={p.mesh[1]} tensor={p.mesh[2]}; micro-batch {p.micro_batch or 'off'}; remat "
-             f"{'on' if p.remat else 'off'}",
-             f"{'component':<30} {'phase':<9} {'GiB/device':>10}  detail", "-" * 110]
-    lines += [f"{r.name:<30} {r.phase:<9} {r.bytes / GiB:>10.2f}  {r.detail}" for r in p.rows]
-    lines.append("-" * 110)
-    lines += [f"{'total ' + phase:<40} {p.phase_bytes(phase) / GiB:>10.2f}" for phase in PHASES]
-    lines.append(f"{'peak: resident + ' + p.largest_phase:<40} {p.peak_bytes / GiB:>10.2f}")
-    lines.append(f"fits: {'yes' if p.fits else 'no'} ({p.peak_bytes / GiB:.2f} of {t.hbm_bytes / GiB:.2f} GiB; at "
-                 f"most {HEADROOM:.0%} = {p.budget_bytes / GiB:.2f} GiB planned)")
-    lines += [f"problem: {x}" for x in p.problems] + [f"note: {x}" for x in p.notes]
-    return "\n".join(lines)
-
-
-def report(config, topo: Topology | str) -> str:
-    """`format_table` of the config's plan and, when it does not fit, the suggestion."""
-    p = plan(config, topo)
-    out = format_table(p)
-    if not p.problems:
-        out += "\n\n" + format_times(config, p)
-    if p.fits:
-        return out
-    candidates = _candidates(config, p.topology)
-    fitting = [c for c in candidates if c.fits]
-    flags = lambda s: (f"--config.mesh.data={s.mesh[0]} --config.mesh.fsdp={s.mesh[1]} --config.mesh.tensor="
-                       f"{s.mesh[2]} --config.rl.micro_batch_size={s.micro_batch}"
-                       + (" --config.rl.remat=True" if s.remat else ""))
-    if not fitting:
-        usable = [c for c in candidates if not c.problems]
-        low = min(usable, key=lambda c: c.peak_bytes, default=None)
-        bf16 = " or --config.models.dtype=bfloat16" if config.models.dtype == "float32" else ""
-        return out + (f"\nsuggestion: nothing fits on {p.topology.name} (any mesh, micro-batch size, remat); use more "
-                      f"devices, shorter sequences{bf16}" + (
-                          f". The smallest peak, {low.peak_bytes / GiB:.2f} GiB ({low.largest_phase}), is with "
-                          f"{flags(low)}" if low else ""))
-    s = min(fitting, key=_preference)
-    return out + f"\nsuggestion: {flags(s)} ({s.peak_bytes / GiB:.2f} of {s.topology.hbm_bytes / GiB:.2f} GiB)"
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Command line
-# ------------------------------------------------------------------------------------------------------------
-
-def _main(argv) -> None:
-    from rrc_jax import cli
-    from rrc_jax.config import validate
-
-    config = cli.config_value(_CONFIG, argv, "agr.py")
-
-    def run():
-        validate(config)
-        print(report(config, _TOPOLOGY.value))
-
-    cli.exit_on_user_error(run)
-
-
-if __name__ == "__main__":
-    from absl import flags
-
-    from rrc_jax import cli
-
-    _CONFIG = cli.config_flag("agr.py, scr.py, prc.py, drm.py")
-    _TOPOLOGY = flags.DEFINE_string("topology", "v5e-8", "v4-N, v5p-N (TensorCores), v5e-N, v6e-N (chips), h100-N, "
-                                                         "h200-N (GPUs), cpu-N")
-    cli.start(_main)

@@ -1,0 +1,80 @@
+"""What `python -m rrc_jax.plan` prints: the plan's table (`format_table`), whether it fits, the step's time, and
+when it does not fit the mesh and micro-batch size that do (`suggest`)."""
+
+from __future__ import annotations
+
+
+from rrc_jax.plan.hardware import GiB, HEADROOM, topology, Topology
+from rrc_jax.plan.memory import PHASES, Plan, plan
+from rrc_jax.plan.step_time import format_times
+
+
+def _factorizations(n: int) -> list[tuple[int, int, int]]:
+    """Every (data, fsdp, tensor) with product n."""
+    return [(d, n // t // d, t) for t in range(1, n + 1) if n % t == 0 for d in range(1, n // t + 1)
+            if (n // t) % d == 0]
+
+
+def _candidates(config, topo: Topology) -> list[Plan]:
+    """Plans of every `(data, fsdp, tensor)` factorization of the device count, every micro-batch size dividing
+    `rl.minibatch_size`, with the config's remat setting and with remat."""
+    mb = config.rl.minibatch_size
+    return [plan(config, topo, mesh=shape, micro_batch_size=micro, remat=remat)
+            for remat in sorted({bool(config.rl.remat), True})
+            for shape in _factorizations(topo.devices)
+            for micro in range(mb, 0, -1) if mb % micro == 0]
+
+
+def suggest(config, topo: Topology | str) -> Plan | None:
+    """The plan of a mesh, micro-batch size and remat setting that fit, or None: the first of the fitting
+    candidates (`_candidates`) by `_preference`."""
+    topo = topology(topo) if isinstance(topo, str) else topo
+    return min((p for p in _candidates(config, topo) if p.fits), key=_preference, default=None)
+
+
+def _preference(p: Plan) -> tuple:
+    """Sort key of fitting plans, best first: no remat, the least tensor parallelism, the largest micro-batch, the
+    smallest peak."""
+    return p.remat, p.mesh[2], -p.micro_batch, p.peak_bytes
+
+
+def format_table(p: Plan) -> str:
+    """The plan as a fixed-width table in GiB (2 decimals), phase totals, the fit line, problems and notes."""
+    t = p.topology
+    lines = [f"{t.name}: {t.devices} devices x {t.hbm_bytes / GiB:.0f} GiB HBM; mesh data={p.mesh[0]} "
+             f"fsdp={p.mesh[1]} tensor={p.mesh[2]}; micro-batch {p.micro_batch or 'off'}; remat "
+             f"{'on' if p.remat else 'off'}",
+             f"{'component':<30} {'phase':<9} {'GiB/device':>10}  detail", "-" * 110]
+    lines += [f"{r.name:<30} {r.phase:<9} {r.bytes / GiB:>10.2f}  {r.detail}" for r in p.rows]
+    lines.append("-" * 110)
+    lines += [f"{'total ' + phase:<40} {p.phase_bytes(phase) / GiB:>10.2f}" for phase in PHASES]
+    lines.append(f"{'peak: resident + ' + p.largest_phase:<40} {p.peak_bytes / GiB:>10.2f}")
+    lines.append(f"fits: {'yes' if p.fits else 'no'} ({p.peak_bytes / GiB:.2f} of {t.hbm_bytes / GiB:.2f} GiB; at "
+                 f"most {HEADROOM:.0%} = {p.budget_bytes / GiB:.2f} GiB planned)")
+    lines += [f"problem: {x}" for x in p.problems] + [f"note: {x}" for x in p.notes]
+    return "\n".join(lines)
+
+
+def report(config, topo: Topology | str) -> str:
+    """`format_table` of the config's plan and, when it does not fit, the suggestion."""
+    p = plan(config, topo)
+    out = format_table(p)
+    if not p.problems:
+        out += "\n\n" + format_times(config, p)
+    if p.fits:
+        return out
+    candidates = _candidates(config, p.topology)
+    fitting = [c for c in candidates if c.fits]
+    flags = lambda s: (f"--config.mesh.data={s.mesh[0]} --config.mesh.fsdp={s.mesh[1]} --config.mesh.tensor="
+                       f"{s.mesh[2]} --config.rl.micro_batch_size={s.micro_batch}"
+                       + (" --config.rl.remat=True" if s.remat else ""))
+    if not fitting:
+        usable = [c for c in candidates if not c.problems]
+        low = min(usable, key=lambda c: c.peak_bytes, default=None)
+        bf16 = " or --config.models.dtype=bfloat16" if config.models.dtype == "float32" else ""
+        return out + (f"\nsuggestion: nothing fits on {p.topology.name} (any mesh, micro-batch size, remat); use more "
+                      f"devices, shorter sequences{bf16}" + (
+                          f". The smallest peak, {low.peak_bytes / GiB:.2f} GiB ({low.largest_phase}), is with "
+                          f"{flags(low)}" if low else ""))
+    s = min(fitting, key=_preference)
+    return out + f"\nsuggestion: {flags(s)} ({s.peak_bytes / GiB:.2f} of {s.topology.hbm_bytes / GiB:.2f} GiB)"

@@ -1,0 +1,149 @@
+"""A roofline of one step's seconds per phase (docs/planner.md, "Time"): each phase bound by FLOPs, HBM traffic or
+the interconnect, checked against a published JetStream figure (`jetstream_prediction`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rrc_jax.plan.hardware import split_size, GiB, Topology, topology
+from rrc_jax.plan.memory import template_tokens, gather_traffic_bytes, layer_slots, Plan
+from rrc_jax.plan.shapes import itemsize, matmul_params, model_config, param_bytes
+
+
+# JetStream serving Llama-3-8B in bf16 on a v5e-8 at batch 128, 1,024 tokens in and out: 8,249 tokens/s
+# (AI-Hypercomputer/jetstream-pytorch, benchmarks/summary.md): the planner's sanity anchor.
+JETSTREAM = dict(model="llama3-8b", topology="v5e-8", rows=128, prompt=1024, new=1024, tokens_per_s=8249.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseTime:
+    """Seconds of one phase of a step, what bounds it (compute, HBM or interconnect) and how it was counted."""
+
+    name: str
+    seconds: float
+    bound: str
+    detail: str = ""
+
+
+def _kv_slot_bytes(cfg, dtype: str, tensor: int) -> int:
+    """Bytes per device of one token's keys and values in one layer."""
+    return 2 * split_size(cfg.num_kv_heads, tensor) * cfg.head_dim * itemsize(dtype)
+
+
+def _roofline(topo: Topology, flops: float, hbm: float, ici: float) -> tuple[float, str]:
+    """max(compute, HBM) plus the interconnect (not overlapped: an upper bound), and the largest term."""
+    terms = {"compute": flops / topo.flops, "HBM": hbm / topo.hbm_bw, "interconnect": ici / topo.ici_bw}
+    return max(terms["compute"], terms["HBM"]) + terms["interconnect"], max(terms, key=terms.get)
+
+
+def _allreduce_bytes(cfg, rows: float, dtype: str, tensor: int) -> float:
+    """Bytes a device sends per forward of `rows` tokens in the inference layout: two ring all-reduces of
+    `[rows, embed]` per layer (after attention and after the MLP) over `tensor` devices."""
+    return 2 * cfg.num_layers * rows * cfg.hidden_size * itemsize(dtype) * 2 * (tensor - 1) / tensor
+
+
+def forward_time(topo: Topology, cfg, dtype: str, shape, layout: str, tokens: float) -> tuple[float, str]:
+    """A forward pass over `tokens` tokens (rows over the mesh's row groups): every weight read once, 2 FLOP per
+    parameter and token, and the layout's communication (the inference layout's all-reduces; the training
+    layout's gather of every weight over fsdp, a layer at a time)."""
+    groups, tensor = shape[0] * shape[1], shape[2]
+    flops = 2 * matmul_params(cfg) * tokens / (groups * tensor)
+    hbm = param_bytes(cfg, dtype, shape, layout)
+    ici = (_allreduce_bytes(cfg, tokens / groups, dtype, tensor) if layout == "inference"
+           else gather_traffic_bytes(cfg, dtype, shape))
+    return _roofline(topo, flops, hbm, ici)
+
+
+def decode_time(topo: Topology, cfg, dtype: str, shape, layout: str, rows: int, steps: int, prefixes: int,
+                prefix: int, own: int) -> tuple[float, str]:
+    """`steps` decode steps of `rows` rows continuing `prefixes` shared prefixes of `prefix` tokens, each row with
+    `own` tokens of its own before the first step: per step every weight and every cached token read once (a
+    shared prefix once for its rows), 2 FLOP per parameter and row, and the layout's communication."""
+    groups, tensor = shape[0] * shape[1], shape[2]
+    kv = _kv_slot_bytes(cfg, dtype, tensor)
+    per_row = -(-rows // groups)
+    cached = (-(-prefixes // groups) * prefix * cfg.num_layers  # a sliding layer's own slots: its window at most
+              + per_row * layer_slots(cfg, own + steps / 2)) * kv  # (the mean over the steps)
+    flops = 2 * matmul_params(cfg) * per_row / tensor
+    hbm = param_bytes(cfg, dtype, shape, layout) + cached
+    ici = (_allreduce_bytes(cfg, per_row, dtype, tensor) if layout == "inference"
+           else gather_traffic_bytes(cfg, dtype, shape))  # the training layout gathers every layer at every step
+    step, bound = _roofline(topo, flops, hbm, ici)
+    return steps * step, bound
+
+
+def step_times(config, p: Plan) -> list[PhaseTime]:
+    """The roofline seconds of each phase of one step of `config` on plan `p`'s topology and layouts."""
+    from rrc_jax.constructions import construction_class
+    from rrc_jax.models.batches import bucket_length, length_bucket
+
+    topo, rl, dtype = p.topology, config.rl, config.models.dtype
+    policy = model_config(config.models.policy)
+    prompt = bucket_length(config.data.max_prompt_tokens)
+    rows, new = rl.prompts_per_step * rl.group_size, rl.max_new_tokens
+    kind, where = p.layouts.get("rollout", p.layouts["policy"])
+    stored = dtype if kind == "inference" else "float32"
+    out = [PhaseTime("rollout prefill", *forward_time(topo, policy, stored, where, kind, rl.prompts_per_step * prompt),
+                     f"{rl.prompts_per_step} prompts x {prompt} tokens, each once for its group"),
+           PhaseTime("rollout decode", *decode_time(topo, policy, stored, where, kind, rows, new, rl.prompts_per_step,
+                                                    prompt, 0),
+                     f"{rows} rows x {new} tokens, {kind} layout (data={where[0] * where[1]} tensor={where[2]})")]
+    if "grm" in p.layouts:
+        grm, (gkind, gwhere) = model_config(config.models.grm, field="models.grm"), p.layouts["grm"]
+        r = config.reward
+        pre, item = template_tokens(config)
+        prefix, suffix = length_bucket(config.data.max_prompt_tokens + pre), length_bucket(2 * new + item)
+        questions = construction_class(r.kind).judge_load(config).questions * rl.prompts_per_step
+        chunks, chunk = -(-questions // r.judge.max_batch), min(questions, r.judge.max_batch)
+        prefill = forward_time(topo, grm, dtype, gwhere, gkind, rl.prompts_per_step * prefix + questions * suffix)
+        decode = decode_time(topo, grm, dtype, gwhere, gkind, chunk, r.judge.max_new_tokens,
+                             max(1, chunk * rl.prompts_per_step // max(questions, 1)), prefix, suffix)
+        out += [PhaseTime("judge prefill", *prefill, f"{rl.prompts_per_step} prefixes x {prefix} + {questions} "
+                                                     f"questions x {suffix} tokens"),
+                PhaseTime("judge decode", chunks * decode[0], decode[1],
+                          f"{chunks} chunks of {chunk} questions x {r.judge.max_new_tokens} tokens, {gkind} layout")]
+    length, shape = prompt + new, p.mesh
+    passes = int(rl.mu > 1 or rl.minibatch_size < rows) + int(rl.beta > 0)
+    if passes:
+        one, bound = forward_time(topo, policy, "float32", shape, "train", rows * length)
+        out.append(PhaseTime("log-prob passes", passes * one, bound, f"{passes} x {rows} rows x {length} tokens"))
+    updates = rl.mu * -(-rows // rl.minibatch_size)
+    flops = (8 if p.remat else 6) * matmul_params(policy) * rl.mu * rows * length / topo.devices
+    ici = updates * 3 * gather_traffic_bytes(policy, "float32", shape)  # gather (forward, backward), reduce-scatter
+    out.append(PhaseTime("update", *_roofline(topo, flops, updates * 3 * p.rows[0].bytes, ici),
+                         f"{updates} updates, {'8' if p.remat else '6'} FLOP per parameter and token"))
+    if "rollout" in p.layouts:
+        copy = param_bytes(policy, dtype, p.layouts["rollout"][1], "inference")
+        out.append(PhaseTime("weight sync", copy / topo.ici_bw, "interconnect",
+                             f"{copy / GiB:.2f} GiB a device into the rollout copy"))
+    return out
+
+
+def decode_tokens_per_s(config, p: Plan, times: list[PhaseTime]) -> float:
+    """Rollout tokens a chip decodes per second (its prefill included)."""
+    rollout = sum(t.seconds for t in times if t.name.startswith("rollout"))
+    return config.rl.prompts_per_step * config.rl.group_size * config.rl.max_new_tokens / rollout / p.topology.devices
+
+
+def jetstream_prediction() -> float:
+    """The roofline's tokens/s (all chips) for `JETSTREAM`'s configuration: prefill then decode of every row, the
+    model in the inference layout over the host's 8 chips."""
+    j, topo = JETSTREAM, topology(JETSTREAM["topology"])
+    cfg, shape = model_config(j["model"]), (1, 1, topo.devices)
+    prefill = forward_time(topo, cfg, "bfloat16", shape, "inference", j["rows"] * j["prompt"])[0]
+    decode = decode_time(topo, cfg, "bfloat16", shape, "inference", j["rows"], j["new"], j["rows"], j["prompt"], 0)[0]
+    return j["rows"] * j["new"] / (prefill + decode)
+
+
+def format_times(config, p: Plan) -> str:
+    """The step-time breakdown, the rollout's tokens/s per chip and the JetStream anchor."""
+    times = step_times(config, p)
+    total = sum(t.seconds for t in times)
+    lines = [f"{'phase (roofline)':<30} {'seconds':>10}  {'bound':<12} detail", "-" * 110]
+    lines += [f"{t.name:<30} {t.seconds:>10.2f}  {t.bound:<12} {t.detail}" for t in times]
+    lines.append(f"{'step':<30} {total:>10.2f}")
+    got = jetstream_prediction()
+    lines.append(f"rollout: {decode_tokens_per_s(config, p, times):,.0f} tokens/s a chip; anchor: JetStream's "
+                 f"Llama-3-8B bf16 v5e-8 batch 128 (1,024 in / out) predicted {got:,.0f} tokens/s, published "
+                 f"{JETSTREAM['tokens_per_s']:,.0f} (ratio {got / JETSTREAM['tokens_per_s']:.2f})")
+    return "\n".join(lines)
