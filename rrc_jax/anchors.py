@@ -30,11 +30,11 @@ def main(argv) -> None:
         distributed.initialize(settings.distributed)
         mesh = settings.mesh.make()
         with jax.set_mesh(mesh):
-            roles = Roles(settings.models, toy=settings.toy, init_from=config.init_from, mesh=mesh,
+            roles = Roles(settings.models, toy=settings.toy, init_from=settings.init_from, mesh=mesh,
                           layouts=settings.mesh)
             train, _ = training_prompts(settings, roles)
-            reference = role_sampler(roles, "reference", engine=config.inference)
-            anchor_store(config, train, roles.tokenizer("policy"), settings.rollout).generate(reference, config.seed)
+            reference = role_sampler(roles, "reference", engine=settings.inference)
+            anchor_store(settings, train, roles.tokenizer("policy")).generate(reference, settings.seed)
 
     cli.exit_on_user_error(remake, config)
 

@@ -18,12 +18,15 @@ import difflib
 import importlib.util
 import math
 import runpy
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import ml_collections
 
 from rrc_jax.checkpoint import CheckpointConfig
-from rrc_jax.constructions import Construction, JudgeSettings, reward_defaults, validate_reward
+from rrc_jax.constructions import (CONSTRUCTIONS, Construction, JudgeSettings, check_reward, construction_class,
+                                   reward_defaults)
 from rrc_jax.data.prompts import DataConfig, PromptSource
 from rrc_jax.data.toy.task import TOY_MODELS, ToyTaskConfig
 from rrc_jax.data.toy.world import ToyBuildConfig, ToyWorldConfig
@@ -159,7 +162,8 @@ def check_finite(c: ml_collections.ConfigDict) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TrainerSettings:
-    """A trainer config's components, parsed and checked once (`validate`); the trainer hands each its piece."""
+    """A trainer config's components, parsed and checked once (`validate`); the trainer hands each its piece, and
+    the reward construction's hooks read the whole (`rrc_jax.constructions.Construction`)."""
 
     rollout: RolloutConfig
     learner: LearnerConfig
@@ -169,7 +173,8 @@ class TrainerSettings:
     prompts: PromptSource
     judge: JudgeSettings
     reward: type[Construction]  # the class of `reward.kind` (`rrc_jax.constructions`)
-    reward_roles: frozenset[str]  # the models it needs beyond the policy (`Construction.roles`)
+    reward_kind: str  # `reward.kind` as given: a registered kind or MODULE:NAME
+    constructions: Mapping[str, Any]  # each construction's parsed `Settings`, by kind (`reward.<kind>`)
     eval: EvalConfig
     checkpoint: CheckpointConfig
     samples: SamplesConfig
@@ -181,6 +186,20 @@ class TrainerSettings:
     distributed: DistributedConfig
     resume: ResumeConfig
     lora: LoraConfig
+    workdir: str = "workdir"
+    steps: int = 0
+    seed: int = 0
+    init_from: str = ""
+
+    @property
+    def reward_settings(self):
+        """The run's construction's own settings (`reward.<kind>`; None for a kind without a group)."""
+        return self.constructions.get(self.reward.kind)
+
+    @property
+    def reward_roles(self) -> frozenset[str]:
+        """The models the reward needs beyond the policy (`Construction.roles`)."""
+        return self.reward.roles(self)
 
 
 def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
@@ -193,16 +212,19 @@ def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
     if rollout.rows % learner.minibatch_size:
         _bad("rl.minibatch_size", f"{learner.minibatch_size} must divide prompts_per_step x group_size = "
                                   f"{rollout.rows}")
-    grpo, guard, mesh = parse(GRPOConfig, c), parse(GuardConfig, c), parse(MeshConfig, c)
-    reward = validate_reward(c)
-    prompts = PromptSource.from_config(c)
-    checkpoint, evaluation = parse(CheckpointConfig, c), parse(EvalConfig, c)
-    samples, alarms, metrics = parse(SamplesConfig, c), parse(AlarmConfig, c), parse(MetricsConfig, c)
-    models, inference = parse(ModelsConfig, c), parse(InferenceConfig, c)
-    toy, distributed, resume = ToyWorldConfig.from_config(c), parse(DistributedConfig, c), parse(ResumeConfig, c)
-    return TrainerSettings(rollout, learner, grpo, guard, mesh, prompts, JudgeSettings.from_config(c), reward,
-                           reward.roles(c), evaluation, checkpoint, samples, alarms, metrics, models, inference, toy,
-                           distributed, resume, parse(LoraConfig, c))
+    reward = construction_class(c.reward.kind)  # every construction's own group is checked, the run's or not
+    kinds = {**CONSTRUCTIONS, reward.kind: reward}
+    constructions = {kind: parse(cls.Settings, c, f"reward.{kind}") for kind, cls in kinds.items()
+                     if cls.Settings and kind in c.reward}
+    settings = TrainerSettings(
+        rollout, learner, parse(GRPOConfig, c), parse(GuardConfig, c), parse(MeshConfig, c),
+        PromptSource.from_config(c), parse(JudgeSettings, c), reward, c.reward.kind, constructions, parse(EvalConfig, c),
+        parse(CheckpointConfig, c), parse(SamplesConfig, c), parse(AlarmConfig, c), parse(MetricsConfig, c),
+        parse(ModelsConfig, c), parse(InferenceConfig, c), ToyWorldConfig.from_config(c), parse(DistributedConfig, c),
+        parse(ResumeConfig, c), parse(LoraConfig, c), workdir=c.workdir, steps=c.steps, seed=c.seed,
+        init_from=c.init_from)
+    check_reward(settings)
+    return settings
 
 
 def resolve_config_file(value: str) -> str:

@@ -81,8 +81,8 @@ def test_always_a_judge_gives_agr_rewards_independent_of_response_index(votes, t
 
 def prc_context(policy, reference=None):
     config = base_config("prc")
-    ctx = RewardContext(config, roles=None, policy=policy, tokenizer=TOK,
-                        train=PromptSet([0, 1, 2], ["12>", "34>", "56>"]), rollout=validate(config).rollout)
+    ctx = RewardContext(validate(config), roles=None, policy=policy, tokenizer=TOK,
+                        train=PromptSet([0, 1, 2], ["12>", "34>", "56>"]))
     ctx._reference = reference
     return ctx
 
@@ -235,7 +235,7 @@ def full(prompts, responses, prompt_index, step):
 
 class Shaped:
     @classmethod
-    def from_config(cls, config, context):
+    def from_settings(cls, settings, context):
         return cls()
 
     def __call__(self, prompts, responses, prompt_index, step):
@@ -249,14 +249,14 @@ def wrong(prompts, responses):
     prompts, responses = groups(2, 3)
     for name, want in [("plain", 2.0), ("full", 5.0), ("Shaped", 0.0)]:
         config.reward.kind = f"plug:{name}"
-        r = make_construction(config, None)(prompts, responses, np.arange(2), 5).rewards
+        r = make_construction(validate(config), None)(prompts, responses, np.arange(2), 5).rewards
         np.testing.assert_array_equal(np.asarray(r), np.full((2, 3), want))
     config.reward.kind = "plug:wrong"
     with pytest.raises(ValueError, match=r"plug:wrong returned shape \(2,\)"):
-        make_construction(config, None)(prompts, responses, np.arange(2), 1)
+        make_construction(validate(config), None)(prompts, responses, np.arange(2), 1)
     config.reward.kind = "no_such_module:f"
     with pytest.raises(ConfigError, match="cannot import 'no_such_module'"):
-        make_construction(config, None)
+        validate(config)
 
 
 def write_prompts(path, n):

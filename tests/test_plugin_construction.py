@@ -28,21 +28,21 @@ CIRCULAR = textwrap.dedent('''
         its two games (as the earlier response of one pair and the later of another), per vote."""
 
         @classmethod
-        def questions_per_prompt(cls, config):
-            return config.rl.group_size * config.reward.judge.votes
+        def questions_per_prompt(cls, s):
+            return s.rollout.group_size * s.judge.votes
 
         @classmethod
-        def check(cls, config):
-            if config.rl.group_size < 3:
+        def check(cls, s):
+            if s.rollout.group_size < 3:
                 raise ConfigError("config.rl.group_size: a circle needs at least 3 responses")
 
         @classmethod
-        def from_config(cls, config, ctx):
-            return cls(**cls.judge_kwargs(config, ctx))
+        def from_settings(cls, s, ctx):
+            return cls(**cls.judge_kwargs(s, ctx))
 
         def construct(self, prompts, responses, prompt_index, step):
             b, m = len(prompts), len(responses[0])
-            v = self.ctx.config.reward.judge.votes
+            v = self.ctx.settings.judge.votes
             g, i = np.repeat(np.arange(b), m), np.tile(np.arange(m), b)
             votes, _ = self.judge.pair_votes(prompts, g, [responses[x][y] for x, y in zip(g, i)],
                                              [responses[x][(y + 1) % m] for x, y in zip(g, i)], v, True,
@@ -56,8 +56,8 @@ CIRCULAR = textwrap.dedent('''
 
     class WithCritic(Circular):
         @classmethod
-        def roles(cls, config):
-            return super().roles(config) | {"critic"}
+        def roles(cls, s):
+            return super().roles(s) | {"critic"}
 ''')
 
 
@@ -87,7 +87,7 @@ def test_a_construction_from_outside_the_package_through_validation_planner_and_
     assert list(plan.roles(config)) == ["policy", "reference", "grm"]
     config.eval.judge_votes, config.rl.beta = 0, 0.0
     assert list(plan.roles(config)) == ["policy", "grm"]
-    load = construction_class(circular).judge_load(config)
+    load = construction_class(circular).judge_load(validate(config))
     assert load == (8 * 2, 8 * 2 * config.reward.judge.max_new_tokens)
     p = plan.plan(config, "v5p-64")
     assert any(r.name == "judge KV cache" and r.detail.startswith(f"{circular}: ") for r in p.rows)

@@ -4,14 +4,9 @@
 from rrc_jax.constructions.base import Construction, JudgeLoad, RewardResult, step_seed
 from rrc_jax.constructions.context import RewardContext
 from rrc_jax.constructions.judged import JudgeConstruction, JudgeSettings
-from rrc_jax.constructions.registry import (
-                                            CONSTRUCTIONS,
-                                            construction_class,
-                                            make_construction,
-                                            reward_defaults,
-                                            validate_reward,
-)
+from rrc_jax.constructions.registry import (CONSTRUCTIONS, check_reward, construction_class, group_kinds,
+                                            make_construction, reward_defaults)
 
 __all__ = ["CONSTRUCTIONS", "Construction", "JudgeConstruction", "JudgeLoad", "JudgeSettings", "RewardContext",
-           "RewardResult", "construction_class", "make_construction", "reward_defaults", "step_seed",
-           "validate_reward"]
+           "RewardResult", "check_reward", "construction_class", "group_kinds", "make_construction", "reward_defaults",
+           "step_seed"]

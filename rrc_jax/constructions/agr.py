@@ -17,7 +17,6 @@ from rrc_jax.errors import ConfigError
 from rrc_jax.rewards import agr_diagnostics, agr_rewards
 from rrc_jax.rewards.win_counts import AGR_TIES
 from rrc_jax.rl.anchor_store import AnchorStore, prune_refreshed, refresh_step, refreshed_path
-from rrc_jax.rl.rollout import RolloutConfig
 from rrc_jax.settings import field_error, one_of
 
 
@@ -39,12 +38,12 @@ class AGRSettings:
             raise field_error("reward.agr", "refresh_every", "must be >= 0 (0 = never)")
 
 
-def anchor_store(config, train: PromptSet, tokenizer, rollout: RolloutConfig) -> AnchorStore:
-    """The AGR anchors of a trainer config for its training prompts: `reward.agr.anchors_path` (default
-    `workdir/anchors.jsonl`), sampled like the rollouts (`rollout`)."""
-    a = AGRReward.settings(config)
-    path = a.anchors_path or epath.Path(config.workdir).expanduser() / "anchors.jsonl"
-    return AnchorStore(path, train, a.n_anchors, tokenizer, rollout.params)
+def anchor_store(s, train: PromptSet, tokenizer) -> AnchorStore:
+    """The AGR anchors of a run (`s`: its settings) for its training prompts: `reward.agr.anchors_path` (default
+    `workdir/anchors.jsonl`), sampled like the rollouts (`s.rollout`)."""
+    a = s.constructions["agr"]
+    path = a.anchors_path or epath.Path(s.workdir).expanduser() / "anchors.jsonl"
+    return AnchorStore(path, train, a.n_anchors, tokenizer, s.rollout.params)
 
 
 class AGRReward(JudgeConstruction):
@@ -72,23 +71,23 @@ class AGRReward(JudgeConstruction):
         self.version = 0  # the refresh step whose anchors the store holds (0: the reference's)
 
     @classmethod
-    def roles(cls, config) -> frozenset[str]:
-        return super().roles(config) | {"reference"}  # the anchors are the reference's samples
+    def roles(cls, s) -> frozenset[str]:
+        return super().roles(s) | {"reference"}  # the anchors are the reference's samples
 
     @classmethod
-    def questions_per_prompt(cls, config) -> int:
-        return config.rl.group_size * cls.settings(config).n_anchors * config.reward.judge.votes
+    def questions_per_prompt(cls, s) -> int:
+        return s.rollout.group_size * s.reward_settings.n_anchors * s.judge.votes
 
     @classmethod
-    def absolute_scale(cls, config) -> bool:
-        return cls.settings(config).refresh_every == 0  # fixed anchors
+    def absolute_scale(cls, s) -> bool:
+        return s.reward_settings.refresh_every == 0  # fixed anchors
 
     @classmethod
-    def from_config(cls, config, ctx) -> AGRReward:
-        a, j = cls.settings(config), config.reward.judge
-        workdir = epath.Path(config.workdir).expanduser()
-        return cls(**cls.judge_kwargs(config, ctx), store=anchor_store(config, ctx.train, ctx.tokenizer, ctx.rollout),
-                   votes=j.votes, swap=j.swap, alpha=a.alpha, ties=a.ties, refresh_every=a.refresh_every,
+    def from_settings(cls, s, ctx) -> AGRReward:
+        a, j = s.reward_settings, s.judge
+        workdir = epath.Path(s.workdir).expanduser()
+        return cls(**cls.judge_kwargs(s, ctx), store=anchor_store(s, ctx.train, ctx.tokenizer), votes=j.votes,
+                   swap=j.swap, alpha=a.alpha, ties=a.ties, refresh_every=a.refresh_every,
                    refreshed_dir=workdir / "anchors_refreshed", checkpoints=workdir / "checkpoints")
 
     @classmethod

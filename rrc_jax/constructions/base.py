@@ -1,22 +1,24 @@
 """What every reward construction is: a `Construction` that owns its kind, and the `RewardResult` it returns.
 
 A construction declares, at class level, everything the rest of the package asks about a reward kind, so that no
-other module lists kinds (docs/design.md, "Reward constructions"):
+other module lists kinds (docs/design.md, "Reward constructions"). Its hooks read the run's settings `s`, parsed
+once by `rrc_jax.config.validate` (a `TrainerSettings`: `s.rollout`, `s.judge`, `s.eval`, `s.reward_settings`,
+...), never the config itself:
 
 * `kind` and `Settings`: its name in `reward.kind` and the frozen dataclass of its config group `reward.<kind>`,
-  whose defaults are the config's and whose `__post_init__` validates the fields;
-* `roles(config)`: the models it loads beyond the policy (of `rrc_jax.sharding.FROZEN_ROLES`);
-* `judge_load(config)`: the judge questions and judge tokens per prompt of a step (the planner's inputs);
+  whose defaults are the config's and whose `__post_init__` validates the fields (parsed: `s.reward_settings`);
+* `roles(s)`: the models it loads beyond the policy (of `rrc_jax.sharding.FROZEN_ROLES`);
+* `judge_load(s)`: the judge questions and judge tokens per prompt of a step (the planner's inputs);
 * `questions`: which judge questions its prompts are when `data.format` is set (None: it takes plain prompts);
-* `check(config)`: the rules across groups when it is the run's reward;
-* `absolute_scale(config)`: whether its rewards keep one scale across steps (the study's reading of reward/mean);
+* `check(s)`: the rules across groups when it is the run's reward;
+* `absolute_scale(s)`: whether its rewards keep one scale across steps (the study's reading of reward/mean);
   `baseline`: whether it is one of the RRC paper's baselines (PRC, DRM);
 * `of_groups(judge, ...)` and `columns`: how another trainer's groups are rewarded with it
   (`rrc_jax.integrations.groups.GroupRewards`), from the texts and the per-prompt `columns` it reads; None when its
   rewards need this trainer (a policy sampler, a DRM, a store of anchors).
 
 An instance is called once per step and returns a `RewardResult`; `evaluate` gives its held-out metrics. It is
-built by `from_config` from the run's config and its `RewardContext` (`rrc_jax.constructions.context`).
+built by `from_settings` from the run's settings and its `RewardContext` (`rrc_jax.constructions.context`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import numpy as np
 from rrc_jax import distributed
 from rrc_jax.data.prompts import PromptSet
 from rrc_jax.judge.judge import check_groups
-from rrc_jax.settings import parse
 
 
 
@@ -93,31 +94,27 @@ class Construction:
     columns: ClassVar[tuple[str, ...]] = ()  # what `of_groups` reads per prompt besides the texts
 
     @classmethod
-    def settings(cls, config):
-        """Its `Settings`, parsed (and so validated) from `config.reward.<kind>`."""
-        return parse(cls.Settings, config, f"reward.{cls.kind}")
-
-    @classmethod
-    def roles(cls, config) -> frozenset[str]:
+    def roles(cls, s) -> frozenset[str]:
         """The models it needs beyond the policy (`FROZEN_ROLES`), its held-out evaluation's included."""
         return frozenset()
 
     @classmethod
-    def judge_load(cls, config) -> JudgeLoad:
+    def judge_load(cls, s) -> JudgeLoad:
         return JudgeLoad(0, 0)
 
     @classmethod
-    def check(cls, config) -> None:
-        """A `ConfigError` for a setting elsewhere in `config` that contradicts this reward."""
+    def check(cls, s) -> None:
+        """A `ConfigError` for a setting elsewhere in `s` that contradicts this reward."""
 
     @classmethod
-    def absolute_scale(cls, config) -> bool | None:
+    def absolute_scale(cls, s) -> bool | None:
         """Whether the rewards keep one scale across steps, so that reward/mean rising means the reward model rates
         the policy higher (None: unknown)."""
         return None
 
     @classmethod
-    def from_config(cls, config, ctx) -> Construction:
+    def from_settings(cls, s, ctx) -> Construction:
+        """The construction of a run (`s`: its settings; `ctx`: its `RewardContext`)."""
         return cls()
 
     @classmethod

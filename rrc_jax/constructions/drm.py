@@ -27,16 +27,16 @@ class DRMReward(DRMScorer, Construction):
     baseline = True
 
     @classmethod
-    def roles(cls, config) -> frozenset[str]:
+    def roles(cls, s) -> frozenset[str]:
         return frozenset({"drm"})
 
     @classmethod
-    def absolute_scale(cls, config) -> bool:
+    def absolute_scale(cls, s) -> bool:
         return True
 
     @classmethod
-    def from_config(cls, config, ctx) -> DRMReward:
-        return cls(ctx.roles.model("drm"), ctx.roles.tokenizer("drm"), cls.settings(config).max_batch)
+    def from_settings(cls, s, ctx) -> DRMReward:
+        return cls(ctx.roles.model("drm"), ctx.roles.tokenizer("drm"), s.constructions["drm"].max_batch)
 
     def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
         b, m = len(prompts), len(responses[0]) if responses else 0

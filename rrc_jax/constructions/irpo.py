@@ -60,21 +60,21 @@ class IRPOReward(Construction):
         self.critique = "<critique>" in get_template(template).item
 
     @classmethod
-    def absolute_scale(cls, config) -> bool:
+    def absolute_scale(cls, s) -> bool:
         return False  # scores against the paired group's
 
     @classmethod
-    def check(cls, config) -> None:
-        require_questions(cls.kind, config)
-        if config.rl.prompts_per_step % 2:
-            raise field_error("rl", "prompts_per_step", f"{config.rl.prompts_per_step}: IRPO asks about a "
+    def check(cls, s) -> None:
+        require_questions(cls.kind, s)
+        if s.rollout.prompts_per_step % 2:
+            raise field_error("rl", "prompts_per_step", f"{s.rollout.prompts_per_step}: IRPO asks about a "
                               "preference's chosen and rejected responses in the same step, so it must be even")
 
     @classmethod
-    def from_config(cls, config, ctx) -> IRPOReward:
+    def from_settings(cls, s, ctx) -> IRPOReward:
         if not ctx.train.paired:
             raise ConfigError("reward.kind='irpo' needs pointwise judge questions in pairs: set data.format")
-        return cls(cls.settings(config).rule, config.reward.judge.template)
+        return cls(s.reward_settings.rule, s.judge.template)
 
     def intergroup(self, s_c, s_r) -> tuple[np.ndarray, np.ndarray]:
         """(r_c, r_r) `[P, G]` of the chosen and rejected groups' scores."""

@@ -15,7 +15,7 @@ from rrc_jax.constructions.base import Construction, JudgeLoad, RewardResult, st
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.factory import role_sampler
 from rrc_jax.judge import Judge, JudgeConfig
-from rrc_jax.settings import field_error, parse
+from rrc_jax.settings import field_error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,17 +40,14 @@ class JudgeSettings:
         if self.max_new_tokens < 1 or self.max_batch < 1 or self.temperature < 0:
             raise ConfigError("config.reward.judge: max_new_tokens and max_batch must be >= 1 and temperature >= 0")
 
-    @classmethod
-    def from_config(cls, config) -> JudgeSettings:
-        return parse(cls, config)
 
 
-def make_judge(config, roles) -> Judge:
-    """The GRM of `roles` as a `Judge` asking per `reward.judge`, reseeded from `config.seed`."""
-    j = JudgeSettings.from_config(config)
-    sampler = role_sampler(roles, "grm", engine=config.inference, max_batch=j.max_batch)
+def make_judge(s, roles) -> Judge:
+    """The GRM of `roles` as a `Judge` asking per the run's `s.judge` (`reward.judge`), seeded from `s.seed`."""
+    j = s.judge
+    sampler = role_sampler(roles, "grm", engine=s.inference, max_batch=j.max_batch)
     return Judge(sampler, roles.tokenizer("grm"), JudgeConfig(template=j.template, max_new_tokens=j.max_new_tokens,
-                                                 temperature=j.temperature, seed=config.seed))
+                                                 temperature=j.temperature, seed=s.seed))
 
 
 def judge_metrics(judge: Judge) -> dict[str, float]:
@@ -72,22 +69,22 @@ class JudgeConstruction(Construction):
         self._eval_references: list[str] | None = None
 
     @classmethod
-    def roles(cls, config) -> frozenset[str]:
-        return frozenset({"grm", "reference"} if config.eval.judge_votes > 0 else {"grm"})
+    def roles(cls, s) -> frozenset[str]:
+        return frozenset({"grm", "reference"} if s.eval.judge_votes > 0 else {"grm"})
 
     @classmethod
-    def judge_load(cls, config) -> JudgeLoad:
-        q = cls.questions_per_prompt(config)
-        return JudgeLoad(q, q * config.reward.judge.max_new_tokens)
+    def judge_load(cls, s) -> JudgeLoad:
+        q = cls.questions_per_prompt(s)
+        return JudgeLoad(q, q * s.judge.max_new_tokens)
 
     @classmethod
-    def questions_per_prompt(cls, config) -> int:
+    def questions_per_prompt(cls, s) -> int:
         raise NotImplementedError
 
     @classmethod
-    def judge_kwargs(cls, config, ctx) -> dict:
-        """The `JudgeConstruction` arguments of a trainer config."""
-        return dict(judge=ctx.judge(), seed=config.seed, ctx=ctx, eval_votes=config.eval.judge_votes)
+    def judge_kwargs(cls, s, ctx) -> dict:
+        """The `JudgeConstruction` arguments of a run (`s`: its settings)."""
+        return dict(judge=ctx.judge(), seed=s.seed, ctx=ctx, eval_votes=s.eval.judge_votes)
 
     def __call__(self, prompts, responses, prompt_index, step, *, trace=False) -> RewardResult:
         self.judge.reset_metrics()

@@ -5,7 +5,8 @@
 - a plain function `f(prompts: list[str], responses: list[list[str]])` returning rewards `[B, m]` (array-like) or
   `(rewards, metrics)`;
 - a function with the full signature `(prompts, responses, prompt_index, step)`, returning the same;
-- any other class: constructed as `NAME.from_config(config, context)` when it has that classmethod, else `NAME()`,
+- any other class: constructed as `NAME.from_settings(settings, context)` when it has that classmethod (the run's
+  `rrc_jax.config.TrainerSettings` and its `RewardContext`), else `NAME()`,
   and called as such a function.
 
 Anything but a `Construction` subclass loads no model beyond the policy and gets the base class's evaluation.

@@ -26,26 +26,26 @@ class PointwiseReward(JudgeConstruction):
         self.votes = votes
 
     @classmethod
-    def roles(cls, config) -> frozenset[str]:
+    def roles(cls, s) -> frozenset[str]:
         return frozenset({"grm"})  # no judged win rate (`check`)
 
     @classmethod
-    def questions_per_prompt(cls, config) -> int:
-        return config.rl.group_size * config.reward.judge.votes
+    def questions_per_prompt(cls, s) -> int:
+        return s.rollout.group_size * s.judge.votes
 
     @classmethod
-    def check(cls, config) -> None:
-        if config.eval.judge_votes:
-            raise ConfigError(f"config.eval.judge_votes: {config.eval.judge_votes}: the judged win rate asks pairwise "
+    def check(cls, s) -> None:
+        if s.eval.judge_votes:
+            raise ConfigError(f"config.eval.judge_votes: {s.eval.judge_votes}: the judged win rate asks pairwise "
                               "questions, which a pointwise judge does not answer; set 0 (configs/pointwise.py does)")
 
     @classmethod
-    def absolute_scale(cls, config) -> bool:
+    def absolute_scale(cls, s) -> bool:
         return True
 
     @classmethod
-    def from_config(cls, config, ctx) -> PointwiseReward:
-        return cls(**cls.judge_kwargs(config, ctx), votes=config.reward.judge.votes)
+    def from_settings(cls, s, ctx) -> PointwiseReward:
+        return cls(**cls.judge_kwargs(s, ctx), votes=s.judge.votes)
 
     def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
         b, m, v = len(prompts), len(responses[0]), self.votes

@@ -48,34 +48,34 @@ class PRCReward(JudgeConstruction):
         self._initial: dict[int, str] = {}
 
     @classmethod
-    def roles(cls, config) -> frozenset[str]:
-        initial = cls.settings(config).reference == "initial"
-        return super().roles(config) | ({"reference"} if initial else set())
+    def roles(cls, s) -> frozenset[str]:
+        initial = s.reward_settings.reference == "initial"
+        return super().roles(s) | ({"reference"} if initial else set())
 
     @classmethod
-    def questions_per_prompt(cls, config) -> int:
-        return config.rl.group_size
+    def questions_per_prompt(cls, s) -> int:
+        return s.rollout.group_size
 
     @classmethod
-    def judge_load(cls, config) -> JudgeLoad:
-        q = cls.questions_per_prompt(config)  # without thinking, one read of P(A) per question
-        return JudgeLoad(q, q * (config.reward.judge.max_new_tokens if cls.settings(config).think else 1))
+    def judge_load(cls, s) -> JudgeLoad:
+        q = cls.questions_per_prompt(s)  # without thinking, one read of P(A) per question
+        return JudgeLoad(q, q * (s.judge.max_new_tokens if s.reward_settings.think else 1))
 
     @classmethod
-    def check(cls, config) -> None:
-        if config.inference.engine != "jax":  # only the judge leaves the process; P(A) is a read of its logits
-            raise ConfigError(f"config.inference.engine: {config.inference.engine!r} cannot give PRC's P(A): it "
+    def check(cls, s) -> None:
+        if s.inference.engine != "jax":  # only the judge leaves the process; P(A) is a read of its logits
+            raise ConfigError(f"config.inference.engine: {s.inference.engine!r} cannot give PRC's P(A): it "
                               "reads the log-probs of the verdict tokens, which a completions server does not return; "
                               "use inference.engine='jax' (the judge in this process) with reward.kind='prc'")
 
     @classmethod
-    def absolute_scale(cls, config) -> bool:
-        return cls.settings(config).reference == "initial"
+    def absolute_scale(cls, s) -> bool:
+        return s.reward_settings.reference == "initial"
 
     @classmethod
-    def from_config(cls, config, ctx) -> PRCReward:
-        s = cls.settings(config)
-        return cls(**cls.judge_kwargs(config, ctx), think=s.think, reference=s.reference)
+    def from_settings(cls, s, ctx) -> PRCReward:
+        own = s.reward_settings
+        return cls(**cls.judge_kwargs(s, ctx), think=own.think, reference=own.reference)
 
     @classmethod
     def of_groups(cls, judge, *, votes: int, swap: bool, settings: PRCSettings):

@@ -53,40 +53,36 @@ def reward_defaults() -> dict:
             **{kind: dataclasses.asdict(cls.Settings()) for kind, cls in CONSTRUCTIONS.items() if cls.Settings}}
 
 
-def validate_reward(config) -> type[Construction]:
-    """Check the `reward` group of a trainer config: every construction's settings (beside their fields), the
-    judge's, and the rules of the run's own kind across groups. Returns the run's construction class."""
-    JudgeSettings.from_config(config)
-    for cls in CONSTRUCTIONS.values():
-        if cls.Settings:
-            cls.settings(config)
-    cls = construction_class(config.reward.kind)
-    unknown = sorted(set(cls.roles(config)) - set(FROZEN_ROLES))
+def check_reward(s) -> None:
+    """The rules of the run's reward across groups (`s`: the run's `rrc_jax.config.TrainerSettings`): its roles,
+    `data.format` only for a construction that scores judge questions, and its own `check`."""
+    cls, kind = s.reward, s.reward_kind
+    unknown = sorted(set(cls.roles(s)) - set(FROZEN_ROLES))
     if unknown:
-        raise ConfigError(f"config.reward.kind={config.reward.kind!r} asks for the roles {', '.join(unknown)}; a "
+        raise ConfigError(f"config.reward.kind={kind!r} asks for the roles {', '.join(unknown)}; a "
                           f"construction's roles are {', '.join(FROZEN_ROLES)} (the policy is always there)")
-    if config.data.format and cls.questions is None:
-        raise ConfigError(f"config.data.format: {config.data.format!r} makes the prompts judge questions, which "
-                          f"reward.kind={config.reward.kind!r} does not score; leave data.format empty for a prompt "
+    data_format = s.prompts.data.format
+    if data_format and cls.questions is None:
+        raise ConfigError(f"config.data.format: {data_format!r} makes the prompts judge questions, which "
+                          f"reward.kind={kind!r} does not score; leave data.format empty for a prompt "
                           "file (reward kinds that train a judge: "
                           f"{', '.join(k for k, c in CONSTRUCTIONS.items() if c.questions)} or a plug-in)")
-    cls.check(config)
-    return cls
+    cls.check(s)
 
 
-def make_construction(config, ctx) -> Construction:
-    """The construction of `config.reward.kind` for a run (`ctx`: its `RewardContext`)."""
-    kind = config.reward.kind
-    cls = construction_class(kind)
+def make_construction(s, ctx) -> Construction:
+    """The construction of the run's `reward.kind` (`s`: its `TrainerSettings`; `ctx`: its `RewardContext`)."""
+    cls = s.reward
     if cls is not PluginReward:
-        return cls.from_config(config, ctx)
-    obj = load_plugin(kind)
+        return cls.from_settings(s, ctx)
+    obj = load_plugin(s.reward_kind)
     if isinstance(obj, type):
-        obj = obj.from_config(config, ctx) if hasattr(obj, "from_config") else obj()
-    return PluginReward(obj, kind)
+        obj = obj.from_settings(s, ctx) if hasattr(obj, "from_settings") else obj()
+    return PluginReward(obj, s.reward_kind)
 
 
-__all__ = ["CONSTRUCTIONS", "construction_class", "make_construction", "reward_defaults", "validate_reward"]
+__all__ = ["CONSTRUCTIONS", "check_reward", "construction_class", "group_kinds", "make_construction",
+           "reward_defaults"]
 
 
 def group_kinds() -> list[str]:

@@ -8,10 +8,10 @@ from rrc_jax.constructions.base import Construction, RewardResult
 from rrc_jax.errors import ConfigError
 
 
-def require_questions(kind: str, config) -> None:
+def require_questions(kind: str, s) -> None:
     """A `ConfigError` unless `data.format` makes the prompts judge questions (the constructions that train a
-    judge)."""
-    if not config.data.format:
+    judge; `s`: the run's settings)."""
+    if not s.prompts.data.format:
         raise ConfigError(f"config.data.format: reward.kind={kind!r} trains a judge on preference questions: set "
                           "data.format (helpsteer3, rmbench, judgebench or pairs; with data.path='toy', pairs)")
 
@@ -31,15 +31,15 @@ class RLVRReward(Construction):
         self.correct = train.oracle
 
     @classmethod
-    def absolute_scale(cls, config) -> bool:
+    def absolute_scale(cls, s) -> bool:
         return True  # correct or not, whatever the group
 
     @classmethod
-    def check(cls, config) -> None:
-        require_questions(cls.kind, config)
+    def check(cls, s) -> None:
+        require_questions(cls.kind, s)
 
     @classmethod
-    def from_config(cls, config, ctx) -> RLVRReward:
+    def from_settings(cls, s, ctx) -> RLVRReward:
         return cls(ctx.train)
 
     def construct(self, prompts, responses, prompt_index, step) -> RewardResult:

@@ -55,27 +55,27 @@ class SCRReward(JudgeConstruction):
         self.tournament = tournament
 
     @classmethod
-    def questions_per_prompt(cls, config) -> int:
+    def questions_per_prompt(cls, s) -> int:
         """A round robin's m(m-1)/2 pairs x V (the adaptive tournaments ask fewer; this is their bound's order)."""
-        m = config.rl.group_size
-        return m * (m - 1) // 2 * config.reward.judge.votes
+        m = s.rollout.group_size
+        return m * (m - 1) // 2 * s.judge.votes
 
     @classmethod
-    def check(cls, config) -> None:
-        s = cls.settings(config)
-        if s.cara and s.cara_method == "exact" and config.rl.group_size > MAX_EXACT_GROUP:
+    def check(cls, s) -> None:
+        own, m = s.reward_settings, s.rollout.group_size
+        if own.cara and own.cara_method == "exact" and m > MAX_EXACT_GROUP:
             raise field_error("reward.scr", "cara_method", f"'exact' Kemeny needs rl.group_size <= "
-                              f"{MAX_EXACT_GROUP}, got {config.rl.group_size}")
+                              f"{MAX_EXACT_GROUP}, got {m}")
 
     @classmethod
-    def absolute_scale(cls, config) -> bool:
+    def absolute_scale(cls, s) -> bool:
         return False  # win counts within a group
 
     @classmethod
-    def from_config(cls, config, ctx) -> SCRReward:
-        s, j = cls.settings(config), config.reward.judge
-        return cls(**cls.judge_kwargs(config, ctx), votes=j.votes, swap=j.swap, alpha=s.alpha, ties=s.ties,
-                   cara=s.cara, cara_method=s.cara_method, tournament=s.tournament)
+    def from_settings(cls, s, ctx) -> SCRReward:
+        own, j = s.reward_settings, s.judge
+        return cls(**cls.judge_kwargs(s, ctx), votes=j.votes, swap=j.swap, alpha=own.alpha, ties=own.ties,
+                   cara=own.cara, cara_method=own.cara_method, tournament=own.tournament)
 
     @classmethod
     def of_groups(cls, judge, *, votes: int, swap: bool, settings: SCRSettings):

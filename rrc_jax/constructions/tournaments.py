@@ -79,26 +79,26 @@ class TournamentReward(JudgeConstruction):
         self.votes, self.swap, self.alpha = votes, swap, alpha
 
     @classmethod
-    def absolute_scale(cls, config) -> bool:
+    def absolute_scale(cls, s) -> bool:
         return False  # positions within a group
 
     @classmethod
-    def duels(cls, config) -> int:
+    def duels(cls, s) -> int:
         """Duels per group (the closed form; the most for double elimination)."""
         raise NotImplementedError
 
     @classmethod
-    def questions_per_prompt(cls, config) -> int:
-        return cls.duels(config) * config.reward.judge.votes
+    def questions_per_prompt(cls, s) -> int:
+        return cls.duels(s) * s.judge.votes
 
     @classmethod
-    def from_config(cls, config, ctx) -> TournamentReward:
-        j = config.reward.judge
-        return cls(**cls.judge_kwargs(config, ctx), votes=j.votes, swap=j.swap, **cls.extra_kwargs(config, ctx),
-                   **dataclasses.asdict(cls.settings(config)))
+    def from_settings(cls, s, ctx) -> TournamentReward:
+        j = s.judge
+        return cls(**cls.judge_kwargs(s, ctx), votes=j.votes, swap=j.swap, **cls.extra_kwargs(s, ctx),
+                   **dataclasses.asdict(s.reward_settings))
 
     @classmethod
-    def extra_kwargs(cls, config, ctx) -> dict:
+    def extra_kwargs(cls, s, ctx) -> dict:
         """What a format needs beyond the judge and its settings."""
         return {}
 
@@ -128,8 +128,8 @@ class CircularReward(TournamentReward):
     Settings = CircularSettings
 
     @classmethod
-    def duels(cls, config) -> int:
-        m = config.rl.group_size
+    def duels(cls, s) -> int:
+        m = s.rollout.group_size
         return m if m > 2 else 1
 
     def rules(self, prompts, responses) -> list:
@@ -147,12 +147,12 @@ class SwissReward(TournamentReward):
         self.rounds = rounds
 
     @classmethod
-    def duels(cls, config) -> int:
-        return cls.settings(config).rounds * (config.rl.group_size // 2)
+    def duels(cls, s) -> int:
+        return s.reward_settings.rounds * (s.rollout.group_size // 2)
 
     @classmethod
-    def check(cls, config) -> None:
-        m, rounds = config.rl.group_size, cls.settings(config).rounds
+    def check(cls, s) -> None:
+        m, rounds = s.rollout.group_size, s.reward_settings.rounds
         if rounds > m // 2:
             raise field_error("reward.swiss", "rounds", f"{rounds}: at most rl.group_size / 2 = {m // 2} rounds "
                               "(then every round pairs each response with a new opponent)")
@@ -168,8 +168,8 @@ class DoubleEliminationReward(TournamentReward):
     Settings = DoubleEliminationSettings
 
     @classmethod
-    def duels(cls, config) -> int:
-        return 2 * config.rl.group_size - 1
+    def duels(cls, s) -> int:
+        return 2 * s.rollout.group_size - 1
 
     def rules(self, prompts, responses) -> list:
         return [DoubleElimination(len(group)) for group in responses]
@@ -187,16 +187,16 @@ class SeededKnockoutReward(TournamentReward):
         self.seed_by, self.seeder = seed_by, seeder
 
     @classmethod
-    def roles(cls, config) -> frozenset[str]:
-        return super().roles(config) | ({"drm"} if cls.settings(config).seed_by == "drm" else set())
+    def roles(cls, s) -> frozenset[str]:
+        return super().roles(s) | ({"drm"} if s.reward_settings.seed_by == "drm" else set())
 
     @classmethod
-    def duels(cls, config) -> int:
-        return config.rl.group_size - 1
+    def duels(cls, s) -> int:
+        return s.rollout.group_size - 1
 
     @classmethod
-    def extra_kwargs(cls, config, ctx) -> dict:
-        return {"seeder": DRMReward.from_config(config, ctx) if cls.settings(config).seed_by == "drm" else None}
+    def extra_kwargs(cls, s, ctx) -> dict:
+        return {"seeder": DRMReward.from_settings(s, ctx) if s.reward_settings.seed_by == "drm" else None}
 
     def rules(self, prompts, responses) -> list:
         m = len(responses[0]) if responses else 0

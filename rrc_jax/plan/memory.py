@@ -9,6 +9,7 @@ import re
 
 from rrc_jax.models.kv_cache import ring_size
 from rrc_jax.models.lora import LoraConfig
+from rrc_jax.config import validate
 from rrc_jax.settings import parse
 from rrc_jax.plan.hardware import split_size, GiB, HEADROOM, resolve_mesh, Topology, topology
 from rrc_jax.plan.shapes import (itemsize, lora_param_bytes, model_config, param_bytes, param_count, param_shapes,
@@ -252,9 +253,7 @@ class Plan:
 
 
 def _reward_roles(config) -> frozenset[str]:
-    from rrc_jax.constructions import construction_class
-
-    return construction_class(config.reward.kind).roles(config)
+    return validate(config).reward_roles
 
 
 def roles(config) -> dict[str, str]:
@@ -344,9 +343,8 @@ def _judging(config, cfg, shape, dtype, layout: str) -> tuple[list[Row], str]:
     prefix = length_bucket(config.data.max_prompt_tokens + pre_tokens)
     suffix = length_bucket(2 * n_new + item_tokens)
     own = round_up(suffix + r.judge.max_new_tokens, ATTENTION_BLOCK)
-    from rrc_jax.constructions import construction_class
-
-    load = construction_class(r.kind).judge_load(config)
+    settings = validate(config)
+    load = settings.reward.judge_load(settings)
     best: list[Row] = []
     for kind, q, prompts in ((r.kind, load.questions, config.rl.prompts_per_step),
                              ("eval", config.eval.judge_votes, config.data.eval_prompts)):

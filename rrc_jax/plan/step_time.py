@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from rrc_jax.config import validate
 from rrc_jax.plan.hardware import split_size, GiB, Topology, topology
 from rrc_jax.plan.memory import template_tokens, gather_traffic_bytes, layer_slots, Plan
 from rrc_jax.plan.shapes import itemsize, matmul_params, model_config, param_bytes
@@ -74,7 +75,6 @@ def decode_time(topo: Topology, cfg, dtype: str, shape, layout: str, rows: int, 
 
 def step_times(config, p: Plan) -> list[PhaseTime]:
     """The roofline seconds of each phase of one step of `config` on plan `p`'s topology and layouts."""
-    from rrc_jax.constructions import construction_class
     from rrc_jax.models.batches import bucket_length, length_bucket
 
     topo, rl, dtype = p.topology, config.rl, config.models.dtype
@@ -93,7 +93,8 @@ def step_times(config, p: Plan) -> list[PhaseTime]:
         r = config.reward
         pre, item = template_tokens(config)
         prefix, suffix = length_bucket(config.data.max_prompt_tokens + pre), length_bucket(2 * new + item)
-        questions = construction_class(r.kind).judge_load(config).questions * rl.prompts_per_step
+        settings = validate(config)
+        questions = settings.reward.judge_load(settings).questions * rl.prompts_per_step
         chunks, chunk = -(-questions // r.judge.max_batch), min(questions, r.judge.max_batch)
         prefill = forward_time(topo, grm, dtype, gwhere, gkind, rl.prompts_per_step * prefix + questions * suffix)
         decode = decode_time(topo, grm, dtype, gwhere, gkind, chunk, r.judge.max_new_tokens,

@@ -81,19 +81,20 @@ def row_seeds(key: jax.Array, n: int) -> jax.Array:
 
 class Trainer:
     """GRPO on `config` (`rrc_jax.config.base_config`): builds the roles it needs, the policy sampler, the reward
-    construction and the learner."""
+    construction and the learner. `settings`: the config's `validate`d settings when the caller has them (else
+    parsed here; once either way)."""
 
-    def __init__(self, config):
-        self.config, self.settings = config, validate(config)  # each component's settings, parsed once
+    def __init__(self, config, settings: TrainerSettings | None = None):
+        self.config, self.settings = config, settings or validate(config)
         self.mesh = self.settings.mesh.make()
         with jax.set_mesh(self.mesh):
             self._build()
 
     def _build(self) -> None:
-        config, s = self.config, self.settings
+        s = self.settings
         rollout, learner, grpo = s.rollout, s.learner, s.grpo
-        self.workdir = epath.Path(config.workdir).expanduser()
-        self.roles = Roles(s.models, toy=s.toy, init_from=config.init_from, mesh=self.mesh, layouts=s.mesh,
+        self.workdir = epath.Path(s.workdir).expanduser()
+        self.roles = Roles(s.models, toy=s.toy, init_from=s.init_from, mesh=self.mesh, layouts=s.mesh,
                            lora=s.lora)
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
@@ -101,17 +102,17 @@ class Trainer:
                                     max_batch=rollout.max_batch,  # its rollout copy, unless the weights are shared
                                     layout=None if rollout.share_weights else self.roles.layout("policy", "inference"))
         self.train_prompts, self.eval_prompts = training_prompts(s, self.roles)
-        self.context = RewardContext(config, self.roles, self.sampler, self.tokenizer, self.train_prompts, rollout)
-        self.reward = make_construction(config, self.context)
+        self.context = RewardContext(s, self.roles, self.sampler, self.tokenizer, self.train_prompts)
+        self.reward = make_construction(s, self.context)
         schedule = learning_rate_schedule(learner.learning_rate, kind=learner.lr_schedule,
                                           warmup_steps=learner.warmup_steps,
-                                          total_steps=learner.updates(rollout.rows, config.steps))
+                                          total_steps=learner.updates(rollout.rows, s.steps))
         eps_low, eps_high = grpo.clip_range
         self.learner = Learner(self.policy, make_optimizer(schedule, grad_clip=learner.grad_clip), grpo_objective(
             temperature=rollout.temperature, eps_low=eps_low, eps_high=eps_high, beta=grpo.beta,
             aggregation=grpo.loss_aggregation, max_len=rollout.max_new_tokens, chunk_size=learner.logprob_chunk,
             remat=learner.remat, loss=grpo.loss), micro_batch_size=learner.micro_batch_size)
-        self.batches = prompt_batches(rollout.prompts_per_step, config.seed, len(self.train_prompts.texts),
+        self.batches = prompt_batches(rollout.prompts_per_step, s.seed, len(self.train_prompts.texts),
                                       paired=self.train_prompts.paired)
         if rollout.prompts_per_step > len(self.train_prompts.texts):
             say(f"warning: rl.prompts_per_step={rollout.prompts_per_step} but the training set holds "
@@ -195,7 +196,7 @@ class Trainer:
 
     def step(self, step: int) -> dict[str, float]:
         """One GRPO step (module docstring); returns its metrics, reduced across hosts."""
-        key = jax.random.fold_in(jax.random.key(self.config.seed), step)
+        key = jax.random.fold_in(jax.random.key(self.settings.seed), step)
         rollout = self.settings.rollout
         dump = samples_due(step, self.settings.samples.samples_every) and distributed.is_main()
         if rollout.dynamic_sampling:  # draw i > 0 samples from its own key
@@ -260,7 +261,7 @@ class Trainer:
         if start:
             self.sampler.update_weights(self.learner.params)  # the rollout copy of the restored policy
         save_config(workdir, config)
-        guard = DivergenceGuard(s.guard, s.learner.updates(s.rollout.rows), config.steps, self.policy,
+        guard = DivergenceGuard(s.guard, s.learner.updates(s.rollout.rows), s.steps, self.policy,
                                 abstain_abort=s.alarms.abstain_abort, abstain_steps=s.alarms.flat_alarm_steps,
                                 server=s.inference.url, max_failed_fraction=s.inference.max_failed_fraction)
         logger = MetricsLogger(workdir, resume_step=start, tensorboard=s.metrics.tensorboard, wandb=s.metrics.wandb,
@@ -271,17 +272,17 @@ class Trainer:
                 metrics = {**self.evaluate(0), **self.memory(), **self.system(), **self.data_counts()}
                 logger.log(0, metrics)
                 guard.check_requests(0, metrics)
-            with Progress(config.steps, "train", start=start) as bar:
-                for step in range(start + 1, config.steps + 1):
+            with Progress(s.steps, "train", start=start) as bar:
+                for step in range(start + 1, s.steps + 1):
                     metrics = self.step(step)
-                    if s.eval.due(step, config.steps):
+                    if s.eval.due(step, s.steps):
                         metrics.update(self.evaluate(step))
                     ckpt.check()  # a save that failed (a full disk) stops the run before this step is logged
                     logger.log(step, metrics)
                     bar.update(1, reward=metrics["reward/mean"], **({"oracle": metrics["oracle_quality"]}
                                                                      if "oracle_quality" in metrics else {}))
                     guard.check(step, metrics, self.policy)  # a failed step is never saved, nor exported
-                    ckpt.end_step(step, self.learner, self.batches, stop, last=step == config.steps)
+                    ckpt.end_step(step, self.learner, self.batches, stop, last=step == s.steps)
             ckpt.wait()
             save_hf(self.policy, workdir / "hf_export", tokenizer=self.tokenizer)  # under LoRA, merged
             say(f"exported the policy to {workdir / 'hf_export'}")
@@ -320,7 +321,7 @@ def run(config) -> epath.Path:
     """Train per `config`, holding its workdir against a second trainer and resuming only under
     the same config (`rrc_jax.workdir`); returns the workdir."""
     settings = validate(config)
-    workdir = epath.Path(config.workdir).expanduser()
+    workdir = epath.Path(settings.workdir).expanduser()
     with WorkdirLock(workdir):
         check_resume(config, workdir, settings.resume)
-        return Trainer(config).run()
+        return Trainer(config, settings).run()

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 from rrc_jax.config import base_config, validate
-from rrc_jax.constructions import construction_class
 from rrc_jax.errors import ConfigError
 
 # name -> (reward kind, trainer overrides)
@@ -126,7 +125,8 @@ def absolute_reward(config) -> bool | None:
     the policy higher: the DRM, a pointwise judge, AGR against fixed anchors, PRC against the frozen initial
     policy. Win counts within a group (SCR, tournaments, CARA) and PRC against the current policy are relative:
     their mean says nothing of the kind (`Construction.absolute_scale`; None for a plug-in that does not say)."""
-    return construction_class(config.reward.kind).absolute_scale(config)
+    settings = validate(config)
+    return settings.reward.absolute_scale(settings)
 
 
 def summary_path(study, name: str, seed: int) -> Path:
