@@ -1,8 +1,8 @@
 """Accelerator figures for a ~1B-parameter Llama (Llama-3.2-1B shape, random weights), one part per process.
 
-    python benchmarks/device.py --part=sampler      --ckpt_dir=DIR [--dry-run]  # writes DIR first, then times
-    python benchmarks/device.py --part=transformers --ckpt_dir=DIR [--dry-run]  # reads DIR
-    python benchmarks/device.py --part=learner                     [--dry-run]
+    python benchmarks/device.py --part=sampler      --ckpt_dir=DIR [--dry_run]  # writes DIR first, then times
+    python benchmarks/device.py --part=transformers --ckpt_dir=DIR [--dry_run]  # reads DIR
+    python benchmarks/device.py --part=learner                     [--dry_run]
 
 `benchmarks/device.sh` runs the three parts in turn (each in its own process, so JAX and torch never share the
 accelerator's memory or CUDA libraries) and is the way to use this file.
@@ -26,22 +26,26 @@ accelerator's memory or CUDA libraries) and is the way to use this file.
   attention's own FLOPs are not counted), against `--peak_tflops` (env PEAK_TFLOPS; default 989, the H200's dense
   bfloat16 peak).
 
-`--dry-run` (or DRY_RUN=1) runs the same code on the CPU with a tiny model (hidden 64, 2 layers, vocab 256) and a
+`--dry_run` (or DRY_RUN=1) runs the same code on the CPU with a tiny model (hidden 64, 2 layers, vocab 256) and a
 few tokens, in seconds. Each part prints one `RESULT {json}` line and, with `--out_dir`, writes
 `device_<part>.json` there.
 
-Imports only what the parts need: jax, flax, optax, numpy, safetensors and etils (through `rrc_jax.models`), and
-torch + transformers for the transformers part; not grain or ml_collections.
+Imports only what the parts need: absl (its flags, through `rrc_jax.cli`), jax, flax, optax, numpy, safetensors and
+etils (through `rrc_jax.models`), and torch + transformers for the transformers part; not grain or ml_collections.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
+
+from absl import flags
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's rrc_jax, also uninstalled
+from rrc_jax import cli  # noqa: E402
 
 PARTS = ("sampler", "transformers", "learner")
 
@@ -60,29 +64,36 @@ def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--part", required=True, choices=PARTS)
-    ap.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true", default=env_flag("DRY_RUN"),
-                    help="tiny model on the CPU (also DRY_RUN=1)")
-    ap.add_argument("--ckpt_dir", default=None, help="the Hugging Face checkpoint (sampler writes, transformers reads)")
-    ap.add_argument("--out_dir", default=None, help="write device_<part>.json here")
-    ap.add_argument("--peak_tflops", type=float, default=float(os.environ.get("PEAK_TFLOPS", 989.0)),
-                    help="the accelerator's dense bfloat16 peak for the MFU (env PEAK_TFLOPS; default H200: 989)")
-    ap.add_argument("--seed", type=int, default=0)
+def define_flags() -> None:
+    """The benchmark's flags (module docstring); a size flag left unset takes its FULL_SIZES value (DRY_SIZES with
+    `--dry_run`)."""
+    flags.DEFINE_enum("part", None, PARTS, "The part to run, in this process.")
+    flags.mark_flag_as_required("part")
+    flags.DEFINE_boolean("dry_run", env_flag("DRY_RUN"), "Tiny model on the CPU (also DRY_RUN=1).")
+    flags.DEFINE_string("ckpt_dir", None, "The Hugging Face checkpoint (sampler writes, transformers reads).")
+    flags.DEFINE_string("out_dir", None, "Write device_<part>.json here.")
+    flags.DEFINE_float("peak_tflops", float(os.environ.get("PEAK_TFLOPS", 989.0)),
+                       "The accelerator's dense bfloat16 peak for the MFU (env PEAK_TFLOPS; default H200: 989).")
+    flags.DEFINE_integer("seed", 0, "PRNG seed.")
     for name, value in FULL_SIZES.items():
-        ap.add_argument(f"--{name}", type=int, default=None, help=f"default {value} ({DRY_SIZES[name]} dry)")
-    args = ap.parse_args(argv)
+        flags.DEFINE_integer(name, None, f"Default {value} ({DRY_SIZES[name]} with --dry_run).")
+
+
+def settled_flags():
+    """`flags.FLAGS` with every size flag left unset set to its FULL or DRY size, checked: a mistake is one
+    `error:` line (`cli.flag_error`)."""
+    args = flags.FLAGS
     sizes = DRY_SIZES if args.dry_run else FULL_SIZES
     for name, value in sizes.items():
-        if getattr(args, name) is None:
+        if args[name].value is None:
             setattr(args, name, value)
+    cli.check_at_least(1, *FULL_SIZES)
     if args.part in ("sampler", "transformers") and not args.ckpt_dir:
-        ap.error(f"--part={args.part} needs --ckpt_dir")
+        raise cli.flag_error("part", "needs --ckpt_dir")
     if args.batch % args.micro_batch:
-        ap.error(f"--micro_batch={args.micro_batch} must divide --batch={args.batch}")
+        raise cli.flag_error("micro_batch", f"must divide --batch={args.batch}")
     if not 0 < args.prompt_part < args.seq_len:
-        ap.error("need 0 < --prompt_part < --seq_len")
+        raise cli.flag_error("prompt_part", f"must be above 0 and below --seq_len={args.seq_len}")
     return args
 
 
@@ -291,11 +302,11 @@ def learner_step(args, model, mesh, micro: int) -> dict:
                 peak_bytes=peak_memory())
 
 
-def main(argv=None) -> None:
-    args = parse_args(argv)
+def run() -> None:
+    """Run `--part` and print its `RESULT {json}` line; with `--out_dir`, write it there (module docstring)."""
+    args = settled_flags()
     if args.dry_run:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's rrc_jax, also uninstalled
     result = {"sampler": part_sampler, "transformers": part_transformers, "learner": part_learner}[args.part](args)
     result = dict(part=args.part, dry_run=args.dry_run, **result)
     print("RESULT " + json.dumps(result), flush=True)
@@ -306,4 +317,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    cli.start(cli.flags_main(run))

@@ -2,11 +2,11 @@
 # Accelerator figures for a ~1B-parameter Llama (random weights): rrc_jax's sampler and transformers' generate in
 # tokens/s, and one GRPO learner step with its model FLOP utilization (benchmarks/device.py has the details).
 #
-#   bash benchmarks/device.sh [--dry-run] [device.py flags, e.g. --micro_batch=8 --peak_tflops=989]
+#   bash benchmarks/device.sh [--dry_run] [device.py flags, e.g. --micro_batch=8 --peak_tflops=989]
 #
 # Runs the three parts of benchmarks/device.py (sampler, transformers, learner), each in its own process under one
 # overall time limit (TIMEOUT_S, default 450 s); a part that fails does not stop the others, and the script exits
-# with the first failure's status. --dry-run (or DRY_RUN=1) runs the same code on the CPU with a tiny model, in
+# with the first failure's status. --dry_run (or DRY_RUN=1) runs the same code on the CPU with a tiny model, in
 # seconds. Results go to $OUT (if set, e.g. on a remote accelerator machine) or benchmarks/results/, as device_<part>.json.
 # Uses the repository's rrc_jax through PYTHONPATH (no install needed); PYTHON picks the interpreter.
 set -euo pipefail
@@ -17,7 +17,7 @@ dry=0
 args=()
 for arg in "$@"; do
   case "$arg" in
-    --dry-run | --dry_run) dry=1 ;;
+    --dry_run) dry=1 ;;
     *) args+=("$arg") ;;
   esac
 done
@@ -26,7 +26,7 @@ case "${DRY_RUN:-}" in
   *) dry=1 ;;
 esac
 if [[ "$dry" == 1 ]]; then
-  args+=(--dry-run)
+  args+=(--dry_run)
   export JAX_PLATFORMS=cpu
 fi
 

@@ -1,6 +1,6 @@
 """What one decoding step's weight matmuls cost on this backend, by the number of rows M (the batch size).
 
-    python benchmarks/matmul_rows.py [--rows=1,2,4,8,16,64 --repeats=10]
+    python benchmarks/matmul_rows.py [--rows=1,2,4,8,16,64 --repeats=10 --out=FILE]
 
 Times `x [M, E] @ W [E, N]` for the weight shapes of the model in `benchmarks/sampler.py` (E = 384, I = 1024,
 V = 8192: the fused qkv, o, gate_up, down and LM head), fp32, with enough distinct copies of each W (about 120 MB)
@@ -15,7 +15,6 @@ the rows, sets the time. Re-run this after a jax upgrade to see whether that has
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -23,6 +22,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from absl import flags
+
+from rrc_jax import cli
 
 SHAPES = {"qkv": (384, 640), "o": (384, 384), "gate_up": (384, 2048), "down": (1024, 384), "lm_head": (384, 8192)}
 COPY_BYTES = 120e6
@@ -54,17 +56,27 @@ def time_products(x, weights, repeats: int) -> float:
     return best / len(weights)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", default="1,2,4,8,16,64")
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/matmul_rows.json)")
-    args = ap.parse_args()
+def define_flags() -> None:
+    """The benchmark's flags (module docstring)."""
+    flags.DEFINE_string("rows", "1,2,4,8,16,64", "Row counts M to time, comma-separated.")
+    flags.DEFINE_integer("repeats", 10, "Timed calls per product (the best counts).")
+    flags.DEFINE_string("out", None, "JSON path (default: benchmarks/results/matmul_rows.json).")
+
+
+def run() -> None:
+    """Time every weight shape at every `--rows`; print the table, write the JSON (module docstring)."""
+    args = flags.FLAGS
+    cli.check_at_least(1, "repeats")
+    try:
+        rows_list = [int(m) for m in args.rows.split(",")]
+    except ValueError:
+        raise cli.flag_error("rows", "must be whole numbers, comma-separated, e.g. --rows=1,2,4,8") from None
+    if min(rows_list) < 1:
+        raise cli.flag_error("rows", "each must be >= 1")
 
     import jax
     import jax.numpy as jnp
 
-    rows_list = [int(m) for m in args.rows.split(",")]
     rng = np.random.default_rng(0)
     results = []
     for name, (e, n) in SHAPES.items():
@@ -88,4 +100,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    cli.start(cli.flags_main(run))

@@ -1,6 +1,7 @@
 """This project, tunix and TRL side by side: the same checkpoint, prompts, group size and lengths, in one run.
 
-    python benchmarks/peers.py [--prompts=8 --group=8 --prompt_len=64 --new_tokens=128 --repeats=3]
+    python benchmarks/peers.py [--prompts=8 --group=8 --prompt_len=64 --new_tokens=128 --repeats=3 --seed=0
+                               --frameworks=rrc_jax,tunix,trl --out=FILE]
 
 A Llama-architecture checkpoint every framework loads (transformers' `LlamaForCausalLM`, random weights, RoPE theta
 1e6 and tied embeddings, which tunix's Llama assumes; a character tokenizer) is written once; then each framework
@@ -32,6 +33,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from absl import flags
+
+from rrc_jax import cli
 
 REPO = Path(__file__).resolve().parent.parent
 FRAMEWORKS = ("rrc_jax", "tunix", "trl")
@@ -618,49 +623,55 @@ def table(results: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def main() -> None:
-    import argparse
+def define_flags() -> None:
+    """The benchmark's flags (module docstring); `--part` and `--spec` are how the driver runs one framework's part
+    in a process of its own (`run_part`)."""
+    flags.DEFINE_integer("prompts", 8, "Prompts per rollout.")
+    flags.DEFINE_integer("group", 8, "Samples per prompt (the GRPO group).")
+    flags.DEFINE_integer("prompt_len", 64, "Token ids per prompt.")
+    flags.DEFINE_integer("new_tokens", 128, "New tokens per sample (exactly: no stop token).")
+    flags.DEFINE_integer("repeats", 3, "Timed calls of each measurement after a warm-up (the best counts).")
+    flags.DEFINE_integer("seed", 0, "PRNG seed of the workload.")
+    flags.DEFINE_string("frameworks", ",".join(FRAMEWORKS), f"Comma-separated, of {', '.join(FRAMEWORKS)}.")
+    flags.DEFINE_string("out", str(REPO / "benchmarks" / "results" / "peers.json"), "JSON path.")
+    flags.DEFINE_enum("part", None, FRAMEWORKS, "Internal: measure this one framework in this process (with --spec).")
+    flags.DEFINE_string("spec", None, "Internal: the JSON file of --part's workload.")
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=8, dest="prompts_n")
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--prompt_len", type=int, default=64)
-    parser.add_argument("--new_tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "peers.json"))
-    parser.add_argument("--part", choices=FRAMEWORKS, help=argparse.SUPPRESS)  # one framework, in this process
-    parser.add_argument("--spec", help=argparse.SUPPRESS)
-    a = parser.parse_args()
+
+def run() -> None:
+    """Measure every framework of `--frameworks`, each in a process of its own; print the table, write the JSON
+    (module docstring). With `--part`, measure that framework in this process and print its `RESULT {json}`."""
+    a = flags.FLAGS
     if a.part:
         args = json.loads(Path(a.spec).read_text())
         print("RESULT " + json.dumps(PARTS[a.part](args)), flush=True)
         return
-    for name, value in (("prompts", a.prompts_n), ("group", a.group), ("prompt_len", a.prompt_len),
-                        ("new_tokens", a.new_tokens), ("repeats", a.repeats)):
-        if value < (2 if name == "group" else 1):
-            parser.error(f"--{name}={value} must be >= {2 if name == 'group' else 1}")
+    cli.check_at_least(1, "prompts")
+    cli.check_at_least(2, "group")
+    cli.check_at_least(1, "prompt_len", "new_tokens", "repeats")
     unknown = set(a.frameworks.split(",")) - set(FRAMEWORKS)
     if unknown:
-        parser.error(f"--frameworks: unknown {', '.join(sorted(unknown))}; known: {', '.join(FRAMEWORKS)}")
+        raise cli.flag_error("frameworks", f"unknown {', '.join(sorted(unknown))}; known: {', '.join(FRAMEWORKS)}")
     frameworks = ["rrc_jax"] + [f for f in a.frameworks.split(",") if f != "rrc_jax"]
+    settings = dict(prompts_n=a.prompts, group=a.group, prompt_len=a.prompt_len, new_tokens=a.new_tokens,
+                    repeats=a.repeats, seed=a.seed, frameworks=a.frameworks)
     t = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        args = dict(vars(a), ckpt=str(scratch / "ckpt"), ids=build_checkpoint(scratch / "ckpt"))
+        args = dict(settings, out=a.out, part=None, spec=None, ckpt=str(scratch / "ckpt"),
+                    ids=build_checkpoint(scratch / "ckpt"))
         args.update(workload(args))
         results = [run_part(f, args, scratch) for f in frameworks]
     print(table(results))
-    print(f"\n{a.prompts_n} prompts x {a.group} samples, prompt {a.prompt_len} + {a.new_tokens} new tokens, float32 "
+    print(f"\n{a.prompts} prompts x {a.group} samples, prompt {a.prompt_len} + {a.new_tokens} new tokens, float32 "
           f"on the CPU, best of {a.repeats}; {time.perf_counter() - t:.0f} s in all")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(settings={k: v for k, v in vars(a).items() if k not in ("part", "spec", "out")},
-                                   model=MODEL, results=results), indent=1) + "\n")
+    out.write_text(json.dumps(dict(settings=settings, model=MODEL, results=results), indent=1) + "\n")
 
 
 PARTS = {"rrc_jax": part_rrc_jax, "tunix": part_tunix, "trl": part_trl}
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    cli.start(cli.flags_main(run))

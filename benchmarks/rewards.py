@@ -8,7 +8,6 @@ m=16, V=8 at least 100x faster than a literal Python Algorithm 1; greedy CARA un
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -18,7 +17,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import flags
 
+from rrc_jax import cli
 from rrc_jax.rewards import cara_order, kemeny_disagreement, kemeny_exact, scr_rewards
 from rrc_jax.rewards.win_counts import _scr_rewards
 
@@ -118,10 +119,14 @@ def bench_gap(rng, cases=((8, 400), (12, 100), (16, 30)), quality_scales=(0.3, 1
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer groups (a smoke run)")
-    args = parser.parse_args()
+def define_flags() -> None:
+    """The benchmark's flags (module docstring)."""
+    flags.DEFINE_bool("quick", False, "Fewer groups (a smoke run).")
+
+
+def run() -> None:
+    """Time every benchmark, print the tables and write the JSON (module docstring)."""
+    args = flags.FLAGS
     rng = np.random.default_rng(0)
 
     win = bench_win_counting(rng, batch=256 if args.quick else 1024)
@@ -162,4 +167,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    cli.start(cli.flags_main(run))

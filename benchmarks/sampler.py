@@ -1,4 +1,4 @@
-"""Decode throughput of `rrc_jax.inference.sampling.generate` vs transformers' `generate` on the same weights.
+"""Decode throughput of `rrc_jax.inference.kernels.generate` vs transformers' `generate` on the same weights.
 
     python benchmarks/sampler.py [--batch_sizes=1,8,64 --new_tokens=128 --prompt_len=32 --repeats=3 --rounds=2
                                   --dtype=float32]
@@ -83,7 +83,7 @@ def run() -> None:
     import torch
 
     from rrc_jax.models import load_hf
-    from rrc_jax.inference.sampling import SamplingParams, generate
+    from rrc_jax.inference.kernels import SamplingParams, generate
 
     tmp = Path(tempfile.mkdtemp())
     ref, n_params = build_checkpoint(tmp)

@@ -13,7 +13,7 @@ of the optimizer state (`Trainer.memory()` after the steps, the most on any devi
 
 A second table (`--layouts`, on by default) measures the inference and training layouts on a tiny Llama (hidden 256, vocab
 1024; 4 layers unless said): per mesh and layout, the parameter bytes per device; the collective bytes per decoded
-token, read from the compiled decode step (`rrc_jax.inference.sampling._decode`: each collective's result bytes on
+token, read from the compiled decode step (`rrc_jax.inference.kernels._decode`: each collective's result bytes on
 a device, those inside the decode loop per step, each inner loop's (the scan over layers) times its trip count,
 divided by the rows); the weight sync (`RolloutCopy.sync`) from
 the training layout on (1, 8, 1) into each inference layout, its bytes per device and time; and the compile time
@@ -191,7 +191,7 @@ def measure_layouts(rows: int = 16) -> list[dict]:
 
     from rrc_jax.inference import SamplingParams
     from rrc_jax.inference.rollout_copy import RolloutCopy
-    from rrc_jax.inference.sampling import _decode, prefill
+    from rrc_jax.inference.kernels import _decode, prefill
     from rrc_jax.models import Decoder
     from rrc_jax.rl.grpo import grpo_objective
     from rrc_jax.rl.learner import Learner, make_optimizer

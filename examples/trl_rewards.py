@@ -7,11 +7,11 @@ in this process on the JAX engine; with it, it is asked over HTTP, e.g. the toy 
 `python -m rrc_jax.serve --model=~/.cache/rrc_jax/toy-.../grm` (the path this script prints).
 """
 
-import sys
-
+from absl import flags
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
+from rrc_jax import cli
 from rrc_jax.data.toy.task import SortTask
 from rrc_jax.data.toy.world import WorldSettings, build_world
 from rrc_jax.integrations import judge_for
@@ -30,8 +30,14 @@ def make_trainer(policy: str, reward, output_dir: str, steps: int = 2, group: in
                        train_dataset=Dataset.from_dict({"prompt": PROMPTS}))
 
 
-if __name__ == "__main__":
-    url = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--url=")), "")
+def define_flags() -> None:
+    """The example's flags (module docstring)."""
+    flags.DEFINE_string("url", "", "The judge's server (`python -m rrc_jax.serve`); empty: the judge in this process.")
+
+
+def run() -> None:
+    """Two GRPO steps of the toy policy with SCR rewards; print each step's mean reward (module docstring)."""
+    url = flags.FLAGS.url
     world = build_world(WorldSettings(), "~/.cache/rrc_jax")  # the packaged toy world: policy, grm, drm
     print(f"policy {world.policy}, judge {world.grm}" + (f" served at {url}" if url else ""))
     judge = judge_for(str(world.grm), url=url, template="toy_pairwise_cot", max_new_tokens=48, temperature=0.0)
@@ -39,3 +45,8 @@ if __name__ == "__main__":
     trainer = make_trainer(str(world.policy), reward, output_dir="/tmp/trl_rewards")
     trainer.train()
     print([h["rewards/rrc_scr/mean"] for h in trainer.state.log_history if "rewards/rrc_scr/mean" in h])
+
+
+if __name__ == "__main__":
+    define_flags()
+    cli.start(cli.flags_main(run))

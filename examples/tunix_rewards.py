@@ -1,7 +1,7 @@
 """tunix's GRPOLearner with RRC rewards: SCR over each prompt's group, judged by the toy world's GRM.
 
     bash .ci/tunix_env && .venv-tunix/bin/python examples/tunix_rewards.py [--url=http://127.0.0.1:8000]
-    [--record=FILE]
+    [--record=FILE] [--toy_cache=~/.cache/rrc_jax]
 
 Two GRPO steps of the toy policy (loaded from its Hugging Face directory into tunix's Llama) on the CPU. tunix
 0.1.7 pins `safetensors<0.8`, so it lives in an environment of its own (`.ci/tunix_env`: this environment plus
@@ -16,7 +16,6 @@ the toy policy's weights in a slightly different model: what it shows is the rew
 
 import json
 import os
-import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -24,12 +23,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from absl import flags  # noqa: E402
 from flax import nnx  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from tunix.rl import rl_cluster as rl_cluster_lib  # noqa: E402
 from tunix.rl.grpo import grpo_learner  # noqa: E402
 from tunix.rl.rollout import base_rollout  # noqa: E402
 
+from rrc_jax import cli  # noqa: E402
 from rrc_jax.data.toy.task import SortTask  # noqa: E402
 from rrc_jax.data.toy.world import WorldSettings, build_world  # noqa: E402
 from rrc_jax.integrations import judge_for  # noqa: E402
@@ -84,7 +85,20 @@ def main(policy_dir, grm_dir, url="", record=""):
                    "steps": int(cluster.actor_trainer.train_steps)}, open(record, "w"))
 
 
+def define_flags() -> None:
+    """The example's flags (module docstring)."""
+    flags.DEFINE_string("toy_cache", "~/.cache/rrc_jax", "Where the packaged toy world is built (or found).")
+    flags.DEFINE_string("url", "", "The judge's server (`python -m rrc_jax.serve`); empty: the judge in this process.")
+    flags.DEFINE_string("record", "", "Write each reward call, the parameter change and tunix's reward sums here.")
+
+
+def run() -> None:
+    """Two GRPO steps of the toy world's policy with SCR rewards (module docstring)."""
+    args = flags.FLAGS
+    world = build_world(WorldSettings(), args.toy_cache)  # the packaged toy world
+    main(str(world.policy), str(world.grm), args.url, args.record)
+
+
 if __name__ == "__main__":
-    flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
-    world = build_world(WorldSettings(), flags.get("toy_cache", "~/.cache/rrc_jax"))  # the packaged toy world
-    main(str(world.policy), str(world.grm), flags.get("url", ""), flags.get("record", ""))
+    define_flags()
+    cli.start(cli.flags_main(run))

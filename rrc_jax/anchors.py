@@ -12,31 +12,29 @@ from __future__ import annotations
 import jax
 
 from rrc_jax import cli
-from rrc_jax.config import validate
 
 CONFIG = cli.config_flag("agr.py")
 
 
-def main(argv) -> None:
-    config = cli.config_value(CONFIG, argv, "agr.py")
-    from rrc_jax import distributed
+def remake(settings) -> None:
+    """Generate the anchors of a trainer's `settings` with its reference policy, over its mesh."""
     from rrc_jax.constructions.agr import anchor_store
     from rrc_jax.inference import role_sampler
     from rrc_jax.rl.roles import Roles
     from rrc_jax.rl.trainer import training_prompts
 
-    def remake(config):
-        settings = validate(config)
-        distributed.initialize(settings.distributed)
-        mesh = settings.mesh.make()
-        with jax.set_mesh(mesh):
-            roles = Roles(settings.models, toy=settings.toy, init_from=settings.init_from, mesh=mesh,
-                          layouts=settings.mesh)
-            train, _ = training_prompts(settings, roles)
-            reference = role_sampler(roles, "reference", engine=settings.inference)
-            anchor_store(settings, train, roles.tokenizer("policy")).generate(reference, settings.seed)
+    mesh = settings.mesh.make()
+    with jax.set_mesh(mesh):
+        roles = Roles.of_run(settings, mesh)
+        train, _ = training_prompts(settings, roles)
+        reference = role_sampler(roles, "reference", engine=settings.inference)
+        anchor_store(settings, train, roles.tokenizer("policy")).generate(reference, settings.seed)
 
-    cli.exit_on_user_error(remake, config)
+
+def main(argv) -> None:
+    settings = cli.settings_value(CONFIG, argv, "agr.py")
+    cli.join_processes(settings)
+    cli.exit_on_user_error(remake, settings)
 
 
 if __name__ == "__main__":

@@ -136,14 +136,14 @@ def base_hash(model: Decoder) -> str:
     return hashlib.sha256(json.dumps(sorted(digests.items())).encode()).hexdigest()[:16]
 
 
-def _manifest(step: int, state: dict, data, config: dict | None, config_hash: str, model_hash: str = "") -> dict:
+def _manifest(step: int, state: dict, data, record: dict | None, config_hash: str, model_hash: str = "") -> dict:
     digests = _digests(state)
     arrays = {}
     for path, x in jax.tree_util.tree_flatten_with_path(state)[0]:
         checksum, finite = digests[_name(path)]
         arrays[_name(path)] = {"shape": list(x.shape), "dtype": str(x.dtype), "checksum": checksum,
                                "finite": finite}
-    return {"format": MANIFEST_FORMAT, "step": step, "config_hash": config_hash, "config": config,
+    return {"format": MANIFEST_FORMAT, "step": step, "config_hash": config_hash, "config": record,
             "data_crc32": _data_crc(data), "arrays": arrays, **({"model_hash": model_hash} if model_hash else {})}
 
 
@@ -248,17 +248,17 @@ def _move(src: epath.Path, dst: epath.Path) -> None:
 
 class Checkpointer:
     """Save every `save_every` steps (0: only when forced), keep the last `keep` (and the last `keep` finite ones),
-    resume from the latest usable one (module docstring). `config` (the run's config as a JSON dict,
-    `rrc_jax.workdir.config_json`) and `config_hash` are recorded in each step's manifest: what `trained_config`
+    resume from the latest usable one (module docstring). `record` (the run's config as a JSON dict,
+    `rrc_jax.config.config_record`) and `config_hash` are recorded in each step's manifest: what `trained_config`
     reads back. `create=False` reads a directory that must exist (another run's) without ever creating it."""
 
     def __init__(self, directory: str | os.PathLike, save_every: int = 0, keep: int = 2,
-                 config: dict | None = None, config_hash: str = "", create: bool = True, model_hash: str = ""):
+                 record: dict | None = None, config_hash: str = "", create: bool = True, model_hash: str = ""):
         directory = epath.Path(directory).expanduser()
         self.directory = directory if "://" in str(directory) else directory.absolute()
         self.save_every = save_every
         self.keep = keep
-        self.config, self.config_hash, self.model_hash = config, config_hash, model_hash
+        self.record, self.config_hash, self.model_hash = record, config_hash, model_hash
         # steps known to hold non-finite arrays (False) or checked / saved finite (True); others count as finite
         self._finite: dict[int, bool] = {}
         self._saved = False  # nothing is rotated before this checkpointer has saved (a failed resume deletes nothing)
@@ -317,7 +317,7 @@ class Checkpointer:
             return True
         state = _state_tree(learner, step)
         data = json.loads(json.dumps(data_iter.get_state(), default=int))
-        manifest = _manifest(step, state, data, self.config, self.config_hash, self.model_hash)
+        manifest = _manifest(step, state, data, self.record, self.config_hash, self.model_hash)
         non_finite = [name for name, a in manifest["arrays"].items() if not a["finite"]]
         self._finite[step] = not non_finite
         if non_finite:

@@ -1,8 +1,9 @@
 """What every command line shares: how it starts, the flags several define, how it loads a checkpoint and how a
-user's mistake ends it. The config-file commands (`train`, `train_rm`, `plan`, `anchors`, `study`) take
-`--config` (ml_collections: a file or a packaged recipe, overridden by `--config.GROUP.FIELD=VALUE`); the checkpoint
-commands (`generate`, `judge`, `evaluate_rm`) take `--model` and its flags; the benchmark scripts (`benchmarks/`)
-take absl flags of their own. All start through `start`; a bad value is one `error:` line (`flag_error`).
+user's mistake ends it. Every entry point of the repository is listed in `COMMANDS` and starts through `start`, with
+absl flags (one style: `--name=value`; `tests/test_packaging.py` checks both). The config-file commands take
+`--config` (ml_collections: a file or a packaged recipe, overridden by `--config.GROUP.FIELD=VALUE`), validated here
+into typed settings (`settings_value`); the checkpoint commands take `--model` and its flags; the benchmark and
+example scripts take flags of their own. A bad value is one `error:` line (`flag_error`).
 
 A library module never imports this one.
 """
@@ -18,6 +19,29 @@ from rrc_jax.errors import ConfigError, Diverged
 
 # The flags this module's helpers define belong to the command that calls them (its `--help` lists them).
 flags.disclaim_key_flags()
+
+# Every command line of the repository -> what it does: `python -m rrc_jax.<name>` for the package's, `python
+# <path>` for the scripts'. The config-file commands take `--config`, the checkpoint commands `--model`.
+COMMANDS = {
+    "train": "GRPO with rewards from a GRM (RRC) or the DRM / PRC baselines: the main job (--config)",
+    "train_rm": "reward-model training: GRM SFT, DRM, RM-R1 distillation + RLVR, IRPO (--config)",
+    "anchors": "(re)generate AGR's anchors with the reference policy (--config)",
+    "plan": "the memory and time of a run on a TPU slice or GPU host, and a mesh that fits (--config)",
+    "study": "every construction x seeds on the toy world, and the report (--config)",
+    "generate": "a continuation from a checkpoint (--model)",
+    "judge": "judge one pair with a checkpoint and show every vote (--model)",
+    "evaluate_rm": "a reward model on HelpSteer3 / RM-Bench / JudgeBench / pairs (--model)",
+    "serve": "an OpenAI-compatible completions server of a checkpoint, e.g. the judge (--model)",
+    "benchmarks/device.py": "GPU throughput: the sampler, transformers' generate, a learner step and its MFU",
+    "benchmarks/judge.py": "judge throughput with and without prefix reuse, against a transformers loop",
+    "benchmarks/matmul_rows.py": "the CPU's matmul time against the rows of a product",
+    "benchmarks/peers.py": "rollout and GRPO update against tunix and TRL on one checkpoint",
+    "benchmarks/rewards.py": "win counting and CARA against literal Python, greedy against exact Kemeny",
+    "benchmarks/sampler.py": "decode throughput against transformers' generate",
+    "benchmarks/scaling.py": "meshes and layouts: memory per device, collectives, compile time",
+    "examples/trl_rewards.py": "TRL's GRPOTrainer with RRC rewards",
+    "examples/tunix_rewards.py": "tunix's GRPOLearner with RRC rewards",
+}
 
 
 def start(main, argv: list[str] | None = None) -> None:
@@ -94,23 +118,30 @@ def config_flag(example: str, what: str = "Trainer config"):
                                            lock_config=True)
 
 
-def join_processes(config) -> None:
-    """Start the multi-process runtime (`rrc_jax.distributed.initialize`) with a config's `distributed` group,
-    parsed and checked here; before anything touches a device."""
-    from rrc_jax import distributed
-    from rrc_jax.settings import parse
-
-    distributed.initialize(parse(distributed.DistributedConfig, config))
-
-
 def config_value(holder, argv: list[str], example: str):
-    """The parsed `--config` of a config-file command (a usage error without one, or with stray arguments); Orbax's
-    per-save INFO logs are silenced unless `--verbosity` is given."""
+    """The `ConfigDict` of a config-file command's `--config` (a usage error without one, or with stray arguments);
+    Orbax's per-save INFO logs are silenced unless `--verbosity` is given."""
     no_arguments(argv)
     if holder.value is None:
         raise app.UsageError(f"--config is required, e.g. --config={example}")
     quiet_logs()
     return holder.value
+
+
+def settings_value(holder, argv: list[str], example: str):
+    """The validated settings of a config-file command's `--config` (`rrc_jax.config.validate`, or `validate_rm`
+    for a reward-model recipe): the command line's `ConfigDict` ends here. A mistake is one `error:` line."""
+    from rrc_jax.config import settings_of
+
+    return exit_on_user_error(settings_of, config_value(holder, argv, example))
+
+
+def join_processes(settings) -> None:
+    """Start the multi-process runtime (`rrc_jax.distributed.initialize`) with the settings' `distributed` group;
+    before anything touches a device."""
+    from rrc_jax import distributed
+
+    exit_on_user_error(distributed.initialize, settings.distributed)
 
 
 # -- the checkpoint commands -------------------------------------------------------------------------------

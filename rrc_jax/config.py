@@ -1,5 +1,6 @@
 """The command line's config schemas: the GRPO trainer's (`base_config`), the reward-model trainer's
-(`rm_config`), the toy world's model sizes, and start-up validation (`validate` -> `TrainerSettings`).
+(`rm_config`), and start-up validation (`validate` -> `TrainerSettings`, `validate_rm` -> `RMSettings`): the only
+module that reads a `ConfigDict`; everything below it receives the typed settings.
 
 The trainer's groups are built from its components' typed settings (`rrc_jax.settings`: the dataclasses beside
 the code that reads them hold the defaults, their comments and their checks); the config files in `configs/`
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import json
 import math
 import runpy
 from collections.abc import Mapping
@@ -36,19 +38,34 @@ from rrc_jax.inference.factory import InferenceConfig
 from rrc_jax.metrics import MetricsConfig
 from rrc_jax.models.lora import LoraConfig
 from rrc_jax.rl.alarms import AlarmConfig
-from rrc_jax.rl.evaluation import EvalConfig
+from rrc_jax.rl.held_out import EvalConfig
 from rrc_jax.rl.grpo import GRPOConfig
 from rrc_jax.rl.guard import GuardConfig
 from rrc_jax.rl.learner import LearnerConfig
 from rrc_jax.rl.roles import ModelsConfig
 from rrc_jax.rl.rollout import RolloutConfig
 from rrc_jax.rl.samples import SamplesConfig
-from rrc_jax.settings import defaults, flat_fields, parse
+from rrc_jax.rm.recipes import PreferenceDataConfig, RMJudgeConfig, RMModelConfig, RMTrainConfig, ToyPairsConfig
+from rrc_jax.settings import defaults, flat_fields
 from rrc_jax.sharding import MeshConfig
 from rrc_jax.workdir import ResumeConfig
 
 # The top-level configs/, installed as rrc_jax.configs: found, not imported (its recipes import this module).
 CONFIG_DIR = Path(importlib.util.find_spec("rrc_jax.configs").origin).resolve().parent
+
+
+def parse(cls, config: ml_collections.ConfigDict, path: str | None = None):
+    """The `cls` settings of `config`'s group at `path` (dotted; default `cls.GROUP`; "" the config's top level),
+    checked by `cls`."""
+    group = config
+    for key in filter(None, (cls.GROUP if path is None else path).split(".")):
+        group = group[key]
+    return cls(**{f.name: group[f.name] for f in dataclasses.fields(cls)})
+
+
+def config_record(config: ml_collections.ConfigDict) -> dict:
+    """A config as the JSON dict a run records (`config.json`, checkpoint manifests, the resume check, W&B)."""
+    return json.loads(config.to_json_best_effort())
 
 def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     """The GRPO trainer's defaults, rewards of `kind`: the toy world on a laptop CPU (a few minutes); point
@@ -87,7 +104,7 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     c.reward = ml_collections.ConfigDict(dict(kind=kind, **reward_defaults()))
 
     c.checkpoint = ml_collections.ConfigDict(defaults(CheckpointConfig))  # `rrc_jax.checkpoint.CheckpointConfig`
-    c.eval = ml_collections.ConfigDict(defaults(EvalConfig))  # `rrc_jax.rl.evaluation.EvalConfig`
+    c.eval = ml_collections.ConfigDict(defaults(EvalConfig))  # `rrc_jax.rl.held_out.EvalConfig`
     # What a run shows (README "Reading a run"): sample dumps (`rrc_jax.rl.samples.SamplesConfig`), alarms and the
     # abstention stop (`rrc_jax.rl.alarms.AlarmConfig`), TensorBoard and W&B (`rrc_jax.metrics.MetricsConfig`).
     c.log = ml_collections.ConfigDict(defaults(SamplesConfig, AlarmConfig, MetricsConfig))
@@ -113,28 +130,16 @@ def rm_config(kind: str) -> ml_collections.ConfigDict:
     c.kind = kind
     c.workdir = f"workdir/{kind}"
     c.seed = 0
-    # Preferences: "toy", or a dataset in `format` (rrc_jax.data.preferences: helpsteer3, rmbench, judgebench,
-    # pairs). Held out for the final evaluation: `eval_path`, else `eval_fraction` of the rows. Examples longer
-    # than `max_tokens` (question + judgment, or prompt + response) are dropped and counted.
-    c.data = ml_collections.ConfigDict(dict(path="toy", format="pairs", split="train", skip_bad_rows=False,
-                                            min_strength=0, limit=0, eval_path="", eval_fraction=0.05,
-                                            max_tokens=2048))
-    # The toy pairs' judgments are the oracle's by default (a clean preference dataset, as the recipes assume);
-    # TOY_ANNOTATOR's values give the imperfect annotator the toy world's GRM learns from.
-    c.toy = ml_collections.ConfigDict(dict(min_len=4, max_len=6, noise=0.3, eval_pairs=256,  # held-out toy pairs
-                                           miscount=0.0, position_bias=0.0, length_bias=0.0))
+    # The recipe's groups are the dataclasses of `rrc_jax.rm.recipes` (their comments say what each field does):
+    # the preferences (`PreferenceDataConfig`), the toy world's pairs (`ToyPairsConfig`), the model
+    # (`RMModelConfig`: the toy world's size for `kind`), what a GRM is trained to answer (`RMJudgeConfig`) and the
+    # optimization (`RMTrainConfig`).
     spec = TOY_MODELS.get(kind, TOY_MODELS["grm"])
-    # `init`: the Hugging Face directory fine-tuned on a dataset (the toy world builds its own tiny model).
-    c.model = ml_collections.ConfigDict(dict(hidden=spec["hidden"], layers=spec["layers"], init="",
-                                             dtype="float32"))
-    # The GRM's judging template (the one `train --config.reward.judge.template` will ask with) and the share of
-    # examples rendered with its direct-verdict variant (PRC without thinking).
-    # `max_new_tokens` bounds a judgment in the held-out evaluation (greedy, both A/B orders).
-    c.judge = ml_collections.ConfigDict(dict(template="rrc_pairwise_cot", direct_share=0.0, max_new_tokens=512))
-    # DRM: `margin` uses each pair's preference strength as the Bradley-Terry margin; `center_coef` the reward
-    # centering term (both 0 / off = Eq. 1 exactly).
-    c.train = ml_collections.ConfigDict(dict(steps=spec["steps"], batch_size=64, learning_rate=3e-3,
-                                             margin=False, center_coef=0.0))
+    c.data = ml_collections.ConfigDict(defaults(PreferenceDataConfig))
+    c.toy = ml_collections.ConfigDict(defaults(ToyPairsConfig))
+    c.model = ml_collections.ConfigDict(dict(defaults(RMModelConfig), hidden=spec["hidden"], layers=spec["layers"]))
+    c.judge = ml_collections.ConfigDict(defaults(RMJudgeConfig))
+    c.train = ml_collections.ConfigDict(dict(defaults(RMTrainConfig), steps=spec["steps"]))
     # As the GRPO trainer's: every step's metrics to workdir/metrics.jsonl, TensorBoard and, with `wandb`, W&B; Orbax
     # checkpoints every `save_every` steps (0 = only at the end) and at the last, the `keep` latest kept, resumed by
     # rerunning the same command.
@@ -190,6 +195,7 @@ class TrainerSettings:
     steps: int = 0
     seed: int = 0
     init_from: str = ""
+    record: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the config as run (`config_record`)
 
     @property
     def reward_settings(self):
@@ -208,7 +214,7 @@ def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
     check_finite(c)
     if c.steps < 0:
         _bad("steps", f"{c.steps} must be >= 0")
-    rollout, learner = parse(RolloutConfig, c), parse(LearnerConfig, c)
+    rollout, learner, toy_task = parse(RolloutConfig, c), parse(LearnerConfig, c), parse(ToyTaskConfig, c)
     if rollout.rows % learner.minibatch_size:
         _bad("rl.minibatch_size", f"{learner.minibatch_size} must divide prompts_per_step x group_size = "
                                   f"{rollout.rows}")
@@ -218,13 +224,54 @@ def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
                      if cls.Settings and kind in c.reward}
     settings = TrainerSettings(
         rollout, learner, parse(GRPOConfig, c), parse(GuardConfig, c), parse(MeshConfig, c),
-        PromptSource.from_config(c), parse(JudgeSettings, c), reward, c.reward.kind, constructions, parse(EvalConfig, c),
-        parse(CheckpointConfig, c), parse(SamplesConfig, c), parse(AlarmConfig, c), parse(MetricsConfig, c),
-        parse(ModelsConfig, c), parse(InferenceConfig, c), ToyWorldConfig.from_config(c), parse(DistributedConfig, c),
+        PromptSource(parse(DataConfig, c), toy_task, c.reward.judge.template, c.seed), parse(JudgeSettings, c),
+        reward, c.reward.kind, constructions, parse(EvalConfig, c), parse(CheckpointConfig, c),
+        parse(SamplesConfig, c), parse(AlarmConfig, c), parse(MetricsConfig, c), parse(ModelsConfig, c),
+        parse(InferenceConfig, c), ToyWorldConfig(toy_task, parse(ToyBuildConfig, c)), parse(DistributedConfig, c),
         parse(ResumeConfig, c), parse(LoraConfig, c), workdir=c.workdir, steps=c.steps, seed=c.seed,
-        init_from=c.init_from)
+        init_from=c.init_from, record=config_record(c))
     check_reward(settings)
     return settings
+
+
+@dataclasses.dataclass(frozen=True)
+class RMSettings:
+    """A reward-model recipe's config (`rm_config`), parsed and checked once (`validate_rm`): `kind` 'grm' (SFT,
+    Eq. 2) or 'drm' (Bradley-Terry, Eq. 1), its groups (`rrc_jax.rm.recipes`) and the run's record."""
+
+    kind: str
+    data: PreferenceDataConfig
+    toy: ToyPairsConfig
+    model: RMModelConfig
+    judge: RMJudgeConfig
+    train: RMTrainConfig
+    metrics: MetricsConfig
+    checkpoint: CheckpointConfig
+    resume: ResumeConfig
+    inference: InferenceConfig
+    mesh: MeshConfig
+    distributed: DistributedConfig
+    workdir: str = "workdir"
+    seed: int = 0
+    record: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the config as run (`config_record`)
+
+
+def validate_rm(c: ml_collections.ConfigDict) -> RMSettings:
+    """The settings of a reward-model recipe (`rm_config`); a `ConfigError` names the first bad field and the fix."""
+    check_finite(c)
+    if c.kind not in ("grm", "drm"):
+        _bad("kind", f"{c.kind!r}; use 'grm' (SFT on rationale + verdict) or 'drm' (Bradley-Terry)")
+    return RMSettings(c.kind, parse(PreferenceDataConfig, c), parse(ToyPairsConfig, c), parse(RMModelConfig, c),
+                      parse(RMJudgeConfig, c), parse(RMTrainConfig, c), parse(MetricsConfig, c),
+                      parse(CheckpointConfig, c), parse(ResumeConfig, c), parse(InferenceConfig, c),
+                      parse(MeshConfig, c), parse(DistributedConfig, c), workdir=c.workdir, seed=c.seed,
+                      record=config_record(c))
+
+
+def settings_of(c: ml_collections.ConfigDict) -> TrainerSettings | RMSettings:
+    """The validated settings of any config file's config: a GRPO trainer's (`base_config`, which RLVR's and IRPO's
+    recipes are: `validate`) or a reward-model recipe's (`rm_config`: `validate_rm`)."""
+    return validate(c) if "rl" in c else validate_rm(c)
 
 
 def resolve_config_file(value: str) -> str:

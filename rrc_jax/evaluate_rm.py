@@ -28,7 +28,7 @@ Judge calls take `--chunk` examples at a time (a progress bar counts them); each
 `--max_batch` rows. Greedy decoding (`--temperature=0`, the default) gives V identical votes: use V > 1 only with
 a temperature > 0.
 
-Metrics (see `rrc_jax.rm.evaluation` for the exact rules):
+Metrics (see `rrc_jax.rm.accuracy` for the exact rules):
 
 - accuracy: share of examples where chosen beats rejected (votes over both orders; mean pointwise score; DRM
   score); a tie counts 0.5.
@@ -105,7 +105,7 @@ def _jsonable(x):
 
 def run(args: Args) -> tuple[dict, list[dict]]:
     """The command line's work: load, evaluate, print the table, write `--out` / `--dump`. Returns
-    `(result, records)` (`rrc_jax.rm.evaluation.evaluate`). User mistakes raise `ConfigError`, `FileNotFoundError`
+    `(result, records)` (`rrc_jax.rm.accuracy.evaluate`). User mistakes raise `ConfigError`, `FileNotFoundError`
     or `ValueError`."""
     import jax
 
@@ -116,7 +116,7 @@ def run(args: Args) -> tuple[dict, list[dict]]:
     from rrc_jax.judge.templates import question_length
     from rrc_jax.progress import Progress, say
     from rrc_jax.rm.scores import DRMScorer
-    from rrc_jax.rm.evaluation import (KINDS, abstention_causes, evaluate, fitted_judge, markdown_table,
+    from rrc_jax.rm.accuracy import (KINDS, abstention_causes, evaluate, fitted_judge, markdown_table,
                                        nothing_scored, question_items)
 
     if args.kind not in KINDS:

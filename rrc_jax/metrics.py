@@ -129,7 +129,7 @@ def tensorboard_writer(path: Path, purge_step: int | None):
 
 class MetricsLogger:
     """`log(step, {name: value})` -> a line of `workdir/metrics.jsonl` (with `step`), TensorBoard scalars and, with
-    `wandb=True`, a W&B run (`wandb_project`, `name`, `config`).
+    `wandb=True`, a W&B run (`wandb_project`, `name`, `record`: the run's config as its JSON dict).
 
     Only process 0 writes. `resume_step`: a run resumed from the checkpoint of that step first drops the lines of
     later steps (logged after the checkpoint, before the run was killed), so that every step has one line, and
@@ -138,7 +138,7 @@ class MetricsLogger:
     """
 
     def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True, resume_step: int | None = None,
-                 wandb: bool = False, wandb_project: str = "rrc-jax", config: dict | None = None,
+                 wandb: bool = False, wandb_project: str = "rrc-jax", record: dict | None = None,
                  name: str | None = None):
         wandb_module = import_wandb() if wandb else None  # every process: a missing package fails them all
         self.enabled = jax.process_index() == 0
@@ -161,7 +161,7 @@ class MetricsLogger:
             self.path.write_text("".join(rows))
         self._jsonl = open(self.path, "a")
         self._tb = tensorboard_writer(local / "tensorboard", first) if tensorboard else None
-        self._wandb = wandb_module.init(project=wandb_project, config=config, name=name, dir=str(local),
+        self._wandb = wandb_module.init(project=wandb_project, config=record, name=name, dir=str(local),
                                         resume="allow") if wandb_module else None
 
     def log(self, step: int, metrics: Mapping[str, object]) -> None:

@@ -2,27 +2,20 @@
 
 Its fields are the config fields the component reads, with their defaults (the defaults `rrc_jax.config` builds
 the command line's `ConfigDict` from); its `__post_init__` checks them, naming `config.<GROUP>.<field>` and the fix.
-`parse(cls, config)` builds it once from the group `cls.GROUP` (a dotted path: `rl`, `reward.judge`), which may hold
-other components' fields too (`rl` holds the rollout's, the learner's, the GRPO objective's and the guard's).
+`rrc_jax.config.parse(cls, config)` builds it once, at validation, from the group `cls.GROUP` (a dotted path: `rl`,
+`reward.judge`), which may hold other components' fields too (`rl` holds the rollout's, the learner's, the GRPO
+objective's and the guard's); below the command line code receives these dataclasses, never the `ConfigDict`.
 ml_collections stays the command-line format: the files and the dotted names users type do not change.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import ml_collections
 
 from rrc_jax.errors import ConfigError
-
-
-def parse(cls, config, path: str | None = None):
-    """The `cls` settings of `config`'s group at `path` (dotted; default `cls.GROUP`), checked by `cls`."""
-    group = config
-    for key in (path or cls.GROUP).split("."):
-        group = group[key]
-    return cls(**{f.name: group[f.name] for f in dataclasses.fields(cls)})
 
 
 def unset(kind: type):
@@ -58,11 +51,11 @@ def at_least(group: str, field: str, value, least, why: str = "") -> None:
         raise field_error(group, field, f"{value} must be >= {least}" + (f" ({why})" if why else ""))
 
 
-def flat_fields(config, prefix: str = "") -> dict:
-    """`{"group.field": value}` of every leaf of a `ConfigDict`."""
+def flat_fields(tree, prefix: str = "") -> dict:
+    """`{"group.field": value}` of every leaf of a nested config: a `ConfigDict` or its JSON dict (a run's record)."""
     out = {}
-    for k, v in config.items():
-        if isinstance(v, ml_collections.ConfigDict):
+    for k, v in tree.items():
+        if isinstance(v, (ml_collections.ConfigDict, Mapping)):
             out.update(flat_fields(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v

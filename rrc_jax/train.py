@@ -15,11 +15,11 @@ CONFIG = cli.config_flag("agr.py, scr.py, prc.py, drm.py")
 
 
 def main(argv) -> None:
-    config = cli.config_value(CONFIG, argv, "agr.py")
+    settings = cli.settings_value(CONFIG, argv, "agr.py")
     from rrc_jax.rl.trainer import run
 
-    cli.exit_on_user_error(cli.join_processes, config)  # before anything touches a device
-    cli.exit_on_user_error(run, config)
+    cli.join_processes(settings)  # before anything touches a device
+    cli.exit_on_user_error(run, settings)
 
 
 if __name__ == "__main__":

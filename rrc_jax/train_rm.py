@@ -24,70 +24,72 @@ with `reward.kind` 'rlvr' or 'irpo'), run by `rrc_jax.rl.trainer` exactly as `py
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 from rrc_jax import cli
-from rrc_jax.config import check_finite
-from rrc_jax.errors import ConfigError
 
 CONFIG = cli.config_flag("grm_sft.py, drm_bt.py, rmr1_distill.py, rmr1_rlvr.py, irpo.py", "Reward-model recipe")
 
 
-def run_rm(config) -> Path:
-    """Train the configured reward model and export it to `workdir/hf_export` (with its tokenizer)."""
-    if "rl" in config:  # a GRPO recipe: the trainer, whose policy is the judge
-        from rrc_jax.rl.trainer import run
-
-        cli.join_processes(config)
-        return Path(run(config)) / "hf_export"
+def train_toy(s, mesh) -> Path:
+    """Train `s.kind` (an `rrc_jax.config.RMSettings` with `data.path = "toy"`) on the toy world's preference pairs,
+    evaluate it on held-out pairs and export it; returns the export directory."""
     import jax
     import numpy as np
 
     from rrc_jax.data.toy import world
     from rrc_jax.data.toy.task import ALPHABET, Annotator, SortTask, toy_preferences
-    from rrc_jax.inference.factory import InferenceConfig
     from rrc_jax.models import save_hf
     from rrc_jax.models.char_tokenizer import make_char_tokenizer
     from rrc_jax.rm.fit import recording
     from rrc_jax.rm.recipes import held_out_metrics
-    from rrc_jax.settings import parse
-    from rrc_jax.sharding import MeshConfig, model_context
+    from rrc_jax.sharding import model_context
 
-    check_finite(config)
-    parse(InferenceConfig, config)
-    if config.kind not in ("grm", "drm"):
-        raise ConfigError(f"config.kind: {config.kind!r}; use 'grm' (SFT on rationale + verdict) or 'drm' "
-                          "(Bradley-Terry)")
-    cli.join_processes(config)
-    mesh = parse(MeshConfig, config).make()
-    if config.data.path != "toy":
-        from rrc_jax.rm.recipes import train_on_preferences
-
-        return train_on_preferences(config, mesh)
-    spec = world.ModelSpec(hidden=config.model.hidden, layers=config.model.layers, steps=config.train.steps,
-                           batch_size=config.train.batch_size, learning_rate=config.train.learning_rate)
-    t = config.toy
-    task = SortTask(t.min_len, t.max_len, t.noise)
-    settings = world.WorldSettings(task=task, grm=spec, drm=spec, seed=config.seed,
-                                   annotator=Annotator(t.miscount, t.position_bias, t.length_bias))
+    m, t, toy = s.model, s.train, s.toy
+    spec = world.ModelSpec(hidden=m.hidden, layers=m.layers, steps=t.steps, batch_size=t.batch_size,
+                           learning_rate=t.learning_rate)
+    task = SortTask(toy.min_len, toy.max_len, toy.noise)
+    settings = world.WorldSettings(task=task, grm=spec, drm=spec, seed=s.seed,
+                                   annotator=Annotator(toy.miscount, toy.position_bias, toy.length_bias))
     tokenizer = make_char_tokenizer(ALPHABET)
     # held out: pairs on evaluation-split prompts, labelled by the oracle, judged greedily with the toy template
-    held_out = toy_preferences(task, t.eval_pairs, np.random.default_rng(40_000 + config.seed),
-                                     held_out=True, name="toy-eval")
-    toy_judge = config.copy_and_resolve_references()
-    toy_judge.judge.template, toy_judge.judge.max_new_tokens = "toy_pairwise_cot", 24
+    held_out = toy_preferences(task, toy.eval_pairs, np.random.default_rng(40_000 + s.seed), held_out=True,
+                               name="toy-eval")
+    toy_judge = dataclasses.replace(s, judge=dataclasses.replace(s.judge, template="toy_pairwise_cot",
+                                                                 max_new_tokens=24))
     evaluate = lambda model: held_out_metrics(toy_judge, model, tokenizer, held_out)
     # parameters, optimizer state and batches over the mesh; metrics, checkpoints and resume in the workdir
-    with jax.set_mesh(mesh), model_context(mesh), recording(config, evaluate=evaluate):
-        model = (world.train_grm if config.kind == "grm" else world.train_drm)(settings, tokenizer)
-    out = Path(config.workdir).expanduser() / "hf_export"
+    with jax.set_mesh(mesh), model_context(mesh), recording(s, evaluate=evaluate):
+        model = (world.train_grm if s.kind == "grm" else world.train_drm)(settings, tokenizer)
+    out = Path(s.workdir).expanduser() / "hf_export"
     save_hf(model, out, tokenizer=tokenizer)
     return out
 
 
+def train_reward_model(s) -> Path:
+    """Train the reward model of settings `s` and export it to `workdir/hf_export` (with its tokenizer): a GRPO
+    recipe (`rrc_jax.config.TrainerSettings`: RLVR, IRPO) by the trainer, whose policy is the judge; an
+    `RMSettings` recipe on the toy world's pairs or a preference dataset (`rrc_jax.rm.recipes`)."""
+    from rrc_jax.config import TrainerSettings
+
+    if isinstance(s, TrainerSettings):
+        from rrc_jax.rl.trainer import run
+
+        return Path(run(s)) / "hf_export"
+    mesh = s.mesh.make()
+    if s.data.path != "toy":
+        from rrc_jax.rm.recipes import train_on_preferences
+
+        return train_on_preferences(s, mesh)
+    return train_toy(s, mesh)
+
+
 def main(argv) -> None:
-    out = cli.exit_on_user_error(run_rm, cli.config_value(CONFIG, argv, "grm_sft.py"))
+    settings = cli.settings_value(CONFIG, argv, "grm_sft.py")
+    cli.join_processes(settings)
+    out = cli.exit_on_user_error(train_reward_model, settings)
     print(f"saved the reward model to {out}", file=sys.stderr)
 
 

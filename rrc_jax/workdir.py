@@ -6,7 +6,7 @@ run takes it (saying so). The holder writes `host pid time` into `workdir/.lock.
 Only process 0 writes a workdir, so only process 0 locks it. A remote workdir (`gs://...`) cannot be file-locked:
 the lock is skipped there, with one line saying so.
 
-`check_resume(config, workdir, resume)` refuses, before anything loads, to resume a checkpoint under a config that
+`check_resume(record, workdir, resume)` refuses, before anything loads, to resume a checkpoint under a config that
 changes the optimization (`config_changes`: every field but `RESUMABLE_CHANGES`) unless `resume.allow_changes`
 (`ResumeConfig`). What it
 compares against is the config recorded in the newest readable checkpoint manifest (`Checkpointer.trained_config`),
@@ -22,12 +22,12 @@ import json
 import os
 import socket
 import time
+from collections.abc import Mapping
 from typing import ClassVar
 
 import numpy as np
 
 import filelock
-import ml_collections
 from etils import epath
 
 from rrc_jax import distributed
@@ -69,15 +69,10 @@ def resumable(leaves: dict) -> tuple[str, ...]:
     return RESUMABLE_CHANGES
 
 
-def config_json(config) -> dict:
-    """A config as the JSON dict `config.json` and checkpoint manifests hold."""
-    return json.loads(config.to_json_best_effort())
-
-
-def config_hash(config) -> str:
-    """A short hash of the fields that define a run's optimization (all but `resumable`'s) of a `ConfigDict` or its
-    JSON dict, recorded in each checkpoint's manifest."""
-    leaves = flat_fields(ml_collections.ConfigDict(config if isinstance(config, dict) else config_json(config)))
+def config_hash(record: Mapping) -> str:
+    """A short hash of the fields that define a run's optimization (all but `resumable`'s) of a run's record (its
+    config as a JSON dict, `rrc_jax.config.config_record`), kept in each checkpoint's manifest."""
+    leaves = flat_fields(record)
     exempt = resumable(leaves)
     kept = {k: v for k, v in leaves.items() if not k.startswith(exempt)}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
@@ -87,7 +82,7 @@ def config_changes(saved: dict, new: dict) -> list[str]:
     """`KEY: OLD -> NEW` for every field of two trainer configs (as JSON dicts) that differs and is not `resumable`
     (by the saved config's schedule). A field only one of them has (added or removed by an upgrade of rrc-jax) is
     not a change."""
-    a, b = flat_fields(ml_collections.ConfigDict(saved)), flat_fields(ml_collections.ConfigDict(new))
+    a, b = flat_fields(saved), flat_fields(new)
     exempt = resumable(a)
     return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(a.keys() & b.keys())
             if a[k] != b[k] and not k.startswith(exempt)]
@@ -143,21 +138,21 @@ def check_writable(workdir: epath.Path) -> None:
                           "give a writable directory") from None
 
 
-def save_config(workdir: epath.Path, config) -> None:
-    """`workdir/config.json` (process 0); a different one already there (a resume with `resume.allow_changes`) is
-    kept as `config.v<N>.json` first, so every version a run trained under stays."""
+def save_config(workdir: epath.Path, record: Mapping) -> None:
+    """`workdir/config.json`, the run's record (process 0); a different one already there (a resume with
+    `resume.allow_changes`) is kept as `config.v<N>.json` first, so every version a run trained under stays."""
     if not distributed.is_main():
         return
-    path, text = workdir / "config.json", config.to_json_best_effort(indent=2) + "\n"
+    path, text = workdir / "config.json", json.dumps(record, indent=2) + "\n"
     if path.exists() and path.read_bytes() != text.encode():
         n = 1 + sum(1 for _ in workdir.glob("config.v*.json"))
         path.rename(workdir / f"config.v{n}.json")
     path.write_text(text)
 
 
-def check_resume(config, workdir: epath.Path, resume: ResumeConfig) -> None:
+def check_resume(record: Mapping, workdir: epath.Path, resume: ResumeConfig) -> None:
     """Before anything loads: a workdir holding a checkpoint is resumed only under the config it was trained with
-    (module docstring: the whole `config` is compared), unless `resume.allow_changes`; a one-line `ConfigError`
+    (module docstring: the whole `record`, the run's config as a JSON dict, is compared), unless `resume.allow_changes`; a one-line `ConfigError`
     lists the changes, or says why the saved config cannot be read."""
     checkpoints = workdir / "checkpoints"
     resuming = bool(steps_on_disk(checkpoints))
@@ -169,7 +164,7 @@ def check_resume(config, workdir: epath.Path, resume: ResumeConfig) -> None:
     finally:
         ckpt.manager.close()
     saved = saved if saved is not None else _saved_config_file(workdir / "config.json")
-    changes = config_changes(saved, config_json(config))
+    changes = config_changes(saved, record)
     if distributed.main_value(np.asarray(bool(changes))):
         raise ConfigError(f"{workdir} holds a checkpoint trained under another config; changed: "
                           f"{'; '.join(changes) or 'see process 0'}. Rerun with the saved flags, use another workdir, "

@@ -8,7 +8,7 @@ raises. Used by `tests/test_layouts.py`.
   verdicts identical, log-probs within 1e-4; the rollout copy after `update_weights` equals a copy made from the
   updated weights.
 - gathers: the all-gathers and all-reduces in the compiled decode step (the `lax.while_loop` of
-  `rrc_jax.inference.sampling`) of the rollout (a GRPO group's cache) and of the judge (a branched cache of shared
+  `rrc_jax.inference.kernels`) of the rollout (a GRPO group's cache) and of the judge (a branched cache of shared
   prefixes) at 16 rows, in the training layout on (1, 8, 1) FSDP and the inference layout on three meshes: their
   result shapes, and those holding as many elements as a weight matrix.
 """
@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from rrc_jax.inference import SamplingParams, make_sampler
-from rrc_jax.inference.sampling import _decode, prefill
+from rrc_jax.inference.kernels import _decode, prefill
 from rrc_jax.judge import Judge
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, save_hf
 from rrc_jax.models.char_tokenizer import make_char_tokenizer

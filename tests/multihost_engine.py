@@ -17,7 +17,7 @@ from flax import nnx
 from rrc_jax import distributed
 from rrc_jax.inference import SamplingParams, make_sampler
 from rrc_jax.judge import Judge
-from rrc_jax.judge.tournaments import knockout, merge_sort
+from rrc_jax.judge.matches import knockout, merge_sort
 from rrc_jax.models import Decoder, DecoderConfig
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
 from rrc_jax.constructions.drm import DRMReward

@@ -6,7 +6,7 @@ A case compiles, for a scaled-down Llama (hidden 256, 4 layers, vocab 1024) on o
 
 - the learner's update (`Learner._update`, GRPO loss) on 32 rows of 128 tokens (dense attention), with or without
   micro-batches, and of 1024 tokens (`blockwise_attention` over two blocks of keys);
-- a decode loop (`rrc_jax.inference.sampling._decode`) over a cache of 16 rows x 256 slots, rows over data x fsdp;
+- a decode loop (`rrc_jax.inference.kernels._decode`) over a cache of 16 rows x 256 slots, rows over data x fsdp;
 - a decode loop over a branched cache (`KVCache.branch`): 8 prompts' prefixes of 1024 slots, each continued by 2
   rows of 256 slots of their own; prefixes and rows over data x fsdp.
 
@@ -31,7 +31,7 @@ import numpy as np
 from flax import nnx
 
 from rrc_jax import plan
-from rrc_jax.inference import sampling
+from rrc_jax.inference import kernels
 from rrc_jax.inference.rollout_copy import RolloutCopy
 from rrc_jax.inference.sampler import SamplingParams
 from rrc_jax.models import Decoder, DecoderConfig
@@ -110,7 +110,7 @@ def decode_case(shape, dtype, layout: str = "train", branched: bool = False) -> 
             cache = jax.jit(lambda: init_cache(cfg, PREFIXES, PREFIX_SLOTS))().branch(GROUP, CACHE_SLOTS)
         else:  # placed as a prefill leaves it: rows over data x fsdp, kv heads over tensor
             cache = jax.jit(lambda: init_cache(cfg, CACHE_ROWS, CACHE_SLOTS))()
-        compiled = sampling._decode.lower(graphdef, state, cache, jax.random.key(0),
+        compiled = kernels._decode.lower(graphdef, state, cache, jax.random.key(0),
                                           params=SamplingParams(1.0, max_new_tokens=8), stop_ids=(2,),
                                           pad_id=0).compile()
     parts = {"parameters": plan.param_bytes(cfg, dtype, shape, layout),

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rrc_jax.config import base_config
+from rrc_jax.config import base_config, validate
 from rrc_jax.constructions import construction_class
-from rrc_jax.data.prompts import PromptSource, load_prompts, prompt_token_limit, prompt_tokens
+from rrc_jax.data.prompts import load_prompts, prompt_token_limit, prompt_tokens
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference import SampleOutput, SamplerStats, make_sampler
 from rrc_jax.judge import Judge, get_template, render_parts
@@ -53,8 +53,8 @@ def test_long_prompt_is_dropped_and_counted(tmp_path, capsys):
     limit = prompt_token_limit(config.data.max_prompt_tokens, config.rl.max_new_tokens,
                                policy_context=CONTEXT)  # a 256-token policy: 256 - rl.max_new_tokens
     assert limit == CONTEXT - config.rl.max_new_tokens
-    assert len(prompt_tokens(tok, load_prompts(PromptSource.from_config(config))[0], LONG)) > CONTEXT
-    train, held = load_prompts(PromptSource.from_config(config), tok, max_tokens=limit)
+    assert len(prompt_tokens(tok, load_prompts(validate(config).prompts)[0], LONG)) > CONTEXT
+    train, held = load_prompts(validate(config).prompts, tok, max_tokens=limit)
     assert LONG not in train.texts and len(train.texts) == 11 and not held.texts
     assert train.counts["dropped_long"] == 1 and 7 not in train.ids and train.rows == [r for r in range(12) if r != 7]
     assert f"dropped 1 training prompts of {tmp_path / 'p.jsonl'} longer than {limit} tokens (rows 7)" in (
@@ -62,7 +62,7 @@ def test_long_prompt_is_dropped_and_counted(tmp_path, capsys):
     # every prompt too long: one line
     config = file_config(write_jsonl(tmp_path / "all.jsonl", [json.dumps({"prompt": LONG})] * 3))
     with pytest.raises(ConfigError, match=r"all 3 training prompts .* longer than 244 tokens") as e:
-        load_prompts(PromptSource.from_config(config), tok, max_tokens=limit)
+        load_prompts(validate(config).prompts, tok, max_tokens=limit)
     assert "\n" not in str(e.value)
 
 
@@ -88,8 +88,8 @@ def test_long_judge_questions_are_dropped_with_their_oracle(tmp_path, capsys):
     rows[2]["prompt"] = LONG
     path = write_jsonl(tmp_path / "prefs.jsonl", [json.dumps(r) for r in rows])
     config = file_config(path, format="pairs")
-    config.reward.judge.template = "toy_pairwise_cot"
-    train, _ = load_prompts(PromptSource.from_config(config), tok, max_tokens=200)
+    config.reward.kind, config.reward.judge.template = "rlvr", "toy_pairwise_cot"  # a kind that scores judge questions
+    train, _ = load_prompts(validate(config).prompts, tok, max_tokens=200)
     assert len(train.texts) == 11 and train.counts["dropped_long"] == 1 and 2 not in train.rows
     for i, (text, row) in enumerate(zip(train.texts, train.rows)):
         chosen_first = text.index(f"good{row}") < text.index(f"bad{row}")
@@ -97,7 +97,7 @@ def test_long_judge_questions_are_dropped_with_their_oracle(tmp_path, capsys):
     assert "longer than 200 tokens (rows 2)" in capsys.readouterr().err
     config.reward.kind = "irpo"
     config.reward.judge.template = "toy_pointwise"
-    train, _ = load_prompts(PromptSource.from_config(config), tok, max_tokens=200, questions=construction_class("irpo").questions)
+    train, _ = load_prompts(validate(config).prompts, tok, max_tokens=200, questions=construction_class("irpo").questions)
     assert train.paired and len(train.texts) == 22 and train.counts["dropped_long"] == 2
     assert train.rows == [r for r in range(12) if r != 2 for _ in range(2)]
 
@@ -223,11 +223,11 @@ def test_malformed_json_line_names_file_and_line_and_can_be_skipped(tmp_path, na
     lines[8] = '["not", "a row"]'     # line 9: not an object
     config = file_config(write_jsonl(tmp_path / name, lines))
     with pytest.raises(ConfigError, match=rf"{name}:3: malformed JSON line .*skip_bad_rows") as e:
-        load_prompts(PromptSource.from_config(config))
+        load_prompts(validate(config).prompts)
     assert "\n" not in str(e.value)
     with config.unlocked():
         config.data["skip_bad_rows"] = True
-    train, _ = load_prompts(PromptSource.from_config(config))
+    train, _ = load_prompts(validate(config).prompts)
     assert train.texts == [f"{k} 2 1" for k in range(12) if k not in (2, 8)]
     assert train.counts["bad_rows_skipped"] == 2
     err = capsys.readouterr().err
@@ -238,4 +238,4 @@ def test_malformed_json_document_names_its_line(tmp_path):
     path = tmp_path / "p.json"
     path.write_text('[{"prompt": "a"},\n {"prompt": "b"\n]\n')
     with pytest.raises(ConfigError, match=r"p.json:3: malformed JSON"):
-        load_prompts(PromptSource.from_config(file_config(path)))
+        load_prompts(validate(file_config(path)).prompts)

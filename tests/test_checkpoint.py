@@ -16,8 +16,8 @@ import pytest
 from flax import nnx
 
 from rrc_jax.checkpoint import Checkpointer, Replay
-from rrc_jax.config import base_config
-from rrc_jax.workdir import config_hash, config_json
+from rrc_jax.config import base_config, config_record
+from rrc_jax.workdir import config_hash
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder, DecoderConfig
 from rrc_jax.rl.grpo import grpo_objective
@@ -145,7 +145,8 @@ def test_non_finite_parameters_are_set_aside_and_a_state_from_another_step_misma
 def test_a_clean_round_trip_is_bit_identical_with_its_manifest(tmp_path):
     directory = tmp_path / "checkpoints"
     config = base_config("agr")
-    ckpt = Checkpointer(directory, keep=2, config=config_json(config), config_hash=config_hash(config))
+    record = config_record(config)
+    ckpt = Checkpointer(directory, keep=2, record=record, config_hash=config_hash(record))
     learner, data = tiny_learner(), Replay(itertools.count())
     for _ in range(4):
         next(data)
@@ -154,7 +155,7 @@ def test_a_clean_round_trip_is_bit_identical_with_its_manifest(tmp_path):
     assert ckpt.maybe_save(5, learner, data, force=True)
     ckpt.close()
     manifest = Checkpointer(directory).manifest(5)
-    assert manifest["step"] == 5 and manifest["config_hash"] == config_hash(config)
+    assert manifest["step"] == 5 and manifest["config_hash"] == config_hash(record)
     assert manifest["config"]["rl"]["learning_rate"] == config.rl.learning_rate
     assert Checkpointer(directory).trained_config() == manifest["config"]
     assert manifest["arrays"]["params/embed"]["shape"] == [32, 16] and manifest["arrays"]["params/embed"]["finite"]

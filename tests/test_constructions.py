@@ -10,7 +10,7 @@ from flax import nnx
 from rrc_jax import testing
 from rrc_jax.config import base_config, validate
 from rrc_jax.models.batches import pad_sequences
-from rrc_jax.data.prompts import PromptSet, PromptSource, load_prompts
+from rrc_jax.data.prompts import PromptSet, load_prompts
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference import SamplingParams
 from rrc_jax.judge import Judge, get_template, load_template
@@ -144,7 +144,7 @@ def test_scr_tournaments_rank_the_group_with_fewer_questions(tournament):
 
     sampler = TextSampler(longer)
     reward = SCRReward(judge_of(sampler), seed=0, votes=1, swap=True, alpha=0.5, ties="zero", cara=False,
-                       cara_method="greedy", tournament=tournament)
+                       cara_method="greedy", ordering=tournament)
     responses = [["1", "1234", "12", "123"], ["55", "5", "5555", "555"]]
     out = reward(["1>", "5>"], responses, np.array([0, 1]), step=1)
     rewards, logged = out.rewards, out.metrics
@@ -152,9 +152,9 @@ def test_scr_tournaments_rank_the_group_with_fewer_questions(tournament):
     if tournament == "merge_sort":  # a full order
         np.testing.assert_allclose(rewards, [[0.0, 1.5, 0.5, 1.0], [0.5, 0.0, 1.5, 1.0]])
     assert len(sampler.questions) < 2 * 6 and logged["judge/comparisons"] <= 5
-    with pytest.raises(ConfigError, match="tournament"):
+    with pytest.raises(ConfigError, match="ordering"):
         SCRReward(judge_of(sampler), seed=0, votes=1, swap=True, alpha=1.0, ties="zero", cara=False,
-                  cara_method="greedy", tournament="swiss")
+                  cara_method="greedy", ordering="swiss")
 
 
 def test_pointwise_reward_is_the_mean_score_and_an_unscored_response_moves_nothing():
@@ -268,10 +268,10 @@ def test_prompt_files_split_rules_and_disjoint_ids(tmp_path):
     config = base_config("drm")
     config.data.path = write_prompts(tmp_path / "small.jsonl", 5)
     with pytest.raises(ConfigError, match="has 5 usable prompts.*data.eval_path"):
-        load_prompts(PromptSource.from_config(config))
+        load_prompts(validate(config).prompts)
     config.data.eval_path = write_prompts(tmp_path / "eval.jsonl", 3)
-    train, ev = load_prompts(PromptSource.from_config(config))
+    train, ev = load_prompts(validate(config).prompts)
     assert (train.ids, ev.ids) == ([0, 1, 2, 3, 4], [5, 6, 7])
     config.data.path, config.data.eval_path = write_prompts(tmp_path / "big.jsonl", 30), ""
-    train, ev = load_prompts(PromptSource.from_config(config))
+    train, ev = load_prompts(validate(config).prompts)
     assert len(train.ids) == 27 and ev.ids == [27, 28, 29] and ev.texts == ["2727>", "2828>", "2929>"]

@@ -11,7 +11,7 @@ from flax import nnx
 from rrc_jax.models.batches import bucket_length, pad_sequences
 from rrc_jax.inference import JaxSampler, SamplingParams, make_sampler
 from rrc_jax.inference.engine import prefix_chunks
-from rrc_jax.inference.sampling import generate
+from rrc_jax.inference.kernels import generate
 from rrc_jax.models import Decoder, DecoderConfig
 from rrc_jax.sharding import model_context
 

@@ -21,7 +21,7 @@ from rrc_jax.judge import Judge, JudgeTemplate
 from rrc_jax.models import Decoder, DecoderConfig
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
 from rrc_jax.constructions.drm import DRMReward
-from rrc_jax.rm.evaluation import (evaluate, judge_pairs, markdown_table, prc_buckets, rmbench_accuracy,
+from rrc_jax.rm.accuracy import (evaluate, judge_pairs, markdown_table, prc_buckets, rmbench_accuracy,
                                    score_correct, vote_counts)
 from rrc_jax.rm.examples import scored_ids
 from rrc_jax.sharding import model_context

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import KINDS, TINY, cpu_devices_env, make_hf_model
+from rrc_jax.config import settings_of
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import load_hf
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
@@ -87,10 +88,10 @@ def test_a_drm_fit_from_a_qwen3_classifier(tmp_path):
                        "max_position_embeddings": 1024}))
     ref.save_pretrained(tmp_path / "init")
     tokenizer.save_pretrained(tmp_path / "init")
-    from rrc_jax.train_rm import run_rm
+    from rrc_jax.train_rm import train_reward_model
 
     workdir = tmp_path / "drm"
-    export = run_rm(rm("drm", workdir, pairs_file(tmp_path / "pairs.jsonl"), tmp_path / "init", **{"train.steps": 1}))
+    export = train_reward_model(settings_of(rm("drm", workdir, pairs_file(tmp_path / "pairs.jsonl"), tmp_path / "init", **{"train.steps": 1})))
     assert [r["step"] for r in metrics(workdir)][-1] == 1
     exported = json.loads((export / "config.json").read_text())
     assert exported["architectures"] == ["Qwen3ForSequenceClassification"]

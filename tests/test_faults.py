@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_args, read_metrics, tiny_config
+from rrc_jax.config import validate
 from rrc_jax.errors import ConfigError
 from rrc_jax.rl.trainer import run
 
@@ -44,7 +45,7 @@ def test_resume_after_an_anchor_refresh_is_exact(tmp_path, toy_cache):
     whose latest checkpoint (step 6) is corrupted: it falls back to step 3 and replays steps 4-6."""
     overrides = {"steps": 6, "reward.agr.refresh_every": 2, "checkpoint.save_every": 3, "checkpoint.keep": 2,
                  "eval.every": 3, "reward.judge.temperature": 1.0}
-    straight = read_metrics(run(tiny_config("agr", tmp_path / "straight", toy_cache, **overrides)))
+    straight = read_metrics(run(validate(tiny_config("agr", tmp_path / "straight", toy_cache, **overrides))))
     killed = tmp_path / "killed"
     cmd = cli_args(killed, toy_cache, **overrides)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
@@ -78,7 +79,7 @@ def test_resume_after_an_anchor_refresh_is_exact(tmp_path, toy_cache):
 @pytest.fixture(scope="module")
 def finished_drm(tmp_path_factory, toy_cache):
     """A finished 2-step DRM run (the cheapest kind), copied by the tests that resume it."""
-    return Path(run(tiny_config("drm", tmp_path_factory.mktemp("drm"), toy_cache)))
+    return Path(run(validate(tiny_config("drm", tmp_path_factory.mktemp("drm"), toy_cache))))
 
 
 @pytest.mark.parametrize("damage", ["deleted", "truncated", "a JSON list"])
@@ -95,8 +96,8 @@ def test_the_drift_check_reads_the_checkpoint_not_config_json(tmp_path, toy_cach
     else:
         saved.write_text(saved.read_text()[:100] if damage == "truncated" else "[1, 2]")
     with pytest.raises(ConfigError, match=r"changed: rl.learning_rate: 0.0002 -> 0.1\. "):
-        run(tiny_config("drm", workdir, toy_cache, **{"rl.learning_rate": 0.1, "steps": 3}))
-    run(tiny_config("drm", workdir, toy_cache))  # resumes at its last step: nothing to train, no error
+        run(validate(tiny_config("drm", workdir, toy_cache, **{"rl.learning_rate": 0.1, "steps": 3})))
+    run(validate(tiny_config("drm", workdir, toy_cache)))  # resumes at its last step: nothing to train, no error
     assert json.loads(saved.read_text())["rl"]["learning_rate"] == 2e-4
 
 
@@ -141,9 +142,9 @@ def test_every_setting_a_resume_may_change_leaves_the_run_as_it_was(tmp_path, to
     import shutil
 
     common = {"reward.judge.temperature": 1.0, "eval.every": 0}
-    straight = read_metrics(run(tiny_config("agr", tmp_path / "straight", toy_cache, steps=3, **common)))
+    straight = read_metrics(run(validate(tiny_config("agr", tmp_path / "straight", toy_cache, steps=3, **common))))
     resumed = tmp_path / "resumed"
-    run(tiny_config("agr", resumed, toy_cache, steps=2, **common))
+    run(validate(tiny_config("agr", resumed, toy_cache, steps=2, **common)))
     cache2 = tmp_path / "cache2"
     shutil.copytree(toy_cache, cache2, ignore=shutil.ignore_patterns("*.lock"))
     changed = {"steps": 3, "rl.micro_batch_size": 4, "rl.remat": True, "rl.logprob_chunk": 3,
@@ -151,7 +152,7 @@ def test_every_setting_a_resume_may_change_leaves_the_run_as_it_was(tmp_path, to
                "checkpoint.save_every": 1, "checkpoint.keep": 3, "log.samples_every": 1, "log.tensorboard": False,
                "eval.judge_votes": 0, "reward.drm.max_batch": 8, "mesh.fsdp": 1,
                "inference.url": "http://127.0.0.1:9", "inference.concurrency": 4}  # (the jax engine reads neither)
-    rows = read_metrics(run(tiny_config("agr", resumed, cache2, **{**common, **changed})))
+    rows = read_metrics(run(validate(tiny_config("agr", resumed, cache2, **{**common, **changed}))))
     train = lambda r: {s: {k: v for k, v in row.items() if not k.startswith("eval/")} for s, row in r.items()}
     a, b = numeric(train(straight)), numeric(train(rows))
     for step in (1, 2, 3):
@@ -188,7 +189,7 @@ def test_a_judge_that_abstains_on_everything_stops_the_run_by_default(tmp_path, 
     monkeypatch.setattr(judge_lib, "parse_verdict", lambda text: None)
     with pytest.raises(Diverged, match=r"step 3: the judge abstained on more than log.abstain_abort=0.9 of its "
                                        r"questions for 3 steps in a row"):
-        run(tiny_config("scr", tmp_path, toy_cache, steps=4, **{"log.abstain_abort": 0.9}))
+        run(validate(tiny_config("scr", tmp_path, toy_cache, steps=4, **{"log.abstain_abort": 0.9})))
     assert not (tmp_path / "hf_export").exists()
 
 
@@ -200,9 +201,9 @@ def test_the_old_logprob_pass_runs_only_when_a_rollout_gets_several_updates(tmp_
     calls = []
     real = trainer_lib.token_logprobs
     monkeypatch.setattr(trainer_lib, "token_logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
-    run(tiny_config("drm", tmp_path / "one", toy_cache, steps=1, **{"rl.minibatch_size": 16}))
+    run(validate(tiny_config("drm", tmp_path / "one", toy_cache, steps=1, **{"rl.minibatch_size": 16})))
     assert calls == []
-    run(tiny_config("drm", tmp_path / "two", toy_cache, steps=1, **{"rl.minibatch_size": 8}))
+    run(validate(tiny_config("drm", tmp_path / "two", toy_cache, steps=1, **{"rl.minibatch_size": 8})))
     assert calls == [1]
 
 
@@ -211,12 +212,12 @@ def test_a_workdir_that_is_a_file_or_unwritable_and_a_mistyped_init_from_are_one
     afile = tmp_path / "afile"
     afile.write_text("")
     with pytest.raises(ConfigError, match=f"config.workdir: {afile} is a file, not a directory"):
-        run(tiny_config("drm", afile, toy_cache))
+        run(validate(tiny_config("drm", afile, toy_cache)))
     with pytest.raises(ConfigError, match="config.workdir: /sys/rrc_jax_test cannot be written"):
-        run(tiny_config("drm", "/sys/rrc_jax_test", toy_cache))
+        run(validate(tiny_config("drm", "/sys/rrc_jax_test", toy_cache)))
     typo = tmp_path / "no_such_run" / "checkpoints"
     with pytest.raises(ConfigError, match=f"config.init_from: {typo} is not a directory"):
-        run(tiny_config("drm", tmp_path / "w", toy_cache, init_from=str(typo)))
+        run(validate(tiny_config("drm", tmp_path / "w", toy_cache, init_from=str(typo))))
     assert not typo.parent.exists()
 
 
@@ -257,11 +258,12 @@ def test_a_full_disk_during_a_save_is_one_line_and_nothing_past_the_last_checkpo
 def test_train_rm_reports_no_held_out_accuracy_from_nothing(tmp_path, monkeypatch, capsys):
     """No result from nothing, in train_rm: a held-out evaluation whose every vote abstained gives no accuracy (it printed
     0.5), says why, and writes `accuracy: null`."""
-    from rrc_jax.config import rm_config
+    from rrc_jax.config import rm_config, validate_rm
     from rrc_jax.rm import recipes
 
     config = rm_config("grm")
     config.workdir = str(tmp_path)
+    config = validate_rm(config)
     nothing = {"accuracy": 0.5, "examples": 4, "votes": 1, "abstain_rate": 1.0}
     monkeypatch.setattr(recipes, "held_out_accuracy", lambda *args: (dict(nothing), []))
     metrics = recipes.held_out_metrics(config, None, None, [])

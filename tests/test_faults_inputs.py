@@ -24,9 +24,9 @@ from flax import nnx
 
 from conftest import make_hf_model
 from test_bad_rows import file_config
-from rrc_jax.config import base_config
+from rrc_jax.config import base_config, validate
 from rrc_jax.data.preferences import load_preferences
-from rrc_jax.data.prompts import PromptSource, load_prompts
+from rrc_jax.data.prompts import load_prompts
 from rrc_jax.errors import ConfigError
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import Decoder, DecoderConfig, save_hf
@@ -94,7 +94,7 @@ def test_toy_eval_prompts_beyond_the_split_is_one_line_error_naming_the_maximum(
     config.data.eval_prompts = 1_000_000
     with no_hang(), pytest.raises(ConfigError, match=r"config.data.eval_prompts=1000000: the toy task has only "
                                                      r"138750 distinct held-out prompts .*<= 138750") as e:
-        load_prompts(PromptSource.from_config(config))
+        load_prompts(validate(config).prompts)
     assert "\n" not in str(e.value)
 
 
@@ -102,10 +102,10 @@ def test_toy_eval_prompts_up_to_the_maximum_are_drawn():
     config = toy_config(min_len=2, max_len=2, train_prompts=8)  # 100 strings of 2 digits, 12 of them held out
     config.data.eval_prompts = 13
     with no_hang(), pytest.raises(ConfigError, match=r"only 12 distinct held-out prompts"):
-        load_prompts(PromptSource.from_config(config))
+        load_prompts(validate(config).prompts)
     config.data.eval_prompts = 12
     with no_hang():
-        _, held = load_prompts(PromptSource.from_config(config))
+        _, held = load_prompts(validate(config).prompts)
     assert len(set(held.texts)) == 12
 
 
@@ -159,11 +159,11 @@ def prompt_lines(bad_at: int = 2, n: int = 6) -> list[bytes]:
 def test_invalid_utf8_in_a_prompt_file_names_file_and_line_and_can_be_skipped(tmp_path, name, capsys):
     config = file_config(write_bytes(tmp_path / name, prompt_lines()))
     with pytest.raises(ConfigError, match=rf"{name}:3: malformed JSON line \(not UTF-8: .*skip_bad_rows") as e:
-        load_prompts(PromptSource.from_config(config))
+        load_prompts(validate(config).prompts)
     assert "\n" not in str(e.value)
     with config.unlocked():
         config.data["skip_bad_rows"] = True
-    train, _ = load_prompts(PromptSource.from_config(config))
+    train, _ = load_prompts(validate(config).prompts)
     assert train.texts == [f"{k} 2 1" for k in range(6) if k != 2]
     assert train.counts["bad_rows_skipped"] == 1
     assert f"skipped 1 malformed JSON lines of {name} ({name}:3: not UTF-8" in capsys.readouterr().err
@@ -183,18 +183,18 @@ def test_invalid_utf8_in_csv_or_a_json_document_names_its_line(tmp_path):
     csv = tmp_path / "p.csv"
     csv.write_bytes(b"prompt\n1 2\ncaf\xe9\n")
     with pytest.raises(ConfigError, match=r"p.csv:3: not UTF-8.*save the file as UTF-8"):
-        load_prompts(PromptSource.from_config(file_config(csv)))
+        load_prompts(validate(file_config(csv)).prompts)
     doc = tmp_path / "p.json"
     doc.write_bytes(b'[{"prompt": "a"},\n {"prompt": "caf\xe9"}]\n')
     with pytest.raises(ConfigError, match=r"p.json:2: malformed JSON \(not UTF-8"):
-        load_prompts(PromptSource.from_config(file_config(doc)))
+        load_prompts(validate(file_config(doc)).prompts)
 
 
 @pytest.mark.parametrize("name", ["blank.jsonl", "blank.json", "blank.jsonl.gz", "empty.jsonl"])
 def test_a_data_file_of_blank_lines_is_one_line_error(tmp_path, name):
     path = write_bytes(tmp_path / name, [b"", b"  ", b""] if name.startswith("blank") else [])
     with pytest.raises(ConfigError, match=rf"{name}: no rows \(the file is empty or only blank lines\)") as e:
-        load_prompts(PromptSource.from_config(file_config(path)))
+        load_prompts(validate(file_config(path)).prompts)
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=rf"{name}: no rows"):
         load_preferences(str(path), "pairs")
@@ -203,7 +203,7 @@ def test_a_data_file_of_blank_lines_is_one_line_error(tmp_path, name):
 def test_a_file_whose_every_line_is_skipped_is_one_line_error(tmp_path):
     path = write_bytes(tmp_path / "p.jsonl", [b'{"prompt": "\xff"}', b"", b'{"prompt": '])
     with pytest.raises(ConfigError, match=r"p.jsonl: every line is malformed \(line 1: not UTF-8"):
-        load_prompts(PromptSource.from_config(file_config(path, skip_bad_rows=True)))
+        load_prompts(validate(file_config(path, skip_bad_rows=True)).prompts)
 
 
 def test_evaluate_rm_names_the_line_that_is_not_utf8(tmp_path):
@@ -269,7 +269,7 @@ def test_judge_cli_zero_votes_is_one_line(judge_dir):
 # ------------------------------------------------------------------------------------------------------------
 
 def test_fit_judgment_budget():
-    from rrc_jax.rm.evaluation import fit_judgment_budget
+    from rrc_jax.rm.accuracy import fit_judgment_budget
 
     assert fit_judgment_budget(512, None, [40, 60]) == (512, None)  # context unknown: unchecked
     assert fit_judgment_budget(16, 256, [40, 60]) == (16, None)
@@ -284,7 +284,7 @@ def test_fit_judgment_budget():
 
 
 def test_nothing_scored():
-    from rrc_jax.rm.evaluation import nothing_scored
+    from rrc_jax.rm.accuracy import nothing_scored
 
     assert nothing_scored("pairwise", {"examples": 3, "votes": 2, "abstain_rate": 1.0}, []) == \
         "all 12 judge votes abstained"
@@ -352,14 +352,14 @@ def test_a_tokenizer_id_beyond_the_vocabulary_is_one_line_wherever_the_model_loa
     from rrc_jax.rl.trainer import run
 
     bad = tmp_path / "grm"
-    shutil.copytree(Roles.from_config(tiny_config("scr", "unused", toy_cache)).path("grm"), bad)
+    shutil.copytree(Roles.of_run(validate(tiny_config("scr", "unused", toy_cache))).path("grm"), bad)
     spec = json.loads((bad / "tokenizer.json").read_text())
     spec["model"]["vocab"]["9"] = 40
     (bad / "tokenizer.json").write_text(json.dumps(spec))
     said = (f"{bad}: the tokenizer's largest id is 40 (36 ids) but the model's vocabulary (config.json vocab_size) "
             "holds 36; ids >= 36 have no embedding: pair the model with its own tokenizer")
     with pytest.raises(ConfigError) as e:
-        run(tiny_config("scr", tmp_path / "run", toy_cache, **{"models.grm": str(bad)}))
+        run(validate(tiny_config("scr", tmp_path / "run", toy_cache, **{"models.grm": str(bad)})))
     assert str(e.value) == said
     _, data = short_judge
     procs = [subprocess.Popen([sys.executable, "-m", module, f"--model={bad}", *args], stdout=subprocess.PIPE,
@@ -397,10 +397,10 @@ def test_settings_that_cannot_work_are_refused_before_anything_loads(tmp_path, t
     try:
         with pytest.raises(ConfigError, match=r"^config.mesh.inference data=3 fsdp=3 tensor=3 needs 27 devices, but "
                                               r"1 are available"):
-            run(tiny_config("scr", tmp_path / "mesh", toy_cache, **{"mesh.inference": "3,3,3"}))
+            run(validate(tiny_config("scr", tmp_path / "mesh", toy_cache, **{"mesh.inference": "3,3,3"})))
         with pytest.raises(ConfigError, match=r"^config.policy.lora.rank: 200 exceeds the smaller side of .*'s q "
                                               r"projection \(64 x 64\); use a rank <= 32"):
-            run(tiny_config("scr", tmp_path / "lora", toy_cache, **{"policy.lora.rank": 200}))
+            run(validate(tiny_config("scr", tmp_path / "lora", toy_cache, **{"policy.lora.rank": 200})))
     finally:
         Roles.model = real
     assert loaded == ["policy"]  # the LoRA run asked for the policy, and was refused before load_hf
@@ -409,10 +409,10 @@ def test_settings_that_cannot_work_are_refused_before_anything_loads(tmp_path, t
     c.mesh.inference = "3,3,3"
     with pytest.raises(ConfigError, match=r"config.mesh.inference data=3 fsdp=3 tensor=3 needs 27 devices, but 32 are "
                                           r"in the training mesh; make their product 32"):
-        plan.plan(c, "v5p-64")
+        plan.plan(validate(c), "v5p-64")
     c.mesh.inference, c.policy.lora.rank = "auto", 5000
     with pytest.raises(ConfigError, match="config.policy.lora.rank: 5000 exceeds the smaller side"):
-        plan.plan(c, "v5p-64")
+        plan.plan(validate(c), "v5p-64")
 
     with pytest.raises(ConfigError) as e:
         mesh_shape(3, -1, 3, 8)
@@ -435,6 +435,6 @@ def test_more_prompts_per_step_than_prompts_says_they_repeat(tmp_path, toy_cache
 
     from rrc_jax.rl.trainer import Trainer
 
-    Trainer(tiny_config("drm", tmp_path, toy_cache, **{"toy.train_prompts": 2, "rl.minibatch_size": 4}))
+    Trainer(validate(tiny_config("drm", tmp_path, toy_cache, **{"toy.train_prompts": 2, "rl.minibatch_size": 4})))
     assert ("warning: rl.prompts_per_step=4 but the training set holds 2 prompts: prompts repeat within a step"
             in capsys.readouterr().err)

@@ -13,9 +13,9 @@ from flax import nnx
 from safetensors import safe_open
 
 from conftest import KINDS, TINY, make_hf_model, padded_batch
-from rrc_jax.config import base_config
+from rrc_jax.config import base_config, validate
 from rrc_jax.errors import ConfigError
-from rrc_jax.inference.sampling import SamplingParams, generate
+from rrc_jax.inference.kernels import SamplingParams, generate
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer, prompt_ids, save_hf
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
 from rrc_jax.constructions.drm import DRMReward
@@ -72,7 +72,7 @@ def test_transformers_sequence_classifier_is_the_drm(tmp_path, kind, pad):
     assert "lm_head.weight" not in tensor_names(tmp_path)
     config = base_config("drm")
     config.models.drm = str(tmp_path)
-    roles = Roles.from_config(config)
+    roles = Roles.of_run(validate(config))
     drm = roles.model("drm")
     assert drm.cfg.value_head and not drm.cfg.lm_head and drm.cfg.pad_token_id == pad
     # the reward: each (prompt, response) rendered with the DRM's tokenizer, right-padded with its pad id
@@ -95,7 +95,7 @@ def test_sequence_classifier_is_refused_as_policy_and_with_two_labels(tmp_path):
     config = base_config("drm")
     config.models.policy = str(tmp_path / "rm")
     with pytest.raises(ConfigError, match=r"models.policy: .* is a sequence-classification .*models.drm only"):
-        Roles.from_config(config).model("reference")
+        Roles.of_run(validate(config)).model("reference")
     make_hf_classifier("llama3_tied", num_labels=2).save_pretrained(tmp_path / "two")
     with pytest.raises(ConfigError, match=r"two/config.json: a sequence classifier with 2 labels.*num_labels=1"):
         load_hf(tmp_path / "two")

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rrc_jax.config import validate
 from rrc_jax.data.toy.task import SortTask
 from rrc_jax.integrations.groups import GroupRewards, Row, judge_whole, rows_of
 from rrc_jax.rewards import agr_rewards, cara_rewards, scr_rewards
@@ -81,7 +82,7 @@ def toy_judge(toy_cache):
     from rrc_jax.integrations import judge_for
     from rrc_jax.rl.roles import Roles
 
-    roles = Roles.from_config(tiny_config("scr", "unused", toy_cache))
+    roles = Roles.of_run(validate(tiny_config("scr", "unused", toy_cache)))
     return judge_for(str(roles.path("grm")), template="toy_pairwise_cot", max_new_tokens=48,
                      temperature=0.0), roles.path("policy")
 

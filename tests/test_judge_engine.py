@@ -256,7 +256,7 @@ def test_the_tournaments_ask_their_closed_form_and_follow_the_verdicts(model, m,
     """`play` with the scripted judge (prompts whose verdicts follow quality): each format asks its closed form of
     duels x V questions, every round of every group in one judge call, and its standing is what its rules give on
     the true verdicts (with swapped votes too: a majority decides)."""
-    from rrc_jax.judge.tournaments import play
+    from rrc_jax.judge.matches import play
     from rrc_jax.rewards.tournament_rules import Circular, DoubleElimination, SeededKnockout, Swiss
 
     prompts, groups = zip(*(group(p, m) for p in (0, 1)))

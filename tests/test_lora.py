@@ -16,6 +16,7 @@ from flax import nnx
 
 from conftest import (cli_args, cpu_devices_env, killed_and_resumed, make_hf_model, padded_batch, read_metrics,
                       tiny_config)
+from rrc_jax.config import validate
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import load_hf, save_hf
 from rrc_jax.models.lora import LoraConfig, adapter_count, frozen_copy, trainable
@@ -256,7 +257,7 @@ def test_a_sigkilled_lora_run_resumes_to_the_same_metrics(tmp_path, toy_cache):
                  "rl.minibatch_size": 16,  # one update a step
                  "rl.dynamic_sampling": True, "rl.max_draws": 3, "rl.advantage": "rloo", "rl.loss": "gspo",
                  "rl.overlong": 2, "reward.judge.temperature": 1.0}
-    workdir = run(tiny_config("scr", tmp_path / "straight", toy_cache, **overrides))
+    workdir = run(validate(tiny_config("scr", tmp_path / "straight", toy_cache, **overrides)))
     straight = read_metrics(workdir)
     assert straight[1]["kl"] == 0.0 and straight[2]["kl"] > 0
     assert "memory/reference_params_bytes_per_device" not in straight[0]
@@ -271,8 +272,8 @@ def test_a_sigkilled_lora_run_resumes_to_the_same_metrics(tmp_path, toy_cache):
         assert r["reward/flat_groups"] * 4 == r["data/unfilled_groups"]
         assert r["data/unfilled_groups"] == 0 or r["data/draws_per_step"] == 3
         assert -1.0 <= r["reward/overlong_penalty"] <= 0.0
-    again = Trainer(tiny_config("scr", tmp_path / "again", toy_cache, init_from=str(workdir / "adapter"),
-                                **overrides))
+    again = Trainer(validate(tiny_config("scr", tmp_path / "again", toy_cache, init_from=str(workdir / "adapter"),
+                                **overrides)))
     exported = load_hf(workdir / "hf_export")
     ids, mask = padded_batch([9, 6], vocab=exported.cfg.vocab_size)
     np.testing.assert_allclose(np.asarray(again.policy(jnp.asarray(ids), jnp.asarray(mask))),

@@ -27,6 +27,7 @@ def test_trainer_on_a_mesh_shards_its_parameters(tmp_path, toy_cache):
         import json, sys
         sys.path.insert(0, {str(HERE)!r})
         from conftest import tiny_config
+        from rrc_jax.config import validate
         from rrc_jax.rl.trainer import Trainer
         shared = {{"reward.agr.anchors_path": {str(tmp_path)!r} + "/anchors.jsonl"}}  # made once, read after
         sharded = {{}}
@@ -35,12 +36,12 @@ def test_trainer_on_a_mesh_shards_its_parameters(tmp_path, toy_cache):
                                  **{{"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor, "eval.every": 0,
                                     "eval.judge_votes": 0, **shared}})
             if name == "fsdp8":
-                Trainer(config).run()
+                Trainer(validate(config)).run()
             else:
-                sharded[name] = Trainer(config).memory()
+                sharded[name] = Trainer(validate(config)).memory()
         one = tiny_config("agr", {str(tmp_path)!r} + "/one", {str(toy_cache)!r},
                           **{{"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1, **shared}})
-        print(json.dumps({{"one": Trainer(one).memory(), **sharded}}))
+        print(json.dumps({{"one": Trainer(validate(one)).memory(), **sharded}}))
 
         # The fsdp=8 run's checkpoint (step 2) on other meshes: same parameters, each placed on the new mesh.
         import shutil
@@ -55,7 +56,7 @@ def test_trainer_on_a_mesh_shards_its_parameters(tmp_path, toy_cache):
             config = tiny_config("agr", workdir, {str(toy_cache)!r}, steps=3,
                                  **{{"mesh.data": data, "mesh.fsdp": fsdp, "mesh.tensor": tensor, "eval.every": 0,
                                     "eval.judge_votes": 0, **shared}})
-            trainer = Trainer(config)
+            trainer = Trainer(validate(config))
             with jax.set_mesh(trainer.mesh):
                 step = Checkpointer(workdir + "/checkpoints").restore(trainer.learner, trainer.batches)
             restored = nnx.to_pure_dict(trainer.learner.params)

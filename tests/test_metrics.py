@@ -92,7 +92,7 @@ def test_wandb_run_gets_the_scalars(tmp_path, monkeypatch):
         return Run()
 
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
-    log = MetricsLogger(tmp_path, tensorboard=False, wandb=True, wandb_project="p", config={"lr": 1e-6}, name="run")
+    log = MetricsLogger(tmp_path, tensorboard=False, wandb=True, wandb_project="p", record={"lr": 1e-6}, name="run")
     log.log(1, {"loss": 0.5, "kl": float("nan"), "name": "x"})
     log.close()
     assert calls == [("init", {"project": "p", "config": {"lr": 1e-6}, "name": "run", "dir": str(tmp_path),

@@ -19,8 +19,8 @@ import multihost_engine
 from conftest import cli_args, cpu_devices_env
 
 from rrc_jax import distributed
+from rrc_jax.config import parse
 from rrc_jax.errors import ConfigError
-from rrc_jax.settings import parse
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
+from rrc_jax.config import validate
 from rrc_jax.inference.openai_engine import OpenAISampler
 from rrc_jax.inference.sampler import SamplingParams
 from rrc_jax.judge import Judge, JudgeConfig
@@ -255,9 +256,9 @@ def test_a_run_whose_judge_server_fails_finishes_and_counts_each_failure(tmp_pat
     from rrc_jax.rl.trainer import run
 
     with Server(faults=True) as server:
-        workdir = run(tiny_config("scr", tmp_path / "run", toy_cache, **{
+        workdir = run(validate(tiny_config("scr", tmp_path / "run", toy_cache, **{
             "inference.engine": "openai", "inference.url": server.url, "inference.api_model": "scripted",
-            "inference.timeout_s": TIMEOUT_S, "inference.retries": 1, "eval.judge_votes": 0}))
+            "inference.timeout_s": TIMEOUT_S, "inference.retries": 1, "eval.judge_votes": 0})))
     rows = read_metrics(workdir)
     assert sorted(rows) == [0, 1, 2]
     kinds = [k for _, k in server.log]  # a request each: a failing question's two attempts both fail
@@ -296,7 +297,7 @@ def test_a_judge_server_that_is_down_wrong_or_lying_ends_the_run_before_its_firs
     def refused(name: str, url: str, api_model: str = "scripted") -> str:
         workdir = tmp_path / name
         with pytest.raises(ConfigError) as e:
-            run(served_run(workdir, toy_cache, url, api_model))
+            run(validate(served_run(workdir, toy_cache, url, api_model)))
         assert "\n" not in str(e.value) and not (workdir / "metrics.jsonl").exists()
         return str(e.value)
 

@@ -23,3 +23,25 @@ def test_recipes_resolve_by_name_to_the_top_level_configs(tmp_path, monkeypatch)
     for value in ("agr.py", "agr", "configs/agr.py"):
         assert config_lib.resolve_config_file(value) == str(REPO / "configs" / "agr.py")
     assert config_lib.resolve_config_file("study.py:quick") == str(REPO / "configs" / "study.py") + ":quick"
+
+
+def test_every_command_line_is_listed_and_starts_through_cli_with_absl_flags():
+    """One place and one flag style: every file with a `__main__` block (the package's commands, the benchmarks, the
+    examples) is in `cli.COMMANDS`, starts through `cli.start` and neither builds an argparse parser nor reads
+    `sys.argv` itself; every listed command exists."""
+    from rrc_jax.cli import COMMANDS
+
+    repo = Path(__file__).resolve().parent.parent
+    found = {}
+    for path in [*repo.glob("rrc_jax/**/*.py"), *repo.glob("benchmarks/*.py"), *repo.glob("examples/*.py")]:
+        text = path.read_text()
+        if 'if __name__ == "__main__":' not in text:
+            continue
+        rel = path.relative_to(repo)
+        name = (str(rel) if rel.parts[0] != "rrc_jax" else
+                ".".join(rel.with_suffix("").parts[1:]).removesuffix(".__main__"))
+        found[name] = text
+    assert sorted(found) == sorted(COMMANDS)
+    for name, text in found.items():
+        assert "cli.start(" in text.split('if __name__ == "__main__":')[-1], name
+        assert "argparse" not in text and "sys.argv" not in text, name

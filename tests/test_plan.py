@@ -15,7 +15,7 @@ from conftest import cpu_devices_env
 from flax import nnx
 
 from rrc_jax import plan
-from rrc_jax.config import base_config
+from rrc_jax.config import base_config, validate
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder, DecoderConfig
 from rrc_jax.sharding import model_context
@@ -70,7 +70,7 @@ def test_bytes_of_a_tiny_model_on_a_fsdp_2_tensor_2_mesh_by_hand():
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(plan.PRESETS, "tiny", TINY)
         config.models.policy = config.models.drm = "tiny"
-        p = plan.plan(config, "cpu-4")
+        p = plan.plan(validate(config), "cpu-4")
     rows = {r.name: r.bytes for r in p.rows}
     assert rows["policy parameters"] == 25216 and rows["optimizer state (AdamW)"] == 2 * 25216
     assert rows["gradients"] == 25216 and rows["drm parameters"] == 4 * (6304 + 32 // 2)  # + value head over fsdp
@@ -172,7 +172,7 @@ def test_the_paper_recipe_fits_with_15_percent_to_spare(topology):
     at least 15% of HBM to spare."""
     config = paper_recipe()
     assert config.reward.judge.max_batch == 256  # the default
-    p = plan.plan(config, topology)
+    p = plan.plan(validate(config), topology)
     rows = {r.name: r for r in p.rows}
     assert p.fits and p.peak_bytes <= 0.85 * p.topology.hbm_bytes, plan.format_table(p)
     assert "gathered policy weights" not in rows and "gathered GRM weights" not in rows
@@ -199,12 +199,12 @@ def test_a_lora_policy_counts_its_base_and_adapters_as_the_decoder_holds_them(qt
     assert plan.lora_param_bytes(cfg, lora, "float32", (1, 1, 1))[:2] == (base, adapters)
     config = paper_recipe()
     config.policy.lora.rank, config.policy.lora.alpha, config.policy.lora.weight_qtype = 64, 128.0, qtype
-    p = plan.plan(config, "v5e-64")
+    p = plan.plan(validate(config), "v5e-64")
     rows = {r.name: r for r in p.rows}
     assert "reference parameters" not in rows and p.fits
     assert rows["optimizer state (AdamW)"].bytes == 2 * rows["policy LoRA adapters"].bytes
     assert rows["weight sync transient"].bytes == rows["policy LoRA adapters"].bytes
-    full = plan.plan(paper_recipe(), "v5e-64")
+    full = plan.plan(validate(paper_recipe()), "v5e-64")
     assert p.peak_bytes < full.peak_bytes
     assert any(n.startswith("weight sync: the adapters only") for n in p.notes)
 
@@ -214,7 +214,7 @@ def test_sharing_the_weights_gathers_them_for_the_rollout():
     one layer at a time (the layers are scanned), holding one layer's and the LM head, not the whole model's."""
     config = paper_recipe()
     config.rl.share_weights = True
-    p = plan.plan(config, "v5p-64")
+    p = plan.plan(validate(config), "v5p-64")
     rows = {r.name: r for r in p.rows}
     cfg, tensor = plan.model_config("llama3-8b"), p.mesh[2]
     layer = plan.layer_param_bytes(cfg, "float32", (1, 1, tensor))
@@ -301,14 +301,14 @@ def test_topologies_roles_and_meshes():
         plan.model_config("llama9-1t", field="models.grm")
 
     c = base_config("agr")
-    assert list(plan.roles(c)) == ["policy", "reference", "grm"]
+    assert list(plan.roles(validate(c))) == ["policy", "reference", "grm"]
     c = base_config("drm")
-    assert list(plan.roles(c)) == ["policy", "reference", "drm"]  # the KL's reference (rl.beta > 0)
+    assert list(plan.roles(validate(c))) == ["policy", "reference", "drm"]  # the KL's reference (rl.beta > 0)
     c.rl.beta = 0.0
-    assert list(plan.roles(c)) == ["policy", "drm"]
+    assert list(plan.roles(validate(c))) == ["policy", "drm"]
     c = base_config("prc")
     c.eval.judge_votes, c.rl.beta = 0, 0.0
-    assert list(plan.roles(c)) == ["policy", "grm"]
+    assert list(plan.roles(validate(c))) == ["policy", "grm"]
 
 
 def test_kv_heads_fewer_than_tensor_are_replicated():
@@ -316,7 +316,7 @@ def test_kv_heads_fewer_than_tensor_are_replicated():
     (as `sharding.Layout` places them), and the plan says so; the query heads are still split."""
     config = base_config("agr")
     config.models.policy = config.models.grm = "llama3-8b"
-    p = plan.plan(config, "v5p-64", mesh=(1, 2, 16))
+    p = plan.plan(validate(config), "v5p-64", mesh=(1, 2, 16))
     assert not p.problems and any("8 kv heads: they are replicated" in x for x in p.notes)
     cfg = plan.model_config("llama3-8b")
     qkv, o = cfg.hidden_size * 8 * 6 * 128, 32 * 128 * cfg.hidden_size  # per layer: [E, K, G + 2, D], [H, D, E]
@@ -360,8 +360,8 @@ def test_a_config_that_does_not_fit_gets_a_suggestion_that_fits():
     # v5p-8 (4 TensorCores): a 128-row minibatch's activations at once. (Before blockwise training attention the
     # planner's example was v5p-16 with 64 rows; with scanned layers, which keep fewer residuals per layer, 64 rows
     # fit v5p-8.)
-    assert not plan.plan(config, "v5p-8").fits
-    best = plan.suggest(config, "v5p-8")
+    assert not plan.plan(validate(config), "v5p-8").fits
+    best = plan.suggest(validate(config), "v5p-8")
     assert best is not None and best.fits and best.peak_bytes <= best.budget_bytes
     assert math.prod(best.mesh) == 4 and config.rl.minibatch_size % best.micro_batch == 0
     out = cli("--config=agr.py", "--topology=v5p-8", *models)
@@ -407,7 +407,7 @@ def test_the_planner_predicts_time_per_phase():
     assert plan.matmul_params(cfg) == plan.param_count(cfg) - 96 * 32  # the embedding lookup is not a matmul
 
     config = paper_recipe()
-    out = plan.report(config, "v5e-64")
+    out = plan.report(validate(config), "v5e-64")
     for phase in ("rollout prefill", "rollout decode", "judge prefill", "judge decode", "log-prob passes", "update",
                   "weight sync", "step"):
         assert f"\n{phase} " in out, out

@@ -84,18 +84,18 @@ def test_a_construction_from_outside_the_package_through_validation_planner_and_
     config = base_config("agr")
     config.reward.kind = circular
     config.models.policy = config.models.grm = "llama3-8b"
-    assert list(plan.roles(config)) == ["policy", "reference", "grm"]
+    assert list(plan.roles(validate(config))) == ["policy", "reference", "grm"]
     config.eval.judge_votes, config.rl.beta = 0, 0.0
-    assert list(plan.roles(config)) == ["policy", "grm"]
+    assert list(plan.roles(validate(config))) == ["policy", "grm"]
     load = construction_class(circular).judge_load(validate(config))
     assert load == (8 * 2, 8 * 2 * config.reward.judge.max_new_tokens)
-    p = plan.plan(config, "v5p-64")
+    p = plan.plan(validate(config), "v5p-64")
     assert any(r.name == "judge KV cache" and r.detail.startswith(f"{circular}: ") for r in p.rows)
     assert any("16 questions and up to 384 judge tokens per prompt" in n for n in p.notes)
 
     # two steps: its rewards train, its metrics and judgments are written
     workdir = tmp_path / "w"
-    run(tiny_config("agr", workdir, toy_cache, **{"reward.kind": circular, "log.samples_every": 1}))
+    run(validate(tiny_config("agr", workdir, toy_cache, **{"reward.kind": circular, "log.samples_every": 1})))
     rows = read_metrics(workdir)
     assert sorted(rows) == [0, 1, 2]
     b, m, v = 4, 4, 2  # TINY_RUN: 4 prompts x 4 responses, reward.judge.votes 2

@@ -14,7 +14,8 @@ import math
 import pytest
 
 from conftest import read_metrics
-from rrc_jax.train_rm import run_rm
+from rrc_jax.config import settings_of, validate
+from rrc_jax.train_rm import train_reward_model
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +43,7 @@ def test_a_recipes_export_raises_the_policys_oracle_quality(recipe, tmp_path):
     overrides, job, role = RECIPES[recipe]
     config = load_config(recipe)
     config.update_from_flattened_dict({"workdir": str(tmp_path / "rm"), **overrides})
-    export = run_rm(config)
+    export = train_reward_model(settings_of(config))
     assert (export / "config.json").is_file()
     if recipe == "irpo.py":  # no collapse: the judge's scores keep their within-group spread (IRPO Figure 3)
         spread = [r["reward/score_std"] for step, r in read_metrics(tmp_path / "rm").items() if step > 0]
@@ -51,7 +52,7 @@ def test_a_recipes_export_raises_the_policys_oracle_quality(recipe, tmp_path):
     main = load_config(job)
     main.update_from_flattened_dict({"workdir": str(tmp_path / "main"), f"models.{role}": str(export), "steps": 10,
                                      "eval.every": 10, "data.eval_prompts": 128, "checkpoint.save_every": 0})
-    rows = read_metrics(run(main))
+    rows = read_metrics(run(validate(main)))
     q0, q10 = rows[0]["eval/oracle_quality"], rows[10]["eval/oracle_quality"]
     se = math.hypot(rows[0]["eval/oracle_quality_se"], rows[10]["eval/oracle_quality_se"])
     assert q10 - q0 > 2 * se, (recipe, q0, q10, se)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rrc_jax.config import rm_config
+from rrc_jax.config import rm_config, settings_of, validate
 from rrc_jax.data.preferences import Preference
 from rrc_jax.data.prompts import judge_questions
 from rrc_jax.errors import ConfigError
@@ -20,7 +20,7 @@ from rrc_jax.models.char_tokenizer import make_char_tokenizer
 from rrc_jax.constructions.rlvr import RLVRReward
 from rrc_jax.rm.recipes import split_held_out
 from rrc_jax.sharding import model_context
-from rrc_jax.train_rm import run_rm
+from rrc_jax.train_rm import train_reward_model
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def parameters(path):
 
 def test_grm_sft_on_a_pairs_file(tmp_path, tiny_hf):
     data = pairs_file(tmp_path / "pairs.jsonl")
-    out = run_rm(rm("grm", tmp_path / "grm", data, tiny_hf, **{"judge.direct_share": 0.5}))
+    out = train_reward_model(settings_of(rm("grm", tmp_path / "grm", data, tiny_hf, **{"judge.direct_share": 0.5})))
     rows = metrics(tmp_path / "grm")
     counts = rows[0]
     assert counts["data/rows"] == 32 and counts["data/pairs"] == 32
@@ -114,7 +114,7 @@ def test_drm_bradley_terry_with_margin_and_centering_resumes_exactly(tmp_path, t
     data = pairs_file(tmp_path / "pairs.jsonl", long=0)
     config = lambda workdir: rm("drm", workdir, data, tiny_hf, **{"train.margin": True, "train.center_coef": 0.01,
                                                                    "checkpoint.save_every": 0})
-    out = run_rm(config(tmp_path / "drm"))
+    out = train_reward_model(settings_of(config(tmp_path / "drm")))
     rows = metrics(tmp_path / "drm")
     assert rows[0]["data/too_long_dropped"] == 0 and "accuracy" in rows[1]
     assert rows[-1]["eval/examples"] == 2 and 0 <= rows[-1]["eval/accuracy"] <= 1
@@ -129,11 +129,11 @@ def test_drm_bradley_terry_with_margin_and_centering_resumes_exactly(tmp_path, t
 
     monkeypatch.setattr(MetricsLogger, "log", preempted_at_step_2)
     with pytest.raises(SystemExit) as stopped:
-        run_rm(config(tmp_path / "resumed"))
+        train_reward_model(settings_of(config(tmp_path / "resumed")))
     assert stopped.value.code == 128 + signal.SIGTERM
     assert [r["step"] for r in metrics(tmp_path / "resumed")] == [0, 1, 2]
     monkeypatch.setattr(MetricsLogger, "log", log)
-    resumed = run_rm(config(tmp_path / "resumed"))
+    resumed = train_reward_model(settings_of(config(tmp_path / "resumed")))
     assert [r["step"] for r in metrics(tmp_path / "resumed")] == [0, 1, 2, 3]
     expected, got = parameters(out), parameters(resumed)
     assert expected.keys() == got.keys()
@@ -144,7 +144,7 @@ def test_drm_bradley_terry_with_margin_and_centering_resumes_exactly(tmp_path, t
 def test_a_dataset_needs_a_model_to_fine_tune(tmp_path):
     c = rm("grm", tmp_path / "x", pairs_file(tmp_path / "p.jsonl"), "")
     with pytest.raises(ConfigError, match="config.model.init"):
-        run_rm(c)
+        train_reward_model(settings_of(c))
 
 
 def test_held_out_split_keeps_keys_together():
@@ -214,7 +214,7 @@ def test_irpo_trains_a_pointwise_judge_on_pairs(tmp_path, tiny_hf):
             pairs_file(tmp_path / "pairs.jsonl", long=0)), "data.format": "pairs", "data.eval_prompts": 4,
         "reward.judge.template": str(template), "rl.prompts_per_step": 4, "rl.group_size": 2,
         "rl.minibatch_size": 8, "rl.max_new_tokens": 6, "eval.judge_votes": 0, "checkpoint.save_every": 0})
-    workdir = run(c)
+    workdir = run(validate(c))
     rows = metrics(workdir)
     assert [r["step"] for r in rows] == [0, 1, 2]
     for key in ("reward/pair_accuracy", "reward/format_ok", "loss"):

@@ -8,8 +8,8 @@ import torch
 
 from conftest import make_hf_model, padded_batch
 from rrc_jax.models.batches import pad_sequences
-from rrc_jax.inference import sampling
-from rrc_jax.inference.sampling import SamplingParams, decode, extend, generate, prefill, sample_token
+from rrc_jax.inference import kernels
+from rrc_jax.inference.kernels import SamplingParams, decode, extend, generate, prefill, sample_token
 from rrc_jax.models import load_hf
 
 LENGTHS = [5, 17, 9, 12]
@@ -128,7 +128,7 @@ def test_chunked_prefill_equals_one_pass(llama, monkeypatch):
     whole = extend(model, prefill(model, ids, mask, cache_size=64), s_ids, s_mask)
     logits = np.asarray(whole.logits)
     one = decode(model, whole, params(12, 0.0, stop_token_ids=[]))
-    monkeypatch.setattr(sampling, "PREFILL_CHUNK", 3)
+    monkeypatch.setattr(kernels, "PREFILL_CHUNK", 3)
     chunked = extend(model, prefill(model, ids, mask, cache_size=64), s_ids, s_mask)
     np.testing.assert_allclose(np.asarray(chunked.logits), logits, atol=1e-5)
     np.testing.assert_array_equal(decode(model, chunked, params(12, 0.0, stop_token_ids=[])).tokens, one.tokens)
@@ -201,10 +201,10 @@ def test_prompt_longer_than_cache_is_an_error(llama):
 def test_compiles_once_per_batch_bucket_and_length(llama):
     model, _ = llama
     gen(model, [[5, 6, 7], [8] * 9], max_new_tokens=6, temperature=0.0)
-    before = (sampling._prefill._cache_size(), sampling._decode._cache_size())
+    before = (kernels._prefill._cache_size(), kernels._decode._cache_size())
     gen(model, [[9] * 12, [4, 4]], max_new_tokens=6, temperature=0.0)  # same batch, bucket 16, N
     gen(model, [[3] * 15, [4] * 16], max_new_tokens=6, temperature=0.0, rng=5)
-    assert (sampling._prefill._cache_size(), sampling._decode._cache_size()) == before
+    assert (kernels._prefill._cache_size(), kernels._decode._cache_size()) == before
 
 
 def test_blocked_attention_equals_dense():
@@ -298,7 +298,7 @@ def test_sliding_layers_keep_only_their_window(tmp_path_factory, monkeypatch, ki
     branched cache whose rows' own slots are rings; logits and log-probs within 1e-5, the same greedy tokens."""
     model, _ = loaded(kind, tmp_path_factory)
     cfg = model.cfg
-    monkeypatch.setattr(sampling, "PREFILL_CHUNK", 8)  # 16-token prompts: two chunks of 8, each longer than 4
+    monkeypatch.setattr(kernels, "PREFILL_CHUNK", 8)  # 16-token prompts: two chunks of 8, each longer than 4
     rng = np.random.default_rng(3)
     prefixes = [list(rng.integers(3, 96, n)) for n in (6, 16, 2)]
     suffixes = [list(rng.integers(3, 96, n)) for n in (3, 8, 1, 5, 7, 0)]
@@ -332,7 +332,7 @@ def test_ring_buffers_are_updated_in_place():
 
     from flax import nnx
 
-    from rrc_jax.inference.sampling import _decode, _extend
+    from rrc_jax.inference.kernels import _decode, _extend
     from rrc_jax.models import Decoder, DecoderConfig
 
     cfg = DecoderConfig(model_type="gemma2", vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=6,
@@ -420,7 +420,7 @@ def test_shared_then_blocked_attention_equals_dense(monkeypatch, prefix_block):
 
 
 def test_greedy_token_is_argmax_including_ties():
-    from rrc_jax.inference.sampling import greedy_token
+    from rrc_jax.inference.kernels import greedy_token
 
     rng = np.random.default_rng(0)
     logits = rng.integers(-3, 3, (64, 50)).astype(np.float32)  # many ties: the first maximum must win

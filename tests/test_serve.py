@@ -16,6 +16,7 @@ import urllib.request
 
 import pytest
 
+from rrc_jax.config import validate
 from rrc_jax.inference import make_sampler
 from rrc_jax.inference.server import bind, make_app, serving, uvicorn_server
 from rrc_jax.judge import Judge, JudgeConfig
@@ -34,7 +35,7 @@ def grm(toy_cache):
 
     from rrc_jax.rl.roles import Roles
 
-    path = Roles.from_config(tiny_config("scr", "unused", toy_cache)).path("grm")
+    path = Roles.of_run(validate(tiny_config("scr", "unused", toy_cache))).path("grm")
     return path, load_hf(path), load_tokenizer(path)
 
 
@@ -138,8 +139,8 @@ def test_the_main_job_with_the_served_judge_gives_the_in_process_series(tmp_path
     runs = {}
     for engine in ("jax", "openai"):
         loaded.clear()
-        workdir = run(tiny_config("scr", tmp_path / engine, toy_cache, **common, **{
-            "inference.engine": engine, **({"inference.url": url} if engine == "openai" else {})}))
+        workdir = run(validate(tiny_config("scr", tmp_path / engine, toy_cache, **common, **{
+            "inference.engine": engine, **({"inference.url": url} if engine == "openai" else {})})))
         runs[engine] = (read_metrics(workdir), list(loaded))
     (here, here_loaded), (there, there_loaded) = runs["jax"], runs["openai"]
     assert grm[0] in here_loaded and grm[0] not in there_loaded
@@ -347,7 +348,7 @@ def test_a_run_stops_when_its_judge_server_dies_and_resumes_to_the_uninterrupted
         "steps": 6, "checkpoint.save_every": 1, "reward.judge.max_new_tokens": 48, "inference.retries": 1,
         "inference.timeout_s": 30.0})
     with serving(app()) as url:
-        straight = read_metrics(run(config(tmp_path / "straight", url)))
+        straight = read_metrics(run(validate(config(tmp_path / "straight", url))))
 
     dying = KillAfter(app(), 1 + 2 * 48)
     sock = bind("127.0.0.1", 0)
@@ -358,7 +359,7 @@ def test_a_run_stops_when_its_judge_server_dies_and_resumes_to_the_uninterrupted
     wait_for(lambda: dying.server.started, "the server never started")
     url, workdir = f"http://127.0.0.1:{port}", tmp_path / "killed"
     with pytest.raises(Diverged) as e:
-        run(config(workdir, url))
+        run(validate(config(workdir, url)))
     thread.join(timeout=60)
     assert str(e.value).startswith(f"step 3: the judge server {url} left 48 of 48 requests of the step's judging "
                                    "unanswered (")
@@ -366,5 +367,5 @@ def test_a_run_stops_when_its_judge_server_dies_and_resumes_to_the_uninterrupted
     assert sorted(read_metrics(workdir)) == [0, 1, 2, 3]  # step 3 logged, not saved
     assert (workdir / "checkpoints" / "2").is_dir() and not (workdir / "checkpoints" / "3").exists()
     with serving(app(), port=port):
-        run(config(workdir, url))
+        run(validate(config(workdir, url)))
     assert_same_metrics(straight, read_metrics(workdir))

@@ -6,8 +6,9 @@ import json
 import numpy as np
 import pytest
 
+from rrc_jax.config import validate
 from rrc_jax.data.toy import Annotator, SortTask, is_held_out, oracle_quality, parse_digits, toy_judgment
-from rrc_jax.data.toy.world import ToyWorldConfig, WorldSettings, build_world, load_world, packaged_world
+from rrc_jax.data.toy.world import WorldSettings, build_world, load_world, packaged_world
 from rrc_jax.judge.verdicts import parse_verdict
 
 
@@ -48,7 +49,7 @@ def test_a_world_is_trained_once_and_reused(tmp_path):
     from conftest import tiny_config
 
     config = tiny_config("agr", "unused", tmp_path, **{f"toy.{role}_steps": 3 for role in ("policy", "grm", "drm")})
-    settings = ToyWorldConfig.from_config(config).settings()
+    settings = validate(config).toy.settings()
     assert packaged_world(settings) is None and settings.grm.steps == 3
     world = build_world(settings, tmp_path)
     stamp = (world.grm / "model.safetensors").stat().st_mtime_ns
@@ -147,7 +148,7 @@ def test_pointwise_judge_is_cached_apart_from_the_world(toy_cache):
     from conftest import tiny_config
     from rrc_jax.data.toy.world import build_pointwise
 
-    toy = ToyWorldConfig.from_config(tiny_config("irpo", "unused", toy_cache))
+    toy = validate(tiny_config("irpo", "unused", toy_cache, **{"data.format": "pairs"})).toy
     settings, spec = toy.settings(), toy.build.spec("pointwise")
     path = build_pointwise(settings, spec, toy_cache)
     stamp = (path / "model.safetensors").stat().st_mtime_ns

@@ -46,7 +46,7 @@ def finished(tmp_path_factory, toy_cache):
 
     def get(kind):
         if kind not in done:
-            done[kind] = Path(run(tiny_config(kind, tmp_path_factory.mktemp(kind), toy_cache, **EXTRA[kind])))
+            done[kind] = Path(run(validate(tiny_config(kind, tmp_path_factory.mktemp(kind), toy_cache, **EXTRA[kind]))))
         return done[kind]
 
     return get
@@ -94,7 +94,7 @@ def test_config_validation_errors():
                                 ("rl.loss_aggregation", "sum", "rl.loss_aggregation"),
                                 ("rl.micro_batch_size", 5, "rl.micro_batch_size"), ("rl.top_p", 0.0, "rl.top_p"),
                                 ("reward.prc.reference", "frozen", "reward.prc.reference"),
-                                ("reward.scr.tournament", "swiss", "reward.scr.tournament"),
+                                ("reward.scr.ordering", "swiss", "reward.scr.ordering"),
                                 ("rl.learning_rate", -1.0, "rl.learning_rate: -1.0 must be > 0"),
                                 ("rl.grad_clip", -1.0, "rl.grad_clip"), ("rl.eps_high", -0.1, "rl.eps_high"),
                                 ("rl.eps_low", 1.0, "rl.eps_low"), ("reward.agr.alpha", 0.0, "reward.agr.alpha"),
@@ -113,7 +113,7 @@ def test_config_validation_errors():
         with pytest.raises(ConfigError, match=match):
             validate(c)
     c = base_config("scr")
-    c.reward.scr.cara, c.reward.scr.tournament = True, "knockout"
+    c.reward.scr.cara, c.reward.scr.ordering = True, "knockout"
     with pytest.raises(ConfigError, match="reward.scr.cara"):
         validate(c)
     c = base_config("pointwise")  # the judged win rate asks pairwise questions
@@ -219,7 +219,7 @@ def test_nan_update_is_skipped_and_counted(tmp_path, toy_cache, monkeypatch):
         return np.full_like(adv, np.nan) if len(calls) == 2 else adv
 
     monkeypatch.setattr(trainer_lib, "group_advantages", poisoned)
-    rows = read_metrics(run(tiny_config("drm", tmp_path, toy_cache)))
+    rows = read_metrics(run(validate(tiny_config("drm", tmp_path, toy_cache))))
     updates = 4 * 4 // 8
     assert rows[1]["skipped_updates"] == 0
     assert rows[2]["skipped_updates"] == updates and rows[2]["loss"] is None  # NaN is written as null
@@ -278,7 +278,7 @@ def test_an_abstaining_judge_raises_the_alarms_and_metrics_stay_strict_json(tmp_
     from rrc_jax.judge import judge as judge_lib
 
     monkeypatch.setattr(judge_lib, "parse_verdict", lambda text: None)
-    workdir = run(tiny_config("scr", tmp_path, toy_cache, **{"log.flat_alarm_steps": 2}))
+    workdir = run(validate(tiny_config("scr", tmp_path, toy_cache, **{"log.flat_alarm_steps": 2})))
     err = capsys.readouterr().err
     assert err.count("warning: step 1: the judge abstained on 100% of its") == 1
     assert err.count("warning: every group's reward was flat for 2 steps in a row") == 1
@@ -316,9 +316,9 @@ def test_rollout_logprobs_are_at_the_sampling_temperature(tmp_path, toy_cache, m
     seen, objectives = [], []
     real_objective = trainer_lib.grpo_objective
     monkeypatch.setattr(trainer_lib, "grpo_objective", lambda **kw: objectives.append(kw) or real_objective(**kw))
-    trainer = Trainer(tiny_config("drm", tmp_path, toy_cache, **{"rl.temperature": 0.6, "rl.beta": 0.1,
+    trainer = Trainer(validate(tiny_config("drm", tmp_path, toy_cache, **{"rl.temperature": 0.6, "rl.beta": 0.1,
                                                                "rl.loss_aggregation": "seq_mean_token_sum_norm",
-                                                               "rl.minibatch_size": 4}))  # 2 updates: old_logp
+                                                               "rl.minibatch_size": 4})))  # 2 updates: old_logp
     assert objectives == [dict(temperature=0.6, eps_low=0.2, eps_high=0.2, beta=0.1,
                                aggregation="seq_mean_token_sum_norm", max_len=8, chunk_size=128, remat=False,
                                loss="grpo")]
@@ -341,13 +341,13 @@ def test_init_from_sets_the_policy_and_the_reference(tmp_path, toy_cache, finish
     first = finished("drm")
     config = tiny_config("drm", tmp_path / "second", toy_cache, init_from=str(first / "checkpoints"),
                          **{"rl.beta": 0.1})
-    trainer = Trainer(config)
+    trainer = Trainer(validate(config))
     pure = lambda m: nnx.to_pure_dict(nnx.state(m, nnx.Param))
     trained = load_hf(first / "hf_export")  # the first run's final policy = its last checkpoint
     for model in (trainer.policy, trainer.roles.model("reference")):
         for a, b in zip(jax_leaves(pure(model)), jax_leaves(pure(trained))):
             np.testing.assert_array_equal(a, b)
-    fresh = Trainer(tiny_config("drm", tmp_path / "third", toy_cache, **{"rl.beta": 0.1}))
+    fresh = Trainer(validate(tiny_config("drm", tmp_path / "third", toy_cache, **{"rl.beta": 0.1})))
     assert any(not np.array_equal(a, b) for a, b in zip(jax_leaves(pure(fresh.roles.model("reference"))),
                                                          jax_leaves(pure(trained))))
 
@@ -372,7 +372,7 @@ def test_only_the_roles_a_run_needs_are_built(tmp_path):
     config = tiny_config("agr", tmp_path / "w", cache, steps=1, **{
         "models.policy": str(ckpt), "models.grm": str(ckpt), "data.path": str(data), "eval.every": 0,
         "toy.train_prompts": 0})
-    trainer = Trainer(config)
+    trainer = Trainer(validate(config))
     trainer.run()
     assert sorted(trainer.roles.loaded) == ["grm", "policy", "reference"]  # reference: AGR's anchors
     assert list(cache.iterdir()) == []
@@ -388,8 +388,8 @@ def test_bfloat16_roles_keep_float32_master_weights_for_the_policy(tmp_path):
 
     ckpt = tmp_path / "ckpt"
     make_hf_model("llama3_tied", seed=2).save_pretrained(ckpt)
-    roles = Roles.from_config(tiny_config("agr", tmp_path / "w", tmp_path / "cache", **{
-        "models.policy": str(ckpt), "models.grm": str(ckpt), "models.dtype": "bfloat16"}))
+    roles = Roles.of_run(validate(tiny_config("agr", tmp_path / "w", tmp_path / "cache", **{
+        "models.policy": str(ckpt), "models.grm": str(ckpt), "models.dtype": "bfloat16"})))
     dtypes = {role: {str(x.dtype) for x in jax.tree.leaves(nnx.state(roles.model(role), nnx.Param))}
               for role in ("policy", "reference", "grm")}
     assert dtypes == {"policy": {"float32"}, "grm": {"bfloat16"}, "reference": {"bfloat16"}}
@@ -403,7 +403,7 @@ def test_anchors_are_stored_and_reused(toy_cache, finished):
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 64 and all(len(r["anchors"]) == 2 for r in rows)
     stamp = path.stat().st_mtime_ns
-    trainer = Trainer(config)
+    trainer = Trainer(validate(config))
     assert path.stat().st_mtime_ns == stamp and "reference" not in trainer.roles.loaded  # read, not regenerated
     assert trainer.reward.store.anchors == load_anchors(path, [r["id"] for r in rows],
                                                            [r["prompt"] for r in rows], 2)
@@ -426,7 +426,7 @@ def test_hf_export_matches_the_trained_policy(tmp_path, toy_cache, finished):
     from rrc_jax.checkpoint import Checkpointer
 
     workdir = finished("drm")
-    policy = Trainer(tiny_config("drm", tmp_path, toy_cache)).policy
+    policy = Trainer(validate(tiny_config("drm", tmp_path, toy_cache))).policy
     assert Checkpointer(workdir / "checkpoints").restore_params(policy) == 2
     ids = jnp.asarray(np.random.default_rng(0).integers(3, policy.cfg.vocab_size, (3, 12)))
     ours = np.asarray(policy(ids))
@@ -444,7 +444,7 @@ def test_resume_after_sigkill_gives_identical_metrics(tmp_path, toy_cache):
     every step once: each restart drops the lines logged after the checkpoint it resumes (and takes over the lock
     its killed predecessor left)."""
     overrides = {"steps": 4, "checkpoint.save_every": 2, "eval.every": 2}
-    straight = run(tiny_config("agr", tmp_path / "straight", toy_cache, **overrides))  # also builds the toy world
+    straight = run(validate(tiny_config("agr", tmp_path / "straight", toy_cache, **overrides)))  # also builds the toy world
     killed = tmp_path / "killed"
     cmd = cli_args(killed, toy_cache, **overrides)
     metrics = killed / "metrics.jsonl"
@@ -482,7 +482,7 @@ def test_resume_after_sigkill_gives_identical_metrics(tmp_path, toy_cache):
                          ids=["ctrl_c", "sigterm"])  # one handler for both (checkpoint.StopSignals)
 def test_interrupt_saves_a_checkpoint_and_exits_cleanly(tmp_path, toy_cache, signum):
     """Ctrl-C, or SIGTERM (a preempted Cloud TPU VM), during a step: that step's checkpoint, exit 128 + signal."""
-    Trainer(tiny_config("drm", tmp_path / "warm", toy_cache))  # toy world ready
+    Trainer(validate(tiny_config("drm", tmp_path / "warm", toy_cache)))  # toy world ready
     workdir = tmp_path / "run"
     cmd = cli_args(workdir, toy_cache, kind="drm", **{"steps": 50, "checkpoint.save_every": 0, "eval.every": 0})
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO)
@@ -510,7 +510,7 @@ def test_prompts_from_files_folders_and_conversations(tmp_path, toy_cache, capsy
 
     import datasets
 
-    from rrc_jax.data.prompts import PromptSource, load_prompts, prompt_tokens
+    from rrc_jax.data.prompts import load_prompts, prompt_tokens
     from rrc_jax.data.toy import SortTask
     from rrc_jax.models.char_tokenizer import make_char_tokenizer
 
@@ -524,21 +524,21 @@ def test_prompts_from_files_folders_and_conversations(tmp_path, toy_cache, capsy
     with gzip.open(held, "wt") as f:
         f.write("".join(json.dumps({"prompt": t}) + "\n" for t in texts[40:]))
     config = tiny_config("drm", tmp_path / "w", toy_cache, **{"data.path": str(csv), "data.eval_path": str(held)})
-    metrics = read_metrics(run(config))
+    metrics = read_metrics(run(validate(config)))
     assert "reward/mean" in metrics[2] and "oracle_quality" not in metrics[2]  # no oracle for file prompts
     assert metrics[0]["data/dropped_long"] == 1 and metrics[0]["data/unusable_dropped"] == 1
     assert "data: 41 training rows from" in capsys.readouterr().err
-    train, ev = load_prompts(PromptSource.from_config(config))  # no length limit
+    train, ev = load_prompts(validate(config).prompts)  # no length limit
     assert train.texts == texts[:40] + [long] and ev.texts == texts[40:] and not set(train.ids) & set(ev.ids)
 
     folder = tmp_path / "saved"
     datasets.Dataset.from_dict({"prompt": texts}).save_to_disk(str(folder))
     config.data.path, config.data.eval_path = str(folder), ""
-    train, ev = load_prompts(PromptSource.from_config(config))
+    train, ev = load_prompts(validate(config).prompts)
     assert train.texts + ev.texts == texts and len(ev.texts) == 4
     assert "held out: 4, the last 4 rows of" in capsys.readouterr().err
     config.data.eval_prompts = 0  # no held-out split
-    train, ev = load_prompts(PromptSource.from_config(config))
+    train, ev = load_prompts(validate(config).prompts)
     assert train.texts == texts and ev.texts == [] and "held out: 0, none" in capsys.readouterr().err
 
     chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "3 1 2"},
@@ -548,7 +548,7 @@ def test_prompts_from_files_folders_and_conversations(tmp_path, toy_cache, capsy
     chats = tmp_path / "chats.jsonl"
     chats.write_text("".join(json.dumps(r) + "\n" for r in rows * 5))
     config.data.path = str(chats)
-    train, _ = load_prompts(PromptSource.from_config(config))
+    train, _ = load_prompts(validate(config).prompts)
     assert len(train.texts) == 10  # the empty prompt and the conversation without a final user turn are dropped
     judge_view = "System: be brief\n\nUser: 3 1 2\n\nAssistant: 1 2 3\n\nUser: 2 1"
     assert train.texts[:2] == [judge_view, "9 8"]
@@ -560,7 +560,7 @@ def test_prompts_from_files_folders_and_conversations(tmp_path, toy_cache, capsy
     assert tok.decode(prompt_tokens(tok, train, "9 8")) == "<user>9 8\n<assistant>"
     config.data.field = "question"
     with pytest.raises(ConfigError, match="config.data.field: .* has no field 'question'"):
-        load_prompts(PromptSource.from_config(config))
+        load_prompts(validate(config).prompts)
 
 
 def test_anchor_refresh_regenerates_from_the_policy(tmp_path, toy_cache, finished):
@@ -568,7 +568,7 @@ def test_anchor_refresh_regenerates_from_the_policy(tmp_path, toy_cache, finishe
     samples of the current policy, written to their own versioned file (the reference's file is left as it was)."""
     fixed = finished("agr")
     refreshed = tmp_path / "refreshed"
-    rows = read_metrics(run(tiny_config("agr", refreshed, toy_cache, **{"reward.agr.refresh_every": 1})))
+    rows = read_metrics(run(validate(tiny_config("agr", refreshed, toy_cache, **{"reward.agr.refresh_every": 1}))))
     assert np.isfinite(rows[2]["reward/mean"])
     a = (fixed / "anchors.jsonl").read_text().splitlines()
     assert (refreshed / "anchors.jsonl").read_text().splitlines() == a  # the same reference, the same seed
@@ -628,11 +628,11 @@ def test_resume_refuses_a_changed_config_and_a_diverging_run_stops_before_saving
     config = tiny_config("drm", workdir, toy_cache, **{"rl.group_size": 8, "steps": 3})
     with pytest.raises(ConfigError, match=r"holds a checkpoint trained under another config; changed: "
                                           r"rl.group_size: 4 -> 8\. .*--config.resume.allow_changes=True"):
-        run(config)
+        run(validate(config))
     config = tiny_config("drm", workdir, toy_cache, **{"rl.learning_rate": 1e30, "steps": 3,
                                                         "resume.allow_changes": True})
     with pytest.raises(Diverged, match="step 3: the policy"):
-        run(config)
+        run(validate(config))
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
     assert not (workdir / "hf_export").exists()
     assert json.loads((workdir / "config.v1.json").read_text())["rl"]["learning_rate"] == 2e-4

@@ -1,5 +1,5 @@
 """SCR (the RRC paper's Algorithm 1): win counting in a round robin over each GRPO group, or CARA's Kemeny order
-(Eq. 19-21), or (beyond the paper) an adaptive tournament's order."""
+(Eq. 19-21), or (beyond the paper) an adaptive ordering (merge sort, knockout)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import numpy as np
 
 from rrc_jax.constructions.base import RewardResult
 from rrc_jax.constructions.judged import JudgeConstruction
-from rrc_jax.judge.tournaments import knockout, merge_sort
+from rrc_jax.judge.matches import knockout, merge_sort
 from rrc_jax.rewards import cara_rewards, scr_diagnostics, scr_rewards
 from rrc_jax.rewards.kemeny import CARA_METHODS, MAX_EXACT_GROUP
 from rrc_jax.rewards.win_counts import SCR_TIES
 from rrc_jax.settings import field_error, one_of
 
-TOURNAMENTS = ("round_robin", "merge_sort", "knockout")  # how the group is ordered (`reward.scr.tournament`)
+ORDERINGS = ("round_robin", "merge_sort", "knockout")  # how the group is ordered (`reward.scr.ordering`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,39 +24,39 @@ class SCRSettings:
     ties: str = "zero"  # Eq. 16: a strict majority wins; 'half' gives a tie 0.5
     cara: bool = False  # Kemeny aggregation (Eq. 21)
     cara_method: str = "greedy"  # Algorithm 1's greedy, or 'exact' (m <= 16)
-    tournament: str = "round_robin"  # or 'merge_sort' / 'knockout': adaptive, fewer questions (Eq. 21)
+    ordering: str = "round_robin"  # or 'merge_sort' / 'knockout': adaptive, fewer questions (Eq. 21)
 
     def __post_init__(self):
         one_of("reward.scr", "ties", self.ties, SCR_TIES)
         one_of("reward.scr", "cara_method", self.cara_method, CARA_METHODS)
-        one_of("reward.scr", "tournament", self.tournament, TOURNAMENTS)
-        if self.cara and self.tournament != "round_robin":
-            raise field_error("reward.scr", "cara", f"CARA aggregates a round robin's votes, and tournament="
-                              f"{self.tournament!r} orders the group itself: use one or the other")
+        one_of("reward.scr", "ordering", self.ordering, ORDERINGS)
+        if self.cara and self.ordering != "round_robin":
+            raise field_error("reward.scr", "cara", f"CARA aggregates a round robin's votes, and ordering="
+                              f"{self.ordering!r} orders the group itself: use one or the other")
         if not self.alpha > 0:
             raise field_error("reward.scr", "alpha", f"{self.alpha} must be > 0 (the reward per win)")
 
 
 class SCRReward(JudgeConstruction):
-    """SCR (Algorithm 1): every pair of a group judged V times; reward = majority win count x alpha (Eq. 16), or,
-    with `cara`, alpha x the position in the Kemeny-aggregated order (Eq. 21). With `tournament` 'merge_sort' or
-    'knockout' (beyond the paper) the group is ordered by an adaptive tournament instead of a round robin (fewer
-    questions) and rewarded by Eq. 21 on that order."""
+    """SCR (Algorithm 1): every pair of a group judged V times; reward = majority win count x alpha (Eq. 16), or, with
+    `cara`, alpha x the position in the Kemeny-aggregated order (Eq. 21). With `ordering` 'merge_sort' or 'knockout'
+    (beyond the paper) the group is ordered adaptively (a merge sort or a knockout bracket) instead of by a round
+    robin (fewer questions) and rewarded by Eq. 21 on that order."""
 
     kind = "scr"
     Settings = SCRSettings
 
     def __init__(self, judge, seed: int, *, votes: int, swap: bool, alpha: float, ties: str, cara: bool,
-                 cara_method: str, tournament: str = "round_robin", ctx=None, eval_votes: int = 0):
+                 cara_method: str, ordering: str = "round_robin", ctx=None, eval_votes: int = 0):
         super().__init__(judge, seed, ctx=ctx, eval_votes=eval_votes)
-        one_of("reward.scr", "tournament", tournament, TOURNAMENTS)
+        one_of("reward.scr", "ordering", ordering, ORDERINGS)
         self.votes, self.swap, self.alpha, self.ties, self.cara, self.cara_method = (
             votes, swap, alpha, ties, cara, cara_method)
-        self.tournament = tournament
+        self.ordering = ordering
 
     @classmethod
     def questions_per_prompt(cls, s) -> int:
-        """A round robin's m(m-1)/2 pairs x V (the adaptive tournaments ask fewer; this is their bound's order)."""
+        """A round robin's m(m-1)/2 pairs x V (the adaptive orderings ask fewer; this is their bound's order)."""
         m = s.rollout.group_size
         return m * (m - 1) // 2 * s.judge.votes
 
@@ -75,26 +75,26 @@ class SCRReward(JudgeConstruction):
     def from_settings(cls, s, ctx) -> SCRReward:
         own, j = s.reward_settings, s.judge
         return cls(**cls.judge_kwargs(s, ctx), votes=j.votes, swap=j.swap, alpha=own.alpha, ties=own.ties,
-                   cara=own.cara, cara_method=own.cara_method, tournament=own.tournament)
+                   cara=own.cara, cara_method=own.cara_method, ordering=own.ordering)
 
     @classmethod
     def of_groups(cls, judge, *, votes: int, swap: bool, settings: SCRSettings):
         return lambda prompts, responses, columns: scr_result(
             judge, prompts, responses, votes=votes, swap=swap, alpha=settings.alpha, ties=settings.ties,
-            cara=settings.cara, cara_method=settings.cara_method, tournament=settings.tournament)
+            cara=settings.cara, cara_method=settings.cara_method, ordering=settings.ordering)
 
     def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
         return scr_result(self.judge, prompts, responses, votes=self.votes, swap=self.swap, alpha=self.alpha,
-                          ties=self.ties, cara=self.cara, cara_method=self.cara_method, tournament=self.tournament)
+                          ties=self.ties, cara=self.cara, cara_method=self.cara_method, ordering=self.ordering)
 
 
 def scr_result(judge, prompts, responses, *, votes: int, swap: bool, alpha: float = SCRSettings.alpha,
                ties: str = SCRSettings.ties, cara: bool = False, cara_method: str = SCRSettings.cara_method,
-               tournament: str = "round_robin") -> RewardResult:
+               ordering: str = "round_robin") -> RewardResult:
     """SCR's rewards `[B, m]` for B `prompts` and their groups of m `responses` (`SCRReward`; also what the trainer
     integrations call, `SCRReward.of_groups`)."""
-    if tournament != "round_robin":
-        play = merge_sort if tournament == "merge_sort" else knockout
+    if ordering != "round_robin":
+        play = merge_sort if ordering == "merge_sort" else knockout
         t = play(judge, prompts, responses, votes=votes, swap=swap)
         return RewardResult((alpha * t.rewards).astype(np.float32), {"judge/comparisons": float(t.queries.mean())})
     counts = judge.round_robin(prompts, responses, votes=votes, swap=swap)

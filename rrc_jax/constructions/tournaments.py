@@ -21,7 +21,7 @@ import numpy as np
 from rrc_jax.constructions.base import RewardResult
 from rrc_jax.constructions.drm import DRMReward
 from rrc_jax.constructions.judged import JudgeConstruction
-from rrc_jax.judge.tournaments import play
+from rrc_jax.judge.matches import play
 from rrc_jax.rewards.tournament_rules import Circular, DoubleElimination, SeededKnockout, Swiss, rank_rewards
 from rrc_jax.settings import at_least, field_error, one_of
 

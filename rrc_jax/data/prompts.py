@@ -42,7 +42,6 @@ from absl import logging
 from rrc_jax.data.sources import read_rows
 from rrc_jax.data.toy.task import ToyTaskConfig
 from rrc_jax.errors import ConfigError
-from rrc_jax.settings import parse
 
 MIN_SPLIT_ROWS = 10  # a training file split into train + held-out needs this many usable rows
 MAX_LISTED = 5  # rows (lines) named in a log line about dropped ones
@@ -81,11 +80,6 @@ class PromptSource:
     toy: ToyTaskConfig
     template: str
     seed: int
-
-    @classmethod
-    def from_config(cls, config) -> PromptSource:
-        return cls(parse(DataConfig, config), parse(ToyTaskConfig, config), config.reward.judge.template,
-                   config.seed)
 
 
 def _no_counts() -> dict[str, int]:

@@ -42,7 +42,7 @@ from rrc_jax import distributed
 from rrc_jax.models.batches import agreed_chunks, bucket_length, length_bucket, pad_sequences, round_up
 from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix
 from rrc_jax.models import stop_tokens
-from rrc_jax.inference.sampling import decode, extend, generate, prefill
+from rrc_jax.inference.kernels import decode, extend, generate, prefill
 from rrc_jax.models.decoder import Decoder
 from rrc_jax.models.kv_cache import ATTENTION_BLOCK, KVCache
 from rrc_jax.inference.rollout_copy import RolloutCopy

@@ -8,8 +8,8 @@ a kind of the registry (`rrc_jax.constructions.registry.group_kinds`) with its o
 its `Construction.of_groups`:
 
 * `scr`: win counts of a round robin in the group, alpha x wins (the RRC paper, Eq. 16, Algorithm 1); `cara=True`:
-  the group's greedy Kemeny order from those votes, alpha x position (Eq. 19-21); `tournament='merge_sort'` or
-  `'knockout'`: an adaptive tournament's order;
+  the group's greedy Kemeny order from those votes, alpha x position (Eq. 19-21); `ordering='merge_sort'` or
+  `'knockout'`: an adaptive ordering's;
 * `agr`: anchors beaten, alpha x wins (Eq. 22, Algorithm 2): each prompt's anchors (reference responses) come in a
   dataset column (`anchors_column`, a list of n strings per row);
 * `prc`: the judge's P(A) against a reference response o_ref (Eq. 5), from a dataset column (`reference_column`);

@@ -36,7 +36,7 @@ def judge_pair() -> None:
     from rrc_jax.judge import get_template
     from rrc_jax.judge.templates import question_length
     from rrc_jax.progress import say
-    from rrc_jax.rm.evaluation import abstention_causes, fitted_judge
+    from rrc_jax.rm.accuracy import abstention_causes, fitted_judge
 
     if _VOTES.value < 1:
         raise ConfigError(f"--votes={_VOTES.value}: the pair needs at least one judgment; give --votes=1 or more")

@@ -24,7 +24,7 @@ through `lora.weight` (qwix's dequantization, one layer at a time inside the sca
 Padding can sit anywhere. Positions derive from the attention mask (`cumsum(mask) - 1`), so left- and
 right-padded batches give the same logits at their real tokens. For generation the model reads and writes a
 `KVCache` whose per-slot validity mask lets a prefix prefilled once be extended by many suffixes
-(see `rrc_jax.inference.sampling`).
+(see `rrc_jax.inference.kernels`).
 
 Its pieces, one module each: the architecture (`rrc_jax.models.decoder_config`), RoPE (`rope`), the KV cache
 (`kv_cache`), the attention kernels (`attention`) and a layer (`block`); this module embeds, scans the layers in
@@ -278,7 +278,7 @@ class Decoder(nnx.Module):
 
         Returns the updated cache whose `logits` are the next-token logits after each row's last real token
         (unchanged for a row with no real token in this chunk). The caller keeps `end + T <= cache.size`
-        (`rrc_jax.inference.sampling` checks it with a clear error).
+        (`rrc_jax.inference.kernels` checks it with a clear error).
         """
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, bool)

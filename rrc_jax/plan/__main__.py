@@ -15,8 +15,7 @@ def _main(argv) -> None:
     config = cli.config_value(_CONFIG, argv, "agr.py")
 
     def run():
-        validate(config)
-        print(report(config, _TOPOLOGY.value))
+        print(report(validate(config), _TOPOLOGY.value))
 
     cli.exit_on_user_error(run)
 

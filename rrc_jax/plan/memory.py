@@ -8,9 +8,6 @@ import dataclasses
 import re
 
 from rrc_jax.models.kv_cache import ring_size
-from rrc_jax.models.lora import LoraConfig
-from rrc_jax.config import validate
-from rrc_jax.settings import parse
 from rrc_jax.plan.hardware import split_size, GiB, HEADROOM, resolve_mesh, Topology, topology
 from rrc_jax.plan.shapes import (itemsize, lora_param_bytes, model_config, param_bytes, param_count, param_shapes,
                                  shard_size)
@@ -252,53 +249,47 @@ class Plan:
         return not self.problems and self.peak_bytes <= self.budget_bytes
 
 
-def _reward_roles(config) -> frozenset[str]:
-    return validate(config).reward_roles
-
-
-def roles(config) -> dict[str, str]:
+def roles(s) -> dict[str, str]:
     """The roles a run loads -> their model names: the policy, the reference for the KL (`rl.beta > 0`) and
     whatever the reward construction declares (`Construction.roles`); under LoRA the reference is the policy's own
     base (`rrc_jax.rl.roles.Roles.shares_base`), not a model of its own, unless `models.reference` names one."""
-    m, needs = config.models, _reward_roles(config)
+    m, needs = s.models, s.reward_roles
     out = {"policy": m.policy}
-    shares = config.policy.lora.rank > 0 and not m.reference  # LoRA: the policy's base with its initial adapters
-    if (config.rl.beta > 0 or "reference" in needs) and not shares:
+    shares = s.lora.enabled and not m.reference  # LoRA: the policy's base with its initial adapters
+    if (s.grpo.beta > 0 or "reference" in needs) and not shares:
         out["reference"] = m.reference or m.policy
-    out.update({role: m[role] for role in ("grm", "drm") if role in needs})
+    out.update({role: getattr(m, role) for role in ("grm", "drm") if role in needs})
     return out
 
 
-def template_tokens(config) -> tuple[int, int]:
+def template_tokens(s) -> tuple[int, int]:
     """Estimated tokens of the judge template's fixed text: (instruction + context, item), chat format included."""
     from rrc_jax.judge.templates import get_template
 
-    t = get_template(config.reward.judge.template)
-    toy = config.models.grm == "toy"
+    t = get_template(s.judge.template)
+    toy = s.models.grm == "toy"
     rate = 1 if toy else CHARS_PER_TOKEN
     fixed = lambda text: len(re.sub(r"\{(prompt|a|b|response)\}", "", text or ""))
     prefix = -(-(fixed(t.system) + fixed(t.context)) // rate) + (0 if toy else CHAT_FORMAT_TOKENS)
     return prefix, -(-fixed(t.item) // rate)
 
 
-def _policy_rollouts(config, cfg, shape, dtype, layout: str) -> list[Row]:
+def _policy_rollouts(s, cfg, shape, dtype, layout: str) -> list[Row]:
     """The rollout phase on mesh `shape` in `layout`: the policy sampler's caches (a step's groups or the held-out
     greedy generation, the larger), its transients and, sampling from the training layout, the weights its decode
     loop gathers."""
     from rrc_jax.models.batches import bucket_length, round_up
-    from rrc_jax.inference.sampling import PREFILL_CHUNK
+    from rrc_jax.inference.kernels import PREFILL_CHUNK
     from rrc_jax.models.kv_cache import ATTENTION_BLOCK
-    from rrc_jax.rl.rollout import RolloutConfig
-    from rrc_jax.settings import parse
 
-    rl = config.rl
+    rl = s.rollout
     n_new = rl.max_new_tokens
-    prompt = min(bucket_length(config.data.max_prompt_tokens), cfg.max_position_embeddings - n_new)
-    max_batch = parse(RolloutConfig, config).max_batch
+    prompt = min(bucket_length(s.prompts.data.max_prompt_tokens), cfg.max_position_embeddings - n_new)
+    max_batch = rl.max_batch
     prompts = min(rl.prompts_per_step, max(1, max_batch // rl.group_size))  # per sampler call
     rows, own = prompts * rl.group_size, round_up(n_new, ATTENTION_BLOCK)
     group = branched_cache_bytes(cfg, prompts, prompt, rl.group_size, own, shape, dtype)
-    eval_rows, eval_slots = min(config.data.eval_prompts, max_batch), round_up(prompt + n_new,
+    eval_rows, eval_slots = min(s.prompts.data.eval_prompts, max_batch), round_up(prompt + n_new,
                                                                                        ATTENTION_BLOCK)
     greedy = kv_cache_bytes(cfg, eval_rows, eval_slots, shape, dtype)  # decoded in place (donated)
     if group >= greedy:
@@ -331,29 +322,28 @@ def judge_chunk(questions: int, prompts: int, max_batch: int) -> tuple[int, int]
     return min(bucket_length(pieces, 1), fit), m
 
 
-def _judging(config, cfg, shape, dtype, layout: str) -> tuple[list[Row], str]:
+def _judging(s, cfg, shape, dtype, layout: str) -> tuple[list[Row], str]:
     """The reward phase of a judge reward on mesh `shape` in `layout`: the call (a step's questions or the judged
     evaluation's) whose caches and transients are the larger; and a note on the estimated question lengths."""
     from rrc_jax.models.batches import length_bucket, round_up
-    from rrc_jax.inference.sampling import PREFILL_CHUNK
+    from rrc_jax.inference.kernels import PREFILL_CHUNK
     from rrc_jax.models.kv_cache import ATTENTION_BLOCK
 
-    r, n_new = config.reward, config.rl.max_new_tokens
-    pre_tokens, item_tokens = template_tokens(config)
-    prefix = length_bucket(config.data.max_prompt_tokens + pre_tokens)
+    judge, n_new, max_prompt = s.judge, s.rollout.max_new_tokens, s.prompts.data.max_prompt_tokens
+    pre_tokens, item_tokens = template_tokens(s)
+    prefix = length_bucket(max_prompt + pre_tokens)
     suffix = length_bucket(2 * n_new + item_tokens)
-    own = round_up(suffix + r.judge.max_new_tokens, ATTENTION_BLOCK)
-    settings = validate(config)
-    load = settings.reward.judge_load(settings)
+    own = round_up(suffix + judge.max_new_tokens, ATTENTION_BLOCK)
+    load = s.reward.judge_load(s)
     best: list[Row] = []
-    for kind, q, prompts in ((r.kind, load.questions, config.rl.prompts_per_step),
-                             ("eval", config.eval.judge_votes, config.data.eval_prompts)):
+    for call, q, prompts in ((s.reward_kind, load.questions, s.rollout.prompts_per_step),
+                             ("eval", s.eval.judge_votes, s.prompts.data.eval_prompts)):
         if not q or not prompts:
             continue
-        p, m = judge_chunk(q, prompts, r.judge.max_batch)
+        p, m = judge_chunk(q, prompts, judge.max_batch)
         rows = p * m
         out = [Row("judge KV cache", "reward", branched_cache_bytes(cfg, p, prefix, m, own, shape, dtype),
-                   f"{kind}: {p} prefixes x {m} rows x {own} slots + {p} shared prefixes (x2 while branching) x "
+                   f"{call}: {p} prefixes x {m} rows x {own} slots + {p} shared prefixes (x2 while branching) x "
                    f"{prefix} slots"),
                Row("judge prefill transients", "reward",
                    max(forward_bytes(cfg, p, min(prefix, PREFILL_CHUNK), shape, dtype, keys=ATTENTION_BLOCK),
@@ -367,61 +357,59 @@ def _judging(config, cfg, shape, dtype, layout: str) -> tuple[list[Row], str]:
                            "one layer at a time, and the LM head"))
         if sum(x.bytes for x in out) > sum(x.bytes for x in best):
             best = out
-    note = (f"judge questions estimated at {config.data.max_prompt_tokens} + {pre_tokens} prefix tokens (prompt + "
-            f"template), 2 x {n_new} + {item_tokens} suffix tokens, {r.judge.max_new_tokens} new tokens; "
+    note = (f"judge questions estimated at {max_prompt} + {pre_tokens} prefix tokens (prompt + "
+            f"template), 2 x {n_new} + {item_tokens} suffix tokens, {judge.max_new_tokens} new tokens; "
             f"{load.questions} questions and up to {load.tokens} judge tokens per prompt of a step")
     return best, note
 
 
-def inference_shape(config, topo: Topology, num_heads: int) -> tuple[int, int, int]:
+def inference_shape(s, topo: Topology, num_heads: int) -> tuple[int, int, int]:
     """The inference layout's mesh `(data, fsdp, tensor)` (`mesh.inference`: `auto`, as
     `rrc_jax.sharding.inference_mesh` makes it, or DATA,FSDP,TENSOR)."""
     from rrc_jax import sharding
 
-    if config.mesh.inference == "auto":
+    if s.mesh.inference == "auto":
         t = sharding.inference_tensor(topo.devices, topo.host_devices, num_heads)
         return topo.devices // t, 1, t
-    return sharding.inference_shape(config.mesh.inference, topo.devices)
+    return sharding.inference_shape(s.mesh.inference, topo.devices)
 
 
-def role_layouts(config, topo: Topology, shape: tuple[int, int, int], cfgs: dict) -> dict:
+def role_layouts(s, topo: Topology, shape: tuple[int, int, int], cfgs: dict) -> dict:
     """Each role's (layout, mesh shape), as `MeshConfig.layout` places it: the policy's master in the training
     layout on `shape`; the reference, GRM and DRM in their `mesh.<role>` layout; `rollout`, the policy's rollout
     copy in the inference layout, unless `rl.share_weights` or one device."""
-    from rrc_jax.settings import parse
-    from rrc_jax.sharding import MeshConfig
-
-    out, layouts = {}, parse(MeshConfig, config)
+    out = {}
     for role, cfg in cfgs.items():
-        kind = layouts.kind(role, topo.devices)
-        out[role] = (kind, shape if kind == "train" else inference_shape(config, topo, cfg.num_heads))
-    if topo.devices > 1 and not config.rl.share_weights:
-        out["rollout"] = ("inference", inference_shape(config, topo, cfgs["policy"].num_heads))
+        kind = s.mesh.kind(role, topo.devices)
+        out[role] = (kind, shape if kind == "train" else inference_shape(s, topo, cfg.num_heads))
+    if topo.devices > 1 and not s.rollout.share_weights:
+        out["rollout"] = ("inference", inference_shape(s, topo, cfgs["policy"].num_heads))
     return out
 
 
-def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = None,
+def plan(s, topo: Topology | str, *, mesh: tuple[int, int, int] | None = None,
          micro_batch_size: int | None = None, remat: bool | None = None) -> Plan:
-    """The memory `Plan` of trainer `config` on `topo` (a `Topology` or its name), on the config's mesh,
-    `rl.micro_batch_size` and `rl.remat` unless `mesh`, `micro_batch_size` or `remat` are given."""
+    """The memory `Plan` of a trainer's settings `s` (`rrc_jax.config.TrainerSettings`) on `topo` (a `Topology` or
+    its name), on the settings' mesh, `rl.micro_batch_size` and `rl.remat` unless `mesh`, `micro_batch_size` or
+    `remat` are given."""
     from rrc_jax.models.batches import bucket_length, length_bucket
 
     topo = topology(topo) if isinstance(topo, str) else topo
-    rl, dtype = config.rl, config.models.dtype
-    shape = mesh or resolve_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, topo.devices)
+    rl, learner, dtype, max_prompt = s.rollout, s.learner, s.models.dtype, s.prompts.data.max_prompt_tokens
+    shape = mesh or resolve_mesh(s.mesh.data, s.mesh.fsdp, s.mesh.tensor, topo.devices)
     data, fsdp, tensor = shape
-    micro = rl.micro_batch_size if micro_batch_size is None else micro_batch_size
-    remat = rl.remat if remat is None else remat
+    micro = learner.micro_batch_size if micro_batch_size is None else micro_batch_size
+    remat = learner.remat if remat is None else remat
     rows, notes, problems = [], [], []
 
-    field = lambda role: "models.policy" if role == "reference" and not config.models.reference else f"models.{role}"
+    field = lambda role: "models.policy" if role == "reference" and not s.models.reference else f"models.{role}"
     cfgs = {role: model_config(name, field=field(role), value_head=role == "drm")
-            for role, name in roles(config).items()}
+            for role, name in roles(s).items()}
     policy = cfgs["policy"]
-    layouts = role_layouts(config, topo, shape, cfgs)
-    lora = parse(LoraConfig, config)
+    layouts = role_layouts(s, topo, shape, cfgs)
+    lora = s.lora
     if lora.enabled:
-        lora.check_rank(policy, config.models.policy)
+        lora.check_rank(policy, s.models.policy)
     size = lambda n: f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
     for role, cfg in cfgs.items():
         stored = "float32" if role == "policy" else dtype
@@ -440,7 +428,7 @@ def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = No
         if cfg.num_kv_heads % where[2]:
             notes.append(f"{role}: tensor={where[2]} does not divide its {cfg.num_kv_heads} kv heads: they are "
                          "replicated over tensor (their weights, KV caches and attention)")
-    if lora.enabled and not config.models.reference and (config.rl.beta > 0 or "reference" in _reward_roles(config)):
+    if lora.enabled and not s.models.reference and (s.grpo.beta > 0 or "reference" in s.reward_roles):
         notes.append("reference: the policy's frozen base with its initial adapters (LoRA): no second copy")
     if "rollout" in layouts:
         kind, where = layouts["rollout"]
@@ -467,39 +455,40 @@ def plan(config, topo: Topology | str, *, mesh: tuple[int, int, int] | None = No
     if problems:  # the run would not start: no phases
         return Plan(topo, shape, micro, remat, tuple(rows), tuple(notes), tuple(problems), layouts)
 
-    rows += _policy_rollouts(config, policy, layouts.get("rollout", layouts["policy"])[1], dtype,
+    rows += _policy_rollouts(s, policy, layouts.get("rollout", layouts["policy"])[1], dtype,
                              layouts.get("rollout", layouts["policy"])[0])
     if rl.dynamic_sampling:
         notes.append(f"dynamic sampling: a step draws 1 to rl.max_draws = {rl.max_draws} batches of prompts until "
                      "its groups' rewards differ; rollout and judging below are one draw's")
     if "grm" in cfgs:
-        judged, note = _judging(config, cfgs["grm"], layouts["grm"][1], dtype, layouts["grm"][0])
+        judged, note = _judging(s, cfgs["grm"], layouts["grm"][1], dtype, layouts["grm"][0])
         rows += judged
         notes.append(note)
     if "drm" in cfgs:
-        length = length_bucket(config.data.max_prompt_tokens + rl.max_new_tokens + CHAT_FORMAT_TOKENS)
-        rows.append(Row("DRM forward", "reward", forward_bytes(cfgs["drm"], config.reward.drm.max_batch, length,
-                                                               layouts["drm"][1], dtype),
-                        f"{config.reward.drm.max_batch} rows x {length} tokens, one layer"))
+        length = length_bucket(max_prompt + rl.max_new_tokens + CHAT_FORMAT_TOKENS)
+        drm_batch = s.constructions["drm"].max_batch
+        rows.append(Row("DRM forward", "reward", forward_bytes(cfgs["drm"], drm_batch, length, layouts["drm"][1],
+                                                               dtype),
+                        f"{drm_batch} rows x {length} tokens, one layer"))
 
-    length = bucket_length(config.data.max_prompt_tokens + rl.max_new_tokens)
+    length = bucket_length(max_prompt + rl.max_new_tokens)
     lp_rows = micro or batch
-    scored = [policy] + ([cfgs.get("reference", policy)] if rl.beta > 0 else [])
+    scored = [policy] + ([cfgs.get("reference", policy)] if s.grpo.beta > 0 else [])
     rows.append(Row("log-prob pass", "log-prob", max(forward_bytes(c, lp_rows, length, shape, dtype)
-                                                      + logprob_chunk_bytes(c, lp_rows, rl.logprob_chunk, shape)
+                                                      + logprob_chunk_bytes(c, lp_rows, learner.logprob_chunk, shape)
                                                       for c in scored),
                     f"{lp_rows} rows x {length} tokens, one layer + chunk, no gradients"))
     weights = dtype if lora.enabled else "float32"  # the policy's stored weights: a LoRA base is in `dtype`
     rows.append(Row("gathered LM head", "log-prob", gathered_bytes(policy, weights, shape, lm_head_only=True),
                     "hoisted out of the chunk loop"))
 
-    learn_rows = micro or rl.minibatch_size
-    accumulating = learn_rows < rl.minibatch_size
+    learn_rows = micro or learner.minibatch_size
+    accumulating = learn_rows < learner.minibatch_size
     rows.append(Row("activations", "backward", activation_bytes(policy, learn_rows, length, shape, dtype,
                                                                 remat=remat),
                     f"{learn_rows} rows x {length} tokens{', remat' if remat else ''}"))
-    rows.append(Row("log-prob chunk", "backward", logprob_chunk_bytes(policy, learn_rows, rl.logprob_chunk, shape),
-                    f"{LOGPROB_CHUNK_ARRAYS} x [{learn_rows}, {rl.logprob_chunk}, {policy.vocab_size}] float32"))
+    rows.append(Row("log-prob chunk", "backward", logprob_chunk_bytes(policy, learn_rows, learner.logprob_chunk, shape),
+                    f"{LOGPROB_CHUNK_ARRAYS} x [{learn_rows}, {learner.logprob_chunk}, {policy.vocab_size}] float32"))
     hoisted = shape if not accumulating else (data, 1, tensor)  # the micro-batch scan keeps weights gathered
     if accumulating:
         rows.append(Row("gradient accumulator", "backward", p32, "float32"))

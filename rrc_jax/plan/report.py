@@ -3,7 +3,6 @@ when it does not fit the mesh and micro-batch size that do (`suggest`)."""
 
 from __future__ import annotations
 
-
 from rrc_jax.plan.hardware import GiB, HEADROOM, topology, Topology
 from rrc_jax.plan.memory import PHASES, Plan, plan
 from rrc_jax.plan.step_time import format_times
@@ -15,21 +14,21 @@ def _factorizations(n: int) -> list[tuple[int, int, int]]:
             if (n // t) % d == 0]
 
 
-def _candidates(config, topo: Topology) -> list[Plan]:
+def _candidates(s, topo: Topology) -> list[Plan]:
     """Plans of every `(data, fsdp, tensor)` factorization of the device count, every micro-batch size dividing
     `rl.minibatch_size`, with the config's remat setting and with remat."""
-    mb = config.rl.minibatch_size
-    return [plan(config, topo, mesh=shape, micro_batch_size=micro, remat=remat)
-            for remat in sorted({bool(config.rl.remat), True})
+    mb = s.learner.minibatch_size
+    return [plan(s, topo, mesh=shape, micro_batch_size=micro, remat=remat)
+            for remat in sorted({bool(s.learner.remat), True})
             for shape in _factorizations(topo.devices)
             for micro in range(mb, 0, -1) if mb % micro == 0]
 
 
-def suggest(config, topo: Topology | str) -> Plan | None:
+def suggest(s, topo: Topology | str) -> Plan | None:
     """The plan of a mesh, micro-batch size and remat setting that fit, or None: the first of the fitting
     candidates (`_candidates`) by `_preference`."""
     topo = topology(topo) if isinstance(topo, str) else topo
-    return min((p for p in _candidates(config, topo) if p.fits), key=_preference, default=None)
+    return min((p for p in _candidates(s, topo) if p.fits), key=_preference, default=None)
 
 
 def _preference(p: Plan) -> tuple:
@@ -55,15 +54,15 @@ def format_table(p: Plan) -> str:
     return "\n".join(lines)
 
 
-def report(config, topo: Topology | str) -> str:
-    """`format_table` of the config's plan and, when it does not fit, the suggestion."""
-    p = plan(config, topo)
+def report(s, topo: Topology | str) -> str:
+    """`format_table` of the plan of a trainer's settings `s` and, when it does not fit, the suggestion."""
+    p = plan(s, topo)
     out = format_table(p)
     if not p.problems:
-        out += "\n\n" + format_times(config, p)
+        out += "\n\n" + format_times(s, p)
     if p.fits:
         return out
-    candidates = _candidates(config, p.topology)
+    candidates = _candidates(s, p.topology)
     fitting = [c for c in candidates if c.fits]
     flags = lambda s: (f"--config.mesh.data={s.mesh[0]} --config.mesh.fsdp={s.mesh[1]} --config.mesh.tensor="
                        f"{s.mesh[2]} --config.rl.micro_batch_size={s.micro_batch}"
@@ -71,7 +70,7 @@ def report(config, topo: Topology | str) -> str:
     if not fitting:
         usable = [c for c in candidates if not c.problems]
         low = min(usable, key=lambda c: c.peak_bytes, default=None)
-        bf16 = " or --config.models.dtype=bfloat16" if config.models.dtype == "float32" else ""
+        bf16 = " or --config.models.dtype=bfloat16" if s.models.dtype == "float32" else ""
         return out + (f"\nsuggestion: nothing fits on {p.topology.name} (any mesh, micro-batch size, remat); use more "
                       f"devices, shorter sequences{bf16}" + (
                           f". The smallest peak, {low.peak_bytes / GiB:.2f} GiB ({low.largest_phase}), is with "

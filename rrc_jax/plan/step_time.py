@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from rrc_jax.config import validate
 from rrc_jax.plan.hardware import split_size, GiB, Topology, topology
 from rrc_jax.plan.memory import template_tokens, gather_traffic_bytes, layer_slots, Plan
 from rrc_jax.plan.shapes import itemsize, matmul_params, model_config, param_bytes
@@ -73,13 +72,14 @@ def decode_time(topo: Topology, cfg, dtype: str, shape, layout: str, rows: int, 
     return steps * step, bound
 
 
-def step_times(config, p: Plan) -> list[PhaseTime]:
-    """The roofline seconds of each phase of one step of `config` on plan `p`'s topology and layouts."""
+def step_times(s, p: Plan) -> list[PhaseTime]:
+    """The roofline seconds of each phase of one step of the trainer's settings `s` on plan `p`'s topology and
+    layouts."""
     from rrc_jax.models.batches import bucket_length, length_bucket
 
-    topo, rl, dtype = p.topology, config.rl, config.models.dtype
-    policy = model_config(config.models.policy)
-    prompt = bucket_length(config.data.max_prompt_tokens)
+    topo, rl, learner, dtype = p.topology, s.rollout, s.learner, s.models.dtype
+    policy = model_config(s.models.policy)
+    prompt = bucket_length(s.prompts.data.max_prompt_tokens)
     rows, new = rl.prompts_per_step * rl.group_size, rl.max_new_tokens
     kind, where = p.layouts.get("rollout", p.layouts["policy"])
     stored = dtype if kind == "inference" else "float32"
@@ -89,27 +89,26 @@ def step_times(config, p: Plan) -> list[PhaseTime]:
                                                     prompt, 0),
                      f"{rows} rows x {new} tokens, {kind} layout (data={where[0] * where[1]} tensor={where[2]})")]
     if "grm" in p.layouts:
-        grm, (gkind, gwhere) = model_config(config.models.grm, field="models.grm"), p.layouts["grm"]
-        r = config.reward
-        pre, item = template_tokens(config)
-        prefix, suffix = length_bucket(config.data.max_prompt_tokens + pre), length_bucket(2 * new + item)
-        settings = validate(config)
-        questions = settings.reward.judge_load(settings).questions * rl.prompts_per_step
-        chunks, chunk = -(-questions // r.judge.max_batch), min(questions, r.judge.max_batch)
+        grm, (gkind, gwhere) = model_config(s.models.grm, field="models.grm"), p.layouts["grm"]
+        judge = s.judge
+        pre, item = template_tokens(s)
+        prefix, suffix = length_bucket(s.prompts.data.max_prompt_tokens + pre), length_bucket(2 * new + item)
+        questions = s.reward.judge_load(s).questions * rl.prompts_per_step
+        chunks, chunk = -(-questions // judge.max_batch), min(questions, judge.max_batch)
         prefill = forward_time(topo, grm, dtype, gwhere, gkind, rl.prompts_per_step * prefix + questions * suffix)
-        decode = decode_time(topo, grm, dtype, gwhere, gkind, chunk, r.judge.max_new_tokens,
+        decode = decode_time(topo, grm, dtype, gwhere, gkind, chunk, judge.max_new_tokens,
                              max(1, chunk * rl.prompts_per_step // max(questions, 1)), prefix, suffix)
         out += [PhaseTime("judge prefill", *prefill, f"{rl.prompts_per_step} prefixes x {prefix} + {questions} "
                                                      f"questions x {suffix} tokens"),
                 PhaseTime("judge decode", chunks * decode[0], decode[1],
-                          f"{chunks} chunks of {chunk} questions x {r.judge.max_new_tokens} tokens, {gkind} layout")]
+                          f"{chunks} chunks of {chunk} questions x {judge.max_new_tokens} tokens, {gkind} layout")]
     length, shape = prompt + new, p.mesh
-    passes = int(rl.mu > 1 or rl.minibatch_size < rows) + int(rl.beta > 0)
+    passes = int(learner.mu > 1 or learner.minibatch_size < rows) + int(s.grpo.beta > 0)
     if passes:
         one, bound = forward_time(topo, policy, "float32", shape, "train", rows * length)
         out.append(PhaseTime("log-prob passes", passes * one, bound, f"{passes} x {rows} rows x {length} tokens"))
-    updates = rl.mu * -(-rows // rl.minibatch_size)
-    flops = (8 if p.remat else 6) * matmul_params(policy) * rl.mu * rows * length / topo.devices
+    updates = learner.mu * -(-rows // learner.minibatch_size)
+    flops = (8 if p.remat else 6) * matmul_params(policy) * learner.mu * rows * length / topo.devices
     ici = updates * 3 * gather_traffic_bytes(policy, "float32", shape)  # gather (forward, backward), reduce-scatter
     out.append(PhaseTime("update", *_roofline(topo, flops, updates * 3 * p.rows[0].bytes, ici),
                          f"{updates} updates, {'8' if p.remat else '6'} FLOP per parameter and token"))
@@ -120,10 +119,10 @@ def step_times(config, p: Plan) -> list[PhaseTime]:
     return out
 
 
-def decode_tokens_per_s(config, p: Plan, times: list[PhaseTime]) -> float:
+def decode_tokens_per_s(s, p: Plan, times: list[PhaseTime]) -> float:
     """Rollout tokens a chip decodes per second (its prefill included)."""
     rollout = sum(t.seconds for t in times if t.name.startswith("rollout"))
-    return config.rl.prompts_per_step * config.rl.group_size * config.rl.max_new_tokens / rollout / p.topology.devices
+    return s.rollout.rows * s.rollout.max_new_tokens / rollout / p.topology.devices
 
 
 def jetstream_prediction() -> float:
@@ -136,15 +135,15 @@ def jetstream_prediction() -> float:
     return j["rows"] * j["new"] / (prefill + decode)
 
 
-def format_times(config, p: Plan) -> str:
+def format_times(s, p: Plan) -> str:
     """The step-time breakdown, the rollout's tokens/s per chip and the JetStream anchor."""
-    times = step_times(config, p)
+    times = step_times(s, p)
     total = sum(t.seconds for t in times)
     lines = [f"{'phase (roofline)':<30} {'seconds':>10}  {'bound':<12} detail", "-" * 110]
     lines += [f"{t.name:<30} {t.seconds:>10.2f}  {t.bound:<12} {t.detail}" for t in times]
     lines.append(f"{'step':<30} {total:>10.2f}")
     got = jetstream_prediction()
-    lines.append(f"rollout: {decode_tokens_per_s(config, p, times):,.0f} tokens/s a chip; anchor: JetStream's "
+    lines.append(f"rollout: {decode_tokens_per_s(s, p, times):,.0f} tokens/s a chip; anchor: JetStream's "
                  f"Llama-3-8B bf16 v5e-8 batch 128 (1,024 in / out) predicted {got:,.0f} tokens/s, published "
                  f"{JETSTREAM['tokens_per_s']:,.0f} (ratio {got / JETSTREAM['tokens_per_s']:.2f})")
     return "\n".join(lines)

@@ -1,5 +1,5 @@
 """The rules of the judged tournaments (beyond the paper): who meets whom, round by round, and the standing they
-leave, for one group of m responses. Pure host-side logic: `rrc_jax.judge.tournaments.play` asks the judge each
+leave, for one group of m responses. Pure host-side logic: `rrc_jax.judge.matches.play` asks the judge each
 round's duels of every group in one batched call and feeds the outcomes back.
 
 A rule object has `pairs()` (the next round's duels `(i, j)`, empty when the tournament is over), `record(pairs,

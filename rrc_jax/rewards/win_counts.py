@@ -83,7 +83,7 @@ def _scr_rewards(c: jax.Array, alpha: jax.Array, ties: str) -> jax.Array:
 
 
 def scr_rewards(c, alpha: float = 1.0, ties: str = "half") -> jax.Array:
-    """SCR rewards: each response's majority-vote win count in its group's tournament, times ``alpha`` (Eq. 16).
+    """SCR rewards: each response's majority-vote win count in its group's round robin, times ``alpha`` (Eq. 16).
 
     Args:
       c: ``[batch, group, group]`` non-negative vote counts, ``c[b, i, j]`` = votes for o_i over o_j. The diagonal
@@ -162,7 +162,7 @@ def _scr_diagnostics(c: jax.Array, votes: jax.Array) -> dict[str, jax.Array]:
 
 
 def scr_diagnostics(c, votes: int) -> dict[str, jax.Array]:
-    """Per-group health of an SCR tournament.
+    """Per-group health of an SCR round robin.
 
     Args:
       c: ``[batch, group, group]`` vote counts as for :func:`scr_rewards`.

@@ -22,7 +22,7 @@ from rrc_jax.models.decoder_config import is_sequence_classifier
 from rrc_jax.models.hf_io import decoder_config, read_hf_config
 from rrc_jax.models.lora import LoraConfig, frozen_copy
 from rrc_jax.progress import say
-from rrc_jax.settings import field_error, one_of, parse
+from rrc_jax.settings import field_error, one_of
 from rrc_jax.sharding import ROLES, Layout, MeshConfig
 
 if TYPE_CHECKING:
@@ -77,12 +77,10 @@ class Roles:
         self._toy_paths: dict[str, Path] = {}
 
     @classmethod
-    def from_config(cls, config, mesh=None) -> Roles:
-        """The roles of a trainer config (`models`, `toy`, `init_from`, the layouts of `mesh`)."""
-        from rrc_jax.data.toy.world import ToyWorldConfig
-
-        return cls(parse(ModelsConfig, config), toy=ToyWorldConfig.from_config(config), init_from=config.init_from,
-                   mesh=mesh, layouts=parse(MeshConfig, config), lora=parse(LoraConfig, config))
+    def of_run(cls, s, mesh=None) -> Roles:
+        """The roles of a trainer's settings `s` (`rrc_jax.config.TrainerSettings`: `models`, `toy`, `init_from`,
+        `lora`, the layouts of `mesh`)."""
+        return cls(s.models, toy=s.toy, init_from=s.init_from, mesh=mesh, layouts=s.mesh, lora=s.lora)
 
     def layout(self, role: str, kind: str | None = None) -> Layout:
         """Where `role`'s parameters live (`MeshConfig.layout`: the policy's master in the training layout, a frozen

@@ -17,11 +17,11 @@ One step (`Trainer.step`):
    rewards, advantages and judgments to `workdir/samples/step_N.jsonl` (`rrc_jax.rl.samples`); alarms when the
    step carried no signal (`rrc_jax.rl.alarms`).
 
-The config is parsed once (`config.validate`) into each component's settings (`TrainerSettings`: the rollout, the
-learner, the objective, the guard, the mesh, the prompts, the judge, the reward construction's class); each piece
-goes to the code that reads it. `Trainer.run` adds evaluation (step 0, every `eval.every` steps and the last),
-metrics files, Orbax checkpoints (resumed automatically; Ctrl-C or SIGTERM, how Cloud TPU preempts a VM, saves one
-after the current step and exits), and the Hugging Face export of the final policy.
+The command line's config is parsed once (`rrc_jax.config.validate`) into each component's settings
+(`TrainerSettings`: the rollout, the learner, the objective, the guard, the mesh, the prompts, the judge, the reward
+construction's class); each piece goes to the code that reads it. `Trainer.run` adds evaluation (step 0, every
+`eval.every` steps and the last), metrics files, Orbax checkpoints (resumed automatically; Ctrl-C or SIGTERM, how
+Cloud TPU preempts a VM, saves one after the current step and exits), and the Hugging Face export of the final policy.
 
 On several hosts (`rrc_jax.distributed`) every host runs this loop on its own share of the step: it reads its own
 shard of the prompt indices (grain), tokenizes its own prompts, detokenizes its own rollouts, judges its own groups
@@ -44,17 +44,17 @@ from flax import nnx
 
 from rrc_jax import distributed
 from rrc_jax.checkpoint import Checkpointer, CheckpointWriteError, StopSignals, base_hash
-from rrc_jax.config import TrainerSettings, validate
+from rrc_jax.config import TrainerSettings
 from rrc_jax.constructions import RewardContext, make_construction
 from rrc_jax.data.prompts import PromptSet, check_toy_eval_prompts, load_prompts, prompt_batches, prompt_token_limit
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.factory import make_sampler
-from rrc_jax.workdir import WorkdirLock, check_resume, config_hash, config_json, save_config
+from rrc_jax.workdir import WorkdirLock, check_resume, config_hash, save_config
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import save_hf
 from rrc_jax.models.peft_io import save_adapter
 from rrc_jax.progress import Progress, say
-from rrc_jax.rl.evaluation import held_out_metrics
+from rrc_jax.rl.held_out import held_out_metrics
 from rrc_jax.rl.alarms import Alarms, config_warnings, signal_metrics
 from rrc_jax.rl.fidelity import fidelity_metrics
 from rrc_jax.rl.dynamic_sampling import Draw, fill
@@ -80,12 +80,11 @@ def row_seeds(key: jax.Array, n: int) -> jax.Array:
 
 
 class Trainer:
-    """GRPO on `config` (`rrc_jax.config.base_config`): builds the roles it needs, the policy sampler, the reward
-    construction and the learner. `settings`: the config's `validate`d settings when the caller has them (else
-    parsed here; once either way)."""
+    """GRPO per a trainer config's `settings` (`rrc_jax.config.validate`): builds the roles it needs, the policy
+    sampler, the reward construction and the learner."""
 
-    def __init__(self, config, settings: TrainerSettings | None = None):
-        self.config, self.settings = config, settings or validate(config)
+    def __init__(self, settings: TrainerSettings):
+        self.settings = settings
         self.mesh = self.settings.mesh.make()
         with jax.set_mesh(self.mesh):
             self._build()
@@ -94,8 +93,7 @@ class Trainer:
         s = self.settings
         rollout, learner, grpo = s.rollout, s.learner, s.grpo
         self.workdir = epath.Path(s.workdir).expanduser()
-        self.roles = Roles(s.models, toy=s.toy, init_from=s.init_from, mesh=self.mesh, layouts=s.mesh,
-                           lora=s.lora)
+        self.roles = Roles.of_run(s, self.mesh)
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
         self.sampler = make_sampler("policy", self.policy, self.tokenizer, engine=s.inference,
@@ -239,33 +237,32 @@ class Trainer:
     # -- evaluation --------------------------------------------------------------------------------------
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """The held-out metrics at `step` (`rrc_jax.rl.evaluation.held_out_metrics`)."""
+        """The held-out metrics at `step` (`rrc_jax.rl.held_out.held_out_metrics`)."""
         return held_out_metrics(self.sampler, self.tokenizer, self.eval_prompts, self.reward,
                                 self.settings.rollout.greedy, step)
 
     # -- the loop ----------------------------------------------------------------------------------------
 
     def run(self) -> epath.Path:
-        """Train for `config.steps` steps (resuming from the latest checkpoint in the workdir); returns it."""
+        """Train for `settings.steps` steps (resuming from the latest checkpoint in the workdir); returns it."""
         with jax.set_mesh(self.mesh):
             return self._run()
 
     def _run(self) -> epath.Path:
-        config, workdir = self.config, self.workdir
+        s, workdir = self.settings, self.workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        s = self.settings
         ckpt = Checkpointer(workdir / "checkpoints", save_every=s.checkpoint.save_every, keep=s.checkpoint.keep,
-                            config=config_json(config), config_hash=config_hash(config),
+                            record=s.record, config_hash=config_hash(s.record),
                             model_hash=base_hash(self.policy) if s.lora.enabled else "")
         start = ckpt.resume(self.learner, self.batches)
         if start:
             self.sampler.update_weights(self.learner.params)  # the rollout copy of the restored policy
-        save_config(workdir, config)
+        save_config(workdir, s.record)
         guard = DivergenceGuard(s.guard, s.learner.updates(s.rollout.rows), s.steps, self.policy,
                                 abstain_abort=s.alarms.abstain_abort, abstain_steps=s.alarms.flat_alarm_steps,
                                 server=s.inference.url, max_failed_fraction=s.inference.max_failed_fraction)
         logger = MetricsLogger(workdir, resume_step=start, tensorboard=s.metrics.tensorboard, wandb=s.metrics.wandb,
-                               wandb_project=s.metrics.wandb_project, config=config.to_dict(), name=workdir.name)
+                               wandb_project=s.metrics.wandb_project, record=s.record, name=workdir.name)
         stop = StopSignals()
         try:
             if start == 0:
@@ -317,11 +314,10 @@ def training_prompts(settings: TrainerSettings, roles: Roles) -> tuple[PromptSet
                         questions=settings.reward.questions or "pairwise")
 
 
-def run(config) -> epath.Path:
-    """Train per `config`, holding its workdir against a second trainer and resuming only under
-    the same config (`rrc_jax.workdir`); returns the workdir."""
-    settings = validate(config)
+def run(settings: TrainerSettings) -> epath.Path:
+    """Train per `settings` (`rrc_jax.config.validate`), holding its workdir against a second trainer and resuming
+    only under the same config (`rrc_jax.workdir`); returns the workdir."""
     workdir = epath.Path(settings.workdir).expanduser()
     with WorkdirLock(workdir):
-        check_resume(config, workdir, settings.resume)
-        return Trainer(config, settings).run()
+        check_resume(settings.record, workdir, settings.resume)
+        return Trainer(settings).run()

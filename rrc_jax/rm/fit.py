@@ -1,8 +1,8 @@
 """The supervised training loop of reward models (and of the toy policy): `steps` learner updates on a batch
 iterator, with linear warm-up then cosine decay.
 
-Inside `recording(config, ...)` (what `rrc_jax.train_rm` does, for the toy world's models and the recipes on a
-dataset alike) the loop keeps its run in `config.workdir` as the GRPO trainer keeps its own, with the same pieces:
+Inside `recording(settings, ...)` (what `rrc_jax.train_rm` does, for the toy world's models and the recipes on a
+dataset alike) the loop keeps its run in `settings.workdir` as the GRPO trainer keeps its own, with the same pieces:
 
 - every step's `loss`, the loss's metrics (`accuracy` for Bradley-Terry, `tokens` for SFT), `grad_norm`, `skipped`
   (a non-finite update, not applied), `lr` and `examples_per_second` in `metrics.jsonl`, TensorBoard and, with
@@ -37,16 +37,15 @@ from rrc_jax.models import Decoder
 from rrc_jax.progress import Progress
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer
 from rrc_jax.rm.losses import LOSSES
-from rrc_jax.settings import parse
-from rrc_jax.workdir import ResumeConfig, WorkdirLock, check_resume, config_hash, config_json, save_config
+from rrc_jax.workdir import WorkdirLock, check_resume, config_hash, save_config
 
 
 @dataclasses.dataclass(frozen=True)
 class Recording:
-    """Where and what a `fit` records (module docstring): `config` has `workdir`, `log` and `checkpoint` (an
-    `rrc_jax.config.rm_config`)."""
+    """Where and what a `fit` records (module docstring): `settings` has `workdir`, `metrics`, `checkpoint`,
+    `resume` and the run's `record` (an `rrc_jax.config.RMSettings`)."""
 
-    config: object
+    settings: object
     first: Mapping[str, object] = dataclasses.field(default_factory=dict)
     evaluate: Callable[[Decoder], dict[str, float]] | None = None
 
@@ -55,10 +54,10 @@ _RECORDING: contextvars.ContextVar[Recording | None] = contextvars.ContextVar("r
 
 
 @contextlib.contextmanager
-def recording(config, *, first: Mapping[str, object] | None = None,
+def recording(settings, *, first: Mapping[str, object] | None = None,
               evaluate: Callable[[Decoder], dict[str, float]] | None = None):
-    """`with recording(config, first=..., evaluate=...):` the `fit` inside keeps its run in `config.workdir`."""
-    token = _RECORDING.set(Recording(config, dict(first or {}), evaluate))
+    """`with recording(settings, first=..., evaluate=...):` the `fit` inside keeps its run in `settings.workdir`."""
+    token = _RECORDING.set(Recording(settings, dict(first or {}), evaluate))
     try:
         yield
     finally:
@@ -101,19 +100,20 @@ class _RunFiles:
     `stack`."""
 
     def __init__(self, run: Recording, learner: Learner, data: Replay, stack: contextlib.ExitStack):
-        c = run.config
-        workdir = epath.Path(c.workdir).expanduser()
+        s = run.settings
+        workdir = epath.Path(s.workdir).expanduser()
         workdir.mkdir(parents=True, exist_ok=True)
         self.run, self.learner, self.data = run, learner, data
         stack.enter_context(WorkdirLock(workdir))  # one writer; then resume only under the same config
-        check_resume(c, workdir, parse(ResumeConfig, c))
-        self.ckpt = Checkpointer(workdir / "checkpoints", save_every=c.checkpoint.save_every, keep=c.checkpoint.keep,
-                                 config=config_json(c), config_hash=config_hash(c))
+        check_resume(s.record, workdir, s.resume)
+        self.ckpt = Checkpointer(workdir / "checkpoints", save_every=s.checkpoint.save_every, keep=s.checkpoint.keep,
+                                 record=s.record, config_hash=config_hash(s.record))
         stack.callback(self.ckpt.close)
         self.start = self.ckpt.resume(learner, data)
-        save_config(workdir, c)
-        self.logger = MetricsLogger(workdir, resume_step=self.start, tensorboard=c.log.tensorboard, wandb=c.log.wandb,
-                                    wandb_project=c.log.wandb_project, config=c.to_dict(), name=workdir.name)
+        save_config(workdir, s.record)
+        m = s.metrics
+        self.logger = MetricsLogger(workdir, resume_step=self.start, tensorboard=m.tensorboard, wandb=m.wandb,
+                                    wandb_project=m.wandb_project, record=s.record, name=workdir.name)
         stack.callback(self.logger.close)
         self.stop = StopSignals()
         stack.callback(self.stop.restore)

@@ -8,22 +8,24 @@
   when the checkpoint has none), optionally with the pair's preference strength as margin (`train.margin`) and
   reward centering (`train.center_coef`).
 
-`train_on_preferences(config)` loads the data (`rrc_jax.data.preferences`), holds out `data.eval_path` or a
+`train_on_preferences(settings, mesh)` loads the data (`rrc_jax.data.preferences`), holds out `data.eval_path` or a
 `data.eval_fraction` of its examples (whole RM-Bench rows), drops examples longer than `data.max_tokens`
 (counted), trains for `train.steps` steps, recording the run as `rrc_jax.rm.fit` does (`metrics.jsonl` and
 TensorBoard: the data counts at step 0, every step's losses after, and the held-out evaluation in the last step's
-line: `eval/accuracy`, ... from `rrc_jax.rm.evaluation`, greedy, both A/B orders, also in `workdir/eval.json`;
+line: `eval/accuracy`, ... from `rrc_jax.rm.accuracy`, greedy, both A/B orders, also in `workdir/eval.json`;
 checkpoints, resumed by rerunning the command), and saves `workdir/hf_export` with its tokenizer: the directory
 `train --config.models.grm=...` (or `models.drm`) takes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import jax
 import numpy as np
@@ -36,6 +38,99 @@ from rrc_jax.progress import say
 from rrc_jax.rm.examples import drm_batches, grm_example, scored_ids, sft_batches
 from rrc_jax.rm.fit import fit, recording
 from rrc_jax.rm.losses import bt_loss
+from rrc_jax.settings import at_least, field_error, one_of
+
+
+@dataclasses.dataclass(frozen=True)
+class PreferenceDataConfig:
+    """The preferences a reward model learns from (`data`): "toy", or a file, folder or hub name in `format`
+    (`rrc_jax.data.preferences`: helpsteer3, rmbench, judgebench, pairs). Held out for the final evaluation:
+    `eval_path`, else `eval_fraction` of the rows. Examples longer than `max_tokens` (question + judgment, or
+    prompt + response) are dropped and counted."""
+
+    GROUP: ClassVar[str] = "data"
+    path: str = "toy"
+    format: str = "pairs"
+    split: str = "train"
+    skip_bad_rows: bool = False
+    min_strength: int = 0
+    limit: int = 0  # rows of the file read; 0 = all
+    eval_path: str = ""
+    eval_fraction: float = 0.05
+    max_tokens: int = 2048
+
+    def __post_init__(self):
+        if not 0 <= self.eval_fraction < 1:
+            raise field_error("data", "eval_fraction", f"{self.eval_fraction} must be in [0, 1)")
+        at_least("data", "max_tokens", self.max_tokens, 1)
+        at_least("data", "limit", self.limit, 0, "0 = every row")
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyPairsConfig:
+    """The toy world's preference pairs (`toy`, with `data.path = "toy"`): the task's lengths and noise, the
+    held-out pairs, and the annotator. Its judgments are the oracle's by default (a clean preference dataset, as the
+    recipes assume); `TOY_ANNOTATOR`'s values give the imperfect annotator the toy world's GRM learns from."""
+
+    GROUP: ClassVar[str] = "toy"
+    min_len: int = 4
+    max_len: int = 6
+    noise: float = 0.3
+    eval_pairs: int = 256  # held-out toy pairs
+    miscount: float = 0.0
+    position_bias: float = 0.0
+    length_bias: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RMModelConfig:
+    """The reward model (`model`): the toy world's size (`hidden`, `layers`), or `init`, the Hugging Face directory
+    fine-tuned on a dataset; `dtype` its compute dtype (the master weights stay float32)."""
+
+    GROUP: ClassVar[str] = "model"
+    hidden: int = 96
+    layers: int = 3
+    init: str = ""
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        one_of("model", "dtype", self.dtype, ("float32", "bfloat16"))
+
+
+@dataclasses.dataclass(frozen=True)
+class RMJudgeConfig:
+    """What a GRM is trained to answer (`judge`): the judging template (the one `train
+    --config.reward.judge.template` will ask with), the share of examples rendered with its direct-verdict variant
+    (PRC without thinking), and `max_new_tokens`, the bound of a judgment in the held-out evaluation (greedy, both
+    A/B orders)."""
+
+    GROUP: ClassVar[str] = "judge"
+    template: str = "rrc_pairwise_cot"
+    direct_share: float = 0.0
+    max_new_tokens: int = 512
+
+    def __post_init__(self):
+        if not 0 <= self.direct_share <= 1:
+            raise field_error("judge", "direct_share", f"{self.direct_share} must be in [0, 1]")
+        at_least("judge", "max_new_tokens", self.max_new_tokens, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class RMTrainConfig:
+    """The optimization (`train`): steps, batch size and peak learning rate (warm-up, then cosine decay:
+    `rrc_jax.rm.fit`). DRM: `margin` uses each pair's preference strength as the Bradley-Terry margin, `center_coef`
+    the reward centering term (both off = Eq. 1 exactly)."""
+
+    GROUP: ClassVar[str] = "train"
+    steps: int = 1500
+    batch_size: int = 64
+    learning_rate: float = 3e-3
+    margin: bool = False
+    center_coef: float = 0.0
+
+    def __post_init__(self):
+        at_least("train", "steps", self.steps, 1)
+        at_least("train", "batch_size", self.batch_size, 1)
 
 
 def split_held_out(prefs: Sequence[Preference], fraction: float, seed: int
@@ -78,10 +173,9 @@ def drm_pairs(prefs: Sequence[Preference], tokenizer, max_tokens: int, rng: np.r
     return (lambda: fits[rng.integers(len(fits))]), len(prefs) - len(fits)
 
 
-def load_data(config) -> tuple[list[Preference], list[Preference], dict[str, int]]:
-    """(train, held out, counts): the configured dataset, its held-out part and what happened to its rows
-    (`data/*` metrics)."""
-    d = config.data
+def load_data(d: PreferenceDataConfig, seed: int) -> tuple[list[Preference], list[Preference], dict[str, int]]:
+    """(train, held out, counts): the dataset of `d`, its held-out part (drawn with `seed`) and what happened to
+    its rows (`data/*` metrics)."""
     load = functools.partial(load_preferences, format=d.format, split=d.split, skip_bad_rows=d.skip_bad_rows,
                              min_strength=d.min_strength, limit=d.limit or None)
     data = load(d.path)
@@ -90,59 +184,60 @@ def load_data(config) -> tuple[list[Preference], list[Preference], dict[str, int
         held = load(d.eval_path)
         counts.update({f"data/eval_{k}": v for k, v in held.counts.items()})
         return list(data.prefs), list(held.prefs), counts
-    train, held = split_held_out(data.prefs, d.eval_fraction, config.seed)
+    train, held = split_held_out(data.prefs, d.eval_fraction, seed)
     return train, held, counts
 
 
-def train_on_preferences(config, mesh) -> Path:
-    """Train `config.kind` ('grm' | 'drm') on `config.data` from `config.model.init` (module docstring); returns
-    the export directory."""
+def train_on_preferences(s, mesh) -> Path:
+    """Train `s.kind` ('grm' | 'drm') on `s.data` from `s.model.init` (module docstring; `s` an
+    `rrc_jax.config.RMSettings`); returns the export directory."""
     from rrc_jax.models import load_hf, load_tokenizer, save_hf
     from rrc_jax.sharding import Layout, model_context
 
-    if not config.model.init:
+    if not s.model.init:
         raise ConfigError("config.model.init: a Hugging Face model directory to fine-tune is needed when "
-                          f"config.data.path={config.data.path!r} is a dataset (the toy world trains its own)")
-    workdir = Path(config.workdir).expanduser()
-    train, held_out, counts = load_data(config)
+                          f"config.data.path={s.data.path!r} is a dataset (the toy world trains its own)")
+    workdir = Path(s.workdir).expanduser()
+    train, held_out, counts = load_data(s.data, s.seed)
     if not train:
-        raise ConfigError(f"config.data.path={config.data.path}: no training examples left "
+        raise ConfigError(f"config.data.path={s.data.path}: no training examples left "
                           f"({', '.join(f'{k}={v}' for k, v in counts.items())})")
-    rng = np.random.default_rng(config.seed)
-    tokenizer = load_tokenizer(config.model.init)
+    rng = np.random.default_rng(s.seed)
+    tokenizer = load_tokenizer(s.model.init)
     pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-    t = config.train
+    t = s.train
     with jax.set_mesh(mesh), model_context(mesh):
-        model = load_hf(config.model.init, dtype=config.model.dtype, param_dtype="float32",  # master weights
-                        value_head=config.kind == "drm", pad_token_id=pad, layout=Layout(mesh))
-        if config.kind == "grm":
-            example, too_long = grm_examples(train, tokenizer, config.judge.template, config.judge.direct_share,
-                                             config.data.max_tokens, rng)
+        model = load_hf(s.model.init, dtype=s.model.dtype, param_dtype="float32",  # master weights
+                        value_head=s.kind == "drm", pad_token_id=pad, layout=Layout(mesh))
+        if s.kind == "grm":
+            example, too_long = grm_examples(train, tokenizer, s.judge.template, s.judge.direct_share,
+                                             s.data.max_tokens, rng)
             batches, loss, kind = sft_batches(example, t.batch_size, pad), None, "sft"
         else:
-            pref, too_long = drm_pairs(train, tokenizer, config.data.max_tokens, rng)
+            pref, too_long = drm_pairs(train, tokenizer, s.data.max_tokens, rng)
             batches = drm_batches(tokenizer, pref, t.batch_size, pad, margin=t.margin)
             loss, kind = functools.partial(bt_loss, center_coef=t.center_coef), "bt"
         counts.update({"data/train_examples": len(train) - too_long, "data/too_long_dropped": too_long,
                        "data/held_out_examples": len(held_out)})
-        evaluate = (lambda m: held_out_metrics(config, m, tokenizer, held_out)) if held_out else None
-        with recording(config, first=counts, evaluate=evaluate):
+        evaluate = (lambda m: held_out_metrics(s, m, tokenizer, held_out)) if held_out else None
+        with recording(s, first=counts, evaluate=evaluate):
             fit(model, batches, kind=kind, steps=t.steps, learning_rate=t.learning_rate, loss=loss,
-                desc=f"{config.kind.upper()} ({'Eq. 2' if kind == 'sft' else 'Eq. 1'})")
+                desc=f"{s.kind.upper()} ({'Eq. 2' if kind == 'sft' else 'Eq. 1'})")
         out = workdir / "hf_export"
         save_hf(model, out, tokenizer=tokenizer)
     return out
 
 
-def held_out_metrics(config, model, tokenizer, prefs: Sequence[Preference]) -> dict[str, float]:
-    """`held_out_accuracy`, written to `workdir/eval.json` (process 0), as the `eval/*` metrics of the last step."""
-    from rrc_jax.rm.evaluation import nothing_scored
+def held_out_metrics(s, model, tokenizer, prefs: Sequence[Preference]) -> dict[str, float]:
+    """`held_out_accuracy`, written to `workdir/eval.json` (process 0), as the `eval/*` metrics of the last step
+    (`s` an `rrc_jax.config.RMSettings`)."""
+    from rrc_jax.rm.accuracy import nothing_scored
 
-    result, records = held_out_accuracy(config, model, tokenizer, prefs)
-    why = nothing_scored("drm" if config.kind == "drm" else "pairwise", result, records)
+    result, records = held_out_accuracy(s, model, tokenizer, prefs)
+    why = nothing_scored("drm" if s.kind == "drm" else "pairwise", result, records)
     if why:  # no accuracy from nothing: 0.5 would read as a coin-flip judge
         result["accuracy"] = None
-    path = Path(config.workdir).expanduser() / "eval.json"
+    path = Path(s.workdir).expanduser() / "eval.json"
     if distributed.is_main():
         path.write_text(json.dumps(result, indent=2, default=str) + "\n")
     say(f"warning: held out: no accuracy ({why}) on {result['examples']} pairs ({path})" if why else
@@ -151,17 +246,16 @@ def held_out_metrics(config, model, tokenizer, prefs: Sequence[Preference]) -> d
     return {**metrics, "eval/accuracy": math.nan} if why else metrics  # null in metrics.jsonl
 
 
-def held_out_accuracy(config, model, tokenizer, prefs: Sequence[Preference]) -> dict:
-    """The trained model's figures on held-out preferences and their records (`rrc_jax.rm.evaluation.evaluate`):
+def held_out_accuracy(s, model, tokenizer, prefs: Sequence[Preference]) -> dict:
+    """The trained model's figures on held-out preferences and their records (`rrc_jax.rm.accuracy.evaluate`):
     the GRM judging greedily in both A/B orders with its template, the DRM scoring both responses."""
     from rrc_jax.inference import make_sampler
     from rrc_jax.judge import Judge, JudgeConfig
     from rrc_jax.rm.scores import DRMScorer
-    from rrc_jax.rm.evaluation import evaluate
+    from rrc_jax.rm.accuracy import evaluate
 
-    if config.kind == "drm":
+    if s.kind == "drm":
         return evaluate("drm", prefs, drm=DRMScorer(model, tokenizer))
-    judge = Judge(make_sampler("grm", model, tokenizer, engine=config.inference), tokenizer, JudgeConfig(
-        template=config.judge.template, max_new_tokens=config.judge.max_new_tokens, temperature=0.0,
-        seed=config.seed))
+    judge = Judge(make_sampler("grm", model, tokenizer, engine=s.inference), tokenizer, JudgeConfig(
+        template=s.judge.template, max_new_tokens=s.judge.max_new_tokens, temperature=0.0, seed=s.seed))
     return evaluate("pairwise", prefs, judge=judge)

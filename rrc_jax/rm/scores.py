@@ -1,7 +1,7 @@
 """A discriminative reward model's scores: the value head (Eq. 1's model) on `prompt + response`, rendered with the
 DRM's *own* tokenizer and chat template (`rrc_jax.rm.examples.scored_ids`): a DRM need not share the policy's
 vocabulary. The DRM reward (`rrc_jax.constructions.drm`), seeded tournaments and the reward-model evaluation
-(`rrc_jax.rm.evaluation`) read it.
+(`rrc_jax.rm.accuracy`) read it.
 
 Shapes: K (prompt, response) pairs, T padded length.
 """

@@ -15,28 +15,28 @@ from pathlib import Path
 from absl import flags
 
 from rrc_jax import cli
+from rrc_jax.config import parse
+from rrc_jax.study.runs import StudyConfig
 
 CONFIG = cli.config_flag("study.py", "The study's config")
 QUICK = flags.DEFINE_bool("quick", False, "fewer seeds and steps (study.py:quick's sizes), into out/workdir _quick")
 
 
-def audit_judge(study) -> dict:
+def audit_judge(study: StudyConfig) -> dict:
     """The toy GRM's imperfection (`rrc_jax.data.toy.audit`) as the study's runs ask it, cached in
     `out/audit.json`."""
     path = Path(study.out) / "audit.json"
     if path.is_file():
         return json.loads(path.read_text())
     from rrc_jax.data.toy.audit import audit
-    from rrc_jax.data.toy.task import ToyTaskConfig
     from rrc_jax.inference import role_sampler
     from rrc_jax.judge import Judge, JudgeConfig
     from rrc_jax.rl.roles import Roles
-    from rrc_jax.settings import parse
-    from rrc_jax.study.runs import plan, trainer_config
+    from rrc_jax.study.runs import plan, run_settings
 
-    config = trainer_config(study, *plan(study)[0])
-    roles, j, task = Roles.from_config(config), config.reward.judge, parse(ToyTaskConfig, config).task
-    sampler = role_sampler(roles, "grm", engine=config.inference)
+    s = run_settings(study, *plan(study)[0])
+    roles, j, task = Roles.of_run(s), s.judge, s.toy.task.task
+    sampler = role_sampler(roles, "grm", engine=s.inference)
     judge = Judge(sampler, roles.tokenizer("grm"), JudgeConfig(
         template=j.template, max_new_tokens=j.max_new_tokens, temperature=j.temperature, seed=0))
     result = {"temperature": j.temperature, **audit(judge, task, pairs=study.audit_pairs,
@@ -46,7 +46,7 @@ def audit_judge(study) -> dict:
     return result
 
 
-def run_study(study) -> Path:
+def run_study(study: StudyConfig) -> Path:
     from rrc_jax.study.report import write_report
     from rrc_jax.study.runs import run_all
 
@@ -59,12 +59,12 @@ def run_study(study) -> Path:
 
 
 def main(argv) -> None:
-    study = cli.config_value(CONFIG, argv, "study.py")
+    config = cli.config_value(CONFIG, argv, "study.py")
     if QUICK.value:
         from rrc_jax.configs.study import quick
 
-        study = quick(study.copy_and_resolve_references())
-    cli.exit_on_user_error(run_study, study)
+        config = quick(config.copy_and_resolve_references())
+    cli.exit_on_user_error(run_study, cli.exit_on_user_error(parse, StudyConfig, config))
 
 
 if __name__ == "__main__":

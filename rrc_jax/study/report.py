@@ -352,10 +352,11 @@ def _with_scale(summary: dict) -> dict:
     """A summary with `absolute_reward`; one written before that field gets it from its construction's trainer
     config (None for a construction this version does not know)."""
     if "absolute_reward" not in summary:
+        from rrc_jax.config import parse
         from rrc_jax.configs.study import get_config
-        from rrc_jax.study.runs import CONSTRUCTIONS, absolute_reward, trainer_config
+        from rrc_jax.study.runs import CONSTRUCTIONS, StudyConfig, absolute_reward, run_settings
 
-        name = summary["construction"]
-        summary["absolute_reward"] = (absolute_reward(trainer_config(get_config(), name, summary["seed"]))
+        name, study = summary["construction"], parse(StudyConfig, get_config())
+        summary["absolute_reward"] = (absolute_reward(run_settings(study, name, summary["seed"]))
                                       if name in CONSTRUCTIONS else None)
     return summary

@@ -13,13 +13,15 @@ the prompt order, not the toy world (one world, built once).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
 from pathlib import Path
 
-from rrc_jax.config import base_config, validate
+from rrc_jax.config import TrainerSettings, base_config, validate
 from rrc_jax.errors import ConfigError
+from rrc_jax.settings import flat_fields
 
 # name -> (reward kind, trainer overrides)
 CONSTRUCTIONS: dict[str, tuple[str, dict]] = {
@@ -31,8 +33,8 @@ CONSTRUCTIONS: dict[str, tuple[str, dict]] = {
     "scr_vote8": ("scr", {"reward.judge.votes": 8}),
     "scr_cara": ("scr", {"reward.scr.cara": True}),
     "scr_cara_exact": ("scr", {"reward.scr.cara": True, "reward.scr.cara_method": "exact"}),
-    "merge_sort": ("scr", {"reward.scr.tournament": "merge_sort"}),
-    "knockout": ("scr", {"reward.scr.tournament": "knockout"}),
+    "merge_sort": ("scr", {"reward.scr.ordering": "merge_sort"}),
+    "knockout": ("scr", {"reward.scr.ordering": "knockout"}),
     "agr": ("agr", {}),
     "agr_vote4": ("agr", {"reward.judge.votes": 4}),
     "agr_vote8": ("agr", {"reward.judge.votes": 8}),
@@ -79,10 +81,36 @@ def parse_shard(shard: str) -> tuple[int, int]:
     return index, count
 
 
-def parse_overrides(text: str, like) -> dict:
-    """`"FIELD=VALUE,..."` as a flat dict, each value cast to the type of `like`'s field (a trainer config)."""
+@dataclasses.dataclass(frozen=True)
+class StudyConfig:
+    """A study (`configs/study.py`, whose comments say what each field does): which constructions, how many seeds
+    and steps, where the runs and the report go, this process's shard, and trainer fields for every run."""
+
+    GROUP = ""  # the config's top level
+    out: str = "results/study"
+    workdir: str = "workdir/study"
+    constructions: str = "all"
+    seeds: int = 5
+    steps: int = 40
+    eval_every: int = 5
+    eval_prompts: int = 256
+    shard: str = "0/1"
+    report: bool = True
+    audit_pairs: int = 512
+    audit_groups: int = 64
+    overrides: str = ""
+
+    def __post_init__(self):
+        constructions(self.constructions), parse_shard(self.shard)
+        for name in ("seeds", "steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"config.{name}: {getattr(self, name)} must be >= 1")
+
+
+def parse_overrides(text: str, flat: dict) -> dict:
+    """`"FIELD=VALUE,..."` as a flat dict, each value cast to the type of its field in `flat` (a trainer config's
+    `flat_fields`)."""
     out = {}
-    flat = {k: v for k, v in _flatten(like)}
     for item in (x for x in text.split(",") if x.strip()):
         key, sep, value = item.partition("=")
         key = key.strip()
@@ -93,21 +121,14 @@ def parse_overrides(text: str, like) -> dict:
     return out
 
 
-def _flatten(config, prefix=""):
-    for k, v in config.items():
-        if hasattr(v, "items"):
-            yield from _flatten(v, f"{prefix}{k}.")
-        else:
-            yield f"{prefix}{k}", v
-
-
-def plan(study) -> list[tuple[str, int]]:
+def plan(study: StudyConfig) -> list[tuple[str, int]]:
     """Every run of the study, in a fixed order (constructions, then seeds)."""
     return [(name, seed) for name in constructions(study.constructions) for seed in range(study.seeds)]
 
 
-def trainer_config(study, name: str, seed: int):
-    """The trainer config of run (`name`, `seed`)."""
+def run_settings(study: StudyConfig, name: str, seed: int) -> TrainerSettings:
+    """The trainer settings of run (`name`, `seed`): the trainer's defaults for the construction's kind, the study's
+    sizes, the construction's overrides and then the study's."""
     kind, overrides = CONSTRUCTIONS[name]
     overrides = {k: max(1, study.steps // 4) if v == "steps/4" else v for k, v in overrides.items()}
     c = base_config(kind)
@@ -115,34 +136,31 @@ def trainer_config(study, name: str, seed: int):
         "workdir": str(Path(study.workdir) / name / f"seed{seed}"), "seed": seed, "steps": study.steps,
         "eval.every": study.eval_every, "data.eval_prompts": study.eval_prompts, "reward.judge.votes": 1,
         "checkpoint.save_every": max(study.eval_every, 5), **overrides})
-    c.update_from_flattened_dict(parse_overrides(study.overrides, c))
-    validate(c)
-    return c
+    c.update_from_flattened_dict(parse_overrides(study.overrides, flat_fields(c)))
+    return validate(c)
 
 
-def absolute_reward(config) -> bool | None:
+def absolute_reward(s: TrainerSettings) -> bool | None:
     """Whether the run's reward keeps one scale across steps, so that its mean rising says the judge (or DRM) rates
     the policy higher: the DRM, a pointwise judge, AGR against fixed anchors, PRC against the frozen initial
     policy. Win counts within a group (SCR, tournaments, CARA) and PRC against the current policy are relative:
     their mean says nothing of the kind (`Construction.absolute_scale`; None for a plug-in that does not say)."""
-    settings = validate(config)
-    return settings.reward.absolute_scale(settings)
+    return s.reward.absolute_scale(s)
 
 
-def summary_path(study, name: str, seed: int) -> Path:
+def summary_path(study: StudyConfig, name: str, seed: int) -> Path:
     return Path(study.out) / "runs" / f"{name}-seed{seed}.json"
 
 
-def summarize(workdir: Path, name: str, seed: int, config) -> dict:
+def summarize(workdir: Path, name: str, seed: int, s: TrainerSettings) -> dict:
     """A finished run's summary: its construction, seed, the fields that define it, and `SERIES` by step."""
     rows: dict[int, dict] = {}
     for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
         rows.setdefault(row["step"], {}).update(row)
     series = {k: {str(s): r[k] for s, r in sorted(rows.items()) if k in r and _finite(r[k])} for k in SERIES}
-    return {"construction": name, "seed": seed, "kind": config.reward.kind, "steps": config.steps,
-            "votes": config.reward.judge.votes, "beta": config.rl.beta,
-            "judge_temperature": config.reward.judge.temperature, "absolute_reward": absolute_reward(config),
+    return {"construction": name, "seed": seed, "kind": s.reward_kind, "steps": s.steps, "votes": s.judge.votes,
+            "beta": s.grpo.beta, "judge_temperature": s.judge.temperature, "absolute_reward": absolute_reward(s),
             "series": {k: v for k, v in series.items() if v}}
 
 
@@ -150,7 +168,7 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def run_all(study) -> list[Path]:
+def run_all(study: StudyConfig) -> list[Path]:
     """Run this shard's unfinished runs (one after another) and write each summary; returns every summary path of
     the study that exists afterwards."""
     from rrc_jax.rl.trainer import run
@@ -163,8 +181,8 @@ def run_all(study) -> list[Path]:
         if path.is_file():
             continue
         print(f"study: run {k + 1}/{len(mine)} of shard {index}/{count}: {name}, seed {seed}", file=sys.stderr)
-        config = trainer_config(study, name, seed)
-        workdir = run(config)
+        settings = run_settings(study, name, seed)
+        workdir = run(settings)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(summarize(Path(workdir), name, seed, config)) + "\n")
+        path.write_text(json.dumps(summarize(Path(workdir), name, seed, settings)) + "\n")
     return [p for p in (summary_path(study, n, s) for n, s in runs) if p.is_file()]

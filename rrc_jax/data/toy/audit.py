@@ -8,7 +8,7 @@
 - `position_inconsistency`: the share of pairs whose two orders do not name the same winner;
 - `intransitive_triad_rate`: over groups of distinct responses to one prompt (demonstrations, some padded), each
   pair judged once (A/B order alternating), the share of the group's triads that form a strict cycle (Eq. 18);
-- `accuracy` and `position_consistency` as `rrc_jax.rm.evaluation.evaluate` reports them (a tie counts half).
+- `accuracy` and `position_consistency` as `rrc_jax.rm.accuracy.evaluate` reports them (a tie counts half).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def audit(judge: Judge, task: SortTask, *, pairs: int = 512, groups: int = 64, g
           seed: int = 0) -> dict[str, float]:
     """The judge's imperfection (module docstring) on `pairs` held-out pairs and `groups` held-out groups."""
     from rrc_jax.data.toy.task import toy_preferences
-    from rrc_jax.rm.evaluation import evaluate
+    from rrc_jax.rm.accuracy import evaluate
 
     rng = np.random.default_rng([seed, 50])
     prefs = toy_preferences(task, pairs, rng, held_out=True, name="audit")

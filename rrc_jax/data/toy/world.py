@@ -54,7 +54,7 @@ from rrc_jax.models.char_tokenizer import make_char_tokenizer
 from rrc_jax.data.preferences import Preference
 from rrc_jax.rm.examples import drm_batches, sft_batches
 from rrc_jax.rm.fit import fit
-from rrc_jax.settings import at_least, field_error, parse
+from rrc_jax.settings import at_least, field_error
 from rrc_jax.sharding import model_context
 
 VERSION = 6  # bump when the world's recipe changes, so stale caches are not reused
@@ -128,11 +128,6 @@ class ToyWorldConfig:
 
     task: ToyTaskConfig = ToyTaskConfig()
     build: ToyBuildConfig = ToyBuildConfig()
-
-    @classmethod
-    def from_config(cls, config) -> ToyWorldConfig:
-        """The `toy` group of a trainer config (`rrc_jax.config.base_config`), checked."""
-        return cls(parse(ToyTaskConfig, config), parse(ToyBuildConfig, config))
 
     def settings(self) -> WorldSettings:
         """The world `build_world` trains (and keys its cache by)."""

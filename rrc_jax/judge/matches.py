@@ -1,6 +1,6 @@
-"""Adaptive tournaments with the judge as comparator (beyond the paper): fewer questions than a round robin.
+"""Matches played with the judge as comparator (beyond the paper): fewer questions than a round robin.
 
-`merge_sort` orders each group in ceil(log2 m) batched merge levels (at most m ceil(log2 m) comparisons per
+SCR's adaptive orderings (`reward.scr.ordering`): `merge_sort` orders each group in ceil(log2 m) batched merge levels (at most m ceil(log2 m) comparisons per
 prompt); `knockout` plays a single-elimination bracket (m - 1 comparisons in ceil(log2 m) batched rounds). Both
 return the order and its Eq. 21 rewards (`rrc_jax.rewards.order_rewards`). `play` runs any of the tournaments whose
 rules are in `rrc_jax.rewards.tournament_rules` (Swiss, double elimination, seeded knockout, circular) and returns
@@ -23,7 +23,7 @@ from rrc_jax.rewards._checks import check_votes
 from rrc_jax.rewards import order_rewards
 
 
-class Tournament(NamedTuple):
+class Ordering(NamedTuple):
     """`order [B, m]` response indices best first; `rewards [B, m]` float32, Eq. 21 with alpha = 1
     (`m - 1 - position`); `queries [B]` pairs compared (each asked V times)."""
 
@@ -72,7 +72,7 @@ def play(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequence[str]
 
 
 def merge_sort(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequence[str]], votes: int = 1,
-               swap: bool = True) -> Tournament:
+               swap: bool = True) -> Ordering:
     """Order each group by bottom-up merge sort with the judge as comparator.
 
     ceil(log2 m) merge levels; within a level every active merge of every prompt asks its next comparison in
@@ -108,10 +108,10 @@ def merge_sort(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequenc
             mg[3].extend(mg[1] + mg[2])
         runs = next_runs
     order = np.array([r[0] for r in runs], np.int64).reshape(bsz, m)
-    return Tournament(order, order_rewards(order), queries)
+    return Ordering(order, order_rewards(order), queries)
 
 def knockout(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequence[str]], votes: int = 1,
-             swap: bool = True) -> Tournament:
+             swap: bool = True) -> Ordering:
     """Single-elimination bracket: m - 1 comparisons per prompt in ceil(log2 m) batched rounds (an odd one out
     gets a bye). The order ranks by rounds survived (the champion first), ties by index; Eq. 21 rewards of
     that order."""
@@ -137,5 +137,5 @@ def knockout(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequence[
                 alive[b] = winners[b]
     order = np.stack([np.lexsort((np.arange(m), -survived[b])) for b in range(bsz)]) if bsz else \
         np.zeros((0, m), np.int64)
-    return Tournament(order, order_rewards(order), queries)
+    return Ordering(order, order_rewards(order), queries)
 
