@@ -5,7 +5,7 @@
     python -m rrc_jax.study --config=study.py --config.shard=1/2   # this process's half of the runs
 
 Runs already finished (a summary in `out/runs/`) are not repeated; an interrupted run resumes from its checkpoint.
-`constructions` picks a comma-separated subset of `rrc_jax.study.runs.CONSTRUCTIONS` ('all': every one);
+`constructions` picks a comma-separated subset of `rrc_jax.study.runs.RUNS` ('all': every one);
 `overrides` ("FIELD=VALUE,FIELD=VALUE") set trainer config fields of every run, after the construction's own.
 """
 

@@ -12,17 +12,16 @@ from __future__ import annotations
 import jax
 
 from rrc_jax import cli
+from rrc_jax.constructions.agr import anchor_store
+from rrc_jax.inference import role_sampler
+from rrc_jax.rl.roles import Roles
+from rrc_jax.rl.trainer import training_prompts
 
 CONFIG = cli.config_flag("agr.py")
 
 
 def remake(settings) -> None:
     """Generate the anchors of a trainer's `settings` with its reference policy, over its mesh."""
-    from rrc_jax.constructions.agr import anchor_store
-    from rrc_jax.inference import role_sampler
-    from rrc_jax.rl.roles import Roles
-    from rrc_jax.rl.trainer import training_prompts
-
     mesh = settings.mesh.make()
     with jax.set_mesh(mesh):
         roles = Roles.of_run(settings, mesh)

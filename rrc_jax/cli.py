@@ -14,8 +14,14 @@ import sys
 from typing import NamedTuple
 
 from absl import app, flags, logging
+from ml_collections import config_flags
 
+from rrc_jax import distributed
+from rrc_jax.config import check_config_argv, resolve_config_argv, settings_of
 from rrc_jax.errors import ConfigError, Diverged
+from rrc_jax.models import load_hf, load_tokenizer
+from rrc_jax.models.hf_io import read_hf_config
+from rrc_jax.sharding import Layout, inference_mesh, make_mesh, mesh_from_flag
 
 # The flags this module's helpers define belong to the command that calls them (its `--help` lists them).
 flags.disclaim_key_flags()
@@ -46,12 +52,9 @@ COMMANDS = {
 
 def start(main, argv: list[str] | None = None) -> None:
     """Run the absl `main` of a command line. A `--config` is resolved (a file or a packaged recipe) and checked
-    (`check_config_argv`) before any flag is parsed: a mistake there is one line `error: ...`, exit status 2. A
-    command line without one does not import the config schemas (a flag's mistake is said before JAX loads)."""
+    (`check_config_argv`) before any flag is parsed: a mistake there is one line `error: ...`, exit status 2."""
     argv = sys.argv if argv is None else argv
     if any(a.startswith("--config") for a in argv):
-        from rrc_jax.config import check_config_argv, resolve_config_argv
-
         try:
             argv = resolve_config_argv(argv)
             check_config_argv(argv)
@@ -112,8 +115,6 @@ def check_at_least(least: int, *names: str) -> None:
 
 def config_flag(example: str, what: str = "Trainer config"):
     """The `--config` flag: `what`, a file or a packaged recipe such as `example`."""
-    from ml_collections import config_flags
-
     return config_flags.DEFINE_config_file("config", None, f"{what}: a file or a packaged name ({example}, ...).",
                                            lock_config=True)
 
@@ -131,16 +132,12 @@ def config_value(holder, argv: list[str], example: str):
 def settings_value(holder, argv: list[str], example: str):
     """The validated settings of a config-file command's `--config` (`rrc_jax.config.validate`, or `validate_rm`
     for a reward-model recipe): the command line's `ConfigDict` ends here. A mistake is one `error:` line."""
-    from rrc_jax.config import settings_of
-
     return exit_on_user_error(settings_of, config_value(holder, argv, example))
 
 
 def join_processes(settings) -> None:
     """Start the multi-process runtime (`rrc_jax.distributed.initialize`) with the settings' `distributed` group;
     before anything touches a device."""
-    from rrc_jax import distributed
-
     exit_on_user_error(distributed.initialize, settings.distributed)
 
 
@@ -192,11 +189,6 @@ def load_model(path: str, dtype: str, mesh_spec: str):
     """(model, tokenizer, mesh) of a checkpoint command: the process group started, the mesh of `--mesh`, the
     checkpoint in `dtype` in the inference layout over it. A checkpoint that does not load is a `ConfigError`
     naming `--model`."""
-    from rrc_jax import distributed
-    from rrc_jax.models import load_hf, load_tokenizer
-    from rrc_jax.models.hf_io import read_hf_config
-    from rrc_jax.sharding import Layout, inference_mesh, make_mesh, mesh_from_flag
-
     distributed.initialize()
     try:
         if mesh_spec == "auto":

@@ -32,14 +32,15 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import math
 import importlib.util
+import math
 import os
 import zlib
 from typing import ClassVar
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from rrc_jax.errors import ConfigError
 from rrc_jax.settings import field_error
@@ -130,8 +131,6 @@ def is_main() -> bool:
 def barrier(name: str) -> None:
     """Wait until every host reaches the barrier `name` (nothing on one process)."""
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)
 
 
@@ -141,7 +140,6 @@ def host_concat(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
     if jax.process_count() == 1:
         return x
-    from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(x)).reshape(-1, *x.shape[1:])
 
@@ -228,6 +226,5 @@ def main_value(x):
     """Process 0's value of `x` (a numpy-compatible scalar or array), on every host; `x` on one process."""
     if jax.process_count() == 1:
         return x
-    from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(x)))

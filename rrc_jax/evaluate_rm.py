@@ -57,8 +57,25 @@ import json
 import math
 import sys
 
-from rrc_jax import cli
-from rrc_jax.data.preferences import FORMATS
+import jax
+from absl import flags
+
+from rrc_jax import cli, distributed
+from rrc_jax.data.preferences import FORMATS, load_preferences
+from rrc_jax.errors import ConfigError
+from rrc_jax.judge import get_template
+from rrc_jax.judge.templates import question_length
+from rrc_jax.progress import Progress, say
+from rrc_jax.rm.accuracy import (
+    KINDS,
+    abstention_causes,
+    evaluate,
+    fitted_judge,
+    markdown_table,
+    nothing_scored,
+    question_items,
+)
+from rrc_jax.rm.scores import DRMScorer
 
 DEFAULT_TEMPLATES = {"pairwise": "rrc_pairwise_cot", "pointwise": "irpo_pointwise"}
 
@@ -107,18 +124,6 @@ def run(args: Args) -> tuple[dict, list[dict]]:
     """The command line's work: load, evaluate, print the table, write `--out` / `--dump`. Returns
     `(result, records)` (`rrc_jax.rm.accuracy.evaluate`). User mistakes raise `ConfigError`, `FileNotFoundError`
     or `ValueError`."""
-    import jax
-
-    from rrc_jax import distributed
-    from rrc_jax.data.preferences import load_preferences
-    from rrc_jax.errors import ConfigError
-    from rrc_jax.judge import get_template
-    from rrc_jax.judge.templates import question_length
-    from rrc_jax.progress import Progress, say
-    from rrc_jax.rm.scores import DRMScorer
-    from rrc_jax.rm.accuracy import (KINDS, abstention_causes, evaluate, fitted_judge, markdown_table,
-                                       nothing_scored, question_items)
-
     if args.kind not in KINDS:
         raise ConfigError(f"--kind={args.kind!r}; use one of {', '.join(KINDS)}")
     if args.votes < 1:
@@ -183,8 +188,6 @@ def run(args: Args) -> tuple[dict, list[dict]]:
 
 
 def _define_flags():
-    from absl import flags
-
     d = Args
     cli.model_flags("the judge, or the DRM with --kind=drm", dtype=d.dtype, mesh=d.mesh)
     cli.sampling_flags(max_new_tokens=d.max_new_tokens, temperature=d.temperature, seed=d.seed,
@@ -213,8 +216,6 @@ def _define_flags():
 
 
 def main(argv: list[str]) -> None:
-    from absl import flags
-
     cli.no_arguments(argv)
     args = Args(**{f.name: flags.FLAGS[f.name].value for f in dataclasses.fields(Args)})
     cli.exit_on_user_error(run, args, also=(ValueError,))  # flags, data, checkpoint, template: the user's to fix

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import sys
 
+import jax
 from absl import flags, logging
 
 from rrc_jax import cli
+from rrc_jax.inference import SamplingParams, make_sampler
+from rrc_jax.models import prompt_ids
 
 _MODEL = cli.model_flags()
 _PROMPT = flags.DEFINE_string("prompt", None, "User prompt text.")
@@ -24,11 +27,6 @@ _SAMPLING = cli.sampling_flags(max_new_tokens=128, temperature=0.0)
 
 def generate() -> None:
     """Load the checkpoint, generate, print the continuation (a user's mistake raises `ConfigError`)."""
-    import jax
-
-    from rrc_jax.inference import SamplingParams, make_sampler
-    from rrc_jax.models import prompt_ids
-
     model, tokenizer, mesh = cli.load_model(_MODEL.model.value, _MODEL.dtype.value, _MODEL.mesh.value)
     ids = prompt_ids(tokenizer, _PROMPT.value, _SYSTEM.value)
     s = _SAMPLING

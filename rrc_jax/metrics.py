@@ -30,6 +30,7 @@ import numpy as np
 from etils import epath
 
 from rrc_jax.errors import ConfigError
+from rrc_jax.progress import say
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +103,7 @@ def lines_before(text: str, first: int, name: str) -> tuple[list[str], bool]:
 def import_wandb():
     """The `wandb` module, or a `ConfigError` saying how to get it or turn it off."""
     try:
-        import wandb
+        import wandb  # the wandb extra
     except ImportError as e:
         raise ConfigError("log.wandb=True needs the wandb package: pip install wandb, "
                           "or set --config.log.wandb=False") from e
@@ -114,11 +115,11 @@ def tensorboard_writer(path: Path, purge_step: int | None):
     imports torch when it is installed (2 seconds of start-up), only to accept torch tensors (its `import torch` is
     optional); we log Python numbers, so a process that has not imported torch yet imports tensorboardX without it."""
     if "torch" in sys.modules:
-        from tensorboardX import SummaryWriter
+        from tensorboardX import SummaryWriter  # heavy (1.7 s): only with log.tensorboard
     else:
         sys.modules["torch"] = None  # `import torch` raises ImportError while tensorboardX is imported
         try:
-            from tensorboardX import SummaryWriter
+            from tensorboardX import SummaryWriter  # heavy (1.7 s): only with log.tensorboard
         finally:
             del sys.modules["torch"]
 
@@ -155,8 +156,6 @@ class MetricsLogger:
             text = self.path.read_bytes().decode("utf-8", errors="replace")  # a torn write may end mid-character
             rows, torn = lines_before(text, first, str(self.path))
             if torn:
-                from rrc_jax.progress import say
-
                 say(f"metrics: dropped the torn last line of {self.path} (a write cut short, e.g. by a full disk)")
             self.path.write_text("".join(rows))
         self._jsonl = open(self.path, "a")

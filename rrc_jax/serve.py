@@ -12,9 +12,16 @@ the model is held over this host's devices in the inference layout. Needs the se
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
+import jax
 from absl import flags
 
 from rrc_jax import cli
+from rrc_jax.errors import ConfigError
+from rrc_jax.inference import make_sampler
+from rrc_jax.progress import say
 
 _MODEL = cli.model_flags("the model to serve")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
@@ -28,27 +35,18 @@ _WAIT = flags.DEFINE_float("batch_wait_ms", 5.0, "How long a batch waits for mor
 def serve() -> None:
     """Check the flags, take the port, load the checkpoint and serve it until interrupted (a user's mistake raises
     `ConfigError`)."""
-    import math
-    from pathlib import Path
-
-    from rrc_jax.errors import ConfigError
-
     cli.check_at_least(1, "max_batch")
     if not (math.isfinite(_WAIT.value) and _WAIT.value >= 0):
         raise cli.flag_error("batch_wait_ms", "must be a finite number >= 0")
     if not 1 <= _PORT.value <= 65535:
         raise cli.flag_error("port", "must be in 1-65535")
-    from rrc_jax.inference.server import bind, make_app, uvicorn_server
+    from rrc_jax.inference.server import bind, make_app, uvicorn_server  # the serve extra (starlette, uvicorn)
 
     try:  # before the model loads: a busy port is said at once
         sock = bind(_HOST.value, _PORT.value)
     except OSError as e:
         raise ConfigError(f"--host={_HOST.value} --port={_PORT.value}: cannot listen there ({e.strerror or e}); "
                           "choose a free port, or stop what holds it") from None
-    import jax
-
-    from rrc_jax.inference import make_sampler
-    from rrc_jax.progress import say
 
     with sock:
         model, tokenizer, _ = cli.load_model(_MODEL.model.value, _MODEL.dtype.value, _MODEL.mesh.value)

@@ -27,8 +27,12 @@ from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 import jax
+import numpy as np
+from absl import logging
 from flax import nnx
+from jax.experimental import multihost_utils
 
+from rrc_jax import distributed
 from rrc_jax.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -188,8 +192,6 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[j
     shape = mesh_shape(data, fsdp, tensor, len(devices))
     total = math.prod(shape)
     if total < len(devices):
-        from absl import logging
-
         logging.warning("mesh data=%d fsdp=%d tensor=%d uses %d of the %d devices", *shape, total, len(devices))
         devices = devices[:total]
     return jax.make_mesh(shape, MESH_AXES, devices=devices,
@@ -366,12 +368,10 @@ def put_rows(tree, mesh: jax.sharding.Mesh | None):
     if mesh is None or jax.process_count() == 1:
         whole = all(x.shape[0] % _batch_shards(mesh) == 0 for x in jax.tree.leaves(tree)) if mesh else False
         return put_batch(tree, mesh if whole else None)
-    from jax.experimental import multihost_utils
 
     if _split_by_host(mesh):
         spec = lambda x: logical_spec(("batch",) + (None,) * (x.ndim - 1))
         return jax.tree.map(lambda x: multihost_utils.host_local_array_to_global_array(x, mesh, spec(x)), tree)
-    from rrc_jax import distributed
 
     return put_batch(jax.tree.map(distributed.host_concat, tree), mesh)
 
@@ -381,7 +381,6 @@ def host_rows(x: jax.Array, mesh: jax.sharding.Mesh | None):
     numpy; the whole array on one process."""
     if mesh is None or jax.process_count() == 1:
         return to_host(x)
-    from jax.experimental import multihost_utils
 
     if _split_by_host(mesh):
         local = multihost_utils.global_array_to_host_local_array(x, mesh, logical_spec(("batch",) + (None,) *
@@ -395,13 +394,9 @@ def to_host(x: jax.Array):
     """A global array as a numpy array on this host: its own data when fully addressable, else gathered from every
     process (`multihost_utils.process_allgather`). Every host-side read of a possibly global array goes through
     here."""
-    import numpy as np
-
     if isinstance(x, jax.Array) and x.is_fully_replicated:
         return np.asarray(x.addressable_data(0))
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
         x = multihost_utils.process_allgather(x, tiled=True)
     return np.asarray(jax.device_get(x))
 

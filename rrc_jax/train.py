@@ -10,13 +10,13 @@ one line; anything else keeps its traceback.
 from __future__ import annotations
 
 from rrc_jax import cli
+from rrc_jax.rl.trainer import run
 
 CONFIG = cli.config_flag("agr.py, scr.py, prc.py, drm.py")
 
 
 def main(argv) -> None:
     settings = cli.settings_value(CONFIG, argv, "agr.py")
-    from rrc_jax.rl.trainer import run
 
     cli.join_processes(settings)  # before anything touches a device
     cli.exit_on_user_error(run, settings)

@@ -28,7 +28,19 @@ import dataclasses
 import sys
 from pathlib import Path
 
+import jax
+import numpy as np
+
 from rrc_jax import cli
+from rrc_jax.config import TrainerSettings
+from rrc_jax.data.toy import world
+from rrc_jax.data.toy.task import ALPHABET, Annotator, SortTask, toy_preferences
+from rrc_jax.models import save_hf
+from rrc_jax.models.char_tokenizer import make_char_tokenizer
+from rrc_jax.rl.trainer import run
+from rrc_jax.rm.fit import recording
+from rrc_jax.rm.recipes import held_out_metrics, train_on_preferences
+from rrc_jax.sharding import model_context
 
 CONFIG = cli.config_flag("grm_sft.py, drm_bt.py, rmr1_distill.py, rmr1_rlvr.py, irpo.py", "Reward-model recipe")
 
@@ -36,17 +48,6 @@ CONFIG = cli.config_flag("grm_sft.py, drm_bt.py, rmr1_distill.py, rmr1_rlvr.py, 
 def train_toy(s, mesh) -> Path:
     """Train `s.kind` (an `rrc_jax.config.RMSettings` with `data.path = "toy"`) on the toy world's preference pairs,
     evaluate it on held-out pairs and export it; returns the export directory."""
-    import jax
-    import numpy as np
-
-    from rrc_jax.data.toy import world
-    from rrc_jax.data.toy.task import ALPHABET, Annotator, SortTask, toy_preferences
-    from rrc_jax.models import save_hf
-    from rrc_jax.models.char_tokenizer import make_char_tokenizer
-    from rrc_jax.rm.fit import recording
-    from rrc_jax.rm.recipes import held_out_metrics
-    from rrc_jax.sharding import model_context
-
     m, t, toy = s.model, s.train, s.toy
     spec = world.ModelSpec(hidden=m.hidden, layers=m.layers, steps=t.steps, batch_size=t.batch_size,
                            learning_rate=t.learning_rate)
@@ -72,16 +73,10 @@ def train_reward_model(s) -> Path:
     """Train the reward model of settings `s` and export it to `workdir/hf_export` (with its tokenizer): a GRPO
     recipe (`rrc_jax.config.TrainerSettings`: RLVR, IRPO) by the trainer, whose policy is the judge; an
     `RMSettings` recipe on the toy world's pairs or a preference dataset (`rrc_jax.rm.recipes`)."""
-    from rrc_jax.config import TrainerSettings
-
     if isinstance(s, TrainerSettings):
-        from rrc_jax.rl.trainer import run
-
         return Path(run(s)) / "hf_export"
     mesh = s.mesh.make()
     if s.data.path != "toy":
-        from rrc_jax.rm.recipes import train_on_preferences
-
         return train_on_preferences(s, mesh)
     return train_toy(s, mesh)
 

@@ -70,3 +70,28 @@ def test_a_planted_upward_import_fails(tmp_path):
     (bad,) = upward_imports(copy, ROOT / "configs")
     assert re.fullmatch(r"sampler\.py:\d+: rrc_jax\.inference\.sampler \(line 4\) imports rrc_jax\.rl\.trainer "
                         r"\(line 14\)", bad), bad
+
+
+def function_imports_without_a_reason(package: Path) -> list[str]:
+    """Every import inside a function of the package without a comment on its line saying why it is deferred (an
+    optional or heavy dependency: docs/design.md, "Layers")."""
+    bad = []
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                bad += [f"{path.relative_to(package.parent)}:{sub.lineno}: {lines[sub.lineno - 1].strip()}"
+                        for sub in ast.walk(node) if isinstance(sub, (ast.Import, ast.ImportFrom))
+                        and "#" not in lines[sub.lineno - 1]]
+    return sorted(set(bad))
+
+
+def test_imports_sit_at_the_top_unless_a_comment_says_why_not(tmp_path):
+    assert function_imports_without_a_reason(ROOT / "rrc_jax") == []
+    copy = tmp_path / "rrc_jax"
+    shutil.copytree(ROOT / "rrc_jax", copy, ignore=shutil.ignore_patterns("built", "__pycache__"))
+    engine = copy / "inference" / "engine.py"
+    engine.write_text(engine.read_text() + "\n\ndef _planted():\n    from rrc_jax.models import Decoder\n")
+    (bad,) = function_imports_without_a_reason(copy)
+    assert re.fullmatch(r"rrc_jax/inference/engine\.py:\d+: from rrc_jax\.models import Decoder", bad), bad

@@ -39,9 +39,14 @@ import jax
 import numpy as np
 from absl import logging
 
+from rrc_jax.data.preferences import BadRow, context_text, load_preferences
 from rrc_jax.data.sources import read_rows
-from rrc_jax.data.toy.task import ToyTaskConfig
+from rrc_jax.data.toy.task import ToyTaskConfig, held_out_prompt_count, oracle_quality, toy_preferences
 from rrc_jax.errors import ConfigError
+from rrc_jax.judge.templates import encode_text, get_template, render_parts
+from rrc_jax.judge.verdicts import parse_verdict
+from rrc_jax.models import prompt_ids
+from rrc_jax.progress import say
 
 MIN_SPLIT_ROWS = 10  # a training file split into train + held-out needs this many usable rows
 MAX_LISTED = 5  # rows (lines) named in a log line about dropped ones
@@ -119,9 +124,6 @@ class PromptSet:
 def prompt_tokens(tokenizer, prompts: PromptSet, text: str) -> list[int]:
     """The token ids the policy sees for one of `prompts`' texts: as rendered, or in the chat template (the whole
     conversation of a multi-turn prompt)."""
-    from rrc_jax.judge.templates import encode_text
-    from rrc_jax.models import prompt_ids
-
     if prompts.rendered:
         return encode_text(tokenizer, text, first=True)
     return prompt_ids(tokenizer, (prompts.chats or {}).get(text, text))
@@ -137,9 +139,6 @@ def judge_questions(prefs, tokenizer, template, seed: int, first_id: int = 0) ->
     """Preferences as pairwise judge questions in `template` (rendered for `tokenizer`'s chat template), each with
     its A/B order drawn from `seed`; `oracle(i, judgment)` is 1 when the judgment's verdict (`parse_verdict`) names
     the chosen response, else 0 (a wrong verdict or an abstention)."""
-    from rrc_jax.judge.templates import get_template, render_parts
-    from rrc_jax.judge.verdicts import parse_verdict
-
     template = get_template(template)
     rng = np.random.default_rng(seed)
     texts, answers = [], []
@@ -156,8 +155,6 @@ def judge_questions(prefs, tokenizer, template, seed: int, first_id: int = 0) ->
 def pointwise_questions(prefs, tokenizer, template, first_id: int = 0) -> PromptSet:
     """Preferences as pointwise judge questions in `template` (IRPO): question 2k scores preference k's chosen
     response, 2k + 1 its rejected one (`paired`); no oracle (a pair's questions are judged together)."""
-    from rrc_jax.judge.templates import get_template, render_parts
-
     template = get_template(template)
     if template.kind != "pointwise":
         raise ConfigError(f"config.reward.judge.template: {template.name!r} is {template.kind}; IRPO needs a "
@@ -178,16 +175,12 @@ def preference_questions(source: PromptSource, tokenizer, questions: str = "pair
     d, template, seed = source.data, source.template, source.seed
     skipped = 0
     if d.path == "toy":
-        from rrc_jax.data.toy.task import toy_preferences
-
         t = source.toy
         task = t.task
         rng = np.random.default_rng(30_000 + t.seed)
         train = toy_preferences(task, t.train_prompts, rng, name="toy-train")
         held = toy_preferences(task, d.eval_prompts, rng, held_out=True, name="toy-eval")  # the evaluation split
     else:
-        from rrc_jax.data.preferences import load_preferences
-
         skip = d.skip_bad_rows
         loaded = load_preferences(d.path, d.format, split=d.split, skip_bad_rows=skip)
         train, skipped = loaded.prefs, loaded.counts["bad_rows_skipped"]
@@ -210,8 +203,6 @@ def preference_questions(source: PromptSource, tokenizer, questions: str = "pair
 def check_toy_eval_prompts(source: PromptSource) -> None:
     """A `ConfigError` when `data.eval_prompts` asks for more distinct held-out toy prompts than the evaluation
     split has (`held_out_prompt_count` of `toy.min_len`..`toy.max_len` digits): drawing them would never end."""
-    from rrc_jax.data.toy.task import held_out_prompt_count
-
     t, want = source.toy, source.data.eval_prompts
     most = held_out_prompt_count(t.min_len, t.max_len)
     if want > most:
@@ -223,8 +214,6 @@ def check_toy_eval_prompts(source: PromptSource) -> None:
 def toy_prompts(source: PromptSource) -> tuple[PromptSet, PromptSet]:
     """(training, held-out) prompts of the toy task: `toy.train_prompts` drawn from the training split, and
     `data.eval_prompts` distinct ones of the evaluation split (at most `check_toy_eval_prompts`' maximum)."""
-    from rrc_jax.data.toy.task import oracle_quality
-
     check_toy_eval_prompts(source)
     t = source.toy
     task = t.task
@@ -247,8 +236,6 @@ def toy_prompts(source: PromptSource) -> tuple[PromptSet, PromptSet]:
 def _prompt_of(row: dict, field: str) -> tuple[str, list[dict] | None] | None:
     """(the prompt's text, its conversation when it has several turns) of a row, None when unusable: a non-empty
     string, or `{role, content}` messages ending with a non-empty user turn."""
-    from rrc_jax.data.preferences import BadRow, context_text
-
     value = row.get(field)
     try:
         text = context_text(value)
@@ -269,8 +256,6 @@ def file_prompts(path: str, field: str, limit: int | None = None, first_id: int 
     except ConfigError as e:
         raise ConfigError(f"config.{setting}: {e}") from None
     if bad:
-        from rrc_jax.progress import say
-
         listed = "; ".join(f"{name}:{line}: {why}" for line, why in bad[:MAX_LISTED])
         more = "; ..." if len(bad) > MAX_LISTED else ""
         say(f"data: skipped {len(bad)} malformed JSON lines of {name} ({listed}{more})")
@@ -311,8 +296,6 @@ def held_out_count(n: int, data) -> int:
 
 def say_split(n_train: int, n_held: int, data) -> None:
     """State where the held-out rows came from (process 0)."""
-    from rrc_jax.progress import say
-
     if data.eval_path:
         where = f"from {data.eval_path}"
     elif n_held:
@@ -326,8 +309,6 @@ def judge_template_tokens(template, tokenizer=None) -> int:
     """What a judge question in `template` (and its direct variant, if any) adds to the texts it shows, generously:
     its text rendered around empty ones, in `tokenizer`'s tokens (without one: in characters, more than the
     tokens of any sub-word tokenizer), plus `JUDGE_TEMPLATE_SLACK`."""
-    from rrc_jax.judge.templates import encode_text, get_template, render_parts
-
     template = get_template(template)
     most = 0
     for t in (template,) + ((get_template(template.direct),) if template.direct is not None else ()):
@@ -344,8 +325,6 @@ def prompt_token_limit(max_prompt_tokens: int, max_new_tokens: int, policy_conte
     `reward.judge`; `judge_context`: its model's context) at most that less what a question about the prompt adds:
     the judgment, the responses shown (two in a pairwise template, one in a pointwise one) and the template
     (`judge_template_tokens`, measured with `judge_tokenizer` when given). A `ConfigError` when no prompt fits."""
-    from rrc_jax.judge.templates import get_template
-
     limit = min(max_prompt_tokens, policy_context - max_new_tokens)
     why = f"the policy's context ({policy_context}) less rl.max_new_tokens={max_new_tokens}"
     if judge is not None and judge_context is not None:
@@ -367,8 +346,6 @@ def drop_long(prompts: PromptSet, tokenizer, max_tokens: int, what: str) -> Prom
     """`prompts` without those of more than `max_tokens` tokens as the policy sees them (`prompt_tokens`; a
     paired set's pairs go together), counted in `counts["dropped_long"]` and said with their first rows; its oracle
     follows the prompts kept. `what` names the set in messages. A `ConfigError` when every prompt is too long."""
-    from rrc_jax.progress import say
-
     long = np.array([len(prompt_tokens(tokenizer, prompts, t)) > max_tokens for t in prompts.texts], bool)
     if prompts.paired:
         long = long.reshape(-1, 2).any(axis=1).repeat(2)

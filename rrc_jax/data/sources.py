@@ -108,7 +108,7 @@ def _has_text(p: Path) -> bool:
 def _good_json_lines(p: Path, bad: list[tuple[int, str]], path: str):
     """The rows of the JSON-lines file `p` without its `bad` lines, read by `datasets` from a temporary copy (held
     in memory); a `ConfigError` naming `path` when no line is left."""
-    import datasets
+    import datasets  # heavy (pyarrow): only for a hub name or an Arrow source
 
     skip = {n for n, _ in bad}
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,8 +130,8 @@ def read_rows(path: str, split: str = "train", bad_lines: list[tuple[int, str]] 
     `[split]` when the source has splits). A `ConfigError` naming `path` when it cannot be read; one naming
     `path:LINE` for a malformed line of JSON lines (or a malformed JSON document), unless `bad_lines` is a list:
     then such lines are skipped and appended to it as (line, what is wrong)."""
-    import datasets
-    import pyarrow as pa
+    import datasets  # heavy (pyarrow): only for a hub name or an Arrow source
+    import pyarrow as pa  # with datasets
 
     p = Path(path).expanduser()
     if p.is_dir():

@@ -37,15 +37,16 @@ from collections.abc import Iterator, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from rrc_jax import distributed
-from rrc_jax.models.batches import agreed_chunks, bucket_length, length_bucket, pad_sequences, round_up
+from rrc_jax.inference.kernels import decode, extend, generate, prefill
+from rrc_jax.inference.rollout_copy import RolloutCopy
 from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix
 from rrc_jax.models import stop_tokens
-from rrc_jax.inference.kernels import decode, extend, generate, prefill
+from rrc_jax.models.batches import agreed_chunks, bucket_length, length_bucket, pad_sequences, round_up
 from rrc_jax.models.decoder import Decoder
 from rrc_jax.models.kv_cache import ATTENTION_BLOCK, KVCache
-from rrc_jax.inference.rollout_copy import RolloutCopy
 from rrc_jax.sharding import Layout, host_row_multiple, host_rows, mesh_of, use_mesh
 
 
@@ -111,7 +112,6 @@ class JaxSampler:
         when they are its own, as when the learner updates the same model object in place; returns 0)."""
         if self.copy is not None:
             return self.copy.sync(params)
-        from flax import nnx
 
         nnx.update(self.model, params)
         return 0

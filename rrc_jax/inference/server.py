@@ -476,7 +476,7 @@ def make_app(sampler: Sampler, tokenizer, *, served_name: str = "rrc-jax", max_b
 def uvicorn_server(app, *, limit_max_requests: int | None = None):
     """The uvicorn server of `app` (logs at warning level), to `run(sockets=[...])` or `run()` after setting
     `config.host` / `config.port`."""
-    import uvicorn
+    import uvicorn  # the serve extra
 
     return uvicorn.Server(uvicorn.Config(app, log_level="warning", limit_max_requests=limit_max_requests,
                                          timeout_graceful_shutdown=5))

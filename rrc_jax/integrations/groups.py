@@ -36,7 +36,10 @@ import numpy as np
 from rrc_jax.constructions.base import step_seed
 from rrc_jax.constructions.judged import judge_metrics
 from rrc_jax.constructions.registry import construction_class, group_kinds
-from rrc_jax.judge import Judge
+from rrc_jax.inference import make_sampler
+from rrc_jax.judge import Judge, JudgeConfig
+from rrc_jax.models import load_hf, load_tokenizer
+from rrc_jax.models.hf_io import decoder_config
 
 
 class Collective(Protocol):
@@ -209,11 +212,6 @@ def judge_for(model: str, *, url: str = "", template: str = "rrc_pairwise_cot", 
     the directory then needs only its config.json and tokenizer: no weight is read; the server is asked once here
     whether it answers, `OpenAISampler.probe`). `engine_options` go to the HTTP engine (`api_model`,
     `concurrency`, `timeout_s`, `retries`)."""
-    from rrc_jax.inference import make_sampler
-    from rrc_jax.judge import JudgeConfig
-    from rrc_jax.models import load_hf, load_tokenizer
-    from rrc_jax.models.hf_io import decoder_config
-
     tokenizer = load_tokenizer(model)
     if url:
         sampler = make_sampler("grm", decoder_config(model), tokenizer,

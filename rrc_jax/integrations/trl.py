@@ -28,13 +28,13 @@ class AccelerateCollective:
     """The processes of an accelerate launch as a `groups.Collective` (`gather_object`)."""
 
     def __init__(self):
-        from accelerate import PartialState
+        from accelerate import PartialState  # the trl extra
 
         state = PartialState()
         self.rank, self.size = state.process_index, state.num_processes
 
     def all_gather(self, items: list) -> list:
-        from accelerate.utils import gather_object
+        from accelerate.utils import gather_object  # the trl extra
 
         return list(gather_object(list(items)))
 

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
+
 from rrc_jax.integrations.groups import GroupRewards, rows_of
 from rrc_jax.judge import Judge
+from rrc_jax.models.hf_io import decoder_config
 
 
 class TunixReward:
@@ -56,8 +59,6 @@ TUNIX_ROPE_THETA = 1e6  # tunix 0.1.7's Llama applies RoPE with this base whatev
 def tunix_mesh(fsdp: int = 1, tp: int = 1):
     """A mesh over the first `fsdp x tp` devices with the axis names tunix's Llama shards by (`fsdp`, `tp`), its axes
     `Auto` (tunix's embedding lookup fails under JAX's default `Explicit` axes)."""
-    import jax
-
     return jax.make_mesh((fsdp, tp), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
                          devices=jax.devices()[:fsdp * tp])
 
@@ -67,10 +68,8 @@ def tunix_llama(path, mesh, dtype=None):
     read as this project reads it (`rrc_jax.models.hf_io.decoder_config`). tunix's Llama applies RoPE with base
     `TUNIX_ROPE_THETA` and no scaling whatever the checkpoint says: a checkpoint with another base computes
     otherwise there (same cost)."""
-    from tunix.models.llama3 import model as llama3_model
-    from tunix.models.llama3 import params as llama3_params
-
-    from rrc_jax.models.hf_io import decoder_config
+    from tunix.models.llama3 import model as llama3_model  # the tunix extra
+    from tunix.models.llama3 import params as llama3_params  # the tunix extra
 
     cfg = decoder_config(path)
     if cfg.model_type != "llama":

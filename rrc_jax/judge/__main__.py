@@ -12,9 +12,15 @@ every vote abstains, a `warning:` line says why (the tally counts the abstention
 
 from __future__ import annotations
 
+import jax
 from absl import flags, logging
 
 from rrc_jax import cli
+from rrc_jax.errors import ConfigError
+from rrc_jax.judge import get_template
+from rrc_jax.judge.templates import question_length
+from rrc_jax.progress import say
+from rrc_jax.rm.accuracy import abstention_causes, fitted_judge
 
 _MODEL = cli.model_flags("the judge")
 _PROMPT = flags.DEFINE_string("prompt", None, "The user prompt both responses answer.")
@@ -30,14 +36,6 @@ _SAMPLING = cli.sampling_flags(max_new_tokens=512, temperature=1.0, what=" per j
 def judge_pair() -> None:
     """Load the judge, ask it `--votes` times, print every vote and the tally (a user's mistake raises
     `ConfigError`)."""
-    import jax
-
-    from rrc_jax.errors import ConfigError
-    from rrc_jax.judge import get_template
-    from rrc_jax.judge.templates import question_length
-    from rrc_jax.progress import say
-    from rrc_jax.rm.accuracy import abstention_causes, fitted_judge
-
     if _VOTES.value < 1:
         raise ConfigError(f"--votes={_VOTES.value}: the pair needs at least one judgment; give --votes=1 or more")
     template = get_template(_TEMPLATE.value)

@@ -230,7 +230,7 @@ def load_template(path: str | Path) -> JudgeTemplate:
     text = path.read_text()
     try:
         if path.suffix in (".yaml", ".yml"):
-            import yaml
+            import yaml  # PyYAML, optional: only for a .yaml template
 
             fields = yaml.safe_load(text)
         else:

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import string
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 PRINTABLE = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 
 def make_char_tokenizer(alphabet: str = PRINTABLE):
     """`PreTrainedTokenizerFast` with one token per character of `alphabet` (duplicates are an error)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # heavy (1 s): only when one is made
 
     if len(set(alphabet)) != len(alphabet):
         raise ValueError("make_char_tokenizer: alphabet has repeated characters")

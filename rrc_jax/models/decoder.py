@@ -45,11 +45,11 @@ from flax import nnx
 
 from rrc_jax import sharding
 from rrc_jax.models.attention import Window, softcap
-from rrc_jax.models.block import Block, SAVED_RESIDUALS, init_param, layer_segments, norm, stack_layers
+from rrc_jax.models.block import SAVED_RESIDUALS, Block, init_param, layer_segments, norm, stack_layers
 from rrc_jax.models.decoder_config import DecoderConfig
+from rrc_jax.models.heads import ScalarHead
 from rrc_jax.models.kv_cache import KVCache, RingStep, ring_plan
 from rrc_jax.models.rope import rope_cos_sin, rope_inv_freq
-
 
 ACTIVATION = ("batch", "length", "embed")  # logical axes of the residual stream [B, T, E] (`sharding.constrain`)
 
@@ -79,8 +79,6 @@ class Decoder(nnx.Module):
     (float32)."""
 
     def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
-        from rrc_jax.models.heads import ScalarHead  # local: heads imports nothing from here at import time
-
         self.cfg = cfg
         self.inv_freq = tuple(float(f) for f in rope_inv_freq(cfg))  # static (hashable) constant, not a parameter
         if cfg.local_rope_theta is not None:  # the sliding layers' RoPE (Gemma 3): default, its own base

@@ -455,10 +455,10 @@ def _tokenizer_class(path: Path):
     config = path / "tokenizer_config.json"
     name = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
     if name in GENERIC_TOKENIZERS and (path / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast
+        from transformers import PreTrainedTokenizerFast  # heavy (1 s): only when a tokenizer loads
 
         return PreTrainedTokenizerFast
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy (1 s): only when a tokenizer loads
 
     return AutoTokenizer
 

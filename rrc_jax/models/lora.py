@@ -208,7 +208,7 @@ def _block(n: int, block: int) -> int:
 
 def quantize(w: jax.Array, inputs: tuple[int, ...], lora: LoraConfig, scale_dtype) -> tuple[jax.Array, jax.Array]:
     """`w` (one layer's weight) as qwix stores it in `lora.weight_qtype`: (values, scales of `scale_shape`)."""
-    import qwix
+    import qwix  # heavy (1.4 s): only for a quantized base
 
     others = tuple(i for i in range(w.ndim) if i not in inputs)
     if lora.weight_qtype == "int8":
@@ -241,7 +241,7 @@ def weight(module: nnx.Module, name: str) -> jax.Array:
     scale = getattr(module, f"{name}_scale", None)
     if scale is None:
         return value
-    import qwix
+    import qwix  # heavy (1.4 s): only for a quantized base
 
     return qwix.dequantize(qwix.QArray(value, scale[...], qtype=qtype(module.lora.weight_qtype)))
 
@@ -280,7 +280,7 @@ def merged_layers(model) -> dict[tuple[str, ...], jax.Array]:
     def dequantized(module, name):
         if getattr(module, f"{name}_scale", None) is None:
             return f32(getattr(module, name)[...])
-        import qwix
+        import qwix  # heavy (1.4 s): only for a quantized base
 
         q = qwix.QArray(getattr(module, name)[...], getattr(module, f"{name}_scale")[...],
                         qtype=qtype(cfg.lora.weight_qtype))

@@ -5,13 +5,12 @@
 
 from __future__ import annotations
 
+from rrc_jax import cli
+from rrc_jax.config import validate
 from rrc_jax.plan.report import report
 
 
 def _main(argv) -> None:
-    from rrc_jax import cli
-    from rrc_jax.config import validate
-
     config = cli.config_value(_CONFIG, argv, "agr.py")
 
     def run():

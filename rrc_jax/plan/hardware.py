@@ -7,7 +7,7 @@ import dataclasses
 import re
 
 from rrc_jax.errors import ConfigError
-
+from rrc_jax.sharding import mesh_shape
 
 GiB = 1 << 30
 
@@ -65,8 +65,6 @@ def topology(name: str) -> Topology:
 def resolve_mesh(data: int, fsdp: int, tensor: int, devices: int) -> tuple[int, int, int]:
     """(data, fsdp, tensor) with a -1 taking the remaining devices, as the trainer's mesh resolves it
     (`rrc_jax.sharding.mesh_shape`)."""
-    from rrc_jax.sharding import mesh_shape
-
     return mesh_shape(data, fsdp, tensor, devices)
 
 

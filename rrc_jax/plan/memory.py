@@ -7,11 +7,23 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from rrc_jax.models.kv_cache import ring_size
-from rrc_jax.plan.hardware import split_size, GiB, HEADROOM, resolve_mesh, Topology, topology
-from rrc_jax.plan.shapes import (itemsize, lora_param_bytes, model_config, param_bytes, param_count, param_shapes,
-                                 shard_size)
-
+from rrc_jax import sharding
+from rrc_jax.inference.kernels import PREFILL_CHUNK
+from rrc_jax.judge.templates import get_template
+from rrc_jax.models.attention import TRAINING_ATTENTION_BLOCK
+from rrc_jax.models.attention import TRAINING_ATTENTION_BLOCK as block
+from rrc_jax.models.batches import bucket_length, length_bucket, round_up
+from rrc_jax.models.kv_cache import ATTENTION_BLOCK, SHARED_ATTENTION_BLOCK, ring_size
+from rrc_jax.plan.hardware import HEADROOM, GiB, Topology, resolve_mesh, split_size, topology
+from rrc_jax.plan.shapes import (
+    itemsize,
+    lora_param_bytes,
+    model_config,
+    param_bytes,
+    param_count,
+    param_shapes,
+    shard_size,
+)
 
 LOGPROB_CHUNK_ARRAYS = 4  # float32 [rows, chunk, vocab] arrays live at once in a log-prob chunk (see above)
 
@@ -80,8 +92,6 @@ def _attention_residual_bytes(cfg, hq: int, keys: int, dtype: str) -> int:
     """Per token, what one layer's attention over `keys` keys keeps for the backward pass: dense up to
     `TRAINING_ATTENTION_BLOCK` keys (masked scores, exp, mask, probabilities `[hq, keys]`), else
     `blockwise_attention`'s (docs/planner.md): the block-split mask and n + 1 float32 carries for n blocks."""
-    from rrc_jax.models.attention import TRAINING_ATTENTION_BLOCK as block
-
     if keys <= block:
         return (4 + 4 + 1 + itemsize(dtype)) * hq * keys
     n = -(-keys // block)
@@ -120,8 +130,6 @@ def activation_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, in
     `blockwise_attention` (over `TRAINING_ATTENTION_BLOCK` keys), also the block of one layer that the backward
     pass recomputes at a time: its dense internals (masked scores, exp, mask, probabilities `[heads, block]` a
     token)."""
-    from rrc_jax.models.attention import TRAINING_ATTENTION_BLOCK as block
-
     c, e, d = itemsize(dtype), cfg.hidden_size, cfg.head_dim
     tokens = _rows_per_device(rows, mesh_shape) * length
     kv = split_size(cfg.num_kv_heads, mesh_shape[2])
@@ -144,8 +152,6 @@ def forward_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, int],
     """Bytes per device of a forward pass without gradients (prefill, log-probs, DRM scores) over `rows` x
     `length` new tokens attending to `keys` positions at once (default: a no-cache forward's, `length` keys in
     blocks of `TRAINING_ATTENTION_BLOCK`): the residual stream in and out of a layer plus one layer's internals."""
-    from rrc_jax.models.attention import TRAINING_ATTENTION_BLOCK
-
     stream = 2 * _rows_per_device(rows, mesh_shape) * length * cfg.hidden_size * itemsize(dtype)
     keys = keys or min(length, TRAINING_ATTENTION_BLOCK)
     return stream + layer_activation_bytes(cfg, rows, length, mesh_shape, dtype, keys=keys)
@@ -154,8 +160,7 @@ def forward_bytes(cfg, rows: int, length: int, mesh_shape: tuple[int, int, int],
 def shared_block(prefix_slots: int) -> int:
     """Prefix slots that `shared_attention` scores at once: `SHARED_ATTENTION_BLOCK` when it splits the N prefix
     slots into several whole blocks (a `lax.scan`), else N (one pass)."""
-    from rrc_jax.models.kv_cache import SHARED_ATTENTION_BLOCK as block
-
+    block = SHARED_ATTENTION_BLOCK
     return block if prefix_slots > block and prefix_slots % block == 0 else prefix_slots
 
 
@@ -264,8 +269,6 @@ def roles(s) -> dict[str, str]:
 
 def template_tokens(s) -> tuple[int, int]:
     """Estimated tokens of the judge template's fixed text: (instruction + context, item), chat format included."""
-    from rrc_jax.judge.templates import get_template
-
     t = get_template(s.judge.template)
     toy = s.models.grm == "toy"
     rate = 1 if toy else CHARS_PER_TOKEN
@@ -278,10 +281,6 @@ def _policy_rollouts(s, cfg, shape, dtype, layout: str) -> list[Row]:
     """The rollout phase on mesh `shape` in `layout`: the policy sampler's caches (a step's groups or the held-out
     greedy generation, the larger), its transients and, sampling from the training layout, the weights its decode
     loop gathers."""
-    from rrc_jax.models.batches import bucket_length, round_up
-    from rrc_jax.inference.kernels import PREFILL_CHUNK
-    from rrc_jax.models.kv_cache import ATTENTION_BLOCK
-
     rl = s.rollout
     n_new = rl.max_new_tokens
     prompt = min(bucket_length(s.prompts.data.max_prompt_tokens), cfg.max_position_embeddings - n_new)
@@ -313,8 +312,6 @@ def judge_chunk(questions: int, prompts: int, max_batch: int) -> tuple[int, int]
     prefixes has `questions` questions: a prefix's questions in pieces of at most `max_batch`, M the power-of-two
     bucket of a piece, and P the power-of-two bucket of the pieces a chunk takes, as many as keep P x M within
     `max_batch` (at least one)."""
-    from rrc_jax.models.batches import bucket_length
-
     m = bucket_length(min(questions, max_batch), 1)
     fit = max(1, max_batch // m)
     fit = 1 << (fit.bit_length() - 1)  # the largest power of two <= max_batch // M
@@ -325,10 +322,6 @@ def judge_chunk(questions: int, prompts: int, max_batch: int) -> tuple[int, int]
 def _judging(s, cfg, shape, dtype, layout: str) -> tuple[list[Row], str]:
     """The reward phase of a judge reward on mesh `shape` in `layout`: the call (a step's questions or the judged
     evaluation's) whose caches and transients are the larger; and a note on the estimated question lengths."""
-    from rrc_jax.models.batches import length_bucket, round_up
-    from rrc_jax.inference.kernels import PREFILL_CHUNK
-    from rrc_jax.models.kv_cache import ATTENTION_BLOCK
-
     judge, n_new, max_prompt = s.judge, s.rollout.max_new_tokens, s.prompts.data.max_prompt_tokens
     pre_tokens, item_tokens = template_tokens(s)
     prefix = length_bucket(max_prompt + pre_tokens)
@@ -366,8 +359,6 @@ def _judging(s, cfg, shape, dtype, layout: str) -> tuple[list[Row], str]:
 def inference_shape(s, topo: Topology, num_heads: int) -> tuple[int, int, int]:
     """The inference layout's mesh `(data, fsdp, tensor)` (`mesh.inference`: `auto`, as
     `rrc_jax.sharding.inference_mesh` makes it, or DATA,FSDP,TENSOR)."""
-    from rrc_jax import sharding
-
     if s.mesh.inference == "auto":
         t = sharding.inference_tensor(topo.devices, topo.host_devices, num_heads)
         return topo.devices // t, 1, t
@@ -392,8 +383,6 @@ def plan(s, topo: Topology | str, *, mesh: tuple[int, int, int] | None = None,
     """The memory `Plan` of a trainer's settings `s` (`rrc_jax.config.TrainerSettings`) on `topo` (a `Topology` or
     its name), on the settings' mesh, `rl.micro_batch_size` and `rl.remat` unless `mesh`, `micro_batch_size` or
     `remat` are given."""
-    from rrc_jax.models.batches import bucket_length, length_bucket
-
     topo = topology(topo) if isinstance(topo, str) else topo
     rl, learner, dtype, max_prompt = s.rollout, s.learner, s.models.dtype, s.prompts.data.max_prompt_tokens
     shape = mesh or resolve_mesh(s.mesh.data, s.mesh.fsdp, s.mesh.tensor, topo.devices)

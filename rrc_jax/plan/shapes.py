@@ -8,9 +8,19 @@ import functools
 import math
 from pathlib import Path
 
+import jax.numpy as jnp
+from flax import nnx
+
+from rrc_jax.data.toy.task import ALPHABET, TOY_MODELS
+from rrc_jax.data.toy.world import ModelSpec
+from rrc_jax.data.toy.world import model_config as toy_config
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import families
-
+from rrc_jax.models.char_tokenizer import SPECIAL_TOKENS
+from rrc_jax.models.decoder import Decoder
+from rrc_jax.models.decoder_config import DecoderConfig
+from rrc_jax.models.hf_io import read_hf_config
+from rrc_jax.sharding import LAYOUTS, MESH_AXES, model_context, partition
 
 # Size presets: DecoderConfig fields from the public Hugging Face config.json of each model, one family's in its
 # module (`rrc_jax.models.families`).
@@ -20,16 +30,9 @@ PRESETS = families.presets()
 def model_config(name: str, *, field: str = "models.policy", value_head: bool = False):
     """The `DecoderConfig` of a role: a size preset (`PRESETS`), `toy` (the toy world's sizes, `TOY_MODELS`; the
     world is not built) or a Hugging Face directory (its `config.json`). `field` names the config field in errors."""
-    from rrc_jax.models.decoder_config import DecoderConfig
-
     if name in PRESETS:
         return DecoderConfig(**PRESETS[name], value_head=value_head)
     if name == "toy":
-        from rrc_jax.data.toy.task import TOY_MODELS
-        from rrc_jax.data.toy.task import ALPHABET
-        from rrc_jax.data.toy.world import ModelSpec, model_config as toy_config
-        from rrc_jax.models.char_tokenizer import SPECIAL_TOKENS
-
         role = field.rsplit(".", 1)[-1]
         spec = ModelSpec(**TOY_MODELS["policy" if role == "reference" else role])
         return toy_config(spec, len(SPECIAL_TOKENS) + len(ALPHABET), value_head=value_head)
@@ -37,7 +40,6 @@ def model_config(name: str, *, field: str = "models.policy", value_head: bool = 
     if not (path / "config.json").is_file():
         raise ConfigError(f"config.{field}={name!r}: not a size preset (known: {', '.join(PRESETS)}), 'toy', or a "
                           "Hugging Face directory with a config.json")
-    from rrc_jax.models.hf_io import read_hf_config
 
     return DecoderConfig.from_hf(read_hf_config(path), value_head=value_head)
 
@@ -50,11 +52,6 @@ def param_shapes(cfg) -> dict[tuple, tuple[tuple[int, ...], tuple[str | None, ..
 
 @functools.lru_cache(maxsize=64)
 def _param_shapes(cfg) -> tuple:
-    from flax import nnx
-
-    from rrc_jax.models.decoder import Decoder
-    from rrc_jax.sharding import model_context
-
     with model_context(None):
         model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     return tuple((tuple(path), (tuple(v.shape), tuple(v.get_metadata()["out_sharding"])))
@@ -69,8 +66,6 @@ def param_count(cfg) -> int:
 def mesh_axes(names, shape, mesh_shape, layout: str = "train") -> list[int]:
     """Ways each axis of an array of `shape` with logical `names` is split on a `(data, fsdp, tensor)` mesh in
     `layout` (`rrc_jax.sharding.partition`: an axis its mesh axes do not divide is replicated, as JAX places it)."""
-    from rrc_jax.sharding import LAYOUTS, MESH_AXES, partition
-
     size = dict(zip(MESH_AXES, mesh_shape))
     return [math.prod(size[a] for a in axes) for axes in partition(names, shape, LAYOUTS[layout], size)]
 
@@ -111,12 +106,6 @@ def lora_param_bytes(cfg, lora, dtype: str, mesh_shape: tuple[int, int, int], la
 def _lora_leaves(cfg, lora, dtype: str) -> tuple[tuple[tuple[int, ...], tuple, int, bool], ...]:
     """(shape, logical axes, bits per element, is an adapter) of each parameter of `Decoder(cfg)` under `lora`,
     from the decoder built abstractly (nothing allocated)."""
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from rrc_jax.models.decoder import Decoder
-    from rrc_jax.sharding import model_context
-
     with model_context(None):
         model = nnx.eval_shape(lambda: Decoder(cfg.replace(lora=lora, param_dtype=dtype), rngs=nnx.Rngs(0)))
     return tuple((tuple(v.shape), tuple(v.out_sharding or ()),

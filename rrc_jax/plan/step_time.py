@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from rrc_jax.plan.hardware import split_size, GiB, Topology, topology
-from rrc_jax.plan.memory import template_tokens, gather_traffic_bytes, layer_slots, Plan
+from rrc_jax.models.batches import bucket_length, length_bucket
+from rrc_jax.plan.hardware import GiB, Topology, split_size, topology
+from rrc_jax.plan.memory import Plan, gather_traffic_bytes, layer_slots, template_tokens
 from rrc_jax.plan.shapes import itemsize, matmul_params, model_config, param_bytes
-
 
 # JetStream serving Llama-3-8B in bf16 on a v5e-8 at batch 128, 1,024 tokens in and out: 8,249 tokens/s
 # (AI-Hypercomputer/jetstream-pytorch, benchmarks/summary.md): the planner's sanity anchor.
@@ -75,8 +75,6 @@ def decode_time(topo: Topology, cfg, dtype: str, shape, layout: str, rows: int, 
 def step_times(s, p: Plan) -> list[PhaseTime]:
     """The roofline seconds of each phase of one step of the trainer's settings `s` on plan `p`'s topology and
     layouts."""
-    from rrc_jax.models.batches import bucket_length, length_bucket
-
     topo, rl, learner, dtype = p.topology, s.rollout, s.learner, s.models.dtype
     policy = model_config(s.models.policy)
     prompt = bucket_length(s.prompts.data.max_prompt_tokens)

@@ -16,11 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from rrc_jax import distributed
+from rrc_jax.checkpoint import Checkpointer
+from rrc_jax.data.toy.world import build_pointwise, build_world
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer
 from rrc_jax.models.decoder_config import is_sequence_classifier
 from rrc_jax.models.hf_io import decoder_config, read_hf_config
 from rrc_jax.models.lora import LoraConfig, frozen_copy
+from rrc_jax.models.peft_io import is_adapter_dir, load_adapter
 from rrc_jax.progress import say
 from rrc_jax.settings import field_error, one_of
 from rrc_jax.sharding import ROLES, Layout, MeshConfig
@@ -112,8 +115,6 @@ class Roles:
 
     def _toy(self, which: str) -> Path:
         """The directory of toy model `which`, built (or read from the cache) by process 0 while the others wait."""
-        from rrc_jax.data.toy.world import build_pointwise, build_world
-
         if self.toy is None:
             raise ConfigError(f"config.models: 'toy:{which}' needs the config's toy group (Roles.from_config, or "
                               "Roles(..., toy=ToyWorldConfig(...)))")
@@ -176,9 +177,6 @@ class Roles:
     def _initialize(self, role: str, model: Decoder) -> None:
         """`role`'s parameters from `init_from`: another run's checkpoints (the adapters only, under LoRA) or, for
         a LoRA policy, a PEFT adapter directory (`rrc_jax.models.peft_io`)."""
-        from rrc_jax.checkpoint import Checkpointer
-        from rrc_jax.models.peft_io import is_adapter_dir, load_adapter
-
         local = "://" not in self.init_from
         if local and not Path(self.init_from).expanduser().is_dir():
             raise ConfigError(f"config.init_from: {self.init_from} is not a directory; give another run's checkpoints "

@@ -45,7 +45,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from rrc_jax.data.preferences import Preference
-from rrc_jax.judge import Judge
+from rrc_jax.errors import ConfigError
+from rrc_jax.inference import make_sampler
+from rrc_jax.judge import Judge, JudgeConfig
+from rrc_jax.judge.judge import sampler_context_length
+from rrc_jax.progress import say
 
 KINDS = ("pairwise", "pointwise", "drm")
 ORDERS = ("chosen as A", "chosen as B")  # order 1, order 2
@@ -263,8 +267,6 @@ def fit_judgment_budget(max_new_tokens: int, context: int | None, lengths: Seque
     (each would abstain unasked), what fits the longest question. A `ConfigError` naming `flag` when even that
     leaves no room (naming the `template` the questions are written in, part of every one). `context` None
     (unknown): unchanged."""
-    from rrc_jax.errors import ConfigError
-
     if context is None or not lengths or min(lengths) + max_new_tokens <= context:
         return max_new_tokens, None
     longest, shortest = max(lengths), min(lengths)
@@ -286,11 +288,6 @@ def fitted_judge(model, tokenizer, template, lengths: Sequence[int], max_new_tok
     """A `Judge` of `template` on `model` whose judgment budget fits the model's context for questions of `lengths`
     tokens (`fit_judgment_budget`, its note said); `sampling`: the rest of `JudgeConfig` (temperature, top_p,
     top_k, seed)."""
-    from rrc_jax.inference import make_sampler
-    from rrc_jax.judge import JudgeConfig
-    from rrc_jax.judge.judge import sampler_context_length
-    from rrc_jax.progress import say
-
     sampler = make_sampler("grm", model, tokenizer, max_batch=max_batch)
     budget, note = fit_judgment_budget(max_new_tokens, sampler_context_length(sampler), lengths,
                                        template=template.name)

@@ -33,12 +33,18 @@ import numpy as np
 from rrc_jax import distributed
 from rrc_jax.data.preferences import Preference, load_preferences
 from rrc_jax.errors import ConfigError
+from rrc_jax.inference import make_sampler
+from rrc_jax.judge import Judge, JudgeConfig
 from rrc_jax.judge.templates import direct_template, get_template
+from rrc_jax.models import load_hf, load_tokenizer, save_hf
 from rrc_jax.progress import say
+from rrc_jax.rm.accuracy import evaluate, nothing_scored
 from rrc_jax.rm.examples import drm_batches, grm_example, scored_ids, sft_batches
 from rrc_jax.rm.fit import fit, recording
 from rrc_jax.rm.losses import bt_loss
+from rrc_jax.rm.scores import DRMScorer
 from rrc_jax.settings import at_least, field_error, one_of
+from rrc_jax.sharding import Layout, model_context
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,9 +197,6 @@ def load_data(d: PreferenceDataConfig, seed: int) -> tuple[list[Preference], lis
 def train_on_preferences(s, mesh) -> Path:
     """Train `s.kind` ('grm' | 'drm') on `s.data` from `s.model.init` (module docstring; `s` an
     `rrc_jax.config.RMSettings`); returns the export directory."""
-    from rrc_jax.models import load_hf, load_tokenizer, save_hf
-    from rrc_jax.sharding import Layout, model_context
-
     if not s.model.init:
         raise ConfigError("config.model.init: a Hugging Face model directory to fine-tune is needed when "
                           f"config.data.path={s.data.path!r} is a dataset (the toy world trains its own)")
@@ -231,8 +234,6 @@ def train_on_preferences(s, mesh) -> Path:
 def held_out_metrics(s, model, tokenizer, prefs: Sequence[Preference]) -> dict[str, float]:
     """`held_out_accuracy`, written to `workdir/eval.json` (process 0), as the `eval/*` metrics of the last step
     (`s` an `rrc_jax.config.RMSettings`)."""
-    from rrc_jax.rm.accuracy import nothing_scored
-
     result, records = held_out_accuracy(s, model, tokenizer, prefs)
     why = nothing_scored("drm" if s.kind == "drm" else "pairwise", result, records)
     if why:  # no accuracy from nothing: 0.5 would read as a coin-flip judge
@@ -249,11 +250,6 @@ def held_out_metrics(s, model, tokenizer, prefs: Sequence[Preference]) -> dict[s
 def held_out_accuracy(s, model, tokenizer, prefs: Sequence[Preference]) -> dict:
     """The trained model's figures on held-out preferences and their records (`rrc_jax.rm.accuracy.evaluate`):
     the GRM judging greedily in both A/B orders with its template, the DRM scoring both responses."""
-    from rrc_jax.inference import make_sampler
-    from rrc_jax.judge import Judge, JudgeConfig
-    from rrc_jax.rm.scores import DRMScorer
-    from rrc_jax.rm.accuracy import evaluate
-
     if s.kind == "drm":
         return evaluate("drm", prefs, drm=DRMScorer(model, tokenizer))
     judge = Judge(make_sampler("grm", model, tokenizer, engine=s.inference), tokenizer, JudgeConfig(

@@ -16,7 +16,13 @@ from absl import flags
 
 from rrc_jax import cli
 from rrc_jax.config import parse
-from rrc_jax.study.runs import StudyConfig
+from rrc_jax.configs.study import quick
+from rrc_jax.data.toy.audit import audit
+from rrc_jax.inference import role_sampler
+from rrc_jax.judge import Judge, JudgeConfig
+from rrc_jax.rl.roles import Roles
+from rrc_jax.study.report import write_report
+from rrc_jax.study.runs import StudyConfig, plan, run_all, run_settings
 
 CONFIG = cli.config_flag("study.py", "The study's config")
 QUICK = flags.DEFINE_bool("quick", False, "fewer seeds and steps (study.py:quick's sizes), into out/workdir _quick")
@@ -28,11 +34,6 @@ def audit_judge(study: StudyConfig) -> dict:
     path = Path(study.out) / "audit.json"
     if path.is_file():
         return json.loads(path.read_text())
-    from rrc_jax.data.toy.audit import audit
-    from rrc_jax.inference import role_sampler
-    from rrc_jax.judge import Judge, JudgeConfig
-    from rrc_jax.rl.roles import Roles
-    from rrc_jax.study.runs import plan, run_settings
 
     s = run_settings(study, *plan(study)[0])
     roles, j, task = Roles.of_run(s), s.judge, s.toy.task.task
@@ -47,9 +48,6 @@ def audit_judge(study: StudyConfig) -> dict:
 
 
 def run_study(study: StudyConfig) -> Path:
-    from rrc_jax.study.report import write_report
-    from rrc_jax.study.runs import run_all
-
     summaries = run_all(study)
     if not study.report:
         return Path(study.out)
@@ -61,8 +59,6 @@ def run_study(study: StudyConfig) -> Path:
 def main(argv) -> None:
     config = cli.config_value(CONFIG, argv, "study.py")
     if QUICK.value:
-        from rrc_jax.configs.study import quick
-
         config = quick(config.copy_and_resolve_references())
     cli.exit_on_user_error(run_study, cli.exit_on_user_error(parse, StudyConfig, config))
 

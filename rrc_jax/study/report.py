@@ -31,6 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
+from rrc_jax.config import parse
+from rrc_jax.configs.study import get_config
+from rrc_jax.constructions import CONSTRUCTIONS
+from rrc_jax.study.runs import RUNS, StudyConfig, absolute_reward, run_settings
+
 # Student's t quantile t(0.975, df) for df = 1..30 (beyond: 1.96 is within 4%).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
@@ -231,8 +236,6 @@ def markdown(result: dict, plots: list[str]) -> str:
 
 def _families(entries: dict) -> dict[str, list[str]]:
     """Constructions by reward kind, the baselines (`Construction.baseline`: DRM, PRC) together: one panel each."""
-    from rrc_jax.constructions import CONSTRUCTIONS
-
     baselines = [k for k, c in CONSTRUCTIONS.items() if c.baseline]
     out: dict[str, list[str]] = {}
     for name, e in entries.items():
@@ -246,10 +249,10 @@ def plot(result: dict, out: Path) -> list[str]:
     """The PNGs (file names, in `out`): quality vs step with 95% bands (a panel per reward kind, PRC dashed in
     each for reference), reward fidelity, the cost-fidelity frontier, and the PRC probability histogram (when a PRC
     construction ran)."""
-    import matplotlib
+    import matplotlib  # heavy: only when plotting
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: only when plotting
 
     entries = result["constructions"]
     names = list(entries)
@@ -326,7 +329,7 @@ def plot(result: dict, out: Path) -> list[str]:
 
 
 def _save(fig, path: Path) -> str:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: only when plotting
 
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -352,11 +355,7 @@ def _with_scale(summary: dict) -> dict:
     """A summary with `absolute_reward`; one written before that field gets it from its construction's trainer
     config (None for a construction this version does not know)."""
     if "absolute_reward" not in summary:
-        from rrc_jax.config import parse
-        from rrc_jax.configs.study import get_config
-        from rrc_jax.study.runs import CONSTRUCTIONS, StudyConfig, absolute_reward, run_settings
-
         name, study = summary["construction"], parse(StudyConfig, get_config())
         summary["absolute_reward"] = (absolute_reward(run_settings(study, name, summary["seed"]))
-                                      if name in CONSTRUCTIONS else None)
+                                      if name in RUNS else None)
     return summary

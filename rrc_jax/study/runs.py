@@ -1,4 +1,4 @@
-"""The study's runs: every reward construction (`CONSTRUCTIONS`) x seeds, each a trainer run on the toy world, and
+"""The study's runs: every reward construction (`RUNS`) x seeds, each a trainer run on the toy world, and
 the per-run summary the report is built from.
 
 A run is `(construction, seed)`; its trainer workdir is `workdir/<construction>/seed<k>` (checkpoints: an
@@ -21,10 +21,11 @@ from pathlib import Path
 
 from rrc_jax.config import TrainerSettings, base_config, validate
 from rrc_jax.errors import ConfigError
+from rrc_jax.rl.trainer import run
 from rrc_jax.settings import flat_fields
 
 # name -> (reward kind, trainer overrides)
-CONSTRUCTIONS: dict[str, tuple[str, dict]] = {
+RUNS: dict[str, tuple[str, dict]] = {
     "drm": ("drm", {}),
     "prc": ("prc", {}),
     "prc_direct": ("prc", {"reward.prc.think": False}),
@@ -60,14 +61,14 @@ SERIES = ("reward/mean", "oracle_quality", "fidelity/kendall_tau", "fidelity/adv
 
 
 def constructions(spec: str) -> list[str]:
-    """The names picked by `spec` ('all', or a comma-separated list of `CONSTRUCTIONS` keys)."""
+    """The names picked by `spec` ('all', or a comma-separated list of `RUNS` keys)."""
     if spec == "all":
-        return list(CONSTRUCTIONS)
+        return list(RUNS)
     names = [n.strip() for n in spec.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CONSTRUCTIONS]
+    unknown = [n for n in names if n not in RUNS]
     if unknown or not names:
         raise ConfigError(f"config.constructions: unknown {unknown or spec!r}; use 'all' or some of "
-                          f"{', '.join(CONSTRUCTIONS)}")
+                          f"{', '.join(RUNS)}")
     return names
 
 
@@ -129,7 +130,7 @@ def plan(study: StudyConfig) -> list[tuple[str, int]]:
 def run_settings(study: StudyConfig, name: str, seed: int) -> TrainerSettings:
     """The trainer settings of run (`name`, `seed`): the trainer's defaults for the construction's kind, the study's
     sizes, the construction's overrides and then the study's."""
-    kind, overrides = CONSTRUCTIONS[name]
+    kind, overrides = RUNS[name]
     overrides = {k: max(1, study.steps // 4) if v == "steps/4" else v for k, v in overrides.items()}
     c = base_config(kind)
     c.update_from_flattened_dict({
@@ -171,8 +172,6 @@ def _finite(x) -> bool:
 def run_all(study: StudyConfig) -> list[Path]:
     """Run this shard's unfinished runs (one after another) and write each summary; returns every summary path of
     the study that exists afterwards."""
-    from rrc_jax.rl.trainer import run
-
     index, count = parse_shard(study.shard)
     runs = plan(study)
     mine = [r for i, r in enumerate(runs) if i % count == index]

@@ -17,14 +17,13 @@ from math import comb
 
 import numpy as np
 
-from rrc_jax.data.toy.task import SortTask, oracle_quality
+from rrc_jax.data.toy.task import SortTask, oracle_quality, sample_response, toy_preferences
 from rrc_jax.judge import Judge
 from rrc_jax.rewards import scr_diagnostics
+from rrc_jax.rm.accuracy import evaluate
 
 
 def _distinct_group(task: SortTask, digits: str, m: int, rng: np.random.Generator) -> list[str]:
-    from rrc_jax.data.toy.task import sample_response
-
     out: list[str] = []
     while len(out) < m:
         r = sample_response(task, digits, rng)
@@ -36,9 +35,6 @@ def _distinct_group(task: SortTask, digits: str, m: int, rng: np.random.Generato
 def audit(judge: Judge, task: SortTask, *, pairs: int = 512, groups: int = 64, group_size: int = 6,
           seed: int = 0) -> dict[str, float]:
     """The judge's imperfection (module docstring) on `pairs` held-out pairs and `groups` held-out groups."""
-    from rrc_jax.data.toy.task import toy_preferences
-    from rrc_jax.rm.accuracy import evaluate
-
     rng = np.random.default_rng([seed, 50])
     prefs = toy_preferences(task, pairs, rng, held_out=True, name="audit")
     result, records = evaluate("pairwise", prefs, judge=judge, votes=1)

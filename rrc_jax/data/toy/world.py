@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -44,14 +45,23 @@ import jax
 import numpy as np
 from flax import nnx
 
+from rrc_jax.data.preferences import Preference
+from rrc_jax.data.toy.task import (
+    ALPHABET,
+    TOY_ANNOTATOR,
+    TOY_MODELS,
+    Annotator,
+    SortTask,
+    ToyTaskConfig,
+    sample_pair,
+    sample_response,
+    toy_score_judgment,
+)
 from rrc_jax.errors import ConfigError
-from rrc_jax.data.toy.task import (TOY_ANNOTATOR, TOY_MODELS, ALPHABET, Annotator, SortTask, ToyTaskConfig,
-                                   sample_pair, sample_response, toy_score_judgment)
 from rrc_jax.judge.templates import direct_template, encode_text, get_template, render_parts
 from rrc_jax.judge.verdicts import parse_verdict
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer, prompt_ids, save_hf
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
-from rrc_jax.data.preferences import Preference
 from rrc_jax.rm.examples import drm_batches, sft_batches
 from rrc_jax.rm.fit import fit
 from rrc_jax.settings import at_least, field_error
@@ -298,8 +308,6 @@ def package_world(settings: WorldSettings, cache_dir: str | Path) -> Path:
     with each file's SHA-256 in its `world.json`; returns the packaged directory. Run after a change to the
     world's recipe (`VERSION`): `python -c "from rrc_jax.data.toy.world import *;
     package_world(WorldSettings(), '/tmp/fresh_world')"`."""
-    import shutil
-
     world = build_world(settings, cache_dir, packaged=False)
     dest = PACKAGED / world.root.name
     shutil.rmtree(dest, ignore_errors=True)
@@ -319,8 +327,6 @@ def build_world(settings: WorldSettings, cache_dir: str | Path, packaged: bool =
 
     def build(root: Path) -> None:
         if shipped is not None:
-            import shutil
-
             for name in ("policy", "grm", "drm"):
                 shutil.copytree(shipped / name, root / name, dirs_exist_ok=True)
             return
