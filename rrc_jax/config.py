@@ -46,7 +46,7 @@ from rrc_jax.rl.roles import ModelsConfig
 from rrc_jax.rl.rollout import RolloutConfig
 from rrc_jax.rl.samples import SamplesConfig
 from rrc_jax.rm.recipes import PreferenceDataConfig, RMJudgeConfig, RMModelConfig, RMTrainConfig, ToyPairsConfig
-from rrc_jax.settings import defaults, flat_fields
+from rrc_jax.settings import config_fields, defaults, flat_fields
 from rrc_jax.sharding import MeshConfig
 from rrc_jax.workdir import ResumeConfig
 
@@ -60,7 +60,7 @@ def parse(cls, config: ml_collections.ConfigDict, path: str | None = None):
     group = config
     for key in filter(None, (cls.GROUP if path is None else path).split(".")):
         group = group[key]
-    return cls(**{f.name: group[f.name] for f in dataclasses.fields(cls)})
+    return cls(**{f.name: group[f.name] for f in config_fields(cls)})
 
 
 def config_record(config: ml_collections.ConfigDict) -> dict:

@@ -63,7 +63,7 @@ from absl import flags
 from rrc_jax import cli, distributed
 from rrc_jax.data.preferences import FORMATS, load_preferences
 from rrc_jax.errors import ConfigError
-from rrc_jax.judge import get_template
+from rrc_jax.judge import JudgeConfig, get_template
 from rrc_jax.judge.templates import question_length
 from rrc_jax.progress import Progress, say
 from rrc_jax.rm.accuracy import (
@@ -108,6 +108,12 @@ class Args:
     mesh: str = "auto"
     dtype: str = "float32"
 
+    def judge_config(self) -> JudgeConfig:
+        """How the judge is asked: `--template` (default `DEFAULT_TEMPLATES[kind]`), `--max_new_tokens` and the
+        sampling flags."""
+        return JudgeConfig(template=self.template or DEFAULT_TEMPLATES[self.kind], max_new_tokens=self.max_new_tokens,
+                           temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed)
+
 
 def _jsonable(x):
     """NaN -> None (strict JSON), recursively."""
@@ -151,11 +157,11 @@ def run(args: Args) -> tuple[dict, list[dict]]:
         drm = DRMScorer(model, tokenizer, args.max_batch)
         say(f"scoring {n} pairs with the DRM: {2 * n} responses")
     else:
-        template = get_template(args.template or DEFAULT_TEMPLATES[args.kind])
+        asking = args.judge_config()
+        template = get_template(asking.template)
         lengths = [question_length(tokenizer, template, prompt, **item)
                    for prompt, item in question_items(args.kind, data.prefs)]
-        judge = fitted_judge(model, tokenizer, template, lengths, args.max_new_tokens, max_batch=args.max_batch,
-                             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+        judge = fitted_judge(model, tokenizer, asking, lengths, max_batch=args.max_batch)
         what = "orders x" if args.kind == "pairwise" else "responses x"
         say(f"judging {n} pairs: 2 {what} {args.votes} votes = {2 * n * args.votes} questions"
             + (f", then {2 * n} P(A) reads (--prc)" if args.prc else "")

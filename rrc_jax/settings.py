@@ -24,11 +24,21 @@ def unset(kind: type):
     return dataclasses.field(default=None, metadata={"unset": kind})
 
 
+def not_in_config(default):
+    """A dataclass field the config group does not hold: the code sets it (e.g. a judge's `seed`, the run's)."""
+    return dataclasses.field(default=default, metadata={"config": False})
+
+
+def config_fields(cls) -> list[dataclasses.Field]:
+    """The fields of `cls` its config group holds (all but `not_in_config` ones), in order."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("config", True)]
+
+
 def defaults(*classes) -> dict:
     """The default fields of one config group made of `classes`, in order (an `unset` field as a placeholder)."""
     out: dict = {}
     for cls in classes:
-        for f in dataclasses.fields(cls):
+        for f in config_fields(cls):
             kind = f.metadata.get("unset")
             out[f.name] = ml_collections.config_dict.placeholder(kind) if kind else getattr(cls(), f.name)
     return out

@@ -19,8 +19,10 @@ from rrc_jax.settings import field_error
 
 
 @dataclasses.dataclass(frozen=True)
-class JudgeSettings:
-    """How the GRM is asked (`reward.judge`: the judge rewards and the held-out win rate)."""
+class JudgeSettings(JudgeConfig):
+    """How the GRM is asked (`reward.judge`: the judge rewards and the held-out win rate): a `JudgeConfig` with the
+    trainer's defaults (the toy world's judge), and how many questions a pair gets and a model call takes. The
+    judge's seed is the run's (`make_judge`)."""
 
     GROUP: ClassVar[str] = "reward.judge"
     template: str = "toy_pairwise_cot"  # a built-in name or a .json / .yaml template file
@@ -31,6 +33,9 @@ class JudgeSettings:
     swap: bool = True  # alternate the A/B order across votes (beyond the paper: position bias)
 
     def __post_init__(self):
+        if not (0 < self.top_p <= 1 and self.top_k >= 0):
+            raise ConfigError(f"config.reward.judge: top_p={self.top_p} must be in (0, 1] and top_k={self.top_k} "
+                              ">= 0 (1 and 0: off)")
         if self.votes < 1:
             raise field_error("reward.judge", "votes", f"{self.votes} must be >= 1")
         if self.votes > 1 and self.temperature == 0 and not self.swap:
@@ -39,15 +44,14 @@ class JudgeSettings:
                               "reward.judge.votes=1")
         if self.max_new_tokens < 1 or self.max_batch < 1 or self.temperature < 0:
             raise ConfigError("config.reward.judge: max_new_tokens and max_batch must be >= 1 and temperature >= 0")
+        super().__post_init__()
 
 
 
 def make_judge(s, roles) -> Judge:
     """The GRM of `roles` as a `Judge` asking per the run's `s.judge` (`reward.judge`), seeded from `s.seed`."""
-    j = s.judge
-    sampler = role_sampler(roles, "grm", engine=s.inference, max_batch=j.max_batch)
-    return Judge(sampler, roles.tokenizer("grm"), JudgeConfig(template=j.template, max_new_tokens=j.max_new_tokens,
-                                                 temperature=j.temperature, seed=s.seed))
+    sampler = role_sampler(roles, "grm", engine=s.inference, max_batch=s.judge.max_batch)
+    return Judge(sampler, roles.tokenizer("grm"), dataclasses.replace(s.judge, seed=s.seed))
 
 
 def judge_metrics(judge: Judge) -> dict[str, float]:

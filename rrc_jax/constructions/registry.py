@@ -20,6 +20,7 @@ from rrc_jax.constructions.tournaments import (CircularReward, DoubleElimination
                                                SwissReward)
 from rrc_jax.errors import ConfigError
 from rrc_jax.sharding import FROZEN_ROLES
+from rrc_jax.settings import defaults
 
 CONSTRUCTIONS: dict[str, type[Construction]] = {cls.kind: cls for cls in (
     DRMReward,
@@ -49,7 +50,7 @@ def construction_class(kind: str) -> type[Construction]:
 
 def reward_defaults() -> dict:
     """The `reward` config group's defaults: the judge's settings and each construction's own group."""
-    return {"judge": dataclasses.asdict(JudgeSettings()),
+    return {"judge": defaults(JudgeSettings),
             **{kind: dataclasses.asdict(cls.Settings()) for kind, cls in CONSTRUCTIONS.items() if cls.Settings}}
 
 

@@ -17,7 +17,7 @@ from absl import flags, logging
 
 from rrc_jax import cli
 from rrc_jax.errors import ConfigError
-from rrc_jax.judge import get_template
+from rrc_jax.judge import JudgeConfig, get_template
 from rrc_jax.judge.templates import question_length
 from rrc_jax.progress import say
 from rrc_jax.rm.accuracy import abstention_causes, fitted_judge
@@ -43,8 +43,9 @@ def judge_pair() -> None:
     lengths = [question_length(tokenizer, template, _PROMPT.value, a=a, b=b)
                for a, b in ((_A.value, _B.value), (_B.value, _A.value))]
     s = _SAMPLING
-    judge = fitted_judge(model, tokenizer, template, lengths, s.max_new_tokens.value, temperature=s.temperature.value,
+    asking = JudgeConfig(template=template, max_new_tokens=s.max_new_tokens.value, temperature=s.temperature.value,
                          top_p=s.top_p.value, top_k=s.top_k.value, seed=s.seed.value)
+    judge = fitted_judge(model, tokenizer, asking, lengths)
     with jax.set_mesh(mesh):
         votes, log = judge.explain([_PROMPT.value], [_A.value], [_B.value], votes=_VOTES.value, swap=_SWAP.value)
     for v in log:

@@ -44,23 +44,28 @@ from rrc_jax.inference.sampler import Sampler, SamplingParams
 from rrc_jax.judge.templates import JudgeTemplate, direct_template, encode_question, encode_text, get_template, render_parts
 from rrc_jax.judge.verdicts import parse_score, parse_verdict
 from rrc_jax.rewards._checks import check_votes
+from rrc_jax.settings import not_in_config
 
 _VERDICT = re.compile(r"\[\[\s*[AaBb]\s*\]\]")
 
 
 @dataclasses.dataclass(frozen=True)
 class JudgeConfig:
-    """How the judge asks. `template`: a name, a `.json` / `.yaml` file or a `JudgeTemplate`; `direct_template`
-    (PRC without thinking) defaults to the template's own direct variant. `temperature=0` is greedy;
-    `max_new_tokens` bounds the reasoning plus the verdict (a judgment cut off before its verdict abstains)."""
+    """How the judge asks: the one description every caller builds (the trainer's `reward.judge` group is a
+    `JudgeSettings`, a reward-model recipe's `judge` group an `RMJudgeConfig`, both subclasses with their own
+    defaults; `evaluate_rm`, `judge` and `integrations.judge_for` make one from their arguments). `template`: a
+    name, a `.json` / `.yaml` file or a `JudgeTemplate`; `direct_template` (PRC without thinking) defaults to the
+    template's own direct variant. `temperature=0` is greedy; `max_new_tokens` bounds the reasoning plus the verdict
+    (a judgment cut off before its verdict abstains). `seed` starts the stream of its draws (a run's judge: the
+    run's seed, reseeded every step); neither it nor `direct_template` is a config field."""
 
     template: str | JudgeTemplate = "rrc_pairwise_cot"
-    direct_template: str | JudgeTemplate | None = None
+    direct_template: str | JudgeTemplate | None = not_in_config(None)
     max_new_tokens: int = 512
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    seed: int = 0
+    seed: int = not_in_config(0)
 
     def __post_init__(self):
         _ = self.sampling  # SamplingParams validates the sampling fields now, not at the first question

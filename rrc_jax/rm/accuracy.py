@@ -37,6 +37,7 @@ Metrics (`evaluate` computes the ones that apply; all are shares in [0, 1]):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections import defaultdict
@@ -47,7 +48,7 @@ import numpy as np
 from rrc_jax.data.preferences import Preference
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference import make_sampler
-from rrc_jax.judge import Judge, JudgeConfig
+from rrc_jax.judge import Judge, JudgeConfig, get_template
 from rrc_jax.judge.judge import sampler_context_length
 from rrc_jax.progress import say
 
@@ -283,17 +284,15 @@ def fit_judgment_budget(max_new_tokens: int, context: int | None, lengths: Seque
                   f"judging with {flag}={room} (the longest question takes {longest} tokens)")
 
 
-def fitted_judge(model, tokenizer, template, lengths: Sequence[int], max_new_tokens: int, *, max_batch: int = 256,
-                 **sampling) -> Judge:
-    """A `Judge` of `template` on `model` whose judgment budget fits the model's context for questions of `lengths`
-    tokens (`fit_judgment_budget`, its note said); `sampling`: the rest of `JudgeConfig` (temperature, top_p,
-    top_k, seed)."""
+def fitted_judge(model, tokenizer, config: JudgeConfig, lengths: Sequence[int], *, max_batch: int = 256) -> Judge:
+    """A `Judge` on `model` asking as `config` says, its judgment budget (`config.max_new_tokens`) lowered to what
+    fits the model's context for questions of `lengths` tokens (`fit_judgment_budget`, its note said)."""
     sampler = make_sampler("grm", model, tokenizer, max_batch=max_batch)
-    budget, note = fit_judgment_budget(max_new_tokens, sampler_context_length(sampler), lengths,
-                                       template=template.name)
+    budget, note = fit_judgment_budget(config.max_new_tokens, sampler_context_length(sampler), lengths,
+                                       template=get_template(config.template).name)
     if note:
         say(note)
-    return Judge(sampler, tokenizer, JudgeConfig(template=template, max_new_tokens=budget, **sampling))
+    return Judge(sampler, tokenizer, dataclasses.replace(config, max_new_tokens=budget))
 
 
 def abstention_causes(judge: Judge, flag: str = "--max_new_tokens") -> str:

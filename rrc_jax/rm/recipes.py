@@ -104,21 +104,26 @@ class RMModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class RMJudgeConfig:
-    """What a GRM is trained to answer (`judge`): the judging template (the one `train
-    --config.reward.judge.template` will ask with), the share of examples rendered with its direct-verdict variant
-    (PRC without thinking), and `max_new_tokens`, the bound of a judgment in the held-out evaluation (greedy, both
-    A/B orders)."""
+class RMJudgeConfig(JudgeConfig):
+    """What a GRM is trained to answer and how its held-out evaluation asks it (`judge`): a `JudgeConfig` (the
+    template `train --config.reward.judge.template` will ask with, `max_new_tokens` the bound of a judgment, greedy
+    by default; both A/B orders), and the share of training examples rendered with the template's direct-verdict
+    variant (PRC without thinking)."""
 
     GROUP: ClassVar[str] = "judge"
     template: str = "rrc_pairwise_cot"
-    direct_share: float = 0.0
     max_new_tokens: int = 512
+    temperature: float = 0.0
+    direct_share: float = 0.0
 
     def __post_init__(self):
         if not 0 <= self.direct_share <= 1:
             raise field_error("judge", "direct_share", f"{self.direct_share} must be in [0, 1]")
         at_least("judge", "max_new_tokens", self.max_new_tokens, 1)
+        at_least("judge", "temperature", self.temperature, 0, "0 = greedy")
+        if not (0 < self.top_p <= 1 and self.top_k >= 0):
+            raise field_error("judge", "top_p", f"{self.top_p} must be in (0, 1] and top_k={self.top_k} >= 0")
+        super().__post_init__()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,6 +257,6 @@ def held_out_accuracy(s, model, tokenizer, prefs: Sequence[Preference]) -> dict:
     the GRM judging greedily in both A/B orders with its template, the DRM scoring both responses."""
     if s.kind == "drm":
         return evaluate("drm", prefs, drm=DRMScorer(model, tokenizer))
-    judge = Judge(make_sampler("grm", model, tokenizer, engine=s.inference), tokenizer, JudgeConfig(
-        template=s.judge.template, max_new_tokens=s.judge.max_new_tokens, temperature=0.0, seed=s.seed))
+    judge = Judge(make_sampler("grm", model, tokenizer, engine=s.inference), tokenizer,
+                  dataclasses.replace(s.judge, seed=s.seed))
     return evaluate("pairwise", prefs, judge=judge)

@@ -8,6 +8,7 @@ the report from every summary present (`rrc_jax.study.report`): `out/report.md`,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from rrc_jax.config import parse
 from rrc_jax.configs.study import quick
 from rrc_jax.data.toy.audit import audit
 from rrc_jax.inference import role_sampler
-from rrc_jax.judge import Judge, JudgeConfig
+from rrc_jax.judge import Judge
 from rrc_jax.rl.roles import Roles
 from rrc_jax.study.report import write_report
 from rrc_jax.study.runs import StudyConfig, plan, run_all, run_settings
@@ -38,8 +39,7 @@ def audit_judge(study: StudyConfig) -> dict:
     s = run_settings(study, *plan(study)[0])
     roles, j, task = Roles.of_run(s), s.judge, s.toy.task.task
     sampler = role_sampler(roles, "grm", engine=s.inference)
-    judge = Judge(sampler, roles.tokenizer("grm"), JudgeConfig(
-        template=j.template, max_new_tokens=j.max_new_tokens, temperature=j.temperature, seed=0))
+    judge = Judge(sampler, roles.tokenizer("grm"), dataclasses.replace(j, seed=0))
     result = {"temperature": j.temperature, **audit(judge, task, pairs=study.audit_pairs,
                                                     groups=study.audit_groups)}
     path.parent.mkdir(parents=True, exist_ok=True)
