@@ -160,7 +160,7 @@ def _bad(field: str, msg: str):
 def check_finite(c: ml_collections.ConfigDict) -> None:
     """A `ConfigError` naming the first float field of a config that is NaN or infinite (every comparison with NaN
     is false, so a range check alone lets it through)."""
-    for key, value in flat_fields(c).items():
+    for key, value in flat_fields(config_record(c)).items():
         if isinstance(value, float) and not math.isfinite(value):
             _bad(key, f"{value} is not a finite number")
 
@@ -354,7 +354,7 @@ def check_config_argv(argv: list[str]) -> None:
             raise ConfigError(f"--config.{key}={value}: overrides a config, and no --config is given; name one "
                               "first (--config=agr.py, a packaged recipe, or a file)")
         return
-    leaves = flat_fields(load_config_file(files[-1]))
+    leaves = flat_fields(config_record(load_config_file(files[-1])))
     for key, value in _overrides(argv):
         if key not in leaves:
             raise ConfigError(f"--config.{key}: no such field; {_nearest(key, leaves)}")

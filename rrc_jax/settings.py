@@ -61,11 +61,11 @@ def at_least(group: str, field: str, value, least, why: str = "") -> None:
         raise field_error(group, field, f"{value} must be >= {least}" + (f" ({why})" if why else ""))
 
 
-def flat_fields(tree, prefix: str = "") -> dict:
-    """`{"group.field": value}` of every leaf of a nested config: a `ConfigDict` or its JSON dict (a run's record)."""
+def flat_fields(tree: Mapping, prefix: str = "") -> dict:
+    """`{"group.field": value}` of every leaf of a config as a JSON dict (`rrc_jax.config.config_record`)."""
     out = {}
     for k, v in tree.items():
-        if isinstance(v, (ml_collections.ConfigDict, Mapping)):
+        if isinstance(v, Mapping):
             out.update(flat_fields(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v

@@ -117,7 +117,7 @@ def test_checkpoints_without_a_recorded_config_need_a_readable_config_json(tmp_p
 
 def test_steps_may_change_on_resume_only_under_a_constant_schedule():
     """The length of a run sets a cosine schedule's curve, so a changed `steps` is drift there."""
-    from rrc_jax.config import base_config
+    from rrc_jax.config import base_config, config_record
     from rrc_jax.workdir import config_changes, config_hash
 
     constant, cosine = base_config("agr"), base_config("agr")
@@ -125,13 +125,12 @@ def test_steps_may_change_on_resume_only_under_a_constant_schedule():
     for c in (constant, cosine):
         longer = c.copy_and_resolve_references()
         longer.steps = 80
-        changes = config_changes(json.loads(c.to_json_best_effort()), json.loads(longer.to_json_best_effort()))
+        changes = config_changes(config_record(c), config_record(longer))
         assert changes == ([] if c is constant else ["steps: 40 -> 80"])
-        assert (config_hash(c) == config_hash(longer)) == (c is constant)
+        assert (config_hash(config_record(c)) == config_hash(config_record(longer))) == (c is constant)
     judge = constant.copy_and_resolve_references()
     judge.reward.judge.max_batch = 64  # the judge's random draws follow its chunks: not a free change
-    assert config_changes(json.loads(constant.to_json_best_effort()), json.loads(judge.to_json_best_effort())) == [
-        "reward.judge.max_batch: 256 -> 64"]
+    assert config_changes(config_record(constant), config_record(judge)) == ["reward.judge.max_batch: 256 -> 64"]
 
 
 def test_every_setting_a_resume_may_change_leaves_the_run_as_it_was(tmp_path, toy_cache):

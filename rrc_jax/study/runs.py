@@ -19,7 +19,7 @@ import math
 import sys
 from pathlib import Path
 
-from rrc_jax.config import TrainerSettings, base_config, validate
+from rrc_jax.config import TrainerSettings, base_config, config_record, validate
 from rrc_jax.errors import ConfigError
 from rrc_jax.rl.trainer import run
 from rrc_jax.settings import flat_fields
@@ -137,7 +137,7 @@ def run_settings(study: StudyConfig, name: str, seed: int) -> TrainerSettings:
         "workdir": str(Path(study.workdir) / name / f"seed{seed}"), "seed": seed, "steps": study.steps,
         "eval.every": study.eval_every, "data.eval_prompts": study.eval_prompts, "reward.judge.votes": 1,
         "checkpoint.save_every": max(study.eval_every, 5), **overrides})
-    c.update_from_flattened_dict(parse_overrides(study.overrides, flat_fields(c)))
+    c.update_from_flattened_dict(parse_overrides(study.overrides, flat_fields(config_record(c))))
     return validate(c)
 
 
