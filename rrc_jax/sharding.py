@@ -77,15 +77,15 @@ class Layout:
     """
 
     mesh: jax.sharding.Mesh | None = None
-    kind: str = "train"
+    name: str = "train"  # a key of LAYOUTS
 
     def __post_init__(self):
-        if self.kind not in LAYOUTS:
-            raise ValueError(f"layout {self.kind!r}: known layouts are {', '.join(LAYOUTS)}")
+        if self.name not in LAYOUTS:
+            raise ValueError(f"layout {self.name!r}: known layouts are {', '.join(LAYOUTS)}")
 
     @property
     def rules(self) -> tuple:
-        return LAYOUTS[self.kind]
+        return LAYOUTS[self.name]
 
     def spec(self, names: Sequence[str | None] | None, shape: Sequence[int]) -> jax.sharding.PartitionSpec:
         """The PartitionSpec of an array of `shape` whose axes carry the logical `names`."""
@@ -235,18 +235,18 @@ class MeshConfig:
             inference_shape(self.inference, mesh.size)
         return mesh
 
-    def kind(self, role: str, devices: int) -> str:
-        """The layout kind of `role` on `devices` devices: the policy's master `train`, a frozen role its field;
+    def layout_name(self, role: str, devices: int) -> str:
+        """The name of `role`'s layout on `devices` devices: the policy's master `train`, a frozen role its field;
         on one device `train` (the layouts place nothing differently there)."""
         return "train" if role == "policy" or devices == 1 else getattr(self, role)
 
-    def layout(self, role: str, mesh: jax.sharding.Mesh, num_heads: int, kind: str | None = None) -> Layout:
-        """The layout of `role` (`kind(role)`) or of `kind`, over the devices of the training `mesh`; `num_heads`
-        (the model's attention heads) bounds `auto` tensor sizes."""
-        kind = kind or self.kind(role, mesh.size)
-        if kind == "train" or mesh.size == 1:
-            return Layout(mesh, kind)
-        return Layout(inference_mesh(mesh, self.inference, num_heads), kind)
+    def layout(self, role: str, mesh: jax.sharding.Mesh, num_heads: int, name: str | None = None) -> Layout:
+        """The layout of `role` (`layout_name(role)`) or the layout `name`, over the devices of the training `mesh`;
+        `num_heads` (the model's attention heads) bounds `auto` tensor sizes."""
+        name = name or self.layout_name(role, mesh.size)
+        if name == "train" or mesh.size == 1:
+            return Layout(mesh, name)
+        return Layout(inference_mesh(mesh, self.inference, num_heads), name)
 
 
 def _is_shape(value: str) -> bool:

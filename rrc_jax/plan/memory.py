@@ -371,8 +371,8 @@ def role_layouts(s, topo: Topology, shape: tuple[int, int, int], cfgs: dict) -> 
     copy in the inference layout, unless `rl.share_weights` or one device."""
     out = {}
     for role, cfg in cfgs.items():
-        kind = s.mesh.kind(role, topo.devices)
-        out[role] = (kind, shape if kind == "train" else inference_shape(s, topo, cfg.num_heads))
+        name = s.mesh.layout_name(role, topo.devices)
+        out[role] = (name, shape if name == "train" else inference_shape(s, topo, cfg.num_heads))
     if topo.devices > 1 and not s.rollout.share_weights:
         out["rollout"] = ("inference", inference_shape(s, topo, cfgs["policy"].num_heads))
     return out
@@ -402,17 +402,17 @@ def plan(s, topo: Topology | str, *, mesh: tuple[int, int, int] | None = None,
     size = lambda n: f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
     for role, cfg in cfgs.items():
         stored = "float32" if role == "policy" else dtype
-        kind, where = layouts[role]
+        layout, where = layouts[role]
         n = param_count(cfg)
-        placed = f"{kind} layout" + ("" if kind == "train" else f" (data={where[0]} tensor={where[2]})")
+        placed = f"{layout} layout" + ("" if layout == "train" else f" (data={where[0]} tensor={where[2]})")
         if role == "policy" and lora.enabled:  # a frozen base in `dtype` (or quantized), float32 adapters
-            base, adapters, count = lora_param_bytes(cfg, lora, dtype, where, kind)
+            base, adapters, count = lora_param_bytes(cfg, lora, dtype, where, layout)
             rows.append(Row("policy base (frozen)", "resident", base,
                             f"{size(n)} {lora.weight_qtype or dtype}, {placed}"))
             rows.append(Row("policy LoRA adapters", "resident", adapters,
                             f"{size(count)} float32, rank {lora.rank} on {lora.targets}"))
             continue
-        rows.append(Row(f"{role} parameters", "resident", param_bytes(cfg, stored, where, kind),
+        rows.append(Row(f"{role} parameters", "resident", param_bytes(cfg, stored, where, layout),
                         f"{size(n)} {stored}, {placed}"))
         if cfg.num_kv_heads % where[2]:
             notes.append(f"{role}: tensor={where[2]} does not divide its {cfg.num_kv_heads} kv heads: they are "
@@ -420,18 +420,18 @@ def plan(s, topo: Topology | str, *, mesh: tuple[int, int, int] | None = None,
     if lora.enabled and not s.models.reference and (s.grpo.beta > 0 or "reference" in s.reward_roles):
         notes.append("reference: the policy's frozen base with its initial adapters (LoRA): no second copy")
     if "rollout" in layouts:
-        kind, where = layouts["rollout"]
+        layout, where = layouts["rollout"]
         if lora.enabled:
-            base, adapters, _ = lora_param_bytes(policy, lora, dtype, where, kind)
+            base, adapters, _ = lora_param_bytes(policy, lora, dtype, where, layout)
             rows.append(Row("policy rollout copy", "resident", base + adapters,
                             f"{lora.weight_qtype or dtype} base + float32 adapters, inference layout (data={where[0]} "
                             f"tensor={where[2]}); each update syncs the adapters only"))
-            merged = param_bytes(policy, dtype, where, kind)
+            merged = param_bytes(policy, dtype, where, layout)
             notes.append(f"weight sync: the adapters only, {adapters / 2**20:.1f} MiB per device per update, against "
                          f"{merged / GiB:.2f} GiB to merge them into a {dtype} copy of the base (every weight "
                          "rewritten): adapters")
         else:
-            rows.append(Row("policy rollout copy", "resident", param_bytes(policy, dtype, where, kind),
+            rows.append(Row("policy rollout copy", "resident", param_bytes(policy, dtype, where, layout),
                             f"{dtype}, inference layout (data={where[0]} tensor={where[2]}), resharded after each "
                             "update"))
     p32 = rows[1].bytes if lora.enabled else rows[0].bytes  # what the learner trains (float32): under LoRA the adapters

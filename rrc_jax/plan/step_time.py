@@ -79,27 +79,27 @@ def step_times(s, p: Plan) -> list[PhaseTime]:
     policy = model_config(s.models.policy)
     prompt = bucket_length(s.prompts.data.max_prompt_tokens)
     rows, new = rl.prompts_per_step * rl.group_size, rl.max_new_tokens
-    kind, where = p.layouts.get("rollout", p.layouts["policy"])
-    stored = dtype if kind == "inference" else "float32"
-    out = [PhaseTime("rollout prefill", *forward_time(topo, policy, stored, where, kind, rl.prompts_per_step * prompt),
+    layout, where = p.layouts.get("rollout", p.layouts["policy"])
+    stored = dtype if layout == "inference" else "float32"
+    out = [PhaseTime("rollout prefill", *forward_time(topo, policy, stored, where, layout, rl.prompts_per_step * prompt),
                      f"{rl.prompts_per_step} prompts x {prompt} tokens, each once for its group"),
-           PhaseTime("rollout decode", *decode_time(topo, policy, stored, where, kind, rows, new, rl.prompts_per_step,
+           PhaseTime("rollout decode", *decode_time(topo, policy, stored, where, layout, rows, new, rl.prompts_per_step,
                                                     prompt, 0),
-                     f"{rows} rows x {new} tokens, {kind} layout (data={where[0] * where[1]} tensor={where[2]})")]
+                     f"{rows} rows x {new} tokens, {layout} layout (data={where[0] * where[1]} tensor={where[2]})")]
     if "grm" in p.layouts:
-        grm, (gkind, gwhere) = model_config(s.models.grm, field="models.grm"), p.layouts["grm"]
+        grm, (glayout, gwhere) = model_config(s.models.grm, field="models.grm"), p.layouts["grm"]
         judge = s.judge
         pre, item = template_tokens(s)
         prefix, suffix = length_bucket(s.prompts.data.max_prompt_tokens + pre), length_bucket(2 * new + item)
         questions = s.reward.judge_load(s).questions * rl.prompts_per_step
         chunks, chunk = -(-questions // judge.max_batch), min(questions, judge.max_batch)
-        prefill = forward_time(topo, grm, dtype, gwhere, gkind, rl.prompts_per_step * prefix + questions * suffix)
-        decode = decode_time(topo, grm, dtype, gwhere, gkind, chunk, judge.max_new_tokens,
+        prefill = forward_time(topo, grm, dtype, gwhere, glayout, rl.prompts_per_step * prefix + questions * suffix)
+        decode = decode_time(topo, grm, dtype, gwhere, glayout, chunk, judge.max_new_tokens,
                              max(1, chunk * rl.prompts_per_step // max(questions, 1)), prefix, suffix)
         out += [PhaseTime("judge prefill", *prefill, f"{rl.prompts_per_step} prefixes x {prefix} + {questions} "
                                                      f"questions x {suffix} tokens"),
                 PhaseTime("judge decode", chunks * decode[0], decode[1],
-                          f"{chunks} chunks of {chunk} questions x {judge.max_new_tokens} tokens, {gkind} layout")]
+                          f"{chunks} chunks of {chunk} questions x {judge.max_new_tokens} tokens, {glayout} layout")]
     length, shape = prompt + new, p.mesh
     passes = int(learner.mu > 1 or learner.minibatch_size < rows) + int(s.grpo.beta > 0)
     if passes:

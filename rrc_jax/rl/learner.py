@@ -71,15 +71,15 @@ class LearnerConfig:
         return steps * self.mu * (rows // self.minibatch_size)
 
 
-def learning_rate_schedule(peak: float, *, kind: str = "constant", warmup_steps: int = 0, total_steps: int = 1,
+def learning_rate_schedule(peak: float, *, curve: str = "constant", warmup_steps: int = 0, total_steps: int = 1,
                            end_fraction: float = 0.0) -> optax.Schedule | float:
-    """`kind` 'constant' (after a linear warm-up of `warmup_steps`, if any) or 'cosine' (linear warm-up, then
+    """`curve` 'constant' (after a linear warm-up of `warmup_steps`, if any) or 'cosine' (linear warm-up, then
     cosine decay to `end_fraction * peak` at `total_steps`)."""
-    if kind == "cosine":
+    if curve == "cosine":
         return optax.warmup_cosine_decay_schedule(0.0, peak, max(warmup_steps, 1), max(total_steps, 2),
                                                   end_value=peak * end_fraction)
-    if kind != "constant":
-        raise ValueError(f"learning-rate schedule {kind!r}: use 'constant' or 'cosine'")
+    if curve != "constant":
+        raise ValueError(f"learning-rate schedule {curve!r}: use 'constant' or 'cosine'")
     return optax.linear_schedule(0.0, peak, warmup_steps) if warmup_steps else peak
 
 

@@ -85,13 +85,13 @@ class Roles:
         `lora`, the layouts of `mesh`)."""
         return cls(s.models, toy=s.toy, init_from=s.init_from, mesh=mesh, layouts=s.mesh, lora=s.lora)
 
-    def layout(self, role: str, kind: str | None = None) -> Layout:
+    def layout(self, role: str, name: str | None = None) -> Layout:
         """Where `role`'s parameters live (`MeshConfig.layout`: the policy's master in the training layout, a frozen
-        role in its `mesh.<role>` layout), or those of a copy in the layout `kind`."""
+        role in its `mesh.<role>` layout), or those of a copy in the layout `name`."""
         if self.mesh is None:
             return Layout()
         heads = int(read_hf_config(self.path(role)).get("num_attention_heads", 1))
-        return self.layouts.layout(role, self.mesh, heads, kind)
+        return self.layouts.layout(role, self.mesh, heads, name)
 
     def path(self, role: str) -> Path:
         """The Hugging Face directory of `role` (the toy world's, built on first use, for `toy`; `toy:<name>`

@@ -102,7 +102,7 @@ class Trainer:
         self.train_prompts, self.eval_prompts = training_prompts(s, self.roles)
         self.context = RewardContext(s, self.roles, self.sampler, self.tokenizer, self.train_prompts)
         self.reward = make_construction(s, self.context)
-        schedule = learning_rate_schedule(learner.learning_rate, kind=learner.lr_schedule,
+        schedule = learning_rate_schedule(learner.learning_rate, curve=learner.lr_schedule,
                                           warmup_steps=learner.warmup_steps,
                                           total_steps=learner.updates(rollout.rows, s.steps))
         eps_low, eps_high = grpo.clip_range

@@ -64,16 +64,17 @@ def recording(settings, *, first: Mapping[str, object] | None = None,
         _RECORDING.reset(token)
 
 
-def fit(model: Decoder, batches: Iterator[dict[str, np.ndarray]], *, kind: str, steps: int, learning_rate: float,
-        warmup: int = 50, desc: str = "train", loss: Callable | None = None) -> dict[str, float]:
-    """`steps` optimizer steps of `kind` ('sft' | 'bt', `rrc_jax.rm.losses.LOSSES`; `loss` replaces its function,
-    e.g. `bt_loss` with reward centering) with linear warm-up then cosine decay to a tenth of `learning_rate`;
-    returns the mean metrics of the last 10% of steps (of those this run trained, when it resumed)."""
-    if kind not in LOSSES:
-        raise ValueError(f"kind={kind!r}: use 'sft' (GRM / policy SFT, Eq. 2) or 'bt' (DRM, Eq. 1)")
-    schedule = learning_rate_schedule(learning_rate, kind="cosine", warmup_steps=min(warmup, max(steps // 10, 1)),
+def fit(model: Decoder, batches: Iterator[dict[str, np.ndarray]], *, objective: str, steps: int,
+        learning_rate: float, warmup: int = 50, desc: str = "train", loss: Callable | None = None) -> dict[str, float]:
+    """`steps` optimizer steps of `objective` ('sft' | 'bt', `rrc_jax.rm.losses.LOSSES`; `loss` replaces its
+    function, e.g. `bt_loss` with reward centering) with linear warm-up then cosine decay to a tenth of
+    `learning_rate`; returns the mean metrics of the last 10% of steps (of those this run trained, when it
+    resumed)."""
+    if objective not in LOSSES:
+        raise ValueError(f"objective={objective!r}: use 'sft' (GRM / policy SFT, Eq. 2) or 'bt' (DRM, Eq. 1)")
+    schedule = learning_rate_schedule(learning_rate, curve="cosine", warmup_steps=min(warmup, max(steps // 10, 1)),
                                       total_steps=steps, end_fraction=0.1)
-    learner = Learner(model, make_optimizer(schedule), loss or LOSSES[kind])
+    learner = Learner(model, make_optimizer(schedule), loss or LOSSES[objective])
     data = Replay(batches)
     tail: list[dict[str, float]] = []
     with contextlib.ExitStack() as stack:

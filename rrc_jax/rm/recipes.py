@@ -220,17 +220,17 @@ def train_on_preferences(s, mesh) -> Path:
         if s.kind == "grm":
             example, too_long = grm_examples(train, tokenizer, s.judge.template, s.judge.direct_share,
                                              s.data.max_tokens, rng)
-            batches, loss, kind = sft_batches(example, t.batch_size, pad), None, "sft"
+            batches, loss, objective = sft_batches(example, t.batch_size, pad), None, "sft"
         else:
             pref, too_long = drm_pairs(train, tokenizer, s.data.max_tokens, rng)
             batches = drm_batches(tokenizer, pref, t.batch_size, pad, margin=t.margin)
-            loss, kind = functools.partial(bt_loss, center_coef=t.center_coef), "bt"
+            loss, objective = functools.partial(bt_loss, center_coef=t.center_coef), "bt"
         counts.update({"data/train_examples": len(train) - too_long, "data/too_long_dropped": too_long,
                        "data/held_out_examples": len(held_out)})
         evaluate = (lambda m: held_out_metrics(s, m, tokenizer, held_out)) if held_out else None
         with recording(s, first=counts, evaluate=evaluate):
-            fit(model, batches, kind=kind, steps=t.steps, learning_rate=t.learning_rate, loss=loss,
-                desc=f"{s.kind.upper()} ({'Eq. 2' if kind == 'sft' else 'Eq. 1'})")
+            fit(model, batches, objective=objective, steps=t.steps, learning_rate=t.learning_rate, loss=loss,
+                desc=f"{s.kind.upper()} ({'Eq. 2' if objective == 'sft' else 'Eq. 1'})")
         out = workdir / "hf_export"
         save_hf(model, out, tokenizer=tokenizer)
     return out

@@ -182,7 +182,7 @@ def train_policy(settings: WorldSettings, tokenizer) -> Decoder:
         digits = task.prompt(rng)
         return prompt_ids(tokenizer, task.prompt_text(digits)), _target_ids(tokenizer, task.demonstration(digits, rng))
 
-    fit(model, sft_batches(example, spec.batch_size, 0), kind="sft", steps=spec.steps,
+    fit(model, sft_batches(example, spec.batch_size, 0), objective="sft", steps=spec.steps,
         learning_rate=spec.learning_rate, desc="toy policy (SFT)")
     return model
 
@@ -215,7 +215,7 @@ def grm_examples(settings: WorldSettings, tokenizer):
 def train_grm(settings: WorldSettings, tokenizer) -> Decoder:
     spec = settings.grm
     model = Decoder(model_config(spec, len(tokenizer)), rngs=nnx.Rngs(settings.seed + 1))
-    fit(model, sft_batches(grm_examples(settings, tokenizer), spec.batch_size, 0), kind="sft",
+    fit(model, sft_batches(grm_examples(settings, tokenizer), spec.batch_size, 0), objective="sft",
         steps=spec.steps, learning_rate=spec.learning_rate, desc="toy GRM (Eq. 2)")
     return model
 
@@ -230,7 +230,7 @@ def train_drm(settings: WorldSettings, tokenizer) -> Decoder:
         digits, a, b, judgment = next(pairs)
         return Preference(SortTask.prompt_text(digits), *((a, b) if parse_verdict(judgment) == "A" else (b, a)))
 
-    fit(model, drm_batches(tokenizer, pref, spec.batch_size, 0), kind="bt", steps=spec.steps,
+    fit(model, drm_batches(tokenizer, pref, spec.batch_size, 0), objective="bt", steps=spec.steps,
         learning_rate=spec.learning_rate, desc="toy DRM (Eq. 1)")
     return model
 
@@ -251,7 +251,7 @@ def pointwise_examples(task: SortTask, tokenizer, rng: np.random.Generator):
 def train_pointwise(task: SortTask, spec: ModelSpec, seed: int, tokenizer) -> Decoder:
     model = Decoder(model_config(spec, len(tokenizer)), rngs=nnx.Rngs(seed + 3))
     rng = np.random.default_rng([seed, 3])
-    fit(model, sft_batches(pointwise_examples(task, tokenizer, rng), spec.batch_size, 0), kind="sft",
+    fit(model, sft_batches(pointwise_examples(task, tokenizer, rng), spec.batch_size, 0), objective="sft",
         steps=spec.steps, learning_rate=spec.learning_rate, desc="toy pointwise judge (SFT)")
     return model
 
