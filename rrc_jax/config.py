@@ -157,10 +157,10 @@ def _bad(field: str, msg: str):
     raise ConfigError(f"config.{field}: {msg}")
 
 
-def check_finite(c: ml_collections.ConfigDict) -> None:
-    """A `ConfigError` naming the first float field of a config that is NaN or infinite (every comparison with NaN
-    is false, so a range check alone lets it through)."""
-    for key, value in flat_fields(config_record(c)).items():
+def check_finite(record: Mapping[str, Any]) -> None:
+    """A `ConfigError` naming the first float field of a config's record (`config_record`) that is NaN or infinite
+    (every comparison with NaN is false, so a range check alone lets it through)."""
+    for key, value in flat_fields(record).items():
         if isinstance(value, float) and not math.isfinite(value):
             _bad(key, f"{value} is not a finite number")
 
@@ -211,7 +211,8 @@ class TrainerSettings:
 def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
     """The components of a trainer config (each checked beside its fields), after the checks across them; a
     `ConfigError` names the first inconsistent field and how to fix it."""
-    check_finite(c)
+    record = config_record(c)
+    check_finite(record)
     if c.steps < 0:
         _bad("steps", f"{c.steps} must be >= 0")
     rollout, learner, toy_task = parse(RolloutConfig, c), parse(LearnerConfig, c), parse(ToyTaskConfig, c)
@@ -229,7 +230,7 @@ def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
         parse(SamplesConfig, c), parse(AlarmConfig, c), parse(MetricsConfig, c), parse(ModelsConfig, c),
         parse(InferenceConfig, c), ToyWorldConfig(toy_task, parse(ToyBuildConfig, c)), parse(DistributedConfig, c),
         parse(ResumeConfig, c), parse(LoraConfig, c), workdir=c.workdir, steps=c.steps, seed=c.seed,
-        init_from=c.init_from, record=config_record(c))
+        init_from=c.init_from, record=record)
     check_reward(settings)
     return settings
 
@@ -258,14 +259,15 @@ class RMSettings:
 
 def validate_rm(c: ml_collections.ConfigDict) -> RMSettings:
     """The settings of a reward-model recipe (`rm_config`); a `ConfigError` names the first bad field and the fix."""
-    check_finite(c)
+    record = config_record(c)
+    check_finite(record)
     if c.kind not in ("grm", "drm"):
         _bad("kind", f"{c.kind!r}; use 'grm' (SFT on rationale + verdict) or 'drm' (Bradley-Terry)")
     return RMSettings(c.kind, parse(PreferenceDataConfig, c), parse(ToyPairsConfig, c), parse(RMModelConfig, c),
                       parse(RMJudgeConfig, c), parse(RMTrainConfig, c), parse(MetricsConfig, c),
                       parse(CheckpointConfig, c), parse(ResumeConfig, c), parse(InferenceConfig, c),
                       parse(MeshConfig, c), parse(DistributedConfig, c), workdir=c.workdir, seed=c.seed,
-                      record=config_record(c))
+                      record=record)
 
 
 def settings_of(c: ml_collections.ConfigDict) -> TrainerSettings | RMSettings:

@@ -109,10 +109,11 @@ class Args:
     dtype: str = "float32"
 
     def judge_config(self) -> JudgeConfig:
-        """How the judge is asked: `--template` (default `DEFAULT_TEMPLATES[kind]`), `--max_new_tokens` and the
-        sampling flags."""
-        return JudgeConfig(template=self.template or DEFAULT_TEMPLATES[self.kind], max_new_tokens=self.max_new_tokens,
-                           temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed)
+        """How the judge is asked: `--template` (default `DEFAULT_TEMPLATES[kind]`, resolved to its `JudgeTemplate`),
+        `--max_new_tokens` and the sampling flags."""
+        return JudgeConfig(template=get_template(self.template or DEFAULT_TEMPLATES[self.kind]),
+                           max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                           top_k=self.top_k, seed=self.seed)
 
 
 def _jsonable(x):
@@ -158,7 +159,7 @@ def run(args: Args) -> tuple[dict, list[dict]]:
         say(f"scoring {n} pairs with the DRM: {2 * n} responses")
     else:
         asking = args.judge_config()
-        template = get_template(asking.template)
+        template = asking.template
         lengths = [question_length(tokenizer, template, prompt, **item)
                    for prompt, item in question_items(args.kind, data.prefs)]
         judge = fitted_judge(model, tokenizer, asking, lengths, max_batch=args.max_batch)

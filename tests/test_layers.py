@@ -61,12 +61,18 @@ def test_every_import_goes_down_the_layers():
     assert upward_imports(ROOT / "rrc_jax", ROOT / "configs") == []
 
 
-def test_a_planted_upward_import_fails(tmp_path):
-    """The sampler protocol made to import the trainer: the check names it."""
+def planted(tmp_path: Path, module: str, statement: str) -> Path:
+    """A copy of the package whose `module` (a path under it) ends with a function running `statement`."""
     copy = tmp_path / "rrc_jax"
     shutil.copytree(ROOT / "rrc_jax", copy, ignore=shutil.ignore_patterns("built", "__pycache__"))
-    sampler = copy / "inference" / "sampler.py"
-    sampler.write_text(sampler.read_text() + "\n\ndef _planted():\n    from rrc_jax.rl.trainer import Trainer\n")
+    path = copy / module
+    path.write_text(path.read_text() + f"\n\ndef _planted():\n    {statement}\n")
+    return copy
+
+
+def test_a_planted_upward_import_fails(tmp_path):
+    """The sampler protocol made to import the trainer: the check names it."""
+    copy = planted(tmp_path, "inference/sampler.py", "from rrc_jax.rl.trainer import Trainer")
     (bad,) = upward_imports(copy, ROOT / "configs")
     assert re.fullmatch(r"sampler\.py:\d+: rrc_jax\.inference\.sampler \(line 4\) imports rrc_jax\.rl\.trainer "
                         r"\(line 14\)", bad), bad
@@ -89,9 +95,6 @@ def function_imports_without_a_reason(package: Path) -> list[str]:
 
 def test_imports_sit_at_the_top_unless_a_comment_says_why_not(tmp_path):
     assert function_imports_without_a_reason(ROOT / "rrc_jax") == []
-    copy = tmp_path / "rrc_jax"
-    shutil.copytree(ROOT / "rrc_jax", copy, ignore=shutil.ignore_patterns("built", "__pycache__"))
-    engine = copy / "inference" / "engine.py"
-    engine.write_text(engine.read_text() + "\n\ndef _planted():\n    from rrc_jax.models import Decoder\n")
+    copy = planted(tmp_path, "inference/engine.py", "from rrc_jax.models import Decoder")
     (bad,) = function_imports_without_a_reason(copy)
     assert re.fullmatch(r"rrc_jax/inference/engine\.py:\d+: from rrc_jax\.models import Decoder", bad), bad

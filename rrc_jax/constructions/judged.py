@@ -12,7 +12,6 @@ import numpy as np
 
 from rrc_jax import distributed
 from rrc_jax.constructions.base import Construction, JudgeLoad, RewardResult, step_seed
-from rrc_jax.errors import ConfigError
 from rrc_jax.inference.factory import role_sampler
 from rrc_jax.judge import Judge, JudgeConfig
 from rrc_jax.settings import field_error
@@ -33,18 +32,15 @@ class JudgeSettings(JudgeConfig):
     swap: bool = True  # alternate the A/B order across votes (beyond the paper: position bias)
 
     def __post_init__(self):
-        if not (0 < self.top_p <= 1 and self.top_k >= 0):
-            raise ConfigError(f"config.reward.judge: top_p={self.top_p} must be in (0, 1] and top_k={self.top_k} "
-                              ">= 0 (1 and 0: off)")
         if self.votes < 1:
             raise field_error("reward.judge", "votes", f"{self.votes} must be >= 1")
         if self.votes > 1 and self.temperature == 0 and not self.swap:
             raise field_error("reward.judge", "votes", "greedy judging (judge.temperature=0) without swap gives V "
                               "identical votes; set reward.judge.temperature > 0 or reward.judge.swap=True or "
                               "reward.judge.votes=1")
-        if self.max_new_tokens < 1 or self.max_batch < 1 or self.temperature < 0:
-            raise ConfigError("config.reward.judge: max_new_tokens and max_batch must be >= 1 and temperature >= 0")
-        super().__post_init__()
+        if self.max_batch < 1:
+            raise field_error("reward.judge", "max_batch", f"{self.max_batch} must be >= 1")
+        super().__post_init__()  # the sampling fields
 
 
 

@@ -40,6 +40,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
+from rrc_jax.errors import ConfigError
 from rrc_jax.inference.sampler import Sampler, SamplingParams
 from rrc_jax.judge.templates import JudgeTemplate, direct_template, encode_question, encode_text, get_template, render_parts
 from rrc_jax.judge.verdicts import parse_score, parse_verdict
@@ -68,7 +69,12 @@ class JudgeConfig:
     seed: int = not_in_config(0)
 
     def __post_init__(self):
-        _ = self.sampling  # SamplingParams validates the sampling fields now, not at the first question
+        try:  # SamplingParams validates the sampling fields now, not at the first question
+            _ = self.sampling
+        except ValueError as e:  # a config group's settings (a subclass's GROUP) are the user's to fix
+            if not hasattr(self, "GROUP"):
+                raise
+            raise ConfigError(f"config.{self.GROUP}: {e}") from None
 
     @property
     def sampling(self) -> SamplingParams:

@@ -119,11 +119,7 @@ class RMJudgeConfig(JudgeConfig):
     def __post_init__(self):
         if not 0 <= self.direct_share <= 1:
             raise field_error("judge", "direct_share", f"{self.direct_share} must be in [0, 1]")
-        at_least("judge", "max_new_tokens", self.max_new_tokens, 1)
-        at_least("judge", "temperature", self.temperature, 0, "0 = greedy")
-        if not (0 < self.top_p <= 1 and self.top_k >= 0):
-            raise field_error("judge", "top_p", f"{self.top_p} must be in (0, 1] and top_k={self.top_k} >= 0")
-        super().__post_init__()
+        super().__post_init__()  # the sampling fields
 
 
 @dataclasses.dataclass(frozen=True)
