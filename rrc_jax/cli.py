@@ -40,6 +40,7 @@ COMMANDS = {
     "serve": "an OpenAI-compatible completions server of a checkpoint, e.g. the judge (--model)",
     "benchmarks/device.py": "GPU throughput: the sampler, transformers' generate, a learner step and its MFU",
     "benchmarks/judge.py": "judge throughput with and without prefix reuse, against a transformers loop",
+    "benchmarks/learner_work.py": "the GRPO update's and log-prob pass's matmul FLOPs against the model's minimum",
     "benchmarks/matmul_rows.py": "the CPU's matmul time against the rows of a product",
     "benchmarks/peers.py": "rollout and GRPO update against tunix and TRL on one checkpoint",
     "benchmarks/rewards.py": "win counting and CARA against literal Python, greedy against exact Kemeny",

@@ -57,12 +57,13 @@ class TextSampler:
     def generate(self, prompt_ids, group_size: int = 1, params: SamplingParams = SamplingParams(), rng=0):
         return self._out([self.text(p) for p in prompt_ids for _ in range(group_size)], params.max_new_tokens)
 
-    def complete(self, prefixes, suffixes, params: SamplingParams = SamplingParams(), rng=0):
+    def complete(self, prefixes, suffixes, params: SamplingParams = SamplingParams(), rng=0, *, streams=None,
+                 splits=None):
         texts = [self.text(list(prefixes[o]) + list(s)) for o, s in suffixes]
         self.questions += texts
         return self._out(texts, params.max_new_tokens)
 
-    def next_token_logprobs(self, prefixes, suffixes, token_ids):
+    def next_token_logprobs(self, prefixes, suffixes, token_ids, *, splits=None):
         texts = [self.text(list(prefixes[o]) + list(s)) for o, s in suffixes]
         self.questions += texts
         if self.logprobs is None:

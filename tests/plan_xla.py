@@ -110,9 +110,9 @@ def decode_case(shape, dtype, layout: str = "train", branched: bool = False) -> 
             cache = jax.jit(lambda: init_cache(cfg, PREFIXES, PREFIX_SLOTS))().branch(GROUP, CACHE_SLOTS)
         else:  # placed as a prefill leaves it: rows over data x fsdp, kv heads over tensor
             cache = jax.jit(lambda: init_cache(cfg, CACHE_ROWS, CACHE_SLOTS))()
-        compiled = kernels._decode.lower(graphdef, state, cache, jax.random.key(0),
-                                          params=SamplingParams(1.0, max_new_tokens=8), stop_ids=(2,),
-                                          pad_id=0).compile()
+        keys = kernels.row_keys(0, range(CACHE_ROWS))  # each row's stream
+        compiled = kernels._decode.lower(graphdef, state, cache, keys, params=SamplingParams(1.0, max_new_tokens=8),
+                                          stop_ids=(2,), pad_id=0, impl="threefry2x32").compile()
     parts = {"parameters": plan.param_bytes(cfg, dtype, shape, layout),
              "cache": plan.kv_cache_bytes(cfg, CACHE_ROWS, CACHE_SLOTS, shape, dtype),  # donated
              "gathered weights": plan.gathered_bytes(cfg, dtype, shape) if layout == "train" else 0}

@@ -190,13 +190,13 @@ def test_context_boundary_and_the_prc_read(tiny):
         def __init__(self, context_length):
             self.context_length, self.stats, self.reads = context_length, SamplerStats(), []
 
-        def complete(self, prefixes, suffixes, params, rng=0):
+        def complete(self, prefixes, suffixes, params, rng=0, **_):
             x = tok("X", add_special_tokens=False)["input_ids"][0]
             k, t = len(suffixes), params.max_new_tokens
             return SampleOutput(np.full((k, t), x, np.int32), np.zeros((k, t), np.float32), np.full(k, t, np.int32),
                                 np.ones(k, bool))
 
-        def next_token_logprobs(self, prefixes, suffixes, token_ids):
+        def next_token_logprobs(self, prefixes, suffixes, token_ids, **_):
             self.reads.append(len(suffixes))
             return np.zeros((len(suffixes), len(token_ids)), np.float32)
 

@@ -2,15 +2,16 @@
 `complete` with and without prefix reuse and at any chunk size equals generating each whole question; the prefill
 saving is exact; `next_token_logprobs` equals the model's log-softmax; `generate` chunks whole groups."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from rrc_jax.models.batches import bucket_length, pad_sequences
-from rrc_jax.inference import JaxSampler, SamplingParams, make_sampler
-from rrc_jax.inference.engine import prefix_chunks
+from rrc_jax.models.batches import pad_sequences
+from rrc_jax.inference import JaxSampler, SamplingParams, make_sampler, question_tree
 from rrc_jax.inference.kernels import generate
 from rrc_jax.models import Decoder, DecoderConfig
 from rrc_jax.sharding import model_context
@@ -59,15 +60,65 @@ def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max
 
 
 def test_chunks_pack_prompts_times_rows_within_max_batch(model):
-    """Questions are packed P prefixes x M rows (powers of two, P * M <= max_batch); a prefix with more questions
-    than max_batch spans chunks."""
+    """Questions are packed P prefixes x F nodes x S leaves x C copies (powers of two, at most max_batch rows); a
+    prefix with more questions than max_batch spans chunks, and one whose nodes differ in fan-out is cut into
+    pieces of one fan-out each."""
     sampler = make_sampler("policy", model, max_batch=8)
     owners = [0] * 4 + [1] * 11 + [2] * 2 + [3]
-    chunks = list(prefix_chunks(list(range(len(owners))), owners, sampler.host_batch))
-    assert [[len(g) for g in c] for c in chunks] == [[4], [8], [3, 2], [1]]
+    suffixes = [(o, [i]) for i, o in enumerate(owners)]  # all different: one leaf each
+    chunks = question_tree.chunks(question_tree.pieces(question_tree.question_tree(suffixes), sampler.host_batch),
+                                  sampler.host_batch)
+    assert [[len(p.nodes[0].leaves) for p in c] for c in chunks] == [[1, 2], [4, 3], [8]]
     for c in chunks:
-        assert len({owners[g[0]] for g in c}) == len(c) and all(len({owners[i] for i in g}) == 1 for g in c)
-        assert bucket_length(len(c), 1) * bucket_length(max(map(len, c)), 1) <= 8
+        assert math.prod(question_tree.chunk_shape(c)) <= 8
+    asked = sorted(q for c in chunks for q in question_tree.rows(c, *question_tree.chunk_shape(c)[1:])[0])
+    assert asked == list(range(len(owners)))
+    # AGR's shape: 2 responses before 3 anchors and 3 anchors before 2 responses, 2 votes each (copies)
+    tree = question_tree.question_tree([(0, [r, 9, a]) for r in (1, 2) for a in (5, 6, 7) for _ in range(2)]
+                                       + [(0, [a, 9, r]) for r in (1, 2) for a in (5, 6, 7) for _ in range(2)],
+                                       splits=[1] * 24)
+    parts = question_tree.pieces(tree, 64)
+    assert sorted(p.shape for p in parts) == [(2, 4, 2), (4, 2, 2)]  # (F, S, C): a piece per fan-out
+    (chunk,) = question_tree.chunks(parts, 64)
+    questions, rows = question_tree.rows(chunk, *question_tree.chunk_shape(chunk)[1:])
+    assert sorted(questions) == list(range(24)) and len(set(rows)) == 24
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_question_draws_the_same_whatever_else_the_call_asks(model, temperature):
+    """Questions sharing a prefix, a first segment (`splits`) and whole texts (copies: votes) give each question
+    what generating its whole text alone gives (greedy), and at temperature 1 the same draws whether asked with
+    all the others or alone, at any max_batch (its stream, not its row, picks its draws). The prefix tree
+    prefills each level once."""
+    rng = np.random.default_rng(5)
+    prefixes = [[1] + list(rng.integers(3, 64, n)) for n in (6, 9)]
+    firsts = [list(rng.integers(3, 64, n)) for n in (4, 7, 1)]
+    rests = [list(rng.integers(3, 64, n)) for n in (3, 5)]
+    suffixes, splits = [], []
+    for o in range(2):
+        for f in firsts:
+            for r in rests:
+                for _ in range(2):  # two votes of one question
+                    suffixes.append((o, f + r))
+                    splits.append(len(f))
+    params = SamplingParams(temperature, max_new_tokens=10, stop_token_ids=())
+    sampler = make_sampler("policy", model, max_batch=64)
+    out = sampler.complete(prefixes, suffixes, params, rng=7, splits=splits)
+    if temperature == 0:
+        ref = generate(model, [prefixes[o] + s for o, s in suffixes], params)
+        np.testing.assert_array_equal(out.tokens, ref.tokens)
+        np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)
+    else:
+        assert not np.array_equal(out.tokens[0], out.tokens[1])  # two votes: two draws
+        small = make_sampler("policy", model, max_batch=4)
+        some = [3, 8, 17, 22]
+        alone = small.complete(prefixes, [suffixes[q] for q in some], params, rng=7, streams=some,
+                               splits=[splits[q] for q in some])
+        np.testing.assert_array_equal(alone.tokens, out.tokens[some])
+        np.testing.assert_allclose(alone.logprobs, out.logprobs[some], atol=1e-4)
+    tree = sum(map(len, prefixes)) + 2 * (sum(map(len, firsts)) + len(firsts) * sum(map(len, rests)))
+    assert sampler.stats.prefill_tokens == tree
+    assert sampler.stats.prefill_tokens_saved == sum(len(prefixes[o]) + len(s) for o, s in suffixes) - tree
 
 
 @pytest.mark.parametrize("prefix_reuse", [True, False])

@@ -1,5 +1,6 @@
 """Shared-prefix prefill with a real (tiny, random) decoder: greedy judgments with reuse equal those without, the
-prefill tokens drop by (questions - 1) x prefix length per prompt, and the prefix / suffix split is exact for
+prefill tokens drop to one prefill of each level of the question tree (the prompt's prefix, each response shown
+first, each question), and the prefix / suffix split is exact for
 tokenizers with and without a chat template (a split that a tokenizer merges falls back to a full prefill)."""
 
 import numpy as np
@@ -8,7 +9,7 @@ from flax import nnx
 
 from rrc_jax.inference import make_sampler
 from rrc_jax.judge import Judge, JudgeTemplate, get_template, render_parts
-from rrc_jax.judge.templates import encode_question
+from rrc_jax.judge.templates import encode_question, encode_text, first_segment
 from rrc_jax.models import Decoder, DecoderConfig, format_prompt, prompt_ids
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
 from rrc_jax.sharding import model_context
@@ -106,12 +107,25 @@ def test_greedy_judgments_with_reuse_equal_without(tokenizer_kind, template):
     assert len({v.text for v in log1}) > 1  # the random judge does not write the same thing for every pair
     for x, y in zip(v1, v2):
         np.testing.assert_array_equal(x, y)
-    # expected saving: each prompt has 3 pairs x 2 votes = 6 questions sharing one prefix -> (6 - 1) x prefix length
-    prefix_len = [len(encode_question(tok, *render_parts(tok, get_template(template), p, a="", b="")).prefix)
-                  for p in PROMPTS]
+    # each prompt has 3 pairs x 2 orders = 6 questions (one vote each), read as a prefix tree: the prefix once, each
+    # response shown first once (2 questions each), then the rest of each question
+    t = get_template(template)
+    prefilled = 0
+    for prompt, group in zip(PROMPTS, GROUPS):
+        shown = [(group[i], group[j]) for i, j in ((0, 1), (0, 2), (1, 2))]
+        shown += [(y, x) for x, y in shown]
+        parts = [render_parts(tok, t, prompt, a=x, b=y) for x, y in shown]
+        prefilled += len(encode_question(tok, *parts[0]).prefix)
+        nodes = set()
+        for part, (x, y) in zip(parts, shown):  # the first response's tokens, up to a token merged across its end
+            suffix, lead = encode_question(tok, *part).suffix, encode_text(tok, first_segment(t, a=x, b=y), first=False)
+            k = next((i for i, (u, v) in enumerate(zip(suffix, lead)) if u != v), min(len(suffix), len(lead)))
+            nodes.add(tuple(suffix[:k]))
+            prefilled += len(suffix) - k
+        prefilled += sum(map(len, nodes))
     r, f = reuse.summary(), full.summary()
-    assert r["prefill_tokens_saved"] == sum(5 * n for n in prefix_len)
-    assert f["prefill_tokens"] - r["prefill_tokens"] == sum(5 * n for n in prefix_len)
+    assert r["prefill_tokens"] == prefilled
+    assert r["prefill_tokens_saved"] == f["prefill_tokens"] - prefilled > 0
     assert r["reuse_fallbacks"] == 0 and r["questions"] == f["questions"] == 12
 
 

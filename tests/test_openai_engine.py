@@ -124,9 +124,9 @@ def tokenizer():
 class Recording(OpenAISampler):
     """The engine, keeping each call's questions' token ids in question order (`asked`)."""
 
-    def complete(self, prefixes, suffixes, params=SamplingParams(), rng=0):
+    def complete(self, prefixes, suffixes, params=SamplingParams(), rng=0, **kw):
         self.asked = [tuple(prefixes[p]) + tuple(s) for p, s in suffixes]
-        return super().complete(prefixes, suffixes, params, rng)
+        return super().complete(prefixes, suffixes, params, rng, **kw)
 
 
 def _judge(server, tokenizer):

@@ -132,24 +132,30 @@ def test_sliding_layers_count_their_window_in_a_long_cache():
         every, 8, 8192, (1, 1, 1), "bfloat16", shared=True)
 
 
-@pytest.mark.parametrize("questions,prompts,max_batch", [
-    (2, 256, 256),    # the judged evaluation: 2 votes a prompt -> 128 prefixes x 2 rows
-    (512, 32, 256),   # AGR, m = 8, 8 anchors, voting@8: a prefix's 512 questions in pieces of 256
-    (300, 2, 256),    # pieces of 256 and 44 questions
-    (3, 5, 16),
-    (5, 40, 100),     # max_batch not a power of two
-    (100, 3, 100),    # a piece's bucket exceeds max_batch: one prefix a chunk
+@pytest.mark.parametrize("load,prompts,max_batch", [
+    ((2, 2, 2), 256, 256),      # the judged evaluation: 2 votes a prompt, one in each order
+    ((512, 12, 64), 32, 256),   # AGR, m = 8, 4 anchors, voting@8 with swap: 4 votes of each of 64 questions
+    ((300, 0, 300), 2, 256),    # no shared first text (pointwise); a prefix's questions span two chunks
+    ((3, 3, 3), 5, 16),
+    ((5, 5, 5), 40, 100),       # max_batch not a power of two
+    ((100, 1, 100), 3, 100),    # one first text before 100 questions: a piece's bucket exceeds max_batch
 ])
-def test_judge_chunk_is_the_engines_largest_chunk(questions, prompts, max_batch):
+def test_judge_chunk_is_the_engines_largest_chunk(load, prompts, max_batch):
+    """The planner's chunk is the largest the engine packs for that many prompts' questions (`question_tree`, on
+    questions made to share text as the load says)."""
+    from rrc_jax.constructions.base import JudgeLoad
+    from rrc_jax.inference import question_tree
 
-    from rrc_jax.models.batches import bucket_length
-    from rrc_jax.inference.engine import prefix_chunks
-
-    owners = [o for o in range(prompts) for _ in range(questions)]
-    chunks = list(prefix_chunks(list(range(len(owners))), owners, max_batch))
-    shapes = [(bucket_length(len(c), 1), bucket_length(max(map(len, c)), 1)) for c in chunks]
-    p, m = plan.judge_chunk(questions, prompts, max_batch)
-    assert shapes[0] == (p, m) and max(a * b for a, b in shapes) == p * m
+    load = JudgeLoad(load[0], 0, load[1], load[2])
+    firsts = max(load.firsts, 1)
+    per_first = -(-load.leaves // firsts)
+    suffixes = [(o, [100 + f] * 3 + [k] * 5) for o in range(prompts) for f in range(firsts) for k in range(per_first)
+                for _ in range(load.questions // load.leaves)]
+    tree = question_tree.question_tree(suffixes, [3 if load.firsts else 0] * len(suffixes))
+    chunks = question_tree.chunks(question_tree.pieces(tree, max_batch), max_batch)
+    shapes = [question_tree.chunk_shape(c) for c in chunks]
+    chunk = plan.judge_chunk(load, prompts, max_batch)
+    assert chunk in shapes and math.prod(chunk) == max(map(math.prod, shapes))
 
 
 def paper_recipe():
@@ -178,8 +184,30 @@ def test_the_paper_recipe_fits_with_15_percent_to_spare(topology):
     assert "gathered policy weights" not in rows and "gathered GRM weights" not in rows
     assert rows["policy rollout copy"].bytes == rows["grm parameters"].bytes  # both 8B bf16 over the same tensor
     assert p.layouts["grm"][0] == "inference" and p.layouts["policy"][0] == "train"
-    assert rows["judge KV cache"].detail.startswith("eval: 128 prefixes x 2 rows")  # eval: 2 questions x 256 prompts
+    assert rows["judge KV cache"].detail.startswith(  # eval: 2 questions x 256 prompts, nothing shared but the prefix
+        "eval: 128 prefixes x 1 firsts x 2 questions x 1 votes = 256 rows")
     assert "in chunks of 256 attend to their prefix's 1536 slots, 512 at a time" in rows["judge prefill transients"].detail
+
+
+def test_the_judge_prefills_each_level_of_its_question_tree_once():
+    """On the paper's recipe with a reasoning judge (1,024 new tokens): each prompt's prefix once, each of its 16
+    texts shown first (8 responses, 8 anchors) once, each of its 128 different questions once, not 512 votes x 3,072
+    tokens: at most 0.3 of the prefill without the tree; the report prints both steps and the early-stopping range."""
+    config = paper_recipe()
+    config.reward.judge.max_new_tokens = 1024
+    s = validate(config)
+    load = s.reward.judge_load(s)
+    assert (load.questions, load.firsts, load.distinct) == (512, 16, 128)
+    work = plan.judge_work(s, load, 32)
+    assert work.prefill_tokens == 32 * (work.prefix + 16 * work.first + 128 * work.rest)
+    assert work.flat_prefill_tokens == 32 * (work.prefix + 512 * 3072)
+    assert work.prefill_tokens <= 0.3 * work.flat_prefill_tokens and work.decode_tokens == 32 * 512 * 1024
+    out = plan.report(s, "v5e-64")
+    assert "with every vote prefilled on its own: a step of" in out and "early-stopped" not in out
+    config.reward.judge.early_stop = True
+    s = validate(config)
+    assert plan.judge_work(s, load, 32).early_questions == 32 * 64 * 4  # AGR ties 'win': 4 of 8 votes can decide
+    assert "early-stopped voting (reward.judge.early_stop): 8,192 to 16,384 questions" in plan.report(s, "v5e-64")
 
 
 @pytest.mark.parametrize("qtype", ["", "int8", "nf4"])

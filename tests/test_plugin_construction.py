@@ -88,10 +88,10 @@ def test_a_construction_from_outside_the_package_through_validation_planner_and_
     config.eval.judge_votes, config.rl.beta = 0, 0.0
     assert list(plan.roles(validate(config))) == ["policy", "grm"]
     load = construction_class(circular).judge_load(validate(config))
-    assert load == (8 * 2, 8 * 2 * config.reward.judge.max_new_tokens)
+    assert load == (8 * 2, 8 * 2 * config.reward.judge.max_new_tokens, 8, 8 * 2)  # both orders of 8 pairs
     p = plan.plan(validate(config), "v5p-64")
     assert any(r.name == "judge KV cache" and r.detail.startswith(f"{circular}: ") for r in p.rows)
-    assert any("16 questions and up to 384 judge tokens per prompt" in n for n in p.notes)
+    assert any("16 questions (16 different) and up to 384 judge tokens per prompt" in n for n in p.notes)
 
     # two steps: its rewards train, its metrics and judgments are written
     workdir = tmp_path / "w"

@@ -175,7 +175,8 @@ def test_top_k_top_p_stay_in_the_allowed_set(top_k, top_p):
     probabilities (total variation < 0.03)."""
     logits = np.random.default_rng(0).normal(size=64).astype(np.float32) * 2
     draws = 20_000
-    tokens = np.asarray(sample_token(jnp.tile(jnp.asarray(logits), (draws, 1)), jax.random.key(0),
+    keys = jax.random.split(jax.random.key(0), draws)  # one per row
+    tokens = np.asarray(sample_token(jnp.tile(jnp.asarray(logits), (draws, 1)), keys,
                                      SamplingParams(1.0, top_k, top_p)))
     kept, probs = _allowed(logits, top_k, top_p)
     assert set(np.unique(tokens)) <= set(kept.tolist())
@@ -262,10 +263,9 @@ def gemma2(tmp_path_factory):
 @pytest.mark.parametrize("blocked,family", [(False, "llama"), (True, "llama"), (True, "gemma2")])
 def test_branch_equals_take(request, monkeypatch, blocked, family):
     """A branched cache (each prefix shared by its group of rows, not copied) gives the logits, greedy tokens and
-    log-probs of `take`. With `blocked`, the rows' own slots are read by blocked attention after the prefix. Gemma 2
-(blocked):
-    a sliding window (4) shorter than the prefixes, so the suffixes see only the last prefix slots, and soft-capped
-    scores in the prefix attention."""
+    log-probs of `take`, and so does one branched twice (a prefix tree of two levels). With `blocked`, the rows'
+    own slots are read by blocked attention after the prefix. Gemma 2 (blocked): a sliding window (4) shorter than
+    the prefixes, so the suffixes see only the last prefix slots, and soft-capped scores in the prefix attention."""
     from rrc_jax.models import kv_cache
 
     model, _ = request.getfixturevalue(family)
@@ -280,14 +280,27 @@ def test_branch_equals_take(request, monkeypatch, blocked, family):
     owner = jnp.asarray([0, 0, 1, 1, 2, 2], jnp.int32)
     copied = extend(model, prefill(model, ids, mask, cache_size=16 + own).take(owner), s_ids, s_mask)
     shared = extend(model, prefill(model, ids, mask, cache_size=16, ring=False).branch(2, own), s_ids, s_mask)
-    assert shared.shared and shared.size == own and int(shared.end) == 8 and shared.shared_k.shape[2] == 3
+    assert shared.shared and shared.size == own and int(shared.end) == 8 and shared.shared_k[0].shape[2] == 3
     np.testing.assert_allclose(np.asarray(shared.logits), np.asarray(copied.logits), atol=1e-5)
     greedy = params(n_new, 0.0, stop_token_ids=[])
     a, b = decode(model, copied, greedy), decode(model, shared, greedy)
     np.testing.assert_array_equal(a.tokens, b.tokens)
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
-    with pytest.raises(ValueError, match="branch"):
-        shared.branch(2, own)
+    # two levels (a judge question's first response, then its votes): each row's own slots become the prefix of
+    # two new rows, which `take` copies instead
+    tails = [list(rng.integers(3, 96, n)) for n in (2, 4, 0, 1, 3, 5, 2, 2, 1, 6, 3, 0)]
+    t_ids, t_mask = pad_sequences(tails, 8, 0, "right")
+    twice = jnp.repeat(jnp.arange(6), 2)
+    copied = extend(model, extend(model, prefill(model, ids, mask, cache_size=24 + own).take(owner), s_ids,
+                                  s_mask).take(twice), t_ids, t_mask)
+    shared = extend(model, prefill(model, ids, mask, cache_size=16, ring=False).branch(2, 8, ring=False), s_ids,
+                    s_mask)
+    shared = extend(model, shared.branch(2, own), t_ids, t_mask)
+    assert len(shared.shared_k) == 2 and shared.shared_k[1].shape[2] == 6 and shared.batch_size == 12
+    np.testing.assert_allclose(np.asarray(shared.logits), np.asarray(copied.logits), atol=1e-5)
+    a, b = decode(model, copied, greedy), decode(model, shared, greedy)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["gemma2_tied", "mistral_window"])
@@ -344,8 +357,8 @@ def test_ring_buffers_are_updated_in_place():
     stacks = {str(list(x.shape)).replace(" ", "") for x in (*cache.k, *cache.v, cache.ring_k, cache.ring_v)}
     graphdef, state = nnx.split(model)
     programs = {"extend": _extend.lower(graphdef, state, cache, jnp.ones((2, 8), jnp.int32), jnp.ones((2, 8), bool)),
-                "decode": _decode.lower(graphdef, state, cache, jax.random.key(0), params=params(4, 0.0),
-                                        stop_ids=(2,), pad_id=0)}
+                "decode": _decode.lower(graphdef, state, cache, kernels.row_keys(0, range(2)), params=params(4, 0.0),
+                                        stop_ids=(2,), pad_id=0, impl="threefry2x32")}
     for name, lowered in programs.items():
         copied = set(re.findall(r"= \w+(\[[\d,]*\])[^=\n]*? copy\(", lowered.compile().as_text()))
         assert not copied & stacks, (name, copied & stacks)

@@ -15,7 +15,7 @@ from rrc_jax.constructions.judged import JudgeConstruction
 from rrc_jax.data.prompts import PromptSet
 from rrc_jax.errors import ConfigError
 from rrc_jax.rewards import agr_diagnostics, agr_rewards
-from rrc_jax.rewards.win_counts import AGR_TIES
+from rrc_jax.rewards.win_counts import AGR_TIES, pair_outcome
 from rrc_jax.rl.anchor_store import AnchorStore, prune_refreshed, refresh_step, refreshed_path
 from rrc_jax.settings import field_error, one_of
 
@@ -59,9 +59,10 @@ class AGRReward(JudgeConstruction):
 
     def __init__(self, judge, seed: int, *, store: AnchorStore, votes: int, swap: bool, alpha: float,
                  ties: str, refresh_every: int, ctx, refreshed_dir: str | epath.Path = "",
-                 checkpoints: str | epath.Path = "", eval_votes: int = 0):
+                 checkpoints: str | epath.Path = "", eval_votes: int = 0, early_stop: bool = False):
         super().__init__(judge, seed, ctx=ctx, eval_votes=eval_votes)
         self.store, self.votes, self.swap, self.alpha, self.ties = store, votes, swap, alpha, ties
+        self.early_stop = early_stop
         self.refresh_every = refresh_every
         self.refreshed_dir = epath.Path(refreshed_dir or store.path.parent / "anchors_refreshed")
         self.checkpoints = epath.Path(checkpoints) if checkpoints else None
@@ -79,6 +80,11 @@ class AGRReward(JudgeConstruction):
         return s.rollout.group_size * s.reward_settings.n_anchors * s.judge.votes
 
     @classmethod
+    def firsts_per_prompt(cls, s) -> int:
+        """The responses, and with swap the anchors too."""
+        return s.rollout.group_size + (s.reward_settings.n_anchors if s.judge.swap else 0)
+
+    @classmethod
     def absolute_scale(cls, s) -> bool:
         return s.reward_settings.refresh_every == 0  # fixed anchors
 
@@ -88,7 +94,8 @@ class AGRReward(JudgeConstruction):
         workdir = epath.Path(s.workdir).expanduser()
         return cls(**cls.judge_kwargs(s, ctx), store=anchor_store(s, ctx.train, ctx.tokenizer), votes=j.votes,
                    swap=j.swap, alpha=a.alpha, ties=a.ties, refresh_every=a.refresh_every,
-                   refreshed_dir=workdir / "anchors_refreshed", checkpoints=workdir / "checkpoints")
+                   refreshed_dir=workdir / "anchors_refreshed", checkpoints=workdir / "checkpoints",
+                   early_stop=j.early_stop)
 
     @classmethod
     def of_groups(cls, judge, *, votes: int, swap: bool, settings: AGRSettings):
@@ -125,14 +132,16 @@ class AGRReward(JudgeConstruction):
     def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
         self.use_anchors(step)
         return agr_result(self.judge, prompts, responses, self.store[prompt_index], votes=self.votes,
-                          swap=self.swap, alpha=self.alpha, ties=self.ties)
+                          swap=self.swap, alpha=self.alpha, ties=self.ties, early_stop=self.early_stop)
 
 
 def agr_result(judge, prompts, responses, anchors, *, votes: int, swap: bool, alpha: float = AGRSettings.alpha,
-               ties: str = AGRSettings.ties) -> RewardResult:
+               ties: str = AGRSettings.ties, early_stop: bool = False) -> RewardResult:
     """AGR's rewards `[B, m]` for B `prompts`, their groups of m `responses` and each prompt's n `anchors` (`AGRReward`;
-    also what the trainer integrations call, `AGRReward.of_groups`)."""
-    wins, losses = judge.vs_anchors(prompts, responses, anchors, votes=votes, swap=swap)
+    also what the trainer integrations call, `AGRReward.of_groups`). `early_stop`: a pair stops voting once its
+    outcome under `ties` is decided (`Judge.pair_votes`); the rewards are full voting's."""
+    wins, losses = judge.vs_anchors(prompts, responses, anchors, votes=votes, swap=swap,
+                                    outcome=pair_outcome(ties, "agr") if early_stop else None)
     diag = agr_diagnostics(wins, losses, votes=votes)
     return RewardResult(np.asarray(agr_rewards(wins, losses, alpha=alpha, ties=ties)),
                         {f"judge/{k}": float(np.mean(v)) for k, v in diag.items()},

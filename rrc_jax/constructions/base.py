@@ -57,10 +57,20 @@ GroupReward = Callable[[Sequence[str], Sequence[Sequence[str]], Mapping[str, Seq
 
 
 class JudgeLoad(NamedTuple):
-    """Judge work per prompt of a step: `questions` asked and at most `tokens` generated to answer them."""
+    """Judge work per prompt of a step: `questions` asked, at most `tokens` generated to answer them, and how much
+    of their text the judge's prefix tree (`rrc_jax.inference.question_tree`) prefills once: `firsts` texts shown
+    first (0: none shared, as a pointwise judge's), `distinct` different questions (the rest are votes asked again).
+    """
 
     questions: int
     tokens: int
+    firsts: int = 0
+    distinct: int = 0
+
+    @property
+    def leaves(self) -> int:
+        """Different questions (`distinct`, or every question when not given)."""
+        return self.distinct or self.questions
 
 
 def group_sizes(prompts: Sequence[str], responses: Sequence[Sequence[str]]) -> tuple[int, int]:

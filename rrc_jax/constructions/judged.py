@@ -30,6 +30,7 @@ class JudgeSettings(JudgeConfig):
     max_batch: int = 256  # judge questions per model call
     votes: int = 2  # V judgments per pair (voting@V)
     swap: bool = True  # alternate the A/B order across votes (beyond the paper: position bias)
+    early_stop: bool = False  # ask votes in rounds, stop a pair once its majority is decided (same rewards)
 
     def __post_init__(self):
         if self.votes < 1:
@@ -51,11 +52,19 @@ def make_judge(s, roles) -> Judge:
 
 
 def judge_metrics(judge: Judge) -> dict[str, float]:
-    """The `judge/*` metrics of what `judge` did since its last `reset_metrics` (a step's, or a reward call's)."""
+    """The `judge/*` metrics of what `judge` did since its last `reset_metrics` (a step's, or a reward call's);
+    with early-stopped voting, the votes not asked and an estimate of the judge tokens they would have cost (at
+    the mean of the votes asked)."""
     s = judge.summary()
-    return {"judge/questions": s["questions"], "judge/tokens": s["judge_tokens"],
+    skipped = {}
+    if s["vote_rounds"]:
+        per_vote = s["judge_tokens"] / s["questions"] if s["questions"] else 0.0
+        skipped = {"judge/vote_rounds": s["vote_rounds"], "judge/votes_skipped": s["votes_skipped"],
+                   "judge/tokens_saved_estimate": s["votes_skipped"] * per_vote}
+    return {**skipped, "judge/questions": s["questions"], "judge/tokens": s["judge_tokens"],
             "judge/abstain_rate": s["abstain_rate"], "judge/position_consistency": s["position_consistency"],
-            "judge/prefill_tokens_saved": s["prefill_tokens_saved"], "judge/too_long": s["too_long"],
+            "judge/prefill_tokens": s["prefill_tokens"], "judge/prefill_tokens_saved": s["prefill_tokens_saved"],
+            "judge/too_long": s["too_long"],
             **{f"judge/{k}": s[k] for k in judge.sampler.stats.failures()}}
 
 
@@ -74,8 +83,15 @@ class JudgeConstruction(Construction):
 
     @classmethod
     def judge_load(cls, s) -> JudgeLoad:
-        q = cls.questions_per_prompt(s)
-        return JudgeLoad(q, q * s.judge.max_new_tokens)
+        """Pairs asked V times each, in both orders with swap: 2 different questions a pair (1 with one vote)."""
+        q, j = cls.questions_per_prompt(s), s.judge
+        orders = min(j.votes, 2) if j.swap else 1
+        return JudgeLoad(q, q * j.max_new_tokens, cls.firsts_per_prompt(s), q // j.votes * orders)
+
+    @classmethod
+    def firsts_per_prompt(cls, s) -> int:
+        """The texts a prompt's questions show first: its group's responses."""
+        return s.rollout.group_size
 
     @classmethod
     def questions_per_prompt(cls, s) -> int:

@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 
-from rrc_jax.constructions.base import RewardResult
+from rrc_jax.constructions.base import JudgeLoad, RewardResult
 from rrc_jax.constructions.judged import JudgeConstruction
 from rrc_jax.errors import ConfigError
 
@@ -32,6 +32,11 @@ class PointwiseReward(JudgeConstruction):
     @classmethod
     def questions_per_prompt(cls, s) -> int:
         return s.rollout.group_size * s.judge.votes
+
+    @classmethod
+    def judge_load(cls, s) -> JudgeLoad:
+        q, m = cls.questions_per_prompt(s), s.rollout.group_size  # one question a response, asked V times
+        return JudgeLoad(q, q * s.judge.max_new_tokens, 0, m)
 
     @classmethod
     def check(cls, s) -> None:

@@ -59,7 +59,7 @@ class PRCReward(JudgeConstruction):
     @classmethod
     def judge_load(cls, s) -> JudgeLoad:
         q = cls.questions_per_prompt(s)  # without thinking, one read of P(A) per question
-        return JudgeLoad(q, q * (s.judge.max_new_tokens if s.reward_settings.think else 1))
+        return JudgeLoad(q, q * (s.judge.max_new_tokens if s.reward_settings.think else 1), q, q)
 
     @classmethod
     def check(cls, s) -> None:

@@ -12,7 +12,7 @@ from rrc_jax.constructions.judged import JudgeConstruction
 from rrc_jax.judge.matches import knockout, merge_sort
 from rrc_jax.rewards import cara_rewards, scr_diagnostics, scr_rewards
 from rrc_jax.rewards.kemeny import CARA_METHODS, MAX_EXACT_GROUP
-from rrc_jax.rewards.win_counts import SCR_TIES
+from rrc_jax.rewards.win_counts import SCR_TIES, pair_outcome
 from rrc_jax.settings import field_error, one_of
 
 ORDERINGS = ("round_robin", "merge_sort", "knockout")  # how the group is ordered (`reward.scr.ordering`)
@@ -47,12 +47,13 @@ class SCRReward(JudgeConstruction):
     Settings = SCRSettings
 
     def __init__(self, judge, seed: int, *, votes: int, swap: bool, alpha: float, ties: str, cara: bool,
-                 cara_method: str, ordering: str = "round_robin", ctx=None, eval_votes: int = 0):
+                 cara_method: str, ordering: str = "round_robin", early_stop: bool = False, ctx=None,
+                 eval_votes: int = 0):
         super().__init__(judge, seed, ctx=ctx, eval_votes=eval_votes)
         one_of("reward.scr", "ordering", ordering, ORDERINGS)
         self.votes, self.swap, self.alpha, self.ties, self.cara, self.cara_method = (
             votes, swap, alpha, ties, cara, cara_method)
-        self.ordering = ordering
+        self.ordering, self.early_stop = ordering, early_stop
 
     @classmethod
     def questions_per_prompt(cls, s) -> int:
@@ -75,7 +76,7 @@ class SCRReward(JudgeConstruction):
     def from_settings(cls, s, ctx) -> SCRReward:
         own, j = s.reward_settings, s.judge
         return cls(**cls.judge_kwargs(s, ctx), votes=j.votes, swap=j.swap, alpha=own.alpha, ties=own.ties,
-                   cara=own.cara, cara_method=own.cara_method, ordering=own.ordering)
+                   cara=own.cara, cara_method=own.cara_method, ordering=own.ordering, early_stop=j.early_stop)
 
     @classmethod
     def of_groups(cls, judge, *, votes: int, swap: bool, settings: SCRSettings):
@@ -85,19 +86,23 @@ class SCRReward(JudgeConstruction):
 
     def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
         return scr_result(self.judge, prompts, responses, votes=self.votes, swap=self.swap, alpha=self.alpha,
-                          ties=self.ties, cara=self.cara, cara_method=self.cara_method, ordering=self.ordering)
+                          ties=self.ties, cara=self.cara, cara_method=self.cara_method, ordering=self.ordering,
+                          early_stop=self.early_stop)
 
 
 def scr_result(judge, prompts, responses, *, votes: int, swap: bool, alpha: float = SCRSettings.alpha,
                ties: str = SCRSettings.ties, cara: bool = False, cara_method: str = SCRSettings.cara_method,
-               ordering: str = "round_robin") -> RewardResult:
+               ordering: str = "round_robin", early_stop: bool = False) -> RewardResult:
     """SCR's rewards `[B, m]` for B `prompts` and their groups of m `responses` (`SCRReward`; also what the trainer
-    integrations call, `SCRReward.of_groups`)."""
+    integrations call, `SCRReward.of_groups`). `early_stop`: a round robin's pairs stop voting once their majority
+    is decided (`Judge.pair_votes`); the rewards are full voting's, the counts of a decided pair smaller. CARA reads
+    the counts (Kemeny weights) and the adaptive orderings their own duels: both vote in full."""
     if ordering != "round_robin":
         play = merge_sort if ordering == "merge_sort" else knockout
         t = play(judge, prompts, responses, votes=votes, swap=swap)
         return RewardResult((alpha * t.rewards).astype(np.float32), {"judge/comparisons": float(t.queries.mean())})
-    counts = judge.round_robin(prompts, responses, votes=votes, swap=swap)
+    counts = judge.round_robin(prompts, responses, votes=votes, swap=swap,
+                               outcome=pair_outcome(ties) if early_stop and not cara else None)
     diag = scr_diagnostics(counts, votes=votes)
     rewards = (cara_rewards(counts, alpha=alpha, method=cara_method) if cara
                else np.asarray(scr_rewards(counts, alpha=alpha, ties=ties)))

@@ -3,16 +3,22 @@
 `generate` samples GRPO groups: each prompt is prefilled once and its G rows continue it (`KVCache.branch`).
 
 `complete` and `next_token_logprobs` answer questions `(prefix index, suffix ids)`. With `prefix_reuse` (default)
-questions are sorted by prefix, then by suffix length, and packed into chunks of P prefixes x M rows each (P and M
-powers of two, P * M at most `max_batch`; a prefix with more than `max_batch` questions spans several chunks,
-`prefix_chunks`). Each chunk prefills its P prefixes (left-padded, one call), branches from them
-(`KVCache.branch`: shared, not copied; each row attends to its own prefix, read once per step for its M rows),
-appends its right-padded suffixes (`extend`, `PREFILL_CHUNK` tokens at a time) and decodes, or reads the next-token
-logits; rows without a question are padding and dropped. A prefix used by k questions of a chunk saves (k - 1) x its length in prefill tokens
-(`stats.prefill_tokens_saved`). Without reuse every question is prefilled in full, in chunks of `max_batch` (rows
-padded to multiples of 8). Lengths are padded to `length_bucket`s, so compilations are shared across chunks and
-calls while padding stays small. A chunk never gathers rows of another chunk, so its rows stay where they are on
-the mesh.
+they are read as a prefix tree (`question_tree`): prefix, then the first `splits[q]` suffix tokens other
+questions of the prefix share (a judge question's first response), then the rest of the question, then its
+copies (the same question asked again: a pair's votes in one order). Each chunk prefills its P prefixes
+(left-padded, one call), branches from them (`KVCache.branch`: shared, not copied; each row attends to its
+ancestors, each read once per step for the rows under it), appends the next level's right-padded tokens (`extend`,
+`PREFILL_CHUNK` tokens at a time), branches again, and at last decodes or reads the next-token logits; rows
+without a question are padding and dropped. Every level is prefilled once for all the questions under it: what
+the questions would have prefilled on their own beyond that is `stats.prefill_tokens_saved`. Without reuse every
+question is prefilled in full, in chunks of `max_batch` (rows padded to multiples of 8). Lengths are padded to
+`length_bucket`s, so compilations are shared across chunks and calls while padding stays small. A chunk never
+gathers rows of another chunk, so its rows stay where they are on the mesh.
+
+A question draws from its own stream of the call's key (`kernels.row_keys`): the caller's `streams[q]` (default q).
+Its continuation therefore depends on its text, the key and its stream only, not on the batch, the chunking,
+`max_batch` or the questions asked beside it: the judge asks a pair's later votes in another call (early-stopped
+voting) and gets the draws full voting gets. A rollout chunk draws with one key for its rows (`fold_in(rng, c)`).
 
 On several hosts (`rrc_jax.distributed`) every call is collective and every host passes its own prompts or
 questions: `max_batch` counts the rows of a call over the whole mesh, each host fills `max_batch // hosts` of them,
@@ -40,11 +46,12 @@ import numpy as np
 from flax import nnx
 
 from rrc_jax import distributed
+from rrc_jax.inference import question_tree
 from rrc_jax.inference.kernels import decode, extend, generate, prefill
 from rrc_jax.inference.rollout_copy import RolloutCopy
 from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix
 from rrc_jax.models import stop_tokens
-from rrc_jax.models.batches import agreed_chunks, bucket_length, length_bucket, pad_sequences, round_up
+from rrc_jax.models.batches import agreed_chunks, length_bucket, pad_sequences, round_up
 from rrc_jax.models.decoder import Decoder
 from rrc_jax.models.kv_cache import ATTENTION_BLOCK, KVCache
 from rrc_jax.sharding import Layout, host_row_multiple, host_rows, mesh_of, use_mesh
@@ -57,13 +64,6 @@ def _on_model_mesh(method):
         with use_mesh(self.mesh):
             return method(self, *args, **kwargs)
     return call
-
-
-def _key(rng: jax.Array | int, i: int) -> jax.Array:
-    """The PRNG key of chunk i of a call (a key made on another mesh, e.g. the trainer's, is taken by value)."""
-    key = jax.random.key(rng) if isinstance(rng, int) else jax.random.wrap_key_data(
-        np.asarray(jax.random.key_data(rng)), impl=jax.random.key_impl(rng))
-    return jax.random.fold_in(key, i)
 
 
 class JaxSampler:
@@ -135,12 +135,21 @@ class JaxSampler:
 
     # -- generate ---------------------------------------------------------------------------------------
 
+    @staticmethod
+    def _call_key(rng: jax.Array | int, local: bool = True) -> jax.Array:
+        """The key of a call: `rng`'s (a key made on another mesh, e.g. the trainer's, is taken by value); with
+        `local`, this host's own on several (its questions' streams are not another host's)."""
+        key = jax.random.key(rng) if isinstance(rng, int) else jax.random.wrap_key_data(
+            np.asarray(jax.random.key_data(rng)), impl=jax.random.key_impl(rng))
+        return jax.random.fold_in(key, jax.process_index()) if local and jax.process_count() > 1 else key
+
     @_on_model_mesh
     def generate(self, prompt_ids: Sequence[Sequence[int]], group_size: int = 1,
                  params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0) -> SampleOutput:
         """`group_size` continuations of each prompt: `SampleOutput` of `[B * G]` rows, prompt b's at
-        `b*G ... b*G + G - 1`. Chunks hold whole groups, at most `max_batch` rows (at least one group). On several
-        hosts, B is this host's prompts (any number, zero included, as long as some host has one)."""
+        `b*G ... b*G + G - 1`. Chunks hold whole groups, at most `max_batch` rows (at least one group), chunk c
+        drawing with `fold_in(rng, c)`. On several hosts, B is this host's prompts (any number, zero included, as
+        long as some host has one)."""
         params = self._params(params)
         per_chunk = max(1, self.host_batch // group_size)
         most = int(distributed.host_max(len(prompt_ids)))  # every host runs the chunks of the longest list
@@ -152,7 +161,8 @@ class JaxSampler:
             real = len(chunk)
             size = round_up(min(per_chunk, most - start), host_row_multiple(self.mesh))  # the same on every host
             chunk += [[self.pad_id]] * (size - real)  # padding prompts: a host with fewer prompts
-            out = generate(self.model, chunk, params, rng=_key(rng, c), pad_id=self.pad_id, group_size=group_size)
+            out = generate(self.model, chunk, params, rng=jax.random.fold_in(self._call_key(rng, local=False), c),
+                           pad_id=self.pad_id, group_size=group_size)
             out = SampleOutput(*(x[:real * group_size] for x in out))
             self.stats.calls += 1
             self.stats.prefill_tokens += sum(map(len, chunk[:real]))
@@ -164,16 +174,22 @@ class JaxSampler:
 
     @_on_model_mesh
     def complete(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix],
-                 params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0) -> SampleOutput:
-        """One continuation of `prefixes[i] + suffix` per question `(i, suffix)`: `SampleOutput` of `[Q]` rows."""
-        params = self._params(params)
+                 params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0, *,
+                 streams: Sequence[int] | None = None, splits: Sequence[int] | None = None) -> SampleOutput:
+        """One continuation of `prefixes[i] + suffix` per question `(i, suffix)`: `SampleOutput` of `[Q]` rows,
+        question q drawing from stream `streams[q]` of `rng` (default q); `splits[q]`: the leading tokens of its
+        suffix other questions of its prefix share (the sampler protocol)."""
+        params, key = self._params(params), self._call_key(rng)
+        streams = np.arange(len(suffixes)) if streams is None else np.asarray(streams, np.int64)
         n, q = params.max_new_tokens, len(suffixes)
         tokens = np.full((q, n), self.pad_id, np.int32)
         logprobs = np.zeros((q, n), np.float32)
         lengths = np.zeros(q, np.int32)
         truncated = np.zeros(q, bool)
-        for c, (chunk, rows, cache) in enumerate(self._caches(prefixes, suffixes, n)):
-            out = decode(self.model, cache, params, rng=_key(rng, c), pad_id=self.pad_id)
+        for chunk, rows, cache in self._caches(prefixes, suffixes, n, splits):
+            row_streams = np.zeros(cache.batch_size // jax.process_count(), np.int64)  # padding rows: stream 0
+            row_streams[rows] = streams[chunk]
+            out = decode(self.model, cache, params, rng=key, streams=row_streams, pad_id=self.pad_id)
             tokens[chunk], logprobs[chunk] = out.tokens[rows], out.logprobs[rows]
             lengths[chunk], truncated[chunk] = out.lengths[rows], out.truncated[rows]
             self.stats.generated_tokens += int(out.lengths[rows].sum())
@@ -181,16 +197,16 @@ class JaxSampler:
 
     @_on_model_mesh
     def next_token_logprobs(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix],
-                            token_ids: Sequence[int]) -> np.ndarray:
+                            token_ids: Sequence[int], *, splits: Sequence[int] | None = None) -> np.ndarray:
         """`log_softmax(logits)[token_ids]` `[Q, len(token_ids)]` float32 at the position after each question."""
         ids = jnp.asarray(token_ids, jnp.int32)
         out = np.zeros((len(suffixes), len(token_ids)), np.float32)
-        for chunk, rows, cache in self._caches(prefixes, suffixes, 0):
+        for chunk, rows, cache in self._caches(prefixes, suffixes, 0, splits):
             out[chunk] = host_rows(jax.nn.log_softmax(cache.logits, axis=-1)[:, ids], self.mesh)[rows]
         return out
 
-    def _caches(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix], extra: int
-                ) -> Iterator[tuple[list[int], np.ndarray, KVCache]]:
+    def _caches(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix], extra: int,
+                splits: Sequence[int] | None) -> Iterator[tuple[list[int], np.ndarray, KVCache]]:
         """(question indices of a chunk, the cache row of each, the chunk's cache with room for `extra` more
         tokens); the other rows of the cache are padding."""
         for i, (owner, _) in enumerate(suffixes):
@@ -198,7 +214,7 @@ class JaxSampler:
                 raise ValueError(f"question {i}: prefix index {owner} is out of range or its prefix is empty (every "
                                  "question needs at least one prefix token, e.g. BOS)")
         if self.prefix_reuse:
-            yield from self._shared_caches(prefixes, suffixes, extra)
+            yield from self._tree_caches(prefixes, suffixes, extra, splits)
             return
         full = [list(prefixes[o]) + list(s) for o, s in suffixes]
         for chunk, n, t in agreed_chunks([len(f) for f in full], self.host_batch):
@@ -209,58 +225,58 @@ class JaxSampler:
             yield chunk, np.arange(len(chunk)), prefill(self.model, ids, mask,
                                                         cache_size=round_up(t + max(extra, 1), ATTENTION_BLOCK))
 
-    def _shared_caches(self, prefixes, suffixes, extra) -> Iterator[tuple[list[int], np.ndarray, KVCache]]:
-        owners = [o for o, _ in suffixes]
-        order = sorted(range(len(suffixes)), key=lambda i: (owners[i], len(suffixes[i][1])))
+    def _tree_caches(self, prefixes, suffixes, extra, splits) -> Iterator[tuple[list[int], np.ndarray, KVCache]]:
+        """The chunks of the question tree (`question_tree`): each level prefilled once and branched to the next."""
         # on several hosts a chunk's prefixes are over the host's batch shards too: pieces small enough that P
         # fills them (a prefix's copies are the ones its rows' devices need anyway)
         multiple = host_row_multiple(self.mesh)
-        chunks = list(prefix_chunks(order, owners, self.host_batch, max(1, self.host_batch // multiple)))
-        plan = distributed.agree([(bucket_length(len(groups), 1), bucket_length(max(map(len, groups)), 1),
-                                   length_bucket(max(len(prefixes[owners[g[0]]]) for g in groups)),
-                                   length_bucket(max(len(suffixes[i][1]) for g in groups for i in g)))
-                                  for groups in chunks], 4)
-        for k, (p, m, p_len, s_len) in enumerate(plan):
-            groups = chunks[k] if k < len(chunks) else []
-            p = round_up(p, multiple)  # P prefixes (and P x M rows) a multiple of the host's batch shards
-            groups = groups + [[]] * (p - len(groups))  # padding prefixes: no questions
-            chunk = [i for g in groups for i in g]
-            rows = np.asarray([j * m + r for j, g in enumerate(groups) for r in range(len(g))], np.int64)
-            row_suffixes: list[Sequence[int]] = [[] for _ in range(p * m)]  # padding rows: no suffix
-            for row, i in zip(rows, chunk):
-                row_suffixes[row] = suffixes[i][1]
-            heads = [list(prefixes[owners[g[0]]]) if g else [self.pad_id] for g in groups]
-            ids, mask = pad_sequences(heads, p_len, self.pad_id, "left")
-            s_ids, s_mask = pad_sequences(row_suffixes, s_len, self.pad_id, "right")
-            cache = prefill(self.model, ids, mask, cache_size=p_len, ring=False).branch(
-                m, size=round_up(max(s_len + extra, 1), ATTENTION_BLOCK))
-            if s_len:
-                cache = extend(self.model, cache, s_ids, s_mask)
-            prefilled = sum(len(h) for h, g in zip(heads, groups) if g)
+        parts = question_tree.pieces(question_tree.question_tree(suffixes, splits),
+                                     max(1, self.host_batch // multiple))
+        local = question_tree.chunks(parts, self.host_batch)
+        longest = lambda chunk, level: max(len(x.tokens) for piece in chunk for node in piece.nodes
+                                           for x in ([node] if level == "node" else node.leaves))
+        plan = distributed.agree([(*question_tree.chunk_shape(chunk),
+                                   length_bucket(max(len(prefixes[piece.owner]) for piece in chunk)),
+                                   length_bucket(longest(chunk, "node")), length_bucket(longest(chunk, "leaf")))
+                                  for chunk in local], 7)
+        for k, (p, f, s, c, p_len, n_len, l_len) in enumerate(plan):
+            chunk = local[k] if k < len(local) else []
+            p = round_up(p, multiple)  # P prefixes (and the rows) a multiple of the host's batch shards
+            questions, rows = question_tree.rows(chunk, f, s, c)
+            heads = [list(prefixes[piece.owner]) for piece in chunk]
+            heads += [[self.pad_id]] * (p - len(heads))  # padding prefixes: no questions
+            node_ids, leaf_ids = segment_rows(chunk, p, f, s)
+            cache = prefill(self.model, *pad_sequences(heads, p_len, self.pad_id, "left"), cache_size=p_len,
+                            ring=False)
+            if n_len:  # the shared first segments, F per prefix
+                cache = extend(self.model, cache.branch(f, size=n_len, ring=False),
+                               *pad_sequences(node_ids, n_len, self.pad_id, "right"))
+            last = c == 1  # the leaves' own slots are the decoding rows' when nothing is copied
+            size = round_up(max(l_len + (extra if last else 0), 1), ATTENTION_BLOCK)
+            cache = cache.branch(s if n_len else f * s, size=size, ring=last)  # (no node tokens: the same rows)
+            if l_len:
+                cache = extend(self.model, cache, *pad_sequences(leaf_ids, l_len, self.pad_id, "right"))
+            if not last:  # the copies: one row each, sharing the whole question
+                cache = cache.branch(c, size=round_up(max(extra, 1), ATTENTION_BLOCK))
+            prefilled = (sum(len(prefixes[piece.owner]) for piece in chunk)
+                         + sum(len(node.tokens) for piece in chunk for node in piece.nodes)
+                         + sum(len(leaf.tokens) for piece in chunk for node in piece.nodes for leaf in node.leaves))
             self.stats.calls += 1
-            self.stats.prefill_tokens += prefilled + sum(len(suffixes[i][1]) for i in chunk)
-            self.stats.prefill_tokens_saved += sum(len(prefixes[owners[i]]) for i in chunk) - prefilled
-            yield chunk, rows, cache
+            self.stats.prefill_tokens += prefilled
+            self.stats.prefill_tokens_saved += sum(len(prefixes[suffixes[i][0]]) + len(suffixes[i][1])
+                                                   for i in questions) - prefilled
+            yield questions, np.asarray(rows, np.int64), cache
 
 
-def prefix_chunks(order: list[int], owners: list[int], max_rows: int, max_piece: int | None = None
-                  ) -> Iterator[list[list[int]]]:
-    """`order` (question indices sorted by prefix) as chunks, each a list of its prefixes' question lists: P
-    prefixes of at most M questions each, with `bucket_length(P) * bucket_length(M) <= max_rows` (at least one).
-    A prefix with more than `max_piece` (default `max_rows`) questions is cut into pieces, each its own prefix."""
-    max_piece = max_rows if max_piece is None else max_piece
-    pieces: list[list[int]] = []
-    for i in order:  # each prefix's questions, in pieces of at most max_piece
-        if pieces and owners[pieces[-1][-1]] == owners[i] and len(pieces[-1]) < max_piece:
-            pieces[-1].append(i)
-        else:
-            pieces.append([i])
-    chunk: list[list[int]] = []
-    for piece in pieces:
-        m = bucket_length(max([len(piece)] + [len(x) for x in chunk]), 1)
-        if chunk and bucket_length(len(chunk) + 1, 1) * m > max_rows:
-            yield chunk
-            chunk = []
-        chunk.append(piece)
-    if chunk:
-        yield chunk
+def segment_rows(chunk: list[question_tree.Piece], p: int, f: int, s: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The tokens of a chunk's nodes `[p * f]` (row `piece * f + node`) and leaves `[p * f * s]` (row
+    `(piece * f + node) * s + leaf`); padding rows are empty."""
+    nodes: list[list[int]] = [[] for _ in range(p * f)]
+    leaves: list[list[int]] = [[] for _ in range(p * f * s)]
+    for i, piece in enumerate(chunk):
+        for n, node in enumerate(piece.nodes):
+            nodes[i * f + n] = list(node.tokens)
+            for j, leaf in enumerate(node.leaves):
+                leaves[(i * f + n) * s + j] = list(leaf.tokens)
+    return nodes, leaves
+

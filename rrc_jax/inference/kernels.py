@@ -45,12 +45,15 @@ def greedy_token(logits: jax.Array) -> jax.Array:
 
 
 def sample_token(logits: jax.Array, key: jax.Array, params: SamplingParams) -> jax.Array:
-    """Next tokens `[B]` from `logits [B, V]` under temperature, top-k then top-p (nucleus) filtering."""
+    """Next tokens `[B]` from `logits [B, V]` under temperature, top-k then top-p (nucleus) filtering. `key`: one
+    key for the batch (a row's draw then depends on its place in the batch) or one per row `[B]` (row b draws with
+    `key[b]` alone, whatever rows are beside it)."""
     if params.temperature == 0:
         return greedy_token(logits)
+    draw = jax.random.categorical if key.ndim == 0 else jax.vmap(jax.random.categorical)
     x = logits / params.temperature
     if params.top_k == 0 and params.top_p >= 1:
-        return jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
+        return draw(key, x).astype(jnp.int32)
     if params.top_k > 0:
         vals, idx = jax.lax.top_k(x, min(params.top_k, x.shape[-1]))
     else:
@@ -61,8 +64,16 @@ def sample_token(logits: jax.Array, key: jax.Array, params: SamplingParams) -> j
         # keep the smallest prefix whose mass reaches top_p (the token that crosses it included)
         keep = jnp.cumsum(probs, axis=-1) - probs < params.top_p
         vals = jnp.where(keep, vals, -jnp.inf)
-    choice = jax.random.categorical(key, vals, axis=-1)
+    choice = draw(key, vals)
     return jnp.take_along_axis(idx, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
+
+
+def row_keys(rng: jax.Array | int, streams: Sequence[int]) -> np.ndarray:
+    """The key data `[R, ...]` uint32 of rows sampling from the streams `streams [R]` of `rng` (a PRNG key or an
+    int seed): row r draws from `fold_in(rng, streams[r])`, whatever rows share its batch (`decode`)."""
+    key = jax.random.key(rng) if isinstance(rng, int) else rng
+    streams = jnp.asarray(np.asarray(streams, np.int64) % (1 << 32), jnp.uint32)
+    return np.asarray(jax.random.key_data(jax.vmap(jax.random.fold_in, (None, 0))(key, streams)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -80,10 +91,11 @@ def _extend(graphdef, state, cache, ids, mask):
     return nnx.merge(graphdef, state).extend(cache, ids, mask)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("params", "stop_ids", "pad_id"),
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("params", "stop_ids", "pad_id", "impl"),
                    donate_argnums=(2,))
-def _decode(graphdef, state, cache, rng, *, params, stop_ids, pad_id):
+def _decode(graphdef, state, cache, keys, *, params, stop_ids, pad_id, impl):
     model = nnx.merge(graphdef, state)
+    keys = jax.random.wrap_key_data(keys, impl=impl)  # [] the batch's key, or [B] each row's own stream
     b, n = cache.batch_size, params.max_new_tokens
     stop = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
 
@@ -93,7 +105,8 @@ def _decode(graphdef, state, cache, rng, *, params, stop_ids, pad_id):
 
     def body(carry):
         i, cache, tokens, logprobs, done, lengths = carry
-        tok = sample_token(cache.logits, jax.random.fold_in(rng, i), params)
+        step_keys = jax.random.fold_in(keys, i) if keys.ndim == 0 else jax.vmap(jax.random.fold_in, (0, None))(keys, i)
+        tok = sample_token(cache.logits, step_keys, params)
         lp = jnp.take_along_axis(jax.nn.log_softmax(cache.logits, axis=-1), tok[:, None], axis=-1)[:, 0]
         active = ~done
         tok = jnp.where(active, tok, pad_id)
@@ -153,11 +166,13 @@ def extend(model: Decoder, cache: KVCache, ids, mask=None) -> KVCache:
 
 
 def decode(model: Decoder, cache: KVCache, params: SamplingParams, *, rng: jax.Array | int = 0,
-           pad_id: int | None = None) -> SampleOutput:
+           streams: Sequence[int] | None = None, pad_id: int | None = None) -> SampleOutput:
     """Sample up to `params.max_new_tokens` after the cache's contents; see `SampleOutput`.
 
     `params.stop_token_ids=None` stops at the model's EOS ids; `pad_id` defaults to the model's pad id (else 0).
-    `rng` is a PRNG key or an int seed; results are deterministic for a given key.
+    `rng` is a PRNG key or an int seed. Without `streams` the batch draws with it together (a row's draws depend
+    on its place: the rollouts' groups); with `streams [B]` (this host's rows) row b draws from its own stream
+    `streams[b]` of it (`row_keys`), so its continuation depends on its stream and its cache alone.
     """
     n = params.max_new_tokens
     end = int(cache.end)
@@ -166,16 +181,17 @@ def decode(model: Decoder, cache: KVCache, params: SamplingParams, *, rng: jax.A
                          f"{cache.size} slots; prefill with cache_size >= {end + n}")
     stop = model.cfg.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
     key = jax.random.key(rng) if isinstance(rng, int) else rng
-    graphdef, state = nnx.split(model)
-    out, _ = _decode(graphdef, state, cache, key, params=params, stop_ids=tuple(stop),
-                     pad_id=_pad_id(model, pad_id))
     mesh = mesh_of(model)
+    keys = jax.random.key_data(key) if streams is None else put_rows(row_keys(key, streams), mesh)
+    graphdef, state = nnx.split(model)
+    out, _ = _decode(graphdef, state, cache, keys, params=params, stop_ids=tuple(stop),
+                     pad_id=_pad_id(model, pad_id), impl=str(jax.random.key_impl(key)))
     return SampleOutput(*(host_rows(x, mesh) for x in out))
 
 
 def generate(model: Decoder, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
              rng: jax.Array | int = 0, pad_id: int | None = None, cache_size: int | None = None,
-             group_size: int = 1) -> SampleOutput:
+             group_size: int = 1, streams: Sequence[int] | None = None) -> SampleOutput:
     """Sample continuations of a batch of token-id prompts of any lengths.
 
     Args:
@@ -188,6 +204,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], params: SamplingP
         prompt plus N must fit it (or, by default, the model's `max_position_embeddings`); otherwise a clear error.
       group_size: G continuations of every prompt (a GRPO group). Each prompt is prefilled once and shared by its
         G rows (`KVCache.branch`): attention reads it once per step for the whole group.
+      streams: `[B * G]` each row's own random stream (`decode`; default: the batch draws together).
     Returns:
       `SampleOutput` of numpy arrays: tokens `[B*G, N]`, logprobs `[B*G, N]`, lengths `[B*G]`, truncated `[B*G]`;
       prompt b's continuations are rows `b*G ... b*G + G - 1`.
@@ -213,4 +230,4 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], params: SamplingP
     else:
         own = cache_size - bucket if cache_size else round_up(n, ATTENTION_BLOCK)
         cache = prefill(model, ids, mask, cache_size=bucket, ring=False).branch(group_size, size=own)
-    return decode(model, cache, params, rng=rng, pad_id=pad)
+    return decode(model, cache, params, rng=rng, streams=streams, pad_id=pad)

@@ -264,14 +264,17 @@ class OpenAISampler:
         if isinstance(answer, RequestFailed):
             raise ConfigError(f"{where}: a one-token completion (POST /v1/completions): {answer}; {fix(answer)}")
 
-    def _run(self, prompts: list[list[int]], n: int, params: SamplingParams, rng) -> SampleOutput:
-        """`n` continuations of each prompt, rows `i*n ... i*n + n - 1` for prompt i."""
+    def _run(self, prompts: list[list[int]], n: int, params: SamplingParams, rng,
+             streams: Sequence[int] | None = None) -> SampleOutput:
+        """`n` continuations of each prompt, rows `i*n ... i*n + n - 1` for prompt i, sent with the seed of its
+        stream (`streams[i]`, default i)."""
         base = _seed(rng)
+        streams = range(len(prompts)) if streams is None else streams
         stops = params.stop_token_ids if params.stop_token_ids is not None else self.stop_token_ids
         bodies = [{"model": self.api_model, "prompt": prompt, "n": n, "max_tokens": params.max_new_tokens,
                    "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or -1,
-                   "seed": (base + i) % (1 << 31), "stop_token_ids": list(stops), "skip_special_tokens": True}
-                  for i, prompt in enumerate(prompts)]
+                   "seed": (base + int(i)) % (1 << 31), "stop_token_ids": list(stops), "skip_special_tokens": True}
+                  for i, prompt in zip(streams, prompts)]
         with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
             answers = list(pool.map(self._ask, bodies))
         rows, cap = len(prompts) * n, params.max_new_tokens
@@ -305,11 +308,13 @@ class OpenAISampler:
         return self._run([list(map(int, p)) for p in prompt_ids], group_size, params, rng)
 
     def complete(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix],
-                 params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0) -> SampleOutput:
-        """One continuation of `prefixes[p] + suffix` for each question `(p, suffix)`: `[Q, N]` rows."""
+                 params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0, *,
+                 streams: Sequence[int] | None = None, splits: Sequence[int] | None = None) -> SampleOutput:
+        """One continuation of `prefixes[p] + suffix` for each question `(p, suffix)`: `[Q, N]` rows; question q
+        is sent with the seed of its stream (`streams[q]`, default q). `splits` is the server's business."""
         prompts = [list(map(int, prefixes[p])) + list(map(int, s)) for p, s in suffixes]
-        return self._run(prompts, 1, params, rng)
+        return self._run(prompts, 1, params, rng, streams)
 
-    def next_token_logprobs(self, prefixes, suffixes, token_ids) -> np.ndarray:
+    def next_token_logprobs(self, prefixes, suffixes, token_ids, *, splits=None) -> np.ndarray:
         raise NotImplementedError("the openai engine cannot read the log-probs of given tokens (the completions API "
                                   "returns its top k only): PRC's P(A) needs --config.inference.engine=jax")

@@ -4,11 +4,14 @@ Three calls (Q questions, B prompts, G continuations per prompt, N = `max_new_to
 
 - `generate(prompt_ids, group_size, params, rng)`: G sampled continuations of each of B prompts (a GRPO group),
   rows `b*G ... b*G + G - 1` for prompt b.
-- `complete(prefixes, suffixes, params, rng)`: one continuation per question `(prefix index, suffix ids)`, i.e. of
-  `prefixes[i] + suffix`. Many questions share a prefix (the judge's `[instruction, prompt]`); whether and how the
-  engine reuses it is its own business.
-- `next_token_logprobs(prefixes, suffixes, token_ids)`: log-probabilities `[Q, len(token_ids)]` of the listed
-  tokens right after each question (PRC reads P(A) there).
+- `complete(prefixes, suffixes, params, rng, streams=, splits=)`: one continuation per question `(prefix index,
+  suffix ids)`, i.e. of `prefixes[i] + suffix`. Question q draws from its own stream `streams[q]` of `rng` (default
+  q): the same question, key and stream give the same continuation whatever else the call asks. Many questions
+  share a prefix (the judge's `[instruction, prompt]`), many suffixes their first `splits[q]` tokens (a judge
+  question's first response), and some questions are asked several times (votes); whether and how the engine
+  reuses what they share is its own business.
+- `next_token_logprobs(prefixes, suffixes, token_ids, splits=)`: log-probabilities `[Q, len(token_ids)]` of the
+  listed tokens right after each question (PRC reads P(A) there).
 
 `rrc_jax.inference.engine.JaxSampler` implements it on a `Decoder`; tests implement it with a few lines of
 scripted Python. A sampler holds its model: the trainer's policy sampler sees every update as it is applied.
@@ -109,10 +112,11 @@ class Sampler(Protocol):
                  params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0) -> SampleOutput: ...
 
     def complete(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix],
-                 params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0) -> SampleOutput: ...
+                 params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0, *,
+                 streams: Sequence[int] | None = None, splits: Sequence[int] | None = None) -> SampleOutput: ...
 
     def next_token_logprobs(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix],
-                            token_ids: Sequence[int]) -> np.ndarray: ...
+                            token_ids: Sequence[int], *, splits: Sequence[int] | None = None) -> np.ndarray: ...
 
 
 def response_texts(tokenizer, out: SampleOutput) -> list[str]:

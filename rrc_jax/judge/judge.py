@@ -40,11 +40,14 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
+from rrc_jax import distributed
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.sampler import Sampler, SamplingParams
-from rrc_jax.judge.templates import JudgeTemplate, direct_template, encode_question, encode_text, get_template, render_parts
+from rrc_jax.judge.templates import (JudgeTemplate, direct_template, encode_question, encode_text, first_segment,
+                                     get_template, render_parts)
 from rrc_jax.judge.verdicts import parse_score, parse_verdict
 from rrc_jax.rewards._checks import check_votes
+from rrc_jax.rewards.win_counts import votes_to_decide
 from rrc_jax.settings import not_in_config
 
 _VERDICT = re.compile(r"\[\[\s*[AaBb]\s*\]\]")
@@ -94,17 +97,22 @@ class JudgeMetrics:
     swap_couples: int = 0         # (original, swapped) vote couples where both verdicts parsed
     swap_consistent: int = 0      # ... and agreed once the swapped one was flipped back
     forced_verdicts: int = 0      # preference_prob: no verdict in the reasoning, verdict prefix appended
+    vote_rounds: int = 0          # early-stopped voting: rounds asked (0: every vote asked at once)
+    votes_skipped: int = 0        # ... and votes not asked, their pair's outcome already decided
     seconds: float = 0.0
 
 
 class Questions(NamedTuple):
     """A call's Q questions as the sampler takes them: `prefixes` (prompt i's shared `[instruction, prompt]` is
     prefix i; a question whose tokens do not split there has its whole text as a prefix of its own, after them),
-    `suffixes [Q]` `(prefix index, suffix ids)`, and `too_long [Q]` bool: the question and the tokens to be written
-    after it do not fit the judge's context (never sent to the sampler)."""
+    `suffixes [Q]` `(prefix index, suffix ids)`, `splits [Q]` (the suffix's leading tokens up to the end of its first
+    response, which the questions showing that response first share: `templates.first_segment`; 0 when the tokens
+    do not split there) and `too_long [Q]` bool: the question and the tokens to be written after it do not fit the
+    judge's context (never sent to the sampler)."""
 
     prefixes: list[list[int]]
     suffixes: list[tuple[int, list[int]]]
+    splits: list[int]
     too_long: np.ndarray
 
 
@@ -116,6 +124,16 @@ def sampler_context_length(sampler) -> int | None:
     if n is None:
         n = getattr(getattr(getattr(sampler, "model", None), "cfg", None), "max_position_embeddings", None)
     return None if n is None else int(n)
+
+
+def common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """The number of leading tokens `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _too_long_mark(too_long: bool) -> dict:
@@ -229,8 +247,9 @@ class Judge:
         i's `[instruction, prompt]` prefix is prefix i; a question whose tokens do not split at the prefix gets its
         whole text as a prefix of its own."""
         prefix_ids: dict[int, list[int]] = {}
+        lead_ids: dict[str, list[int]] = {}
         extra: list[list[int]] = []
-        suffixes = []
+        suffixes, splits = [], []
         for owner, item in zip(owners, items):
             owner = int(owner)
             pre, suf = render_parts(self.tokenizer, template, prompts[owner], **item)
@@ -239,24 +258,32 @@ class Judge:
             q = encode_question(self.tokenizer, pre, suf, prefix_ids[owner])
             if q.reusable:
                 suffixes.append((owner, q.suffix))
+                lead = first_segment(template, **item) if suf.startswith(first_segment(template, **item)) else ""
+                if lead not in lead_ids:
+                    lead_ids[lead] = encode_text(self.tokenizer, lead, first=False) if lead else []
+                splits.append(common_length(lead_ids[lead], q.suffix))  # (a token merged across the end: one less)
             else:
                 self.metrics.reuse_fallbacks += 1
                 suffixes.append((len(prompts) + len(extra), []))
+                splits.append(0)
                 extra.append(q.full)
         prefixes = [prefix_ids.get(i, []) for i in range(len(prompts))] + extra
         too_long = self._too_long(prefixes, suffixes, new_tokens)
         self.metrics.too_long += int(too_long.sum())
-        return Questions(prefixes, suffixes, too_long)
+        return Questions(prefixes, suffixes, splits, too_long)
 
     def _complete(self, template: JudgeTemplate, prompts: Sequence[str], owners: Sequence[int],
-                  items: Sequence[dict[str, str]]) -> tuple[list[str], Questions]:
-        """One judgment per question: (texts, the questions). An over-long question is not sent to the sampler;
-        its text is ""."""
+                  items: Sequence[dict[str, str]], streams: Sequence[int] | None = None, key: jax.Array | None = None
+                  ) -> tuple[list[str], Questions]:
+        """One judgment per question, question q drawing from stream `streams[q]` (default q) of `key` (default: the
+        judge's next): (texts, the questions). An over-long question is not sent to the sampler; its text is ""."""
         t0 = time.perf_counter()
         questions = self._questions(template, prompts, owners, items, self.config.max_new_tokens)
         asked = np.flatnonzero(~questions.too_long)
+        streams = np.arange(len(items)) if streams is None else np.asarray(streams, np.int64)
         out = self.sampler.complete(questions.prefixes, [questions.suffixes[q] for q in asked], self.config.sampling,
-                                    rng=self._next_key())  # with none: still a collective call
+                                    rng=self._next_key() if key is None else key, streams=streams[asked],
+                                    splits=[questions.splits[q] for q in asked])  # with none: still collective
         texts = [""] * len(questions.suffixes)
         for q, tokens, n, cut in zip(asked, out.tokens, out.lengths, out.truncated):
             n = int(n) - (0 if cut or n == 0 else 1)  # a finished row ends with its stop token; an unanswered is empty
@@ -271,48 +298,72 @@ class Judge:
 
     def pair_votes(self, prompts: Sequence[str], owners: Sequence[int], firsts: Sequence[str],
                    seconds: Sequence[str], votes: int, swap: bool, orders: Sequence[int] | None = None,
-                   tags: Sequence[dict] | None = None) -> tuple[PairVotes, list[Vote]]:
+                   tags: Sequence[dict] | None = None, outcome=None) -> tuple[PairVotes, list[Vote]]:
         """Votes `[K]` for K pairs (prompt `owners[k]`, `firsts[k]` vs `seconds[k]`), each asked `votes` times.
 
         With `swap`, vote v of pair k shows it reversed iff `v + orders[k]` is odd (default `orders[k] = k % 2`);
-        without, never. `tags[k]`: what a trace record of pair k says about it (default `{"pair": k}`)."""
+        without, never. `tags[k]`: what a trace record of pair k says about it (default `{"pair": k}`).
+
+        Vote v of pair k draws from stream `k * votes + v` of the call's key. With `outcome` (what of a pair's
+        margin `wins - losses` the caller reads: `rrc_jax.rewards.win_counts.pair_outcome`) the votes are asked in
+        rounds, in order v = 0, 1, ...: each round asks an undecided pair as many more votes as could decide it
+        (`votes_to_decide`), and a pair stops once the votes left cannot change its outcome. Every vote asked is
+        the one full voting asks (its stream), so every outcome is full voting's; the counts of a stopped pair are
+        smaller, and the votes not asked are `metrics.votes_skipped`."""
         template = self.template
         if template.kind != "pairwise":
             raise ValueError(f"judge template {template.name!r} is {template.kind}; pairwise questions need a "
                              "pairwise template (e.g. 'rrc_pairwise_cot')")
         k = len(firsts)
         orders = [p % 2 for p in range(k)] if orders is None else [int(o) for o in orders]
-        pair_of, swapped, q_owners, items = [], [], [], []
-        for p in range(k):
-            for v in range(votes):
-                s = swap and (v + orders[p]) % 2 == 1
-                a, b = (seconds[p], firsts[p]) if s else (firsts[p], seconds[p])
-                pair_of.append(p)
-                swapped.append(s)
-                q_owners.append(owners[p])
-                items.append({"a": a, "b": b})
-        texts, questions = self._complete(template, prompts, q_owners, items)
-        verdicts = [None if long else parse_verdict(t) for t, long in zip(texts, questions.too_long)]
-        first_wins = np.array([(v == "B") if s else (v == "A") for v, s in zip(verdicts, swapped)], bool)
-        parsed = np.array([v is not None for v in verdicts], bool)
-        pair_of = np.asarray(pair_of, np.int64)
+        key = self._next_key()  # one key for every round: a vote's draws are its stream's
         wins, losses, abstains = (np.zeros(k, np.int32) for _ in range(3))
-        np.add.at(wins, pair_of[parsed & first_wins], 1)
-        np.add.at(losses, pair_of[parsed & ~first_wins], 1)
-        np.add.at(abstains, pair_of[~parsed], 1)
-        self.metrics.abstains += int((~parsed).sum())
-        if swap and votes > 1:  # couples (vote 2t, vote 2t + 1) of one pair: one in each order
-            i = np.arange(len(verdicts)).reshape(k, votes)[:, :votes - votes % 2].reshape(-1, 2)
-            both = parsed[i[:, 0]] & parsed[i[:, 1]]
-            self.metrics.swap_couples += int(both.sum())
-            self.metrics.swap_consistent += int((both & (first_wins[i[:, 0]] == first_wins[i[:, 1]])).sum())
-        log = [Vote(int(p), q % votes, s, t, v, None if v is None else ("a" if w else "b"))
-               for q, (p, s, t, v, w) in enumerate(zip(pair_of, swapped, texts, verdicts, first_wins))]
+        asked = np.zeros(k, np.int64)
+        want = np.full(k, votes, np.int64) if outcome is None else votes_to_decide(wins, losses, asked + votes,
+                                                                                   outcome)
+        ballots: list[tuple] = []  # (pair, vote, swapped, text, verdict, first wins, too long) of every vote asked
+        while True:
+            todo = [(p, v) for p in range(k) for v in range(asked[p], asked[p] + want[p])]
+            swapped = [swap and (v + orders[p]) % 2 == 1 for p, v in todo]
+            items = [{"a": seconds[p], "b": firsts[p]} if s else {"a": firsts[p], "b": seconds[p]}
+                     for (p, _), s in zip(todo, swapped)]
+            texts, questions = self._complete(template, prompts, [owners[p] for p, _ in todo], items,
+                                              streams=[p * votes + v for p, v in todo], key=key)
+            for (p, v), s, t, long in zip(todo, swapped, texts, questions.too_long):
+                verdict = None if long else parse_verdict(t)
+                first = (verdict == "B") if s else (verdict == "A")
+                ballots.append((p, v, s, t, verdict, first, bool(long)))
+                counter = abstains if verdict is None else (wins if first else losses)
+                counter[p] += 1
+            asked += want
+            if outcome is None:
+                break
+            self.metrics.vote_rounds += 1
+            want = votes_to_decide(wins, losses, votes - asked, outcome)
+            if not distributed.any_host(bool(want.any())):  # every host asks as many rounds (collective calls)
+                break
+        self.metrics.votes_skipped += int(k * votes - asked.sum())
+        self.metrics.abstains += int(abstains.sum())
+        ballots.sort(key=lambda x: (x[0], x[1]))  # full voting's order
+        self._swap_couples(ballots)
+        log = [Vote(p, v, s, t, verdict, None if verdict is None else ("a" if first else "b"))
+               for p, v, s, t, verdict, first, _ in ballots]
         tags = [{"pair": p} for p in range(k)] if tags is None else tags
-        self._record(q_owners, [tags[x.pair] for x in log], [
+        self._record([owners[x.pair] for x in log], [tags[x.pair] for x in log], [
             {"vote": x.vote, "swapped": x.swapped, "text": x.text, "verdict": x.verdict, "winner": x.winner}
-            | _too_long_mark(long) for x, long in zip(log, questions.too_long)])
+            | _too_long_mark(b[-1]) for x, b in zip(log, ballots)])
         return PairVotes(wins, losses, abstains), log
+
+    def _swap_couples(self, ballots: list[tuple]) -> None:
+        """Count the couples (vote 2t, vote 2t + 1) of a pair, one in each order, both asked and parsed, and
+        those that agree once the swapped one is flipped back (`position_consistency`)."""
+        by_vote = {(p, v): (s, verdict, first) for p, v, s, _, verdict, first, _ in ballots}
+        for (p, v), (s, verdict, first) in by_vote.items():
+            other = by_vote.get((p, v + 1)) if v % 2 == 0 else None
+            if other is None or other[0] == s or verdict is None or other[1] is None:
+                continue
+            self.metrics.swap_couples += 1
+            self.metrics.swap_consistent += int(first == other[2])
 
     def compare(self, prompts: Sequence[str], a: Sequence[str], b: Sequence[str], votes: int = 1,
                 swap: bool = True) -> PairVotes:
@@ -332,10 +383,11 @@ class Judge:
         return self.pair_votes(unique, [index[p] for p in prompts], a, b, votes, swap)
 
     def round_robin(self, prompts: Sequence[str], responses: Sequence[Sequence[str]], votes: int = 1,
-                    swap: bool = True) -> np.ndarray:
+                    swap: bool = True, outcome=None) -> np.ndarray:
         """SCR vote counts `c [B, m, m]` int32: `c[b, i, j]` = votes preferring response i over j. Each unordered
         pair i < j is asked `votes` times (m(m-1)/2 x V questions per prompt); vote 0 shows it as (i, j) when
-        `b + i + j` is even (see the module docstring)."""
+        `b + i + j` is even (see the module docstring). `outcome`: stop a pair's votes once it is decided
+        (`pair_votes`)."""
         check_votes(votes)
         if len(prompts) != len(responses):
             raise ValueError(f"round_robin: {len(prompts)} prompts but {len(responses)} response groups")
@@ -345,16 +397,17 @@ class Judge:
         g, i, j = (np.array(x, np.int64) for x in zip(*pairs)) if pairs else (np.zeros(0, np.int64),) * 3
         pv, _ = self.pair_votes(prompts, g, [responses[x][y] for x, y in zip(g, i)],
                                 [responses[x][y] for x, y in zip(g, j)], votes, swap, orders=(g + i + j) % 2,
-                                tags=[{"i": int(x), "j": int(y)} for x, y in zip(i, j)])
+                                tags=[{"i": int(x), "j": int(y)} for x, y in zip(i, j)], outcome=outcome)
         np.add.at(c, (g, i, j), pv.wins)
         np.add.at(c, (g, j, i), pv.losses)
         return c
 
     def vs_anchors(self, prompts: Sequence[str], responses: Sequence[Sequence[str]],
-                   anchors: Sequence[Sequence[str]], votes: int = 1, swap: bool = True
+                   anchors: Sequence[Sequence[str]], votes: int = 1, swap: bool = True, outcome=None
                    ) -> tuple[np.ndarray, np.ndarray]:
         """AGR votes `wins, losses [B, m, n]` int32 of each response against each anchor of its own prompt
-        (m x n x V questions per prompt). Vote 0 shows the response as A when `b + i + k` is even."""
+        (m x n x V questions per prompt). Vote 0 shows the response as A when `b + i + k` is even. `outcome`: stop
+        a pair's votes once it is decided (`pair_votes`)."""
         check_votes(votes)
         if not len(prompts) == len(responses) == len(anchors):
             raise ValueError(f"vs_anchors: {len(prompts)} prompts, {len(responses)} response groups and "
@@ -365,7 +418,7 @@ class Judge:
                                                     indexing="ij"))
         pv, _ = self.pair_votes(prompts, g, [responses[x][y] for x, y in zip(g, i)],
                                 [anchors[x][y] for x, y in zip(g, k)], votes, swap, orders=(g + i + k) % 2,
-                                tags=[{"i": int(x), "anchor": int(y)} for x, y in zip(i, k)])
+                                tags=[{"i": int(x), "anchor": int(y)} for x, y in zip(i, k)], outcome=outcome)
         shape = (len(prompts), m, n)
         return pv.wins.reshape(shape), pv.losses.reshape(shape)
 
@@ -438,7 +491,8 @@ class Judge:
         skipped = questions.too_long | over
         self.metrics.abstains += int(skipped.sum())
         asked = np.flatnonzero(~skipped)
-        logp = self.sampler.next_token_logprobs(questions.prefixes, [read[q] for q in asked], [token_a, token_b])
+        logp = self.sampler.next_token_logprobs(questions.prefixes, [read[q] for q in asked], [token_a, token_b],
+                                                splits=[questions.splits[q] for q in asked])
         self.metrics.seconds += time.perf_counter() - t0
         p_a = np.full(len(read), 0.5, np.float32)  # an over-long question: no preference
         p_a[asked] = 1.0 / (1.0 + np.exp(logp[:, 1] - logp[:, 0]))  # softmax over {A, B}

@@ -308,6 +308,21 @@ def render_parts(tokenizer, template: JudgeTemplate, prompt: str, **item: str) -
     return prefix, suffix
 
 
+def first_segment(template: JudgeTemplate, **item: str) -> str:
+    """The start of a question's suffix (`render_parts`) up to the end of its first response (pairwise: `{a}` or
+    `{b}`, whichever the item shows first): what the questions about one prompt that show the same response first
+    share after the prefix (the judge's prefix tree, `rrc_jax.inference.question_tree`). "" for a pointwise
+    template."""
+    if template.kind != "pairwise":
+        return ""
+    body = template.item
+    first = min(("{a}", "{b}"), key=body.index)
+    head = body[:body.index(first) + len(first)]
+    for key, value in item.items():
+        head = head.replace("{" + key + "}", value)
+    return head
+
+
 class EncodedQuestion(NamedTuple):
     """Token ids of one judge question: `prefix` (shared), `suffix`, `full` (the whole text tokenized at once) and
     `reusable` (`prefix + suffix == full`, so the prefix may be prefilled once and reused)."""

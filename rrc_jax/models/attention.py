@@ -41,13 +41,13 @@ class Scoring:
 class Window(NamedTuple):
     """A layer's sliding window: a query sees a key only when `query - key < size` (their RoPE positions, as
     transformers' `sliding_window_overlay`). size `[]` int32 (`NO_WINDOW` for a full layer), query `[B, T]`, key
-    `[B, S]` (the attention's own keys or cache slots), prefix `[J, P, N_b]`: a branched cache's prefix slots
-    (`prefix_blocks`), else None."""
+    `[B, S]` (the attention's own keys or cache slots), prefix: per level of a branched cache's prefixes, their
+    slots' positions `[J, P_l, N_b]` (`prefix_blocks`, `decoder.prefix_positions`), else None."""
 
     size: jax.Array
     query: jax.Array
     key: jax.Array
-    prefix: jax.Array | None = None
+    prefix: tuple[jax.Array, ...] | None = None
 
 
 def _scores(q: jax.Array, k: jax.Array) -> jax.Array:

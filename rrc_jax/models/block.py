@@ -106,7 +106,7 @@ class Attention(nnx.Module):
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array,
                  kv_cache: tuple[tuple, tuple] | None = None, end: jax.Array | None = None,
-                 shared: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+                 shared: tuple[tuple[jax.Array, jax.Array, jax.Array], ...] | None = None,
                  query_index: jax.Array | None = None, layer: jax.Array | int = 0, window: Window | None = None,
                  ring: RingStep | None = None, dropout: jax.Array | None = None) -> tuple[jax.Array, tuple | None]:
         """x `[B, T, E]`, cos/sin `[B, T, D]`, mask `[B, T, S]` (S = T without cache) -> `[B, T, E]`, cache.
@@ -114,8 +114,9 @@ class Attention(nnx.Module):
         `kv_cache` = (key blocks, value blocks) of every layer (`KVCache`: `[L, ...]`); this one, layer `layer`,
         writes its keys and values at slots `[end, end + T)` and reads its own.
 
-        `shared` = this layer's (k `[J, P, K, D, N_b]`, v `[J, P, K, N_b, D]`) and the mask `[J, P, N_b]`: each
-        group of B / P rows' prefix in J blocks (`prefix_blocks`), attended before the cache (`KVCache.branch`).
+        `shared` = per level of a branched cache's prefixes, this layer's (k `[J, P, K, D, N_b]`,
+        v `[J, P, K, N_b, D]`) and the mask `[J, P, N_b]`: each group of B / P rows' prefix in J blocks
+        (`prefix_blocks`), attended before the cache (`KVCache.branch`).
         `query_index [B]`: keys and values of all T tokens go to the cache, but only token `query_index[b]` of
         each row queries; the output is then `[B, 1, E]` (the last layer of `Decoder.extend`).
         `window`: this layer's sliding window, which narrows `mask` and the prefixes' mask to the keys fewer than
@@ -152,9 +153,9 @@ class Attention(nnx.Module):
             out = blockwise_attention(q, k, v, mask, scoring=scoring)
         else:  # (see KVCache for the layout)
             carry = empty_carry(q)
-            if shared is not None:
-                prefix_window = None if window is None else (query_positions, window.prefix, window.size)
-                carry = shared_attention(carry, q, *shared, scoring=scoring, window=prefix_window)
+            for level, prefixes in enumerate(shared or ()):  # the ancestors, outermost first
+                prefix_window = None if window is None else (query_positions, window.prefix[level], window.size)
+                carry = shared_attention(carry, q, *prefixes, scoring=scoring, window=prefix_window)
             if ring is None:
                 n_new = k.shape[3]
                 kv_cache = (tuple(sharding.constrain(x, KV_K) for x in write_blocks(kv_cache[0], k, end, 3, layer)),

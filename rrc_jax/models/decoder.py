@@ -74,6 +74,23 @@ def score_index(input_ids: jax.Array, mask: jax.Array, pad_token_id: int | None)
     return last_valid_index(mask if pad_token_id is None else mask & (input_ids != pad_token_id))
 
 
+def prefix_positions(masks: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+    """The RoPE position of every slot of a branched cache's prefix levels (`KVCache`), from their masks
+    `[J, P_l, N_b]`: a slot's position is the number of valid slots before it in its prefix and its ancestors
+    (level l + 1's prefix p continues level l's prefix `p // (P_{l+1} / P_l)`)."""
+    out, before = [], None
+    for mask in masks:
+        j, p, nb = mask.shape
+        flat = mask.swapaxes(0, 1).reshape(p, j * nb).astype(jnp.int32)  # each prefix's slots in order
+        if before is None:
+            before = jnp.zeros((p,), jnp.int32)
+        else:
+            before = jnp.repeat(before, p // before.shape[0])
+        out.append((before[:, None] + jnp.cumsum(flat, axis=1) - 1).reshape(p, j, nb).swapaxes(0, 1))
+        before = before + flat.sum(axis=1)
+    return tuple(out)
+
+
 class Decoder(nnx.Module):
     """The shared decoder (module docstring). `model(input_ids, attention_mask=mask)` -> logits `[B, T, V]`
     (float32)."""
@@ -147,7 +164,8 @@ class Decoder(nnx.Module):
         def run(i, local, carry, query_index=None):  # layer i (traced), a sliding one in ring buffers when `local`
             h, k, v, ring_k, ring_v = carry
             block = nnx.merge(graphdef, jax.tree.map(lambda a: a[i], params))  # a slice of the stacked weights
-            shared = (cache.shared_k[i], cache.shared_v[i], cache.shared_mask) if cache.shared else None
+            shared = tuple((k_[i], v_[i], m_) for k_, v_, m_ in zip(cache.shared_k, cache.shared_v,
+                                                                     cache.shared_mask)) or None
             cos, sin, window = view(i)
             if local:
                 step = ring._replace(k=ring_k, v=ring_v, index=ring_index[i])
@@ -185,10 +203,8 @@ class Decoder(nnx.Module):
         if cfg.windows is None:
             return lambda i: (*rope(i), None)
         sizes, prefix = jnp.asarray(cfg.windows), None
-        if cache is not None and cache.shared:  # [J, P, N_b] -> each prefix's slots in order -> positions
-            j, p, nb = cache.shared_mask.shape
-            flat = cache.shared_mask.swapaxes(0, 1).reshape(p, j * nb).astype(jnp.int32)
-            prefix = (jnp.cumsum(flat, axis=1) - 1).reshape(p, j, nb).swapaxes(0, 1)
+        if cache is not None and cache.shared:
+            prefix = prefix_positions(cache.shared_mask)
         return lambda i: (*rope(i), Window(sizes[i], positions, key_positions, prefix))
 
     def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,

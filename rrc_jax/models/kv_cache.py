@@ -48,12 +48,15 @@ class KVCache:
     tokens); end `[]` int32, the next slot to write; logits `[B, V]` float32, the next-token logits after each
     row's last valid token.
 
-    A cache made by `branch(group, size)` also holds P read-only prefixes, prefix p continued by the `group`
-    consecutive rows `p*group ... p*group + group - 1` (B = P * group) and attended before their own slots:
-    the prefixes' N slots stored block-major (`prefix_blocks`), J blocks of N_b slots: shared_k
-    `[L, J, P, K, D, N_b]`, shared_v `[L, J, P, K, N_b, D]`, shared_mask `[J, P, N_b]` (the prefix's valid slots). Each
-    row attends to its own prompt's prefix only, so the cost is linear in the number of prompts. Otherwise these
-    are None.
+    A cache made by `branch(group, size)` also holds read-only prefixes, attended before the rows' own slots, in
+    levels (a prefix tree of fixed depth, outermost first; empty tuples for a cache never branched). Level l holds
+    P_l prefixes, prefix p continued by the B / P_l consecutive rows `p*B/P_l ...`; a branch of a branched cache
+    turns the rows' own slots into the next level (each row a prefix of the new rows: a judge question's
+    `[instruction, prompt]`, then its first response, then the whole question before its votes). A level's N slots
+    are stored block-major (`prefix_blocks`), J blocks of N_b slots: shared_k[l] `[L, J, P_l, K, D, N_b]`,
+    shared_v[l] `[L, J, P_l, K, N_b, D]`, shared_mask[l] `[J, P_l, N_b]` (the prefix's valid slots). Each row
+    attends to its own ancestors only, each read once per step for all the rows under it, so the cost is linear in
+    the number of prefixes.
 
     A cache of more slots than the sliding window (`ring_size`) keeps its sliding layers' keys and values in ring
     buffers of `window` slots instead (`ring`): ring_k `[L_s, B, K, D, W]`, ring_v `[L_s, B, K, W, D]` for the
@@ -70,9 +73,9 @@ class KVCache:
     positions: jax.Array
     end: jax.Array
     logits: jax.Array
-    shared_k: jax.Array | None = None
-    shared_v: jax.Array | None = None
-    shared_mask: jax.Array | None = None
+    shared_k: tuple[jax.Array, ...] = ()
+    shared_v: tuple[jax.Array, ...] = ()
+    shared_mask: tuple[jax.Array, ...] = ()
     ring_k: jax.Array | None = None
     ring_v: jax.Array | None = None
     ring_positions: jax.Array | None = None
@@ -89,7 +92,7 @@ class KVCache:
 
     @property
     def shared(self) -> bool:
-        return self.shared_mask is not None
+        return bool(self.shared_mask)
 
     @property
     def ring(self) -> bool:
@@ -108,33 +111,33 @@ class KVCache:
                             ring_k=blocks(self.ring_k), ring_v=blocks(self.ring_v),
                             ring_positions=take(self.ring_positions))
 
-    def branch(self, group: int, size: int) -> KVCache:
-        """A cache of P * `group` new rows with `size` slots of their own, rows `p*group ... p*group + group - 1`
-        continuing row p of this P-row cache.
+    def branch(self, group: int, size: int, *, ring: bool = True) -> KVCache:
+        """A cache of B * `group` new rows with `size` slots of their own, rows `b*group ... b*group + group - 1`
+        continuing row b of this B-row cache.
 
-        The rows' common history is not copied: row p becomes prefix p of the new cache's shared prefixes, which
-        attention reads once per step for its group instead of once per row (a GRPO group after its prompt; the
-        judge's questions after `[instruction, prompt]`). Equal to `take(repeat(arange(P), group))` followed by
-        the same extensions, up to float rounding.
+        The rows' common history is not copied: row b's own slots become prefix b of a new level of shared
+        prefixes (the class docstring), which attention reads once per step for its group instead of once per row
+        (a GRPO group after its prompt; a judge question's votes after the question). Branching a branched cache
+        adds a level under the ones it has. `ring=False` keeps every slot of the new rows' sliding layers (a cache
+        to be branched again). Equal to `take(repeat(arange(B), group))` followed by the same extensions, up to
+        float rounding.
         """
-        if self.shared:
-            raise ValueError("branch() of a branched cache is not supported; branch the prefix cache once")
         if self.ring:
             raise ValueError("branch() of a cache whose sliding layers keep only their window: the prefixes need "
-                             "every slot; prefill them with ring=False")
-        return _branch(self, group, size)
+                             "every slot; prefill (or branch) it with ring=False")
+        return _branch(self, group, size, ring)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _branch(cache: KVCache, group: int, size: int) -> KVCache:
-    _, p, kh, d, _ = cache.k[0].shape
-    shared_k, shared_v, shared_mask = prefix_blocks(jnp.concatenate(cache.k, axis=4),
-                                                    jnp.concatenate(cache.v, axis=3), cache.valid)
-    own = _empty_cache(cache.sliding, cache.window, p * group, kh, size, d, cache.k[0].dtype, cache.logits.shape[1],
-                       ring=True)
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _branch(cache: KVCache, group: int, size: int, ring: bool) -> KVCache:
+    _, b, kh, d, _ = cache.k[0].shape
+    k, v, mask = prefix_blocks(jnp.concatenate(cache.k, axis=4), jnp.concatenate(cache.v, axis=3), cache.valid)
+    own = _empty_cache(cache.sliding, cache.window, b * group, kh, size, d, cache.k[0].dtype, cache.logits.shape[1],
+                       ring=ring)
     rows = lambda x: jnp.repeat(x, group, axis=0)
-    return own.replace(positions=rows(cache.positions), logits=rows(cache.logits), shared_k=shared_k,
-                       shared_v=shared_v, shared_mask=shared_mask)
+    return own.replace(positions=rows(cache.positions), logits=rows(cache.logits),
+                       shared_k=cache.shared_k + (k,), shared_v=cache.shared_v + (v,),
+                       shared_mask=cache.shared_mask + (mask,))
 
 
 def prefix_blocks(k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -9,17 +9,18 @@ micro-batch size that do. Nothing is loaded or compiled: the figures are arithme
 config. `tests/test_plan.py` checks them against XLA's own accounting of the compiled learner update and decode
 step on an 8-device CPU mesh.
 
-One module a part: the accelerators and meshes (`hardware`), the models and their parameters (`shapes`), the memory
-of a step (`memory`, `plan`), its time (`step_time`), what the command prints (`report`) and the command line
-(`__main__`). The model of memory (a resident part plus the largest of the phases; what each row counts, and the
-check against XLA) is in docs/planner.md.
+One module a part: the accelerators and meshes (`hardware`), the models and their parameters (`shapes`), the
+judge's work in a call (`judge_work`), the memory of a step (`memory`, `plan`), its time (`step_time`), what the
+command prints (`report`) and the command line (`__main__`). The model of memory (a resident part plus the largest
+of the phases; what each row counts, and the check against XLA) and of the judge's work is in docs/planner.md.
 """
 
 from rrc_jax.plan.hardware import ACCELERATORS, GiB, HEADROOM, Topology, resolve_mesh, topology
 from rrc_jax.plan.memory import (LOGPROB_CHUNK_ARRAYS, PHASES, Plan, Row, activation_bytes, branched_cache_bytes,
-                                 decode_step_bytes, forward_bytes, gathered_bytes, inference_shape, judge_chunk,
-                                 kv_cache_bytes, layer_activation_bytes, layer_param_bytes, logprob_chunk_bytes,
-                                 plan, role_layouts, roles, shared_block, sync_transient_bytes)
+                                 decode_step_bytes, forward_bytes, gathered_bytes, inference_shape, kv_cache_bytes,
+                                 layer_activation_bytes, layer_param_bytes, logprob_chunk_bytes, plan, role_layouts,
+                                 roles, shared_block, sync_transient_bytes, tree_cache_bytes)
+from rrc_jax.plan.judge_work import JudgeWork, judge_chunk, judge_work
 from rrc_jax.plan.report import format_table, report, suggest
 from rrc_jax.plan.shapes import (PRESETS, lora_param_bytes, matmul_params, mesh_axes, model_config, param_bytes,
                                  param_count, param_shapes)
@@ -27,8 +28,9 @@ from rrc_jax.plan.step_time import JETSTREAM, PhaseTime, decode_time, forward_ti
 
 __all__ = ["ACCELERATORS", "GiB", "HEADROOM", "Topology", "resolve_mesh", "topology", "LOGPROB_CHUNK_ARRAYS", "PHASES",
            "Plan", "Row", "activation_bytes", "branched_cache_bytes", "decode_step_bytes", "forward_bytes",
-           "gathered_bytes", "inference_shape", "judge_chunk", "kv_cache_bytes", "layer_activation_bytes",
-           "layer_param_bytes", "logprob_chunk_bytes", "plan", "role_layouts", "roles", "shared_block",
-           "sync_transient_bytes", "format_table", "report", "suggest", "PRESETS", "lora_param_bytes", "matmul_params",
-           "mesh_axes", "model_config", "param_bytes", "param_count", "param_shapes", "JETSTREAM", "PhaseTime",
-           "decode_time", "forward_time", "jetstream_prediction", "step_times"]
+           "gathered_bytes", "inference_shape", "JudgeWork", "judge_chunk", "judge_work", "kv_cache_bytes",
+           "layer_activation_bytes", "layer_param_bytes", "tree_cache_bytes", "logprob_chunk_bytes", "plan",
+           "role_layouts", "roles", "shared_block", "sync_transient_bytes", "format_table", "report", "suggest",
+           "PRESETS", "lora_param_bytes", "matmul_params", "mesh_axes", "model_config", "param_bytes", "param_count",
+           "param_shapes", "JETSTREAM", "PhaseTime", "decode_time", "forward_time", "jetstream_prediction",
+           "step_times"]

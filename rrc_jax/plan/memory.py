@@ -5,16 +5,16 @@ topology and mesh (`plan`)."""
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from rrc_jax import sharding
 from rrc_jax.inference.kernels import PREFILL_CHUNK
-from rrc_jax.judge.templates import get_template
+from rrc_jax.constructions.base import JudgeLoad
 from rrc_jax.models.attention import TRAINING_ATTENTION_BLOCK
 from rrc_jax.models.attention import TRAINING_ATTENTION_BLOCK as block
 from rrc_jax.models.batches import bucket_length, length_bucket, round_up
 from rrc_jax.models.kv_cache import ATTENTION_BLOCK, SHARED_ATTENTION_BLOCK, ring_size
 from rrc_jax.plan.hardware import HEADROOM, GiB, Topology, resolve_mesh, split_size, topology
+from rrc_jax.plan.judge_work import CHAT_FORMAT_TOKENS, judge_work, template_tokens
 from rrc_jax.plan.shapes import (
     itemsize,
     lora_param_bytes,
@@ -26,12 +26,6 @@ from rrc_jax.plan.shapes import (
 )
 
 LOGPROB_CHUNK_ARRAYS = 4  # float32 [rows, chunk, vocab] arrays live at once in a log-prob chunk (see above)
-
-
-CHARS_PER_TOKEN = 4       # judge template text -> tokens (BPE on English); 1 for the toy character tokenizer
-
-
-CHAT_FORMAT_TOKENS = 32   # special tokens and role headers of a chat template, per judge question
 
 
 PHASES = ("resident", "rollout", "reward", "log-prob", "backward", "update", "sync")
@@ -267,16 +261,6 @@ def roles(s) -> dict[str, str]:
     return out
 
 
-def template_tokens(s) -> tuple[int, int]:
-    """Estimated tokens of the judge template's fixed text: (instruction + context, item), chat format included."""
-    t = get_template(s.judge.template)
-    toy = s.models.grm == "toy"
-    rate = 1 if toy else CHARS_PER_TOKEN
-    fixed = lambda text: len(re.sub(r"\{(prompt|a|b|response)\}", "", text or ""))
-    prefix = -(-(fixed(t.system) + fixed(t.context)) // rate) + (0 if toy else CHAT_FORMAT_TOKENS)
-    return prefix, -(-fixed(t.item) // rate)
-
-
 def _policy_rollouts(s, cfg, shape, dtype, layout: str) -> list[Row]:
     """The rollout phase on mesh `shape` in `layout`: the policy sampler's caches (a step's groups or the held-out
     greedy generation, the larger), its transients and, sampling from the training layout, the weights its decode
@@ -307,52 +291,56 @@ def _policy_rollouts(s, cfg, shape, dtype, layout: str) -> list[Row]:
     return out
 
 
-def judge_chunk(questions: int, prompts: int, max_batch: int) -> tuple[int, int]:
-    """(P, M) of the largest chunk the judge engine packs (`engine.prefix_chunks`) when each of `prompts`
-    prefixes has `questions` questions: a prefix's questions in pieces of at most `max_batch`, M the power-of-two
-    bucket of a piece, and P the power-of-two bucket of the pieces a chunk takes, as many as keep P x M within
-    `max_batch` (at least one)."""
-    m = bucket_length(min(questions, max_batch), 1)
-    fit = max(1, max_batch // m)
-    fit = 1 << (fit.bit_length() - 1)  # the largest power of two <= max_batch // M
-    pieces = prompts * -(-questions // max_batch)
-    return min(bucket_length(pieces, 1), fit), m
+def tree_cache_bytes(cfg, levels: list[tuple[int, int]], rows: int, own: int, mesh_shape: tuple[int, int, int],
+                     dtype: str) -> int:
+    """Bytes per device of the caches of a judge chunk read as a prefix tree (`rrc_jax.inference.question_tree`)
+    through its extensions and decode: every shared level (`levels`: (prefixes, slots) each, read, never copied),
+    the `rows` rows' own slots, once (donated), and while branching the cache branched from again (as large as
+    the largest level)."""
+    shared = [kv_cache_bytes(cfg, n, slots, mesh_shape, dtype, shared=True) for n, slots in levels]
+    return sum(shared) + max(shared) + kv_cache_bytes(cfg, rows, own, mesh_shape, dtype)
 
 
 def _judging(s, cfg, shape, dtype, layout: str) -> tuple[list[Row], str]:
     """The reward phase of a judge reward on mesh `shape` in `layout`: the call (a step's questions or the judged
     evaluation's) whose caches and transients are the larger; and a note on the estimated question lengths."""
     judge, n_new, max_prompt = s.judge, s.rollout.max_new_tokens, s.prompts.data.max_prompt_tokens
-    pre_tokens, item_tokens = template_tokens(s)
-    prefix = length_bucket(max_prompt + pre_tokens)
-    suffix = length_bucket(2 * n_new + item_tokens)
-    own = round_up(suffix + judge.max_new_tokens, ATTENTION_BLOCK)
     load = s.reward.judge_load(s)
     best: list[Row] = []
-    for call, q, prompts in ((s.reward_kind, load.questions, s.rollout.prompts_per_step),
-                             ("eval", s.eval.judge_votes, s.prompts.data.eval_prompts)):
-        if not q or not prompts:
+    votes = s.eval.judge_votes
+    for call, calls in ((s.reward_kind, (load, s.rollout.prompts_per_step)),
+                        ("eval", (JudgeLoad(votes, 0, min(votes, 2), min(votes, 2)), s.prompts.data.eval_prompts))):
+        if not calls[0].questions or not calls[1]:
             continue
-        p, m = judge_chunk(q, prompts, judge.max_batch)
-        rows = p * m
-        out = [Row("judge KV cache", "reward", branched_cache_bytes(cfg, p, prefix, m, own, shape, dtype),
-                   f"{call}: {p} prefixes x {m} rows x {own} slots + {p} shared prefixes (x2 while branching) x "
-                   f"{prefix} slots"),
+        work = judge_work(s, *calls)
+        p, f, m, c = work.chunk
+        leaves = p * f * m
+        levels = [(p, work.prefix)] + ([(p * f, work.first)] if work.first else [])
+        own = round_up((0 if c > 1 else work.rest) + judge.max_new_tokens, ATTENTION_BLOCK)
+        if c > 1:  # the whole questions are a level too, their votes its rows
+            levels.append((leaves, work.rest))
+        shared = sum(slots for _, slots in levels)
+        out = [Row("judge KV cache", "reward", tree_cache_bytes(cfg, levels, work.rows, own, shape, dtype),
+                   f"{call}: {p} prefixes x {f} firsts x {m} questions x {c} votes = {work.rows} rows x {own} slots "
+                   f"+ shared levels of {' + '.join(f'{n} x {slots}' for n, slots in levels)} slots (the largest "
+                   "x2 while branching)"),
                Row("judge prefill transients", "reward",
-                   max(forward_bytes(cfg, p, min(prefix, PREFILL_CHUNK), shape, dtype, keys=ATTENTION_BLOCK),
-                       forward_bytes(cfg, rows, min(suffix, PREFILL_CHUNK), shape, dtype,
-                                     keys=shared_block(prefix) + ATTENTION_BLOCK),
-                       decode_step_bytes(cfg, rows, prefix, shape)),
-                   f"one layer; {suffix} suffix tokens in chunks of {min(suffix, PREFILL_CHUNK)} attend to their "
-                   f"prefix's {prefix} slots, {shared_block(prefix)} at a time")]
+                   max(forward_bytes(cfg, p, min(work.prefix, PREFILL_CHUNK), shape, dtype, keys=ATTENTION_BLOCK),
+                       forward_bytes(cfg, leaves, min(work.rest, PREFILL_CHUNK), shape, dtype,
+                                     keys=shared_block(work.prefix) + ATTENTION_BLOCK),
+                       decode_step_bytes(cfg, work.rows, shared, shape)),
+                   f"one layer; {work.rest} question tokens in chunks of {min(work.rest, PREFILL_CHUNK)} attend to "
+                   f"their prefix's {work.prefix} slots, {shared_block(work.prefix)} at a time")]
         if layout == "train":
             out.append(Row("gathered GRM weights", "reward", gathered_bytes(cfg, dtype, shape),
                            "one layer at a time, and the LM head"))
         if sum(x.bytes for x in out) > sum(x.bytes for x in best):
             best = out
-    note = (f"judge questions estimated at {max_prompt} + {pre_tokens} prefix tokens (prompt + "
-            f"template), 2 x {n_new} + {item_tokens} suffix tokens, {judge.max_new_tokens} new tokens; "
-            f"{load.questions} questions and up to {load.tokens} judge tokens per prompt of a step")
+    pre, head, tail = template_tokens(s)
+    note = (f"judge questions estimated at {max_prompt} + {pre} prefix tokens (prompt + template), {n_new} + {head} "
+            f"tokens to the end of the first response, {n_new} + {tail} after it, {judge.max_new_tokens} new tokens; "
+            f"{load.questions} questions ({load.leaves} different) and up to {load.tokens} judge tokens per prompt of "
+            "a step")
     return best, note
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from rrc_jax.models.batches import bucket_length, length_bucket
+from rrc_jax.models.batches import bucket_length
 from rrc_jax.plan.hardware import GiB, Topology, split_size, topology
-from rrc_jax.plan.memory import Plan, gather_traffic_bytes, layer_slots, template_tokens
+from rrc_jax.plan.judge_work import judge_work
+from rrc_jax.plan.memory import Plan, gather_traffic_bytes, layer_slots
 from rrc_jax.plan.shapes import itemsize, matmul_params, model_config, param_bytes
 
 # JetStream serving Llama-3-8B in bf16 on a v5e-8 at batch 128, 1,024 tokens in and out: 8,249 tokens/s
@@ -72,9 +73,9 @@ def decode_time(topo: Topology, cfg, dtype: str, shape, layout: str, rows: int, 
     return steps * step, bound
 
 
-def step_times(s, p: Plan) -> list[PhaseTime]:
+def step_times(s, p: Plan, tree: bool = True) -> list[PhaseTime]:
     """The roofline seconds of each phase of one step of the trainer's settings `s` on plan `p`'s topology and
-    layouts."""
+    layouts; `tree=False`: the judge prefilling every vote on its own after its prompt's prefix (`JudgeWork.flat`)."""
     topo, rl, learner, dtype = p.topology, s.rollout, s.learner, s.models.dtype
     policy = model_config(s.models.policy)
     prompt = bucket_length(s.prompts.data.max_prompt_tokens)
@@ -88,16 +89,18 @@ def step_times(s, p: Plan) -> list[PhaseTime]:
                      f"{rows} rows x {new} tokens, {layout} layout (data={where[0] * where[1]} tensor={where[2]})")]
     if "grm" in p.layouts:
         grm, (glayout, gwhere) = model_config(s.models.grm, field="models.grm"), p.layouts["grm"]
-        judge = s.judge
-        pre, item = template_tokens(s)
-        prefix, suffix = length_bucket(s.prompts.data.max_prompt_tokens + pre), length_bucket(2 * new + item)
-        questions = s.reward.judge_load(s).questions * rl.prompts_per_step
-        chunks, chunk = -(-questions // judge.max_batch), min(questions, judge.max_batch)
-        prefill = forward_time(topo, grm, dtype, gwhere, glayout, rl.prompts_per_step * prefix + questions * suffix)
+        judge, work = s.judge, judge_work(s, s.reward.judge_load(s), rl.prompts_per_step)
+        prefill = forward_time(topo, grm, dtype, gwhere, glayout,
+                               work.prefill_tokens if tree else work.flat_prefill_tokens)
+        chunks, chunk = -(-work.questions // judge.max_batch), min(work.questions, judge.max_batch)
+        p_, f, m, c = work.chunk
+        shared = p_ * work.prefix + p_ * f * work.first + (p_ * f * m * work.rest if c > 1 else 0)
+        leaves = p_ * f * m  # the shared levels' slots a chunk's rows read, spread over its questions
         decode = decode_time(topo, grm, dtype, gwhere, glayout, chunk, judge.max_new_tokens,
-                             max(1, chunk * rl.prompts_per_step // max(questions, 1)), prefix, suffix)
-        out += [PhaseTime("judge prefill", *prefill, f"{rl.prompts_per_step} prefixes x {prefix} + {questions} "
-                                                     f"questions x {suffix} tokens"),
+                             max(1, leaves * chunk // work.rows), shared // leaves, 0 if c > 1 else work.rest)
+        out += [PhaseTime("judge prefill", *prefill, f"{work.prefill_tokens:,} tokens: {rl.prompts_per_step} prefixes "
+                                                     f"x {work.prefix}, firsts x {work.first}, questions x "
+                                                     f"{work.rest} ({work.flat_prefill_tokens:,} without the tree)"),
                 PhaseTime("judge decode", chunks * decode[0], decode[1],
                           f"{chunks} chunks of {chunk} questions x {judge.max_new_tokens} tokens, {glayout} layout")]
     length, shape = prompt + new, p.mesh
@@ -140,6 +143,16 @@ def format_times(s, p: Plan) -> str:
     lines = [f"{'phase (roofline)':<30} {'seconds':>10}  {'bound':<12} detail", "-" * 110]
     lines += [f"{t.name:<30} {t.seconds:>10.2f}  {t.bound:<12} {t.detail}" for t in times]
     lines.append(f"{'step':<30} {total:>10.2f}")
+    if "grm" in p.layouts:
+        w = judge_work(s, s.reward.judge_load(s), s.rollout.prompts_per_step)
+        flat = sum(t.seconds for t in step_times(s, p, tree=False))
+        lines.append(f"judge a step: {w.questions:,} questions, {w.prefill_tokens:,} prefill tokens with the prefix "
+                     f"tree ({w.flat_prefill_tokens:,} with every vote prefilled on its own: a step of {flat:.2f} s), "
+                     f"up to {w.decode_tokens:,} decode tokens")
+        if w.early_questions < w.questions:
+            lines.append(f"early-stopped voting (reward.judge.early_stop): {w.early_questions:,} to {w.questions:,} "
+                         f"questions and up to {w.early_questions * s.judge.max_new_tokens:,} to "
+                         f"{w.decode_tokens:,} decode tokens (every pair decided by its first round, or none)")
     got = jetstream_prediction()
     lines.append(f"rollout: {decode_tokens_per_s(s, p, times):,.0f} tokens/s a chip; anchor: JetStream's "
                  f"Llama-3-8B bf16 v5e-8 batch 128 (1,024 in / out) predicted {got:,.0f} tokens/s, published "

@@ -224,3 +224,43 @@ def agr_diagnostics(wins, losses, votes: int) -> dict[str, jax.Array]:
                 f"collect the counts."
             )
     return _agr_diagnostics(jnp.asarray(wins), jnp.asarray(losses), jnp.asarray(votes, jnp.float32))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Early-stopped voting: a pair's votes only matter through its outcome
+# --------------------------------------------------------------------------------------------------------------
+
+
+def pair_outcome(ties: str, kind: str = "scr"):
+    """What of a pair's vote margin `d = wins - losses` (`[K]` ints) a reward reads, as a function of d: its sign
+    for SCR (both sides score, Eq. 16 and the tie rule) and AGR with `ties='half'`; `d > 0` for AGR with 'zero'
+    (only a strict majority scores); `d >= 0` for AGR with 'win' (Algorithm 2 line 10). Each is non-decreasing in
+    d, which `decided` relies on."""
+    check_option(kind, ("scr", "agr"), "kind")
+    check_option(ties, SCR_TIES if kind == "scr" else AGR_TIES, f"ties ({kind.upper()})")
+    if kind == "scr" or ties == "half":
+        return np.sign
+    return (lambda d: d > 0) if ties == "zero" else (lambda d: d >= 0)
+
+
+def decided(wins, losses, remaining, outcome) -> np.ndarray:
+    """`[K]` bool: the `remaining` votes of each pair cannot change its `outcome` (`pair_outcome`), whatever they
+    say (each a win, a loss or an abstention moves the margin by +1, -1 or 0). The outcome is non-decreasing in the
+    margin, so it is decided when the two extremes, every remaining vote against and every one for, agree: the
+    votes not asked then leave every reward as full voting gives it."""
+    d = np.asarray(wins, np.int64) - np.asarray(losses, np.int64)
+    r = np.asarray(remaining, np.int64)
+    return np.asarray(outcome(d - r) == outcome(d + r), bool)
+
+
+def votes_to_decide(wins, losses, remaining, outcome) -> np.ndarray:
+    """`[K]` the fewest more votes that could decide each pair (`decided`, had they all gone one way), 0 for a pair
+    decided or without votes left: what a round of early-stopped voting asks."""
+    wins, losses, remaining = (np.asarray(x, np.int64) for x in (wins, losses, remaining))
+    need = np.zeros(wins.shape, np.int64)
+    open_ = ~decided(wins, losses, remaining, outcome) & (remaining > 0)
+    for j in range(1, int(remaining.max(initial=0)) + 1):
+        left = remaining - j
+        can = (decided(wins + j, losses, left, outcome) | decided(wins, losses + j, left, outcome)) & (left >= 0)
+        need = np.where(open_ & (need == 0) & can, j, need)
+    return need

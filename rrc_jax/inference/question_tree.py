@@ -1,0 +1,129 @@
+"""How the JAX engine packs questions after shared prefixes into model calls: a prefix tree of fixed depth.
+
+A question is `prefixes[o] + suffix`; the first `split` tokens of its suffix are a segment other questions of
+prefix o may share (a judge question's first response). Its tokens are read in four levels:
+
+    prefix  o                    the judge's [instruction, prompt]
+    node    (o, suffix[:split])  ... its first response
+    leaf    (o, suffix)          ... the whole question
+    copy                         the same question asked again, with its own random stream (a pair's votes in one
+                                 order)
+
+and each level is prefilled once for everything under it (`KVCache.branch` at each level, so attention also reads
+it once per step for all its rows). A chunk of one model call is a uniform tree of P prefixes x F nodes x S leaves
+x C copies (powers of two, the most of any of its pieces; padding where a piece has fewer), P * F * S * C rows at
+most `max_rows`. Fixed
+levels, not a radix tree over arbitrary token runs (SGLang's RadixAttention): the judge knows where its questions
+share text, and fixed levels keep the shapes static, one compilation per length bucket, where a radix tree needs
+paged memory. A prefix whose nodes have different fan-outs (AGR: a response before n anchors, an anchor before m
+responses) is cut into pieces of one fan-out each, so that padding stays small; a piece prefills its prefix again.
+
+Pure host code (`JaxSampler` runs the chunks). Shapes: Q questions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from rrc_jax.models.batches import bucket_length
+
+
+class Leaf(NamedTuple):
+    """A question's tokens after its node (`suffix[split:]`) and the questions `[C']` asking it (its copies)."""
+
+    tokens: tuple[int, ...]
+    questions: list[int]
+
+
+class Node(NamedTuple):
+    """A shared segment after a prefix (`suffix[:split]`, empty when none) and its leaves."""
+
+    tokens: tuple[int, ...]
+    leaves: list[Leaf]
+
+
+class Piece(NamedTuple):
+    """A prefix (`owner`, an index into the call's prefixes) with some of its nodes, all of one fan-out
+    (`Piece.shape`): the unit a chunk packs."""
+
+    owner: int
+    nodes: list[Node]
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(F, S, C): nodes, leaves per node and copies per leaf, each a power of two."""
+        return (bucket_length(len(self.nodes), 1), bucket_length(max(len(n.leaves) for n in self.nodes), 1),
+                bucket_length(max(len(leaf.questions) for n in self.nodes for leaf in n.leaves), 1))
+
+
+def question_tree(suffixes: Sequence[tuple[int, Sequence[int]]], splits: Sequence[int] | None = None
+                  ) -> dict[int, dict[tuple, dict[tuple, list[int]]]]:
+    """`{prefix: {node tokens: {leaf tokens: [questions]}}}` of `suffixes [Q]` `(prefix index, suffix ids)` split
+    after `splits[q]` tokens (default 0: no node level), in the order of first appearance; a node with one leaf
+    joins it under the empty node (nothing to share)."""
+    tree: dict[int, dict[tuple, dict[tuple, list[int]]]] = {}
+    for q, (owner, suffix) in enumerate(suffixes):
+        k = 0 if splits is None else int(splits[q])
+        if not 0 <= k <= len(suffix):
+            raise ValueError(f"question {q}: split {k} is outside its suffix of {len(suffix)} tokens")
+        node, leaf = tuple(suffix[:k]), tuple(suffix[k:])
+        tree.setdefault(int(owner), {}).setdefault(node, {}).setdefault(leaf, []).append(q)
+    for owner, nodes in tree.items():  # a first segment no other question shares is no level of its own
+        alone = [node for node, leaves in nodes.items() if node and len(leaves) == 1]
+        for node in alone:
+            (leaf, questions), = nodes.pop(node).items()
+            nodes.setdefault((), {}).setdefault(node + leaf, []).extend(questions)
+    return tree
+
+
+def pieces(tree: dict[int, dict[tuple, dict[tuple, list[int]]]], max_rows: int) -> list[Piece]:
+    """The pieces of `tree` (`question_tree`), each at most `max_rows` rows (F * S * C): a leaf with more copies, a
+    node with more leaves or a prefix with more nodes than fit is cut, each part prefilling the shared tokens
+    again; a prefix's nodes are grouped by fan-out (S, C)."""
+    out = []
+    for owner, nodes in tree.items():
+        by_shape: dict[tuple[int, int], list[Node]] = {}
+        for node_tokens, leaves in nodes.items():
+            split_leaves = [Leaf(tokens, qs[i:i + max_rows]) for tokens, qs in leaves.items()
+                            for i in range(0, len(qs), max_rows)]
+            c = bucket_length(max(len(leaf.questions) for leaf in split_leaves), 1)
+            per_node = max(1, max_rows // c)
+            for i in range(0, len(split_leaves), per_node):
+                node = Node(node_tokens, split_leaves[i:i + per_node])
+                by_shape.setdefault((bucket_length(len(node.leaves), 1), c), []).append(node)
+        for (s, c), group in by_shape.items():
+            per_piece = max(1, max_rows // (s * c))
+            out += [Piece(owner, group[i:i + per_piece]) for i in range(0, len(group), per_piece)]
+    return out
+
+
+def chunks(parts: list[Piece], max_rows: int) -> list[list[Piece]]:
+    """`parts` packed into chunks of one model call each, in order of their fan-out (S, C, F) so that pieces of one
+    shape share a chunk: as many pieces as keep `chunk_shape`'s P * F * S * C within `max_rows` (at least one)."""
+    out: list[list[Piece]] = []
+    for piece in sorted(parts, key=lambda x: (x.shape[1], x.shape[2], x.shape[0])):
+        if out and math.prod(chunk_shape(out[-1] + [piece])) <= max_rows:
+            out[-1].append(piece)
+        else:
+            out.append([piece])
+    return out
+
+
+def chunk_shape(chunk: list[Piece]) -> tuple[int, int, int, int]:
+    """(P, F, S, C) of a chunk: its pieces, and the most nodes, leaves and copies of any, powers of two."""
+    return (bucket_length(len(chunk), 1), *(max(p.shape[i] for p in chunk) for i in range(3)))
+
+
+def rows(chunk: list[Piece], f: int, s: int, c: int) -> tuple[list[int], list[int]]:
+    """(questions, row of each) of a chunk laid out as P x f x s x c rows: piece p's node n's leaf l's copy k is
+    row `((p * f + n) * s + l) * c + k`."""
+    questions, at = [], []
+    for p, piece in enumerate(chunk):
+        for n, node in enumerate(piece.nodes):
+            for j, leaf in enumerate(node.leaves):
+                for k, q in enumerate(leaf.questions):
+                    questions.append(q)
+                    at.append(((p * f + n) * s + j) * c + k)
+    return questions, at
