@@ -200,8 +200,8 @@ def host_block(n: int) -> np.ndarray:
 SUMMED_METRICS = ("judge/questions", "judge/tokens", "judge/prefill_tokens_saved", "tokens_per_second",
                   "data/filtered_groups", "data/surplus_groups", "data/unfilled_groups",
                   # a served judge's requests and failures (`rrc_jax.inference.openai_engine.HttpStats`)
-                  "judge/requests", "judge/failed_requests", "judge/refused", "judge/timeouts", "judge/dropped",
-                  "judge/not_found", "judge/http_errors", "judge/garbled")
+                  "judge/requests", "judge/failed_requests", "judge/unanswered_questions", "judge/refused",
+                  "judge/timeouts", "judge/dropped", "judge/not_found", "judge/http_errors", "judge/garbled")
 
 
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:

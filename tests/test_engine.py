@@ -184,3 +184,31 @@ def test_samplers_come_from_the_factory_and_take_new_weights(model):
     np.testing.assert_array_equal(held.generate(prompts, 1, GREEDY).tokens, before)
     held.update_weights(other)
     assert not np.array_equal(held.generate(prompts, 1, GREEDY).tokens, before)
+
+
+def test_a_server_finds_what_its_prompts_share():
+    """Whole prompts (a server's requests: 2 judge prompts' questions, each response shown first before 3 others,
+    asked twice, and one unrelated prompt) become prefixes and suffixes that rebuild each prompt: one prefix per
+    judge prompt (the unrelated one its own), one node per response shown first (its tokens, the same for every
+    question showing it), and the repeated questions identical (one leaf, two copies)."""
+    rng = np.random.default_rng(2)
+    heads = [list(rng.integers(3, 64, 20)) for _ in range(2)]
+    responses = [list(rng.integers(3, 64, 12)) for _ in range(4)]
+    prompts, firsts = [], []
+    for h in heads:
+        for i, a in enumerate(responses):
+            for j, b in enumerate(responses):
+                if i != j:
+                    prompts += [h + [1] + a + [2] + b] * 2
+                    firsts += [(tuple(h), i)] * 2
+    prompts.append(list(rng.integers(3, 64, 30)))
+    prefixes, suffixes, splits = question_tree.shared_prefixes(prompts)
+    assert [prefixes[o] + s for o, s in suffixes] == prompts
+    assert len(prefixes) == 3 and {len(prefixes[o]) for o, _ in suffixes[:-1]} >= {21}
+    nodes = {}
+    for (o, s), k, first in zip(suffixes[:-1], splits[:-1], firsts):
+        nodes.setdefault(first, set()).add((o, tuple(s[:k])))
+    assert all(len(v) == 1 and len(next(iter(v))[1]) >= 12 for v in nodes.values())  # a response's questions share it
+    tree = question_tree.question_tree(suffixes, splits)
+    leaves = [leaf for owner in tree.values() for node in owner.values() for leaf in node.values()]
+    assert sorted(map(len, leaves)) == [1] + [2] * 24  # each question twice; the unrelated prompt once

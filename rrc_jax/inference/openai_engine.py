@@ -64,11 +64,12 @@ FAILURES = {"refused": ("refused", "connection refused"), "timeout": ("timeouts"
 
 @dataclasses.dataclass
 class HttpStats(SamplerStats):
-    """`SamplerStats` (`calls`: the requests sent, one per question, or per prompt of `generate`) plus those left
-    without an answer (`failed`), each counted by the kind of its last failure (`FAILURES`), and the attempts made
-    again (`retries`)."""
+    """`SamplerStats` (`calls`: the requests sent, one per different question, or per prompt of `generate`) plus
+    those left without an answer (`failed`), each counted by the kind of its last failure (`FAILURES`), the rows
+    they held (`unanswered`: a request asks its question n times), and the attempts made again (`retries`)."""
 
     failed: int = 0
+    unanswered: int = 0
     refused: int = 0
     timeouts: int = 0
     dropped: int = 0
@@ -78,7 +79,7 @@ class HttpStats(SamplerStats):
     retries: int = 0
 
     def failures(self) -> dict[str, int]:
-        return {"requests": self.calls, "failed_requests": self.failed,
+        return {"requests": self.calls, "failed_requests": self.failed, "unanswered_questions": self.unanswered,
                 **{counter: getattr(self, counter) for counter, _ in FAILURES.values()}}
 
 
@@ -264,20 +265,22 @@ class OpenAISampler:
         if isinstance(answer, RequestFailed):
             raise ConfigError(f"{where}: a one-token completion (POST /v1/completions): {answer}; {fix(answer)}")
 
-    def _run(self, prompts: list[list[int]], n: int, params: SamplingParams, rng,
+    def _run(self, prompts: list[list[int]], n: int | Sequence[int], params: SamplingParams, rng,
              streams: Sequence[int] | None = None) -> SampleOutput:
-        """`n` continuations of each prompt, rows `i*n ... i*n + n - 1` for prompt i, sent with the seed of its
-        stream (`streams[i]`, default i)."""
+        """`n` continuations of each prompt (an int, or one count a prompt), one request a prompt sent with the seed
+        of its stream (`streams[i]`, default i); prompt i's rows follow prompt i - 1's."""
         base = _seed(rng)
         streams = range(len(prompts)) if streams is None else streams
+        ns = [n] * len(prompts) if isinstance(n, int) else [int(k) for k in n]
+        start = np.concatenate([[0], np.cumsum(ns)]).astype(int)
         stops = params.stop_token_ids if params.stop_token_ids is not None else self.stop_token_ids
-        bodies = [{"model": self.api_model, "prompt": prompt, "n": n, "max_tokens": params.max_new_tokens,
+        bodies = [{"model": self.api_model, "prompt": prompt, "n": k, "max_tokens": params.max_new_tokens,
                    "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or -1,
                    "seed": (base + int(i)) % (1 << 31), "stop_token_ids": list(stops), "skip_special_tokens": True}
-                  for i, prompt in zip(streams, prompts)]
+                  for i, prompt, k in zip(streams, prompts, ns)]
         with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
             answers = list(pool.map(self._ask, bodies))
-        rows, cap = len(prompts) * n, params.max_new_tokens
+        rows, cap = int(start[-1]), params.max_new_tokens
         tokens = np.full((rows, cap), self.pad_id, np.int32)
         lengths, truncated = np.zeros(rows, np.int32), np.zeros(rows, bool)
         for i, (answer, retries) in enumerate(answers):
@@ -286,15 +289,16 @@ class OpenAISampler:
             self.stats.prefill_tokens += len(prompts[i])
             if isinstance(answer, RequestFailed):
                 self.stats.failed += 1
+                self.stats.unanswered += ns[i]
                 counter = FAILURES[answer.kind][0]
                 setattr(self.stats, counter, getattr(self.stats, counter) + 1)
                 continue
-            for j, choice in enumerate(answer[:n]):
+            for j, choice in enumerate(answer[:ns[i]]):
                 ids = self.tokenizer(choice["text"], add_special_tokens=False).input_ids[:cap]
                 stopped = choice.get("finish_reason") == "stop" and len(ids) < cap
                 if stopped:  # a finished row ends with its stop token, as the JAX engine's do
                     ids = [*ids, stops[0] if stops else self.pad_id]
-                row = i * n + j
+                row = start[i] + j
                 tokens[row, :len(ids)], lengths[row] = ids, len(ids)
                 truncated[row] = not stopped
                 self.stats.generated_tokens += len(ids)
@@ -310,10 +314,19 @@ class OpenAISampler:
     def complete(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix],
                  params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0, *,
                  streams: Sequence[int] | None = None, splits: Sequence[int] | None = None) -> SampleOutput:
-        """One continuation of `prefixes[p] + suffix` for each question `(p, suffix)`: `[Q, N]` rows; question q
-        is sent with the seed of its stream (`streams[q]`, default q). `splits` is the server's business."""
-        prompts = [list(map(int, prefixes[p])) + list(map(int, s)) for p, s in suffixes]
-        return self._run(prompts, 1, params, rng, streams)
+        """One continuation of `prefixes[p] + suffix` for each question `(p, suffix)`: `[Q, N]` rows. A question
+        asked several times (a pair's votes in one order) is one request with `n` samples, sent with the seed of its
+        first asking's stream (`streams[q]`, default q), so the server prefills it once. `splits` is the server's
+        business (`rrc_jax.serve` finds what a batch's prompts share itself)."""
+        streams = range(len(suffixes)) if streams is None else streams
+        asked: dict[tuple, list[int]] = {}
+        for q, (p, s) in enumerate(suffixes):
+            asked.setdefault((*map(int, prefixes[p]), *map(int, s)), []).append(q)
+        out = self._run([list(k) for k in asked], [len(v) for v in asked.values()], params, rng,
+                        [streams[v[0]] for v in asked.values()])
+        row = np.empty(len(suffixes), np.int64)
+        row[[q for v in asked.values() for q in v]] = np.arange(len(suffixes))
+        return SampleOutput(*(x[row] for x in out))
 
     def next_token_logprobs(self, prefixes, suffixes, token_ids, *, splits=None) -> np.ndarray:
         raise NotImplementedError("the openai engine cannot read the log-probs of given tokens (the completions API "

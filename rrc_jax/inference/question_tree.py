@@ -127,3 +127,49 @@ def rows(chunk: list[Piece], f: int, s: int, c: int) -> tuple[list[int], list[in
                     questions.append(q)
                     at.append(((p * f + n) * s + j) * c + k)
     return questions, at
+
+
+def common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """The number of leading tokens `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _runs(order: list[int], shared: list[int], least: int) -> list[list[int]]:
+    """`order` cut where the next item shares fewer than `least` leading tokens with the one before (`shared[k]`:
+    item k's with item k - 1's)."""
+    runs: list[list[int]] = []
+    for k, i in enumerate(order):
+        if runs and shared[k] >= least:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def shared_prefixes(prompts: Sequence[Sequence[int]], least: int = 8
+                    ) -> tuple[list[list[int]], list[tuple[int, list[int]]], list[int]]:
+    """Whole prompts (a server's requests) as questions after shared prefixes, for `complete`: `(prefixes,
+    suffixes [B], splits [B])`, found from the prompts' tokens alone. Sorted, neighbours that share at least
+    `least` leading tokens form a group whose common tokens are its prefix; within a group, neighbours that share
+    at least `least` more form a run whose further common tokens are the node (`splits`: a judge question's first
+    response). A prompt that shares less than `least` tokens with both neighbours is its own prefix."""
+    order = sorted(range(len(prompts)), key=lambda i: tuple(prompts[i]))
+    shared = [0] + [common_length(prompts[a], prompts[b]) for a, b in zip(order, order[1:])]
+    at = {i: k for k, i in enumerate(order)}
+    prefixes, suffixes, splits = [], [None] * len(prompts), [0] * len(prompts)
+    for group in _runs(order, shared, least):
+        inner = [shared[at[i]] for i in group[1:]]
+        head = min(inner, default=len(prompts[group[0]]))
+        head = max(1, min(head, *(len(prompts[i]) for i in group)))  # every question keeps its first token shared
+        prefixes.append(list(prompts[group[0]][:head]))
+        for run in _runs(group, [0] + [shared[at[i]] - head for i in group[1:]], least):
+            node = min((shared[at[i]] for i in run[1:]), default=head) - head
+            for i in run:
+                suffixes[i] = (len(prefixes) - 1, list(prompts[i][head:]))
+                splits[i] = node if len(run) > 1 else 0
+    return prefixes, suffixes, splits

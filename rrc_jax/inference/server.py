@@ -7,8 +7,10 @@ Requests are batched and share the engine fairly. A request's B x n rows are cut
 rows (whole prompts of n samples, or, when n exceeds `max_batch`, one prompt's samples in parts). A single batcher
 takes the requests that arrived within `batch_wait_s` of the first and, round after round, the next chunk of each
 request, the least recently served first (while they fit in `max_batch` rows and share sampling settings). Each
-round is one `Sampler.generate` call on one engine thread (the model is never called from two threads), its prompts
-padded to a power of two (`row_bucket`: a few compilations serve every batch size). So one request of n = 100,000
+round is one `Sampler.complete` call on one engine thread (the model is never called from two threads): the round's
+prompts as questions after the prefixes they share (`question_tree.shared_prefixes`: a judge's questions about one
+prompt share its instruction and prompt, those that show one response first that response too, and a request's n
+samples the whole question), each shared part prefilled once for the round. So one request of n = 100,000
 runs as many calls, and a request that arrives meanwhile goes before the next of them. Rows come back to their
 requests in order. A request whose client has disconnected is dropped before its next chunk reaches the engine and
 is not counted as answered (`ServerStats.disconnected`).
@@ -23,10 +25,9 @@ does not apply (`echo`, `best_of`, `presence_penalty`, `frequency_penalty`, `suf
 and sample, `index` = prompt x n + sample, `text` without the stop token, `finish_reason` `stop` or `length`, and
 the `usage` counts (`completion_tokens`: the tokens of the texts returned).
 
-At temperature 0 a continuation is the greedy one whatever it is batched with. At a temperature > 0 a round draws
-with the seed of its first chunk (a request's seed, plus the chunk's index within it), so a sample depends on what
-it was batched with: reproducible one request at a time only. Shared prefixes are not reused across requests
-(every prompt is prefilled; vLLM's prefix caching does that for a served judge at scale).
+At temperature 0 a continuation is the greedy one whatever it is batched with. At a temperature > 0 sample j of
+a chunk's prompt k draws from its own stream of the chunk's seed (a request's seed, plus the chunk's index within
+it): a request's samples are the same whatever it is batched with.
 
 Shapes: B prompts of a request, n samples a prompt, N = `max_tokens`, R rows of an engine call (at most
 `max_batch`).
@@ -47,6 +48,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from rrc_jax.inference.question_tree import shared_prefixes
 from rrc_jax.inference.sampler import Sampler, SampleOutput, SamplingParams
 
 try:
@@ -240,13 +242,6 @@ class ServerStats:
     rows: int = 0
 
 
-def row_bucket(prompts: int, most: int) -> int:
-    """The prompts a batch of `prompts` is padded to: the next power of two up to `most` (a call's most prompts),
-    beyond it the next multiple of `most`."""
-    bucket = 1 << max(prompts - 1, 0).bit_length()
-    return bucket if bucket <= most else -(-prompts // most) * most
-
-
 @dataclasses.dataclass
 class Chunk:
     """A part of a request run in one engine call: `prompts` with `n` samples each, the `seed` it draws with."""
@@ -304,7 +299,7 @@ class Job:
 
 
 class Batcher:
-    """Runs concurrent requests' chunks as `Sampler.generate` calls (the module docstring): `submit(c)` gives the
+    """Runs concurrent requests' chunks as `Sampler.complete` calls (the module docstring): `submit(c)` gives the
     request's `Job`, whose `future` resolves to its rows `[B * n]`. Runs on the server's event loop; the engine runs
     on one thread of its own."""
 
@@ -375,8 +370,10 @@ class Batcher:
         """The chunks of `batch` as one engine call; each chunk's rows back to its job."""
         prompts = [p for _, chunk in batch for p in chunk.prompts]
         n, params = batch[0][1].n, batch[0][0].completion.params
-        out = await asyncio.get_running_loop().run_in_executor(self._engine, self._generate, prompts, n, params,
-                                                               batch[0][1].seed)
+        seeds = [chunk.seed for _, chunk in batch for _ in chunk.prompts]
+        places = [k for _, chunk in batch for k in range(len(chunk.prompts))]
+        out = await asyncio.get_running_loop().run_in_executor(self._engine, self._complete, prompts, n, params,
+                                                               seeds, places)
         self.stats.batches += 1
         self.stats.rows += len(prompts) * n
         start = 0
@@ -386,13 +383,17 @@ class Batcher:
                 job.add(SampleOutput(*(x[start:stop] for x in out)))
             start = stop
 
-    def _generate(self, prompts, n, params, seed) -> SampleOutput:
-        """`Sampler.generate` of `prompts` padded (with copies of the first) to `row_bucket` prompts, so that batches
-        of any size share a few compilations; the padding's rows are dropped. (The JAX engine runs each call on its
-        model's mesh itself.)"""
-        padded = prompts + [prompts[0]] * (row_bucket(len(prompts), max(1, self.max_batch // n)) - len(prompts))
-        out = self.sampler.generate(padded, n, params, rng=seed)
-        return SampleOutput(*(x[:len(prompts) * n] for x in out))
+    def _complete(self, prompts, n, params, seeds, places) -> SampleOutput:
+        """The round's `n` samples of each prompt as `Sampler.complete` questions after the prefixes the prompts
+        share (`question_tree.shared_prefixes`: each shared part prefilled once for the whole round), sample j of a
+        chunk's prompt k drawing from a stream of its chunk's seed alone, whatever it is batched with. (The JAX
+        engine runs each call on its model's mesh itself.)"""
+        prefixes, suffixes, splits = shared_prefixes(prompts)
+        questions = [suffixes[i] for i in range(len(prompts)) for _ in range(n)]
+        streams = [(seeds[i] * 1_000_003 + places[i] * n + j) % (1 << 32) for i in range(len(prompts))
+                   for j in range(n)]
+        return self.sampler.complete(prefixes, questions, params, rng=0, streams=streams,
+                                     splits=[splits[i] for i in range(len(prompts)) for _ in range(n)])
 
     def close(self) -> None:
         if self._task is not None:

@@ -4,10 +4,11 @@ A GRPO step learns only from responses whose rewards differ within their group. 
 nothing, or pay twice for the same signal, without failing:
 
 - the judge abstains (no parseable verdict or score) on most of the questions it answered: its rewards fall back to
-  ties (questions a served judge left unanswered, `judge/failed_requests`, are not blamed on the template: they
+  ties (questions a served judge left unanswered, `judge/unanswered_questions`, are not blamed on the template: they
   warn as such, and stop the run past `inference.max_failed_fraction`, `rrc_jax.rl.guard`);
 - every group's reward is flat for several steps in a row: every advantage is zero (`reward/zero_signal`);
-- `votes > 1` with a greedy judge: repeated votes in the same A/B order are identical, at full cost.
+- `votes > 1` with a greedy judge: repeated votes in the same A/B order are identical (the engine answers each
+  question once), so they add nothing.
 
 Each alarm warns once per run, on stderr (process 0), with the number and what to change. The per-step signal is
 in the metrics either way: `reward/flat_groups` (share of groups with equal rewards) and `reward/zero_signal` (1
@@ -63,7 +64,7 @@ def config_warnings(judge, eval_votes: int, uses_judge: bool) -> list[str]:
     for field, votes in (("reward.judge.votes", judge.votes), ("eval.judge_votes", eval_votes)):
         if uses_judge and judge.temperature == 0 and votes > distinct:
             out.append(f"warning: {field}={votes} with a greedy judge (reward.judge.temperature=0): at most "
-                       f"{distinct} of the {votes} votes per pair can differ, the rest repeat them at full cost; "
+                       f"{distinct} of the {votes} votes per pair can differ, the rest repeat them and add nothing; "
                        f"set reward.judge.temperature > 0 or {field}={distinct}")
     return out
 
@@ -84,12 +85,12 @@ class Alarms:
             say(f"warning: {message}")
 
     def check(self, step: int, metrics: dict) -> None:
-        questions, failed = metrics.get("judge/questions", 0), metrics.get("judge/failed_requests", 0)
-        if failed:
-            self._warn("server", f"step {step}: the judge server left {int(failed)} of "
+        questions, failed = metrics.get("judge/questions", 0), metrics.get("judge/unanswered_questions", 0)
+        if metrics.get("judge/failed_requests", 0):
+            self._warn("server", f"step {step}: the judge server left {int(metrics['judge/failed_requests'])} of "
                                  f"{int(metrics.get('judge/requests', 0))} requests unanswered ("
                                  f"{failure_text({k[6:]: v for k, v in metrics.items() if k.startswith('judge/')})}"
-                                 "); they count as abstentions (judge/failed_requests)")
+                                 f"), {int(failed)} questions; they count as abstentions (judge/failed_requests)")
         answered = questions - failed  # a question left unanswered is the server's failure, not the template's
         rate = (metrics.get("judge/abstain_rate", math.nan) * questions - failed) / answered if answered else math.nan
         if rate > self.abstain_alarm:
