@@ -42,6 +42,7 @@ import numpy as np
 
 from rrc_jax import distributed
 from rrc_jax.errors import ConfigError
+from rrc_jax.inference.question_tree import common_length
 from rrc_jax.inference.sampler import Sampler, SamplingParams
 from rrc_jax.judge.templates import (JudgeTemplate, direct_template, encode_question, encode_text, first_segment,
                                      get_template, render_parts)
@@ -124,16 +125,6 @@ def sampler_context_length(sampler) -> int | None:
     if n is None:
         n = getattr(getattr(getattr(sampler, "model", None), "cfg", None), "max_position_embeddings", None)
     return None if n is None else int(n)
-
-
-def common_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """The number of leading tokens `a` and `b` share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _too_long_mark(too_long: bool) -> dict:
