@@ -249,7 +249,8 @@ class Judge:
             q = encode_question(self.tokenizer, pre, suf, prefix_ids[owner])
             if q.reusable:
                 suffixes.append((owner, q.suffix))
-                lead = first_segment(template, **item) if suf.startswith(first_segment(template, **item)) else ""
+                lead = first_segment(template, **item)
+                lead = lead if suf.startswith(lead) else ""
                 if lead not in lead_ids:
                     lead_ids[lead] = encode_text(self.tokenizer, lead, first=False) if lead else []
                 splits.append(common_length(lead_ids[lead], q.suffix))  # (a token merged across the end: one less)

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from rrc_jax.constructions.base import JudgeLoad
 from rrc_jax.inference import question_tree
-from rrc_jax.judge.templates import get_template
+from rrc_jax.judge.templates import first_segment, get_template
 from rrc_jax.models.batches import length_bucket
 from rrc_jax.rewards.win_counts import pair_outcome, votes_to_decide
 
@@ -29,8 +29,7 @@ def template_tokens(s) -> tuple[int, int, int]:
     toy = s.models.grm == "toy"
     rate = 1 if toy else CHARS_PER_TOKEN
     fixed = lambda text: -(-len(re.sub(r"\{(prompt|a|b|response)\}", "", text or "")) // rate)
-    head = t.item[:t.item.index("{a}" if t.item.index("{a}") < t.item.index("{b}") else "{b}")] if (
-        t.kind == "pairwise") else ""
+    head = first_segment(t, a="", b="")  # the item's text up to its first response ("" pointwise)
     prefix = fixed((t.system or "") + t.context) + (0 if toy else CHAT_FORMAT_TOKENS)
     return prefix, fixed(head), fixed(t.item) - fixed(head)
 
