@@ -53,7 +53,7 @@ def serve() -> None:
         if jax.process_count() > 1:
             raise ConfigError("rrc_jax.serve runs in one process; serve from one host (its devices hold the model)")
         name = _NAME.value or Path(_MODEL.model.value).name
-        sampler = make_sampler("grm", model, tokenizer, max_batch=_MAX_BATCH.value)
+        sampler = make_sampler("grm", model, tokenizer, max_batch=_MAX_BATCH.value, reuse_shapes=True)
         app = make_app(sampler, tokenizer, served_name=name, max_batch=_MAX_BATCH.value,
                        batch_wait_s=_WAIT.value / 1000, vocab_size=model.cfg.vocab_size)
         say(f"serving {name} ({_MODEL.model.value}) on http://{_HOST.value}:{_PORT.value}/v1/completions")

@@ -121,6 +121,35 @@ def test_a_question_draws_the_same_whatever_else_the_call_asks(model, temperatur
     assert sampler.stats.prefill_tokens_saved == sum(len(prefixes[o]) + len(s) for o, s in suffixes) - tree
 
 
+def test_a_servers_sampler_runs_new_calls_in_shapes_it_has_compiled(model):
+    """`reuse_shapes`: once calls of two kinds ran (a node of 6 leaves x 3 copies; 2 prefixes x 4 questions),
+    calls of other shapes (fewer prefixes, fewer leaves, 1 copy) run in shapes compiled before (their parts cut to
+    fit, `question_tree.fit`), and every question draws what a plain sampler gives it (temperature 1, its stream)
+    and generating it alone gives (greedy)."""
+    rng = np.random.default_rng(2)
+    prefixes = [[1] + list(rng.integers(3, 64, n)) for n in (6, 9, 4)]
+    first = [(o, list(rng.integers(3, 64, 5))) for o in (0, 1) for _ in range(4)]  # 2 prefixes x 4 questions
+    second = [(2, [7, 8, 9] + [int(x)]) for x in rng.integers(3, 64, 6)] * 3  # 6 leaves under a node, 3 copies
+    params = SamplingParams(1.0, max_new_tokens=6, stop_token_ids=())
+    server = JaxSampler(model, max_batch=16, reuse_shapes=True)
+    plain = JaxSampler(model, max_batch=16)
+    calls = [(second, [3] * 18), (first, None), (first[:3], None), (second[:7], [3] * 7), (first[2:] + second[:2],
+                                                                                          [0] * 6 + [3] * 2)]
+    for k, (suffixes, splits) in enumerate(calls):
+        out = server.complete(prefixes, suffixes, params, rng=4, splits=splits)
+        ref = plain.complete(prefixes, suffixes, params, rng=4, splits=splits)
+        np.testing.assert_array_equal(out.tokens, ref.tokens)
+        np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)
+        if k == 1:
+            compiled = set(server._shapes[6])
+    assert server._shapes[6] == compiled and len(compiled) <= 3
+    greedy = server.complete(prefixes, second, GREEDY, splits=[3] * len(second))
+    np.testing.assert_array_equal(greedy.tokens, generate(model, [prefixes[o] + s for o, s in second], GREEDY).tokens)
+    parts = question_tree.fit(question_tree.pieces(question_tree.question_tree(second, [3] * 18), 64), 1, 4, 1)
+    assert all(p.shape <= (1, 4, 1) for p in parts)
+    assert sorted(q for p in parts for n in p.nodes for leaf in n.leaves for q in leaf.questions) == list(range(18))
+
+
 @pytest.mark.parametrize("prefix_reuse", [True, False])
 def test_next_token_logprobs_equal_the_forward_pass(model, prefix_reuse):
     prefixes, suffixes = questions(1)

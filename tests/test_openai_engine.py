@@ -41,13 +41,14 @@ HTML = b"<html><body>It works!</body></html>"
 
 class Server:
     """A scripted OpenAI-compatible server on 127.0.0.1 serving the model `scripted`, for at most `max_requests`
-    completions. `mode`: `clean` answers every question; `faults` drops, garbles and stalls some (`fault_of`);
+    completions. `mode`: `clean` answers every question; `short` leaves a choice out of each answer; `faults` drops, garbles and stalls some (`fault_of`);
     `broken` answers the one-token probe (`OpenAISampler.probe`) and fails every question with a 500; `html` answers
-    everything with a web page (status 200). `log` holds (prompt ids, what it did) per completion request."""
+    everything with a web page (status 200). `log` holds (prompt ids, what it did) per prompt of a completion
+    request (a faulty server does to a request what its first prompt asks), `kinds` what it did per request."""
 
     def __init__(self, faults: bool = False, max_requests: int = 2000, mode: str | None = None):
         self.mode = mode or ("faults" if faults else "clean")
-        self.log, self.max_requests, self.stop = [], max_requests, False
+        self.log, self.kinds, self.max_requests, self.stop = [], [], max_requests, False
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -71,11 +72,13 @@ class Server:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                ids = body["prompt"]
+                prompts = body["prompt"] if isinstance(body["prompt"][0], list) else [body["prompt"]]
+                ids = prompts[0]  # (a faulty server's fault: its first prompt's)
                 question = len(ids) > 1  # (the probe asks one token)
                 what = {"faults": fault_of(ids) if question else "answer", "broken": "fail" if question else "answer",
                         "html": "html"}.get(owner.mode, "answer")
-                owner.log.append((tuple(ids), what))
+                owner.log.extend((tuple(p), what) for p in prompts)
+                owner.kinds.append(what)
                 if what == "drop":
                     self.close_connection = True
                     return
@@ -83,10 +86,12 @@ class Server:
                     time.sleep(STALL_S)
                 if what in ("html", "fail"):
                     return self.reply(HTML, kind="text/html") if what == "html" else self.reply(b"oops", 500)
-                text = verdict_of(ids)
-                self.reply(b"{not json" if what == "garbage" else json.dumps(
-                    {"choices": [{"index": j, "text": text, "finish_reason": "stop"} for j in range(body.get("n", 1))]}
-                ).encode())
+                n = body.get("n", 1)
+                answers = [{"index": k * n + j, "text": verdict_of(p), "finish_reason": "stop"}
+                           for k, p in enumerate(prompts) for j in range(n)][::-1]  # (any order: by index)
+                if owner.mode == "short" and question:
+                    answers = answers[1:]  # a choice missing
+                self.reply(b"{not json" if what == "garbage" else json.dumps({"choices": answers}).encode())
 
         class Httpd(ThreadingHTTPServer):
             request_queue_size = 64  # the client's concurrency, and more
@@ -101,7 +106,7 @@ class Server:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
     def _loop(self):
-        while not self.stop and len(self.log) < self.max_requests:
+        while not self.stop and len(self.kinds) < self.max_requests:
             self.httpd.handle_request()  # returns after `timeout` when no request comes
 
     def close(self):
@@ -131,7 +136,7 @@ class Recording(OpenAISampler):
 
 def _judge(server, tokenizer):
     sampler = Recording(None, tokenizer, role="grm", url=server.url, api_model="scripted", timeout_s=TIMEOUT_S,
-                        retries=1, backoff_s=0.01, concurrency=8)
+                        retries=1, backoff_s=0.01, concurrency=8, prompts_per_request=1)  # a fault a question
     return Judge(sampler, tokenizer, JudgeConfig(template="toy_pairwise_cot", max_new_tokens=32, temperature=0.0))
 
 
@@ -175,6 +180,32 @@ def test_verdicts_over_http_are_the_servers_and_faults_are_counted_abstentions(t
     assert [v.text for v in log2] == [v.text if k == "answer" else "" for v, k in zip(log, kinds)]
     assert (votes2.wins + votes2.losses + votes2.abstains == 2).all()
     assert (votes2.wins <= votes.wins).all() and (votes2.losses <= votes.losses).all()
+
+
+def test_a_request_carries_many_questions_and_an_incomplete_answer_fails_them_all(tokenizer):
+    """With `prompts_per_request=5` the judge's questions (a pair's two votes: one in each order) go out five to a
+    request and come back to their rows with the verdicts of one question a request; an answer short of a choice
+    is a garbled request: its rows unanswered, abstentions."""
+    pairs = _pairs(n=7)
+    one, votes_one, log_one, _ = _explained(False, tokenizer, pairs)
+
+    def judge(server):
+        sampler = OpenAISampler(None, tokenizer, url=server.url, api_model="scripted", timeout_s=5.0, retries=0,
+                                prompts_per_request=5)
+        return Judge(sampler, tokenizer, JudgeConfig(template="toy_pairwise_cot", max_new_tokens=32,
+                                                     temperature=0.0))
+
+    with Server() as server:
+        batched = judge(server)
+        votes, log = batched.explain(*pairs, votes=2, swap=True)
+    assert server.kinds == ["answer"] * 3  # 14 questions in requests of 5, 5 and 4
+    assert [v.text for v in log] == [v.text for v in log_one]
+    assert (votes.wins == votes_one.wins).all() and batched.sampler.stats.calls == 3
+    with Server(mode="short") as short:
+        broken = judge(short)
+        votes, log = broken.explain(*pairs, votes=2, swap=True)
+    s = broken.sampler.stats
+    assert (s.failed, s.garbled, s.unanswered) == (3, 3, 14) and (votes.abstains == 2).all()
 
 
 def test_generate_keeps_groups_and_marks_what_the_server_cut(tokenizer):
@@ -259,10 +290,10 @@ def test_a_run_whose_judge_server_fails_finishes_and_counts_each_failure(tmp_pat
         workdir = run(validate(tiny_config("scr", tmp_path / "run", toy_cache, **{
             "inference.engine": "openai", "inference.url": server.url, "inference.api_model": "scripted",
             "inference.timeout_s": TIMEOUT_S, "inference.retries": 1, "eval.judge_votes": 0,
-            "inference.max_failed_fraction": 0.9})))  # 40% of the questions fail: a step may pass the default half
+            "inference.max_failed_fraction": 0.9, "inference.prompts_per_request": 1})))  # 40% of the questions fail: a step may pass the default half
     rows = read_metrics(workdir)
     assert sorted(rows) == [0, 1, 2]
-    kinds = [k for _, k in server.log]  # a request each: a failing question's two attempts both fail
+    kinds = server.kinds  # a request a question: a failing question's two attempts both fail
     failed = sum(rows[s]["judge/failed_requests"] for s in (1, 2))
     assert 2 * failed == sum(k != "answer" for k in kinds) and failed > 0
     assert 2 * sum(rows[s]["judge/timeouts"] for s in (1, 2)) == kinds.count("stall") > 0
@@ -337,14 +368,18 @@ def test_a_step_whose_requests_mostly_fail_stops_the_run_with_the_failure_named(
         out = subprocess.run(cli_args(workdir, toy_cache, kind="scr", **{
             "steps": 1, "inference.engine": "openai", "inference.url": server.url, "inference.retries": 0,
             "eval.judge_votes": 0}), capture_output=True, text=True, timeout=300)
-    questions = sum(1 for ids, what in server.log if what == "fail")  # a question asked twice is one request
+    requests = server.kinds.count("fail")
     assert out.returncode == 3 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert out.stderr.strip().splitlines()[-1] == (
-        f"stopped: step 1: the judge server {server.url} left {questions} of {questions} requests of the step's "
-        f"judging unanswered (another HTTP error: {questions}), more than inference.max_failed_fraction=0.5; the "
+        f"stopped: step 1: the judge server {server.url} left {requests} of {requests} requests of the step's "
+        f"judging unanswered (another HTTP error: {requests}), more than inference.max_failed_fraction=0.5; the "
         "step is not saved: once the server answers, rerun the same command to resume from the last checkpoint")
-    assert 0 < questions <= 48 and "reward.judge.template is the format" not in out.stderr  # 4 x 6 pairs x 2 votes
-    assert f"warning: step 1: the judge server left {questions} of {questions} requests unanswered" in out.stderr
+    # the step's one call: 4 x 6 pairs x 2 orders (fewer where a group repeats a response: a question asked with a
+    # larger n), up to 32 questions with one n a request
+    questions = sum(1 for _, what in server.log if what == "fail")
+    assert 0 < questions <= 48 and 0 < requests < questions
+    assert "reward.judge.template is the format" not in out.stderr
+    assert f"warning: step 1: the judge server left {requests} of {requests} requests unanswered" in out.stderr
     assert not (workdir / "hf_export").exists() and not (workdir / "checkpoints" / "1").exists()
 
 

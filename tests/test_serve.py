@@ -67,7 +67,8 @@ def test_served_verdicts_equal_the_in_process_judges_at_temperature_0(grm, serve
     url, app = served
     local = Judge(make_sampler("grm", model, tokenizer), tokenizer, JUDGING)
     remote = Judge(make_sampler("grm", model.cfg, tokenizer, engine={"engine": "openai", "url": url,
-                                                                      "concurrency": 16}), tokenizer, JUDGING)
+                                                                      "concurrency": 16, "prompts_per_request": 1}),
+                   tokenizer, JUDGING)  # a request a question: the server batches concurrent requests
     local.trace, remote.trace = [], []
     before = dict(vars(app.state.batcher.stats))
     counts = local.round_robin(PROMPTS, RESPONSES)

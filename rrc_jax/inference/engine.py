@@ -12,7 +12,8 @@ ancestors, each read once per step for the rows under it), appends the next leve
 without a question are padding and dropped. Every level is prefilled once for all the questions under it: what
 the questions would have prefilled on their own beyond that is `stats.prefill_tokens_saved`. Without reuse every
 question is prefilled in full, in chunks of `max_batch` (rows padded to multiples of 8). Lengths are padded to
-`length_bucket`s, so compilations are shared across chunks and calls while padding stays small. A chunk never
+`length_bucket`s, so compilations are shared across chunks and calls while padding stays small (a server's
+sampler, `reuse_shapes`, pads a chunk further, to a shape it has compiled). A chunk never
 gathers rows of another chunk, so its rows stay where they are on the mesh.
 
 A question draws from its own stream of the call's key (`kernels.row_keys`): the caller's `streams[q]` (default q).
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Iterator, Sequence
 
 import jax
@@ -80,18 +82,26 @@ class JaxSampler:
       role: the role it samples for (`rrc_jax.sharding.ROLES`; `make_sampler` sets it).
       layout: decode from a copy of `model` in this layout (module docstring), its parameters in the model's
         compute dtype; None, or a layout of one device: decode from `model` itself.
+      reuse_shapes: run a call's questions in chunk shapes an earlier call compiled (padding rows and slots, the
+        tree's parts cut to fit, `_reuse`) rather than compiling shapes of their own: for a server, whose batches of
+        unrelated requests take ever new shapes. Decoding reads the weights once a step whatever the rows, so
+        padding costs little; a new compilation costs seconds (minutes for a large model on a pod). One process.
     """
 
     def __init__(self, model: Decoder, tokenizer=None, *, max_batch: int = 256, prefix_reuse: bool = True,
                  stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None, role: str = "policy",
-                 layout: Layout | None = None):
+                 layout: Layout | None = None, reuse_shapes: bool = False):
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
+        if reuse_shapes and jax.process_count() > 1:
+            raise ValueError("reuse_shapes: one process only (the hosts would have to agree on the shapes they keep)")
         self.copy = RolloutCopy(model, layout, model.cfg.dtype) if layout is not None and layout.devices > 1 else None
         self.model = self.copy.model if self.copy is not None else model
         self.tokenizer, self.role = tokenizer, role
         self.max_batch = int(max_batch)
         self.prefix_reuse = prefix_reuse
+        self.reuse_shapes = reuse_shapes
+        self._shapes: dict[int, set[tuple[int, ...]]] = {}  # the chunk shapes run, by the room decoded after them
         self.stop_token_ids = (tuple(int(t) for t in stop_token_ids) if stop_token_ids is not None
                                else stop_tokens(model.cfg.eos_token_ids, tokenizer))
         if pad_id is None:
@@ -240,6 +250,35 @@ class JaxSampler:
             yield chunk, np.arange(len(chunk)), prefill(self.model, ids, mask,
                                                         cache_size=round_up(t + max(extra, 1), ATTENTION_BLOCK))
 
+    def _reuse(self, parts: list[question_tree.Piece], local: list[list[question_tree.Piece]],
+               plan: list[tuple[int, ...]], extra: int) -> tuple[list[list[question_tree.Piece]], list[tuple]]:
+        """`reuse_shapes`: the call's chunks and their shapes `(P, F, S, C, prefix, node, leaf lengths)` in a shape
+        compiled before when one holds them in at most twice the rows and chunks of the call's own shapes (the
+        pieces cut to its F, S, C: `question_tree.fit`; the cheapest); else each chunk in the smallest compiled
+        shape that holds it, or its own (then remembered). Level lengths are the longest run so far."""
+        seen = self._shapes.setdefault(extra, set())
+        lengths = tuple(max(x[i] for x in (*seen, plan[0])) for i in (4, 5, 6))  # only grow: fewer shapes
+        plan = [(*x[:4], *lengths) for x in plan]
+        rows = sum(math.prod(x[:4]) for x in plan)
+        best = None
+        for shape in seen:
+            if any(a < b for a, b in zip(shape[4:], plan[0][4:])):
+                continue
+            p, f, s, c = shape[:4]
+            cut = question_tree.fit(parts, f, s, c)
+            chunks = [cut[i:i + p] for i in range(0, len(cut), p)]
+            cost = len(chunks) * math.prod(shape[:4])
+            if cost <= 2 * rows and len(chunks) <= 2 * len(plan) and (best is None or cost < best[0]):
+                best = (cost, chunks, shape)
+        if best is not None:
+            return best[1], [best[2]] * len(best[1])
+        shapes = []
+        for shape in plan:
+            fits = [x for x in seen if all(a >= b for a, b in zip(x, shape))]
+            shapes.append(min(fits, key=lambda x: (math.prod(x[:4]), sum(x[4:]))) if fits else shape)
+            seen.add(shapes[-1])
+        return local, shapes
+
     def _tree_caches(self, prefixes, suffixes, extra, splits) -> Iterator[tuple[list[int], np.ndarray, KVCache]]:
         """The chunks of the question tree (`question_tree`): each level prefilled once and branched to the next."""
         # on several hosts a chunk's prefixes are over the host's batch shards too: pieces small enough that P
@@ -256,8 +295,11 @@ class JaxSampler:
                                   for chunk in local], 7)
         # one length per level for the whole call: the levels' shapes are the cache's, and each new one compiles the
         # kernels again (the chunks' shapes P, F, S, C vary little)
-        p_len, n_len, l_len = (max((x[i] for x in plan), default=0) for i in (4, 5, 6))
-        for k, (p, f, s, c, *_) in enumerate(plan):
+        lengths = tuple(max((x[i] for x in plan), default=0) for i in (4, 5, 6))
+        plan = [(*shape[:4], *lengths) for shape in plan]
+        if self.reuse_shapes and plan:
+            local, plan = self._reuse(parts, local, plan, extra)
+        for k, (p, f, s, c, p_len, n_len, l_len) in enumerate(plan):
             chunk = local[k] if k < len(local) else []
             p = round_up(p, multiple)  # P prefixes (and the rows) a multiple of the host's batch shards
             questions, rows = question_tree.rows(chunk, f, s, c)

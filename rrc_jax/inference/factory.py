@@ -6,7 +6,7 @@ policy's rollout, the reference's anchors, the GRM's judge) with the engine the 
 - `jax` (`rrc_jax.inference.engine.JaxSampler`; options `max_batch`, `prefix_reuse`, `stop_token_ids`, `pad_id`,
   `layout`): every role.
 - `openai` (`rrc_jax.inference.openai_engine.OpenAISampler`): the judge asks an OpenAI-compatible server
-  (`inference.url`, `api_model`, `concurrency`, `timeout_s`, `retries`; a run stops when more than
+  (`inference.url`, `api_model`, `concurrency`, `prompts_per_request`, `timeout_s`, `retries`; a run stops when more than
   `max_failed_fraction` of a step's requests fail). It serves the `grm` role only
   (`ENGINE_ROLES`); the rollout and the reference's anchors stay on the JAX engine, which they need (the learner
   reads the rollout's log-probs, and the rollout follows the policy's every update).
@@ -38,7 +38,8 @@ ENGINE_ROLES: dict[str, tuple[str, ...]] = {"jax": ROLES, "openai": ("grm",)}  #
 @dataclasses.dataclass(frozen=True)
 class InferenceConfig:
     """The inference engine of a run's samplers (`inference`; the module docstring): `engine`, and for `openai`
-    the server (`url`, its served model name `api_model`), the requests in flight (`concurrency`), each attempt's
+    the server (`url`, its served model name `api_model`), the requests in flight (`concurrency`), the most
+    questions one request carries (`prompts_per_request`), each attempt's
     limit (`timeout_s`), the attempts after the first (`retries`) and the share of a step's requests that may fail
     before the run stops (`max_failed_fraction`; 1: never, `rrc_jax.rl.guard`)."""
 
@@ -47,6 +48,7 @@ class InferenceConfig:
     url: str = ""
     api_model: str = ""
     concurrency: int = 16
+    prompts_per_request: int = 32
     timeout_s: float = 60.0
     retries: int = 2
     max_failed_fraction: float = 0.5
@@ -59,6 +61,7 @@ class InferenceConfig:
                                   "e.g. --config.inference.url=http://10.0.0.2:8000")
             check_url(self.url)
         at_least("inference", "concurrency", self.concurrency, 1)
+        at_least("inference", "prompts_per_request", self.prompts_per_request, 1)
         at_least("inference", "retries", self.retries, 0)
         if not self.timeout_s > 0:
             raise field_error("inference", "timeout_s", f"{self.timeout_s} must be > 0")
@@ -75,6 +78,7 @@ class InferenceConfig:
         if self.engine_for(role) != "openai":
             return {}
         return {"url": self.url, "api_model": self.api_model, "concurrency": self.concurrency,
+                "prompts_per_request": self.prompts_per_request,
                 "timeout_s": self.timeout_s, "retries": self.retries}
 
 

@@ -2,10 +2,13 @@
 OpenAI-compatible `/v1/completions` endpoint (vLLM, SGLang, TGI, JetStream), so that a judge need not live in the
 trainer's process.
 
-Each question of `complete` (and each prompt of `generate`, with `n` = the group size) is one request whose
-`prompt` is its token ids, which vLLM and SGLang take as they are (nothing is tokenized again on the server), sent
-by `concurrency` threads. Reusing the prefix many questions share (the judge's `[instruction, prompt]`) is the
-server's business: vLLM's automatic prefix caching does it, and so this engine has no `prefix_reuse`.
+Each different question of `complete` (a pair's votes in one order are one question asked `n` times), and each
+prompt of `generate` (`n` = the group size), is a prompt of a request: its token ids, which vLLM and SGLang take as
+they are (nothing is tokenized again on the server). A request carries up to `prompts_per_request` consecutive
+prompts with the same `n` (the completions API's list `prompt`), so that a server batches a call's questions as
+the in-process engine does instead of a few at a time; `concurrency` threads send them. Reusing the prefix many
+questions share (the judge's `[instruction, prompt]`) is the server's business: vLLM's automatic prefix caching
+does it, `rrc_jax.serve` prefills a batch's shared prefixes once, and so this engine has no `prefix_reuse`.
 
 Before a run asks anything, `probe()` checks the server once (`rrc_jax.inference.factory.role_sampler` calls it):
 `GET /v1/models` must list `api_model` and a one-token completion must come back as a completion; a server that is
@@ -64,9 +67,9 @@ FAILURES = {"refused": ("refused", "connection refused"), "timeout": ("timeouts"
 
 @dataclasses.dataclass
 class HttpStats(SamplerStats):
-    """`SamplerStats` (`calls`: the requests sent, one per different question, or per prompt of `generate`) plus
-    those left without an answer (`failed`), each counted by the kind of its last failure (`FAILURES`), the rows
-    they held (`unanswered`: a request asks its question n times), and the attempts made again (`retries`)."""
+    """`SamplerStats` (`calls`: the requests sent, each of up to `prompts_per_request` different questions, or
+    prompts of `generate`) plus those left without an answer (`failed`), each counted by the kind of its last failure
+    (`FAILURES`), the rows they held (`unanswered`: prompts x n), and the attempts made again (`retries`)."""
 
     failed: int = 0
     unanswered: int = 0
@@ -135,6 +138,8 @@ class OpenAISampler:
       url: the server's base URL, e.g. `http://10.0.0.2:8000` (`/v1/completions` is appended).
       api_model: the model name the server serves (the request's `model`).
       concurrency: requests in flight at once.
+      prompts_per_request: the most prompts one request carries (the completions API's list `prompt`; 1: a request
+        a prompt).
       timeout_s: each attempt's limit, connection and answer included.
       retries: attempts after the first; `backoff_s` before the first of them, doubling.
       context_length: the most tokens a row may hold on the server (default: the model's positions; None when
@@ -142,7 +147,7 @@ class OpenAISampler:
     """
 
     def __init__(self, model=None, tokenizer=None, *, role: str = "grm", url: str = "", api_model: str = "",
-                 concurrency: int = 16, timeout_s: float = 60.0, retries: int = 2, backoff_s: float = 0.5,
+                 concurrency: int = 16, prompts_per_request: int = 32, timeout_s: float = 60.0, retries: int = 2, backoff_s: float = 0.5,
                  stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None,
                  context_length: int | None = None, **jax_engine_options):
         unknown = sorted(set(jax_engine_options) - set(JAX_ENGINE_OPTIONS))
@@ -153,13 +158,15 @@ class OpenAISampler:
         self.url = check_url(url, "OpenAISampler: url")
         if tokenizer is None:
             raise ValueError("OpenAISampler: a tokenizer is needed (token ids are sent, texts come back)")
-        if concurrency < 1 or timeout_s <= 0 or retries < 0 or backoff_s < 0:
-            raise ValueError(f"OpenAISampler: need concurrency >= 1, timeout_s > 0, retries >= 0, backoff_s >= 0; "
-                             f"got {concurrency}, {timeout_s}, {retries}, {backoff_s}")
+        if concurrency < 1 or prompts_per_request < 1 or timeout_s <= 0 or retries < 0 or backoff_s < 0:
+            raise ValueError(f"OpenAISampler: need concurrency >= 1, prompts_per_request >= 1, timeout_s > 0, "
+                             f"retries >= 0, backoff_s >= 0; got {concurrency}, {prompts_per_request}, {timeout_s}, "
+                             f"{retries}, {backoff_s}")
         self.tokenizer, self.role = tokenizer, role
         self.endpoint = self.url + "/v1/completions"
         self.api_model = api_model
-        self.concurrency, self.timeout_s, self.retries, self.backoff_s = concurrency, timeout_s, retries, backoff_s
+        self.concurrency, self.prompts_per_request = concurrency, prompts_per_request
+        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         cfg = getattr(model, "cfg", model)  # a Decoder's config, or the config itself
         if stop_token_ids is None:
             stop_token_ids = stop_tokens(cfg.eos_token_ids if cfg is not None else (), tokenizer)
@@ -265,67 +272,92 @@ class OpenAISampler:
         if isinstance(answer, RequestFailed):
             raise ConfigError(f"{where}: a one-token completion (POST /v1/completions): {answer}; {fix(answer)}")
 
+    def _requests(self, ns: list[int]) -> list[list[int]]:
+        """The prompts of each request: prompts asking the same `n` (a request has one), in order, at most
+        `prompts_per_request` of them."""
+        by_n: dict[int, list[int]] = {}
+        for i, k in enumerate(ns):
+            by_n.setdefault(k, []).append(i)
+        step = self.prompts_per_request
+        return [same[at:at + step] for same in by_n.values() for at in range(0, len(same), step)]
+
     def _run(self, prompts: list[list[int]], n: int | Sequence[int], params: SamplingParams, rng,
-             streams: Sequence[int] | None = None) -> SampleOutput:
-        """`n` continuations of each prompt (an int, or one count a prompt), one request a prompt sent with the seed
-        of its stream (`streams[i]`, default i); prompt i's rows follow prompt i - 1's."""
+             streams: Sequence[int] | None = None) -> tuple[SampleOutput, np.ndarray]:
+        """`n` continuations of each prompt (an int, or one count a prompt): requests of up to `prompts_per_request`
+        prompts with one `n` (`_requests`), each sent with the seed of its first prompt's stream (`streams[i]`, default i);
+        prompt i's rows follow prompt i - 1's. A request's choice `index` is its prompt k x n + sample j. And
+        whether each prompt's request failed `[len(prompts)]`."""
         base = _seed(rng)
         streams = range(len(prompts)) if streams is None else streams
         ns = [n] * len(prompts) if isinstance(n, int) else [int(k) for k in n]
         start = np.concatenate([[0], np.cumsum(ns)]).astype(int)
         stops = params.stop_token_ids if params.stop_token_ids is not None else self.stop_token_ids
-        bodies = [{"model": self.api_model, "prompt": prompt, "n": k, "max_tokens": params.max_new_tokens,
-                   "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or -1,
-                   "seed": (base + int(i)) % (1 << 31), "stop_token_ids": list(stops), "skip_special_tokens": True}
-                  for i, prompt, k in zip(streams, prompts, ns)]
+        requests = self._requests(ns)
+        bodies = [{"model": self.api_model, "prompt": [prompts[i] for i in ask], "n": ns[ask[0]],
+                   "max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
+                   "top_k": params.top_k or -1, "seed": (base + int(streams[ask[0]])) % (1 << 31),
+                   "stop_token_ids": list(stops), "skip_special_tokens": True} for ask in requests]
         with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
             answers = list(pool.map(self._ask, bodies))
         rows, cap = int(start[-1]), params.max_new_tokens
         tokens = np.full((rows, cap), self.pad_id, np.int32)
         lengths, truncated = np.zeros(rows, np.int32), np.zeros(rows, bool)
-        for i, (answer, retries) in enumerate(answers):
+        failed = np.zeros(len(prompts), bool)
+        for ask, (answer, retries) in zip(requests, answers):
+            k = ns[ask[0]]
             self.stats.calls += 1
             self.stats.retries += retries
-            self.stats.prefill_tokens += len(prompts[i])
+            self.stats.prefill_tokens += sum(len(prompts[i]) for i in ask)
+            if not isinstance(answer, RequestFailed) and len(answer) != len(ask) * k:
+                answer = RequestFailed(f"{len(answer)} choices for {len(ask)} prompts x n={k}", "garbled")
             if isinstance(answer, RequestFailed):
                 self.stats.failed += 1
-                self.stats.unanswered += ns[i]
+                self.stats.unanswered += len(ask) * k
+                failed[ask] = True
                 counter = FAILURES[answer.kind][0]
                 setattr(self.stats, counter, getattr(self.stats, counter) + 1)
                 continue
-            for j, choice in enumerate(answer[:ns[i]]):
+            for c, choice in enumerate(answer):
                 ids = self.tokenizer(choice["text"], add_special_tokens=False).input_ids[:cap]
                 stopped = choice.get("finish_reason") == "stop" and len(ids) < cap
                 if stopped:  # a finished row ends with its stop token, as the JAX engine's do
                     ids = [*ids, stops[0] if stops else self.pad_id]
-                row = start[i] + j
+                row = start[ask[c // k]] + c % k
                 tokens[row, :len(ids)], lengths[row] = ids, len(ids)
                 truncated[row] = not stopped
                 self.stats.generated_tokens += len(ids)
-        return SampleOutput(tokens, np.zeros((rows, cap), np.float32), lengths, truncated)
+        return SampleOutput(tokens, np.zeros((rows, cap), np.float32), lengths, truncated), failed
 
     # -- the protocol -------------------------------------------------------------------------------------------
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], group_size: int = 1,
                  params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0) -> SampleOutput:
         """`group_size` continuations of each of B prompts: `[B * G, N]` rows, log-probs 0."""
-        return self._run([list(map(int, p)) for p in prompt_ids], group_size, params, rng)
+        return self._run([list(map(int, p)) for p in prompt_ids], group_size, params, rng)[0]
 
     def complete(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix],
                  params: SamplingParams = SamplingParams(), rng: jax.Array | int = 0, *,
                  streams: Sequence[int] | None = None, splits: Sequence[int] | None = None) -> SampleOutput:
         """One continuation of `prefixes[p] + suffix` for each question `(p, suffix)`: `[Q, N]` rows. A question
-        asked several times (a pair's votes in one order) is one request with `n` samples, sent with the seed of its
-        first asking's stream (`streams[q]`, default q), so the server prefills it once. `splits` is the server's
-        business (`rrc_jax.serve` finds what a batch's prompts share itself)."""
+        asked several times (a pair's votes in one order) is one prompt with `n` samples, sent with the seed of its
+        first asking's stream (`streams[q]`, default q), so the server prefills it once; at temperature 0 it is
+        asked once (its copies answer alike) and each asking gets that answer. `splits` is the server's business
+        (`rrc_jax.serve` finds what a batch's prompts share itself)."""
         streams = range(len(suffixes)) if streams is None else streams
         asked: dict[tuple, list[int]] = {}
         for q, (p, s) in enumerate(suffixes):
             asked.setdefault((*map(int, prefixes[p]), *map(int, s)), []).append(q)
-        out = self._run([list(k) for k in asked], [len(v) for v in asked.values()], params, rng,
-                        [streams[v[0]] for v in asked.values()])
+        groups = list(asked.values())
+        greedy = params.temperature == 0
+        out, failed = self._run([list(k) for k in asked], 1 if greedy else [len(v) for v in groups], params, rng,
+                                [streams[v[0]] for v in groups])
         row = np.empty(len(suffixes), np.int64)
-        row[[q for v in asked.values() for q in v]] = np.arange(len(suffixes))
+        if greedy:
+            for g, questions in enumerate(groups):
+                row[questions] = g
+            self.stats.unanswered += sum(len(v) - 1 for v, bad in zip(groups, failed) if bad)  # the copies too
+        else:
+            row[[q for v in groups for q in v]] = np.arange(len(suffixes))
         return SampleOutput(*(x[row] for x in out))
 
     def next_token_logprobs(self, prefixes, suffixes, token_ids, *, splits=None) -> np.ndarray:

@@ -99,6 +99,20 @@ def pieces(tree: dict[int, dict[tuple, dict[tuple, list[int]]]], max_rows: int) 
     return out
 
 
+def fit(parts: list[Piece], f: int, s: int, c: int) -> list[Piece]:
+    """`parts` cut so that each has at most `f` nodes, `s` leaves a node and `c` copies a leaf (to run in a chunk
+    shape compiled before, `JaxSampler(reuse_shapes=True)`); a part cut off prefills its shared tokens again."""
+    out = []
+    for piece in parts:
+        nodes = []
+        for node in piece.nodes:
+            leaves = [Leaf(leaf.tokens, leaf.questions[i:i + c]) for leaf in node.leaves
+                      for i in range(0, len(leaf.questions), c)]
+            nodes += [Node(node.tokens, leaves[i:i + s]) for i in range(0, len(leaves), s)]
+        out += [Piece(piece.owner, nodes[i:i + f]) for i in range(0, len(nodes), f)]
+    return out
+
+
 def chunks(parts: list[Piece], max_rows: int) -> list[list[Piece]]:
     """`parts` packed into chunks of one model call each, in order of their fan-out (S, C, F) so that pieces of one
     shape share a chunk: as many pieces as keep `chunk_shape`'s P * F * S * C within `max_rows` (at least one)."""

@@ -6,8 +6,8 @@ checkpoint with it.
 Requests are batched and share the engine fairly. A request's B x n rows are cut into chunks of at most `max_batch`
 rows (whole prompts of n samples, or, when n exceeds `max_batch`, one prompt's samples in parts). A single batcher
 takes the requests that arrived within `batch_wait_s` of the first and, round after round, the next chunk of each
-request, the least recently served first (while they fit in `max_batch` rows and share sampling settings). Each
-round is one `Sampler.complete` call on one engine thread (the model is never called from two threads): the round's
+request, the least recently served first (while they fit in `max_batch` rows and share sampling settings; any
+`n`). Each round is one `Sampler.complete` call on one engine thread (the model is never called from two threads): the round's
 prompts as questions after the prefixes they share (`question_tree.shared_prefixes`: a judge's questions about one
 prompt share its instruction and prompt, those that show one response first that response too, and a request's n
 samples the whole question), each shared part prefilled once for the round. So one request of n = 100,000
@@ -354,13 +354,12 @@ class Batcher:
     def _round(self, active: list[Job], number: int) -> list[tuple[Job, Chunk]]:
         """Round `number`'s chunks: the next chunk of each active job, the least recently served first (a job that
         arrived during the last call counts as served before it), while they share the first's sampling settings
-        and fit in `max_batch` rows. Every job waits at most a call behind another's."""
+        (any `n`) and fit in `max_batch` rows. Every job waits at most a call behind another's."""
         active.sort(key=lambda j: j.last)  # stable: arrival order among equals
-        first = active[0].peek()
-        key, rows, batch = (first.n, active[0].completion.params), 0, []
+        key, rows, batch = active[0].completion.params, 0, []
         for job in active:
             chunk = job.peek()
-            if (chunk.n, job.completion.params) == key and rows + chunk.rows <= self.max_batch:
+            if job.completion.params == key and rows + chunk.rows <= self.max_batch:
                 batch.append((job, job.take()))
                 job.last = number
                 rows += chunk.rows
@@ -369,13 +368,13 @@ class Batcher:
     async def _run(self, batch: list[tuple[Job, Chunk]]) -> None:
         """The chunks of `batch` as one engine call; each chunk's rows back to its job."""
         prompts = [p for _, chunk in batch for p in chunk.prompts]
-        n, params = batch[0][1].n, batch[0][0].completion.params
+        ns = [chunk.n for _, chunk in batch for _ in chunk.prompts]
         seeds = [chunk.seed for _, chunk in batch for _ in chunk.prompts]
         places = [k for _, chunk in batch for k in range(len(chunk.prompts))]
-        out = await asyncio.get_running_loop().run_in_executor(self._engine, self._complete, prompts, n, params,
-                                                               seeds, places)
+        out = await asyncio.get_running_loop().run_in_executor(self._engine, self._complete, prompts, ns,
+                                                               batch[0][0].completion.params, seeds, places)
         self.stats.batches += 1
-        self.stats.rows += len(prompts) * n
+        self.stats.rows += sum(ns)
         start = 0
         for job, chunk in batch:
             stop = start + chunk.rows
@@ -383,17 +382,16 @@ class Batcher:
                 job.add(SampleOutput(*(x[start:stop] for x in out)))
             start = stop
 
-    def _complete(self, prompts, n, params, seeds, places) -> SampleOutput:
-        """The round's `n` samples of each prompt as `Sampler.complete` questions after the prefixes the prompts
-        share (`question_tree.shared_prefixes`: each shared part prefilled once for the whole round), sample j of a
-        chunk's prompt k drawing from a stream of its chunk's seed alone, whatever it is batched with. (The JAX
-        engine runs each call on its model's mesh itself.)"""
+    def _complete(self, prompts, ns, params, seeds, places) -> SampleOutput:
+        """The round's `ns[i]` samples of each prompt i as `Sampler.complete` questions after the prefixes the
+        prompts share (`question_tree.shared_prefixes`: each shared part prefilled once for the whole round),
+        sample j of a chunk's prompt k drawing from a stream of its chunk's seed alone, whatever it is batched
+        with. (The JAX engine runs each call on its model's mesh itself.)"""
         prefixes, suffixes, splits = shared_prefixes(prompts)
-        questions = [suffixes[i] for i in range(len(prompts)) for _ in range(n)]
-        streams = [(seeds[i] * 1_000_003 + places[i] * n + j) % (1 << 32) for i in range(len(prompts))
-                   for j in range(n)]
-        return self.sampler.complete(prefixes, questions, params, rng=0, streams=streams,
-                                     splits=[splits[i] for i in range(len(prompts)) for _ in range(n)])
+        asked = [(i, j) for i, n in enumerate(ns) for j in range(n)]
+        streams = [(seeds[i] * 1_000_003 + places[i] * ns[i] + j) % (1 << 32) for i, j in asked]
+        return self.sampler.complete(prefixes, [suffixes[i] for i, _ in asked], params, rng=0, streams=streams,
+                                     splits=[splits[i] for i, _ in asked])
 
     def close(self) -> None:
         if self._task is not None:

@@ -211,7 +211,7 @@ def judge_for(model: str, *, url: str = "", template: str = "rrc_pairwise_cot", 
     `url`, asked over HTTP (`inference.engine=openai`: `python -m rrc_jax.serve --model=DIR` or vLLM serving it;
     the directory then needs only its config.json and tokenizer: no weight is read; the server is asked once here
     whether it answers, `OpenAISampler.probe`). `engine_options` go to the HTTP engine (`api_model`,
-    `concurrency`, `timeout_s`, `retries`)."""
+    `concurrency`, `prompts_per_request`, `timeout_s`, `retries`)."""
     tokenizer = load_tokenizer(model)
     if url:
         sampler = make_sampler("grm", decoder_config(model), tokenizer,
