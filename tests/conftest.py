@@ -120,7 +120,9 @@ TINY_RUN = {
 def xla_compilation_cache(tmp_path_factory):
     """One persistent XLA compilation cache for the session: both xdist workers and every subprocess a test starts
     (through the environment) reuse what another compiled; most of a tiny run's time is compiling. Cold at every
-    session (it lives in the session's temporary directory)."""
+    session (it lives in the session's temporary directory). Only programs that took a second or more to compile
+    are written: they are most of the time saved, and writing hundreds of small ones (XLA:CPU serializing each)
+    has crashed a worker inside `put_executable_and_time` about once a full run."""
     import os
 
     import jax
@@ -128,7 +130,7 @@ def xla_compilation_cache(tmp_path_factory):
     root = tmp_path_factory.getbasetemp()
     path = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "xla_cache"
     path.mkdir(exist_ok=True)
-    settings = {"jax_compilation_cache_dir": str(path), "jax_persistent_cache_min_compile_time_secs": 0,
+    settings = {"jax_compilation_cache_dir": str(path), "jax_persistent_cache_min_compile_time_secs": 1.0,
                 "jax_persistent_cache_min_entry_size_bytes": 0}
     for name, value in settings.items():
         os.environ[name.upper()] = str(value)
