@@ -121,6 +121,19 @@ def test_a_question_draws_the_same_whatever_else_the_call_asks(model, temperatur
     assert sampler.stats.prefill_tokens_saved == sum(len(prefixes[o]) + len(s) for o, s in suffixes) - tree
 
 
+def test_a_token_budget_runs_long_questions_in_fewer_rows_a_call(model):
+    """`max_batch_tokens`: a chunk's questions' own slots and decoding room stay within the budget (more calls
+    of fewer rows), and every continuation is the same."""
+    prefixes, suffixes = questions()
+    plain = make_sampler("policy", model, max_batch=64)
+    tight = make_sampler("policy", model, max_batch=64, max_batch_tokens=4 * (16 + 10))
+    ref, out = plain.complete(prefixes, suffixes, GREEDY), tight.complete(prefixes, suffixes, GREEDY)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    assert plain.stats.calls == 1 and tight.stats.calls == 3  # 11 questions, at most 4 a call (16 own + 10 slots)
+    with pytest.raises(ValueError, match="max_batch_tokens=0 must be >= 1"):
+        make_sampler("policy", model, max_batch_tokens=0)
+
+
 def test_a_servers_sampler_runs_new_calls_in_shapes_it_has_compiled(model):
     """`reuse_shapes`: once calls of two kinds ran (a node of 6 leaves x 3 copies; 2 prefixes x 4 questions),
     calls of other shapes (fewer prefixes, fewer leaves, 1 copy) run in shapes compiled before (their parts cut to

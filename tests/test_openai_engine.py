@@ -41,10 +41,11 @@ HTML = b"<html><body>It works!</body></html>"
 
 class Server:
     """A scripted OpenAI-compatible server on 127.0.0.1 serving the model `scripted`, for at most `max_requests`
-    completions. `mode`: `clean` answers every question; `short` leaves a choice out of each answer; `faults` drops, garbles and stalls some (`fault_of`);
-    `broken` answers the one-token probe (`OpenAISampler.probe`) and fails every question with a 500; `html` answers
-    everything with a web page (status 200). `log` holds (prompt ids, what it did) per prompt of a completion
-    request (a faulty server does to a request what its first prompt asks), `kinds` what it did per request."""
+    completions. `mode`: `clean` answers every question; `short` leaves a choice out of each answer; `faults` drops,
+    garbles and stalls some (`fault_of`); `broken` answers the one-token probe (`OpenAISampler.probe`) and fails
+    every question with a 500; `html` answers everything with a web page (status 200). `log` holds (prompt ids, what
+    it did) per prompt of a completion request (a faulty server does to a request what its first prompt asks),
+    `kinds` what it did per request."""
 
     def __init__(self, faults: bool = False, max_requests: int = 2000, mode: str | None = None):
         self.mode = mode or ("faults" if faults else "clean")
@@ -290,7 +291,8 @@ def test_a_run_whose_judge_server_fails_finishes_and_counts_each_failure(tmp_pat
         workdir = run(validate(tiny_config("scr", tmp_path / "run", toy_cache, **{
             "inference.engine": "openai", "inference.url": server.url, "inference.api_model": "scripted",
             "inference.timeout_s": TIMEOUT_S, "inference.retries": 1, "eval.judge_votes": 0,
-            "inference.max_failed_fraction": 0.9, "inference.prompts_per_request": 1})))  # 40% of the questions fail: a step may pass the default half
+            # 40% of the questions fail: a step may pass the default half; a fault a question
+            "inference.max_failed_fraction": 0.9, "inference.prompts_per_request": 1})))
     rows = read_metrics(workdir)
     assert sorted(rows) == [0, 1, 2]
     kinds = server.kinds  # a request a question: a failing question's two attempts both fail

@@ -156,6 +156,14 @@ def test_judge_chunk_is_the_engines_largest_chunk(load, prompts, max_batch):
     shapes = [question_tree.chunk_shape(c) for c in chunks]
     chunk = plan.judge_chunk(load, prompts, max_batch)
     assert chunk in shapes and math.prod(chunk) == max(map(math.prod, shapes))
+    # within a budget of cache slots (questions of 40 own tokens, 24 decoded): the engine's packing, and no larger
+    budget = 64 * max_batch
+    most = max(1, min(max_batch, budget // 64))
+    chunks = question_tree.chunks(question_tree.pieces(tree, most), max_batch, budget, 40, 24)
+    shapes = [question_tree.chunk_shape(c) for c in chunks]
+    chunk = plan.judge_chunk(load, prompts, max_batch, budget, 40, 24)
+    assert chunk in shapes and math.prod(chunk) == max(map(math.prod, shapes))
+    assert all(question_tree.chunk_slots(x, 40, 24) <= budget or x[0] == 1 for x in shapes)
 
 
 def paper_recipe():
@@ -171,12 +179,15 @@ def paper_recipe():
     return config
 
 
+@pytest.mark.parametrize("judge_tokens", [24, 1024])
 @pytest.mark.parametrize("topology", ["v5e-64", "v5p-64", "v4-32"])
-def test_the_paper_recipe_fits_with_15_percent_to_spare(topology):
+def test_the_paper_recipe_fits_with_15_percent_to_spare(topology, judge_tokens):
     """With the rollout copy and the GRM in the inference layout (no weights gathered for decoding),
     chunked prefill and donated caches, the recipe fits v5e-64, v5p-64 and v4-32 with the default judge batch and
-    at least 15% of HBM to spare."""
+    at least 15% of HBM to spare, with the toy's 24-token judge and a reasoning judge's 1,024 tokens (whose judged
+    evaluation runs 128 questions a call within `reward.judge.max_batch_tokens`, the step's 256)."""
     config = paper_recipe()
+    config.reward.judge.max_new_tokens = judge_tokens
     assert config.reward.judge.max_batch == 256  # the default
     p = plan.plan(validate(config), topology)
     rows = {r.name: r for r in p.rows}
@@ -184,8 +195,9 @@ def test_the_paper_recipe_fits_with_15_percent_to_spare(topology):
     assert "gathered policy weights" not in rows and "gathered GRM weights" not in rows
     assert rows["policy rollout copy"].bytes == rows["grm parameters"].bytes  # both 8B bf16 over the same tensor
     assert p.layouts["grm"][0] == "inference" and p.layouts["policy"][0] == "train"
-    assert rows["judge KV cache"].detail.startswith(  # eval: 2 questions x 256 prompts, nothing shared but the prefix
-        "eval: 128 prefixes x 1 firsts x 2 questions x 1 votes = 256 rows")
+    rows_a_call = 256 if judge_tokens == 24 else 128
+    assert rows["judge KV cache"].detail.startswith(  # eval: 2 questions a prompt, nothing shared but the prefix
+        f"eval: {rows_a_call // 2} prefixes x 1 firsts x 2 questions x 1 votes = {rows_a_call} rows")
     assert "in chunks of 256 attend to their prefix's 1536 slots, 512 at a time" in rows["judge prefill transients"].detail
 
 

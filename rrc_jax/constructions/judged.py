@@ -28,6 +28,9 @@ class JudgeSettings(JudgeConfig):
     max_new_tokens: int = 24
     temperature: float = 1.0  # the judge samples its reasoning: judgments vary, as a real GRM's do
     max_batch: int = 256  # judge questions per model call
+    # and their cache slots, own tokens plus decoding room (256 rows of 3,584): a reasoning judge's long questions
+    # and answers run in fewer rows a call
+    max_batch_tokens: int = 7 << 17
     votes: int = 2  # V judgments per pair (voting@V)
     swap: bool = True  # alternate the A/B order across votes (beyond the paper: position bias)
     early_stop: bool = False  # ask votes in rounds, stop a pair once its majority is decided (same rewards)
@@ -41,13 +44,16 @@ class JudgeSettings(JudgeConfig):
                               "reward.judge.votes=1")
         if self.max_batch < 1:
             raise field_error("reward.judge", "max_batch", f"{self.max_batch} must be >= 1")
+        if self.max_batch_tokens < 1:
+            raise field_error("reward.judge", "max_batch_tokens", f"{self.max_batch_tokens} must be >= 1")
         super().__post_init__()  # the sampling fields
 
 
 
 def make_judge(s, roles) -> Judge:
     """The GRM of `roles` as a `Judge` asking per the run's `s.judge` (`reward.judge`), seeded from `s.seed`."""
-    sampler = role_sampler(roles, "grm", engine=s.inference, max_batch=s.judge.max_batch)
+    sampler = role_sampler(roles, "grm", engine=s.inference, max_batch=s.judge.max_batch,
+                           max_batch_tokens=s.judge.max_batch_tokens)
     return Judge(sampler, roles.tokenizer("grm"), dataclasses.replace(s.judge, seed=s.seed))
 
 

@@ -75,6 +75,9 @@ class JaxSampler:
       model: the decoder (held, not copied: parameter updates applied to it are seen by the next call).
       tokenizer: its tokenizer (`tokenizer`); its EOS id is added to the model's stop tokens.
       max_batch: most rows per model call (a chunk), over the whole mesh.
+      max_batch_tokens: with `complete`, most cache slots of a chunk's questions' own tokens and their rows'
+        decoding room, over the whole mesh (`question_tree.chunk_slots`): long questions with long answers (a
+        reasoning judge's) run in fewer rows a call; None: `max_batch` alone.
       prefix_reuse: prefill a shared prefix once for all its questions (see the module docstring).
       stop_token_ids: ids that end a continuation when `SamplingParams.stop_token_ids` is None (default: the
         model's EOS ids and the tokenizer's, `stop_tokens`).
@@ -90,9 +93,12 @@ class JaxSampler:
 
     def __init__(self, model: Decoder, tokenizer=None, *, max_batch: int = 256, prefix_reuse: bool = True,
                  stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None, role: str = "policy",
-                 layout: Layout | None = None, reuse_shapes: bool = False):
+                 layout: Layout | None = None, reuse_shapes: bool = False, max_batch_tokens: int | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
+        if max_batch_tokens is not None and max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens={max_batch_tokens} must be >= 1 (or None: rows alone bound a call)")
+        self.max_batch_tokens = max_batch_tokens
         if reuse_shapes and jax.process_count() > 1:
             raise ValueError("reuse_shapes: one process only (the hosts would have to agree on the shapes they keep)")
         self.copy = RolloutCopy(model, layout, model.cfg.dtype) if layout is not None and layout.devices > 1 else None
@@ -284,9 +290,14 @@ class JaxSampler:
         # on several hosts a chunk's prefixes are over the host's batch shards too: pieces small enough that P
         # fills them (a prefix's copies are the ones its rows' devices need anyway)
         multiple = host_row_multiple(self.mesh)
-        parts = question_tree.pieces(question_tree.question_tree(suffixes, splits),
-                                     max(1, self.host_batch // multiple))
-        local = question_tree.chunks(parts, self.host_batch)
+        tree = question_tree.question_tree(suffixes, splits)
+        most, budget, leaf = max(1, self.host_batch // multiple), None, 0
+        if self.max_batch_tokens is not None:  # this host's share, and a piece's rows within it
+            budget = max(1, self.max_batch_tokens // jax.process_count())
+            leaf = length_bucket(max(len(x) for nodes in tree.values() for leaves in nodes.values() for x in leaves))
+            most = max(1, min(most, budget // max(leaf + extra, 1)))
+        parts = question_tree.pieces(tree, most)
+        local = question_tree.chunks(parts, self.host_batch, budget, leaf, extra)
         longest = lambda chunk, level: max(len(x.tokens) for piece in chunk for node in piece.nodes
                                            for x in ([node] if level == "node" else node.leaves))
         plan = distributed.agree([(*question_tree.chunk_shape(chunk),

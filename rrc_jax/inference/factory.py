@@ -6,8 +6,8 @@ policy's rollout, the reference's anchors, the GRM's judge) with the engine the 
 - `jax` (`rrc_jax.inference.engine.JaxSampler`; options `max_batch`, `prefix_reuse`, `stop_token_ids`, `pad_id`,
   `layout`): every role.
 - `openai` (`rrc_jax.inference.openai_engine.OpenAISampler`): the judge asks an OpenAI-compatible server
-  (`inference.url`, `api_model`, `concurrency`, `prompts_per_request`, `timeout_s`, `retries`; a run stops when more than
-  `max_failed_fraction` of a step's requests fail). It serves the `grm` role only
+  (`inference.url`, `api_model`, `concurrency`, `prompts_per_request`, `timeout_s`, `retries`; a run stops when
+  more than `max_failed_fraction` of a step's requests fail). It serves the `grm` role only
   (`ENGINE_ROLES`); the rollout and the reference's anchors stay on the JAX engine, which they need (the learner
   reads the rollout's log-probs, and the rollout follows the policy's every update).
 

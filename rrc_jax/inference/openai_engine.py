@@ -55,7 +55,7 @@ from rrc_jax.models import stop_tokens
 
 # Options the callers pass to every engine that only the JAX engine uses: the server batches, places and reuses
 # prefixes itself.
-JAX_ENGINE_OPTIONS = ("max_batch", "prefix_reuse", "layout")
+JAX_ENGINE_OPTIONS = ("max_batch", "max_batch_tokens", "prefix_reuse", "layout")
 
 
 # How a request failed, by its last attempt: the `HttpStats` counter (and `judge/<counter>` metric) of each kind, and
@@ -147,7 +147,8 @@ class OpenAISampler:
     """
 
     def __init__(self, model=None, tokenizer=None, *, role: str = "grm", url: str = "", api_model: str = "",
-                 concurrency: int = 16, prompts_per_request: int = 32, timeout_s: float = 60.0, retries: int = 2, backoff_s: float = 0.5,
+                 concurrency: int = 16, prompts_per_request: int = 32, timeout_s: float = 60.0, retries: int = 2,
+                 backoff_s: float = 0.5,
                  stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None,
                  context_length: int | None = None, **jax_engine_options):
         unknown = sorted(set(jax_engine_options) - set(JAX_ENGINE_OPTIONS))
@@ -284,9 +285,9 @@ class OpenAISampler:
     def _run(self, prompts: list[list[int]], n: int | Sequence[int], params: SamplingParams, rng,
              streams: Sequence[int] | None = None) -> tuple[SampleOutput, np.ndarray]:
         """`n` continuations of each prompt (an int, or one count a prompt): requests of up to `prompts_per_request`
-        prompts with one `n` (`_requests`), each sent with the seed of its first prompt's stream (`streams[i]`, default i);
-        prompt i's rows follow prompt i - 1's. A request's choice `index` is its prompt k x n + sample j. And
-        whether each prompt's request failed `[len(prompts)]`."""
+        prompts with one `n` (`_requests`), each sent with the seed of its first prompt's stream (`streams[i]`,
+        default i); prompt i's rows follow prompt i - 1's. A request's choice `index` is its prompt k x n + sample
+        j. And whether each prompt's request failed `[len(prompts)]`."""
         base = _seed(rng)
         streams = range(len(prompts)) if streams is None else streams
         ns = [n] * len(prompts) if isinstance(n, int) else [int(k) for k in n]

@@ -113,12 +113,23 @@ def fit(parts: list[Piece], f: int, s: int, c: int) -> list[Piece]:
     return out
 
 
-def chunks(parts: list[Piece], max_rows: int) -> list[list[Piece]]:
+def chunk_slots(shape: tuple[int, int, int, int], leaf: int, extra: int) -> int:
+    """The cache slots of a chunk of `shape` (P, F, S, C) beyond its prefixes and nodes: its P * F * S questions'
+    own `leaf` tokens, and room for `extra` decoded tokens in each of its P * F * S * C rows."""
+    p, f, s, c = shape
+    return p * f * s * (leaf + c * extra)
+
+
+def chunks(parts: list[Piece], max_rows: int, max_slots: int | None = None, leaf: int = 0, extra: int = 0
+           ) -> list[list[Piece]]:
     """`parts` packed into chunks of one model call each, in order of their fan-out (S, C, F) so that pieces of one
-    shape share a chunk: as many pieces as keep `chunk_shape`'s P * F * S * C within `max_rows` (at least one)."""
+    shape share a chunk: as many pieces as keep `chunk_shape`'s P * F * S * C within `max_rows` and, with
+    `max_slots`, `chunk_slots` within it (at least one)."""
     out: list[list[Piece]] = []
     for piece in sorted(parts, key=lambda x: (x.shape[1], x.shape[2], x.shape[0])):
-        if out and math.prod(chunk_shape(out[-1] + [piece])) <= max_rows:
+        shape = chunk_shape(out[-1] + [piece]) if out else None
+        if shape and math.prod(shape) <= max_rows and (
+                max_slots is None or chunk_slots(shape, leaf, extra) <= max_slots):
             out[-1].append(piece)
         else:
             out.append([piece])

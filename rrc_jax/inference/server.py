@@ -7,10 +7,11 @@ Requests are batched and share the engine fairly. A request's B x n rows are cut
 rows (whole prompts of n samples, or, when n exceeds `max_batch`, one prompt's samples in parts). A single batcher
 takes the requests that arrived within `batch_wait_s` of the first and, round after round, the next chunk of each
 request, the least recently served first (while they fit in `max_batch` rows and share sampling settings; any
-`n`). Each round is one `Sampler.complete` call on one engine thread (the model is never called from two threads): the round's
-prompts as questions after the prefixes they share (`question_tree.shared_prefixes`: a judge's questions about one
-prompt share its instruction and prompt, those that show one response first that response too, and a request's n
-samples the whole question), each shared part prefilled once for the round. So one request of n = 100,000
+`n`). Each round is one `Sampler.complete` call on one engine thread (the model is never called from two threads):
+the round's prompts as questions after the prefixes they share (`question_tree.shared_prefixes`: a judge's
+questions about one prompt share its instruction and prompt, those that show one response first that response too,
+and a request's n samples the whole question), each shared part prefilled once for the round; `rrc_jax.serve`'s
+engine runs it in chunk shapes it has compiled (`JaxSampler(reuse_shapes=True)`). So one request of n = 100,000
 runs as many calls, and a request that arrives meanwhile goes before the next of them. Rows come back to their
 requests in order. A request whose client has disconnected is dropped before its next chunk reaches the engine and
 is not counted as answered (`ServerStats.disconnected`).

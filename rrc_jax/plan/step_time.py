@@ -92,7 +92,8 @@ def step_times(s, p: Plan, tree: bool = True) -> list[PhaseTime]:
         judge, work = s.judge, judge_work(s, s.reward.judge_load(s), rl.prompts_per_step)
         prefill = forward_time(topo, grm, dtype, gwhere, glayout,
                                work.prefill_tokens if tree else work.flat_prefill_tokens)
-        chunks, chunk = -(-work.questions // judge.max_batch), min(work.questions, judge.max_batch)
+        chunk = min(work.questions, work.rows)  # (at most max_batch rows, within max_batch_tokens)
+        chunks = -(-work.questions // chunk)
         p_, f, m, c = work.chunk
         shared = p_ * work.prefix + p_ * f * work.first + (p_ * f * m * work.rest if c > 1 else 0)
         leaves = p_ * f * m  # the shared levels' slots a chunk's rows read, spread over its questions
