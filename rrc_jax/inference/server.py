@@ -395,9 +395,11 @@ class Batcher:
                                      splits=[splits[i] for i, _ in asked])
 
     def close(self) -> None:
+        """Stop taking rounds and wait for the one in flight: the model is not left running in a thread of its own
+        after the server stops (the process may go on using it, or JAX, meanwhile)."""
         if self._task is not None:
             self._task.cancel()
-        self._engine.shutdown(wait=False, cancel_futures=True)
+        self._engine.shutdown(wait=True, cancel_futures=True)
 
 
 async def _disconnected(receive) -> None:
