@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 from conftest import cpu_devices_env
 from flax import nnx
@@ -18,7 +19,7 @@ from rrc_jax import plan
 from rrc_jax.config import base_config, validate
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder, DecoderConfig
-from rrc_jax.sharding import model_context
+from rrc_jax.sharding import MESH_AXES, model_context
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -199,6 +200,49 @@ def test_the_paper_recipe_fits_with_15_percent_to_spare(topology, judge_tokens):
     assert rows["judge KV cache"].detail.startswith(  # eval: 2 questions a prompt, nothing shared but the prefix
         f"eval: {rows_a_call // 2} prefixes x 1 firsts x 2 questions x 1 votes = {rows_a_call} rows")
     assert "in chunks of 256 attend to their prefix's 1536 slots, 512 at a time" in rows["judge prefill transients"].detail
+
+
+class _Chip:
+    """A stand-in for a JAX device that reports its memory as TPUs and GPUs do."""
+
+    device_kind = "TPU v5 lite"
+
+    def __init__(self, hbm_gib, process_index):
+        self.hbm, self.process_index = hbm_gib << 30, process_index
+
+    def memory_stats(self):
+        return {"bytes_limit": self.hbm, "bytes_in_use": 0}
+
+
+def _chips(hbm_gib, n, host=4):
+    return [_Chip(hbm_gib, i // host) for i in range(n)]
+
+
+class _Mesh:
+    def __init__(self, devices, shape):
+        self.devices, self.shape = np.array(devices, dtype=object).reshape(shape), dict(zip(MESH_AXES, shape))
+
+
+def test_unset_remat_is_the_plans_choice():
+    """`rl.remat` unset: the plan runs without remat where that fits (v5p-64) and with it where only remat fits
+    (v5e-64); the trainer's choice (`remat_choice`) is that plan's on devices that report their memory, off on
+    XLA:CPU's (which report none), and a set `rl.remat` is kept."""
+    config = paper_recipe()
+    config.rl.remat = None
+    s = validate(config)
+    for topology, remat in (("v5p-64", False), ("v5e-64", True)):
+        chosen, off = plan.plan(s, topology), plan.plan(s, topology, remat=False)
+        assert chosen.fits and chosen.remat == remat and off.fits == (not remat), plan.format_table(off)
+        assert "remat " + ("on" if remat else "off") in plan.format_table(chosen)
+    shape = plan.plan(s, "v5e-64").mesh
+    remat, why = plan.remat_choice(s, _Mesh(_chips(16, 64), shape))
+    assert remat and why.startswith("unset, on: the plan fits tpu_v5_lite-64 only with it"), why
+    remat, why = plan.remat_choice(s, _Mesh(_chips(95, 64), shape))
+    assert not remat and "without it" in why, why
+    cpu = jax.make_mesh((1, 1, 1), MESH_AXES, devices=jax.devices()[:1])
+    assert plan.remat_choice(s, cpu) == (False, "unset, off: the devices report no memory limit to plan against")
+    config.rl.remat = False
+    assert plan.remat_choice(validate(config), _Mesh(_chips(16, 64), shape)) == (False, "set by rl.remat")
 
 
 def test_the_judge_prefills_each_level_of_its_question_tree_once():
@@ -396,10 +440,11 @@ def test_a_config_that_does_not_fit_gets_a_suggestion_that_fits():
     config.models.policy = config.models.grm = "qwen2.5-1.5b"
     config.rl.minibatch_size = 128
     models = ["--config.models.policy=qwen2.5-1.5b", "--config.models.grm=qwen2.5-1.5b",
-              "--config.rl.minibatch_size=128"]
+              "--config.rl.minibatch_size=128", "--config.rl.remat=False"]
     # v5p-8 (4 TensorCores): a 128-row minibatch's activations at once. (Before blockwise training attention the
     # planner's example was v5p-16 with 64 rows; with scanned layers, which keep fewer residuals per layer, 64 rows
     # fit v5p-8.)
+    config.rl.remat = False  # unset, the plan would choose remat where only remat fits
     assert not plan.plan(validate(config), "v5p-8").fits
     best = plan.suggest(validate(config), "v5p-8")
     assert best is not None and best.fits and best.peak_bytes <= best.budget_bytes

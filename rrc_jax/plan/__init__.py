@@ -15,22 +15,25 @@ command prints (`report`) and the command line (`__main__`). The model of memory
 of the phases; what each row counts, and the check against XLA) and of the judge's work is in docs/planner.md.
 """
 
-from rrc_jax.plan.hardware import ACCELERATORS, GiB, HEADROOM, Topology, resolve_mesh, topology
+from rrc_jax.plan.hardware import (ACCELERATORS, GiB, HEADROOM, Topology, live_topology, resolve_mesh,
+                                   topology)
 from rrc_jax.plan.memory import (LOGPROB_CHUNK_ARRAYS, PHASES, Plan, Row, activation_bytes, branched_cache_bytes,
                                  decode_step_bytes, forward_bytes, gathered_bytes, inference_shape, kv_cache_bytes,
                                  layer_activation_bytes, layer_param_bytes, logprob_chunk_bytes, plan, role_layouts,
                                  roles, shared_block, sync_transient_bytes, tree_cache_bytes)
 from rrc_jax.plan.judge_work import JudgeWork, judge_chunk, judge_work
-from rrc_jax.plan.report import format_table, report, suggest
+from rrc_jax.plan.report import format_table, remat_choice, report, suggest
 from rrc_jax.plan.shapes import (PRESETS, lora_param_bytes, matmul_params, mesh_axes, model_config, param_bytes,
                                  param_count, param_shapes)
 from rrc_jax.plan.step_time import JETSTREAM, PhaseTime, decode_time, forward_time, jetstream_prediction, step_times
 
-__all__ = ["ACCELERATORS", "GiB", "HEADROOM", "Topology", "resolve_mesh", "topology", "LOGPROB_CHUNK_ARRAYS", "PHASES",
+__all__ = ["ACCELERATORS", "GiB", "HEADROOM", "Topology", "live_topology", "resolve_mesh", "topology",
+           "LOGPROB_CHUNK_ARRAYS", "PHASES",
            "Plan", "Row", "activation_bytes", "branched_cache_bytes", "decode_step_bytes", "forward_bytes",
            "gathered_bytes", "inference_shape", "JudgeWork", "judge_chunk", "judge_work", "kv_cache_bytes",
            "layer_activation_bytes", "layer_param_bytes", "tree_cache_bytes", "logprob_chunk_bytes", "plan",
-           "role_layouts", "roles", "shared_block", "sync_transient_bytes", "format_table", "report", "suggest",
+           "role_layouts", "roles", "shared_block", "sync_transient_bytes", "format_table", "remat_choice", "report",
+           "suggest",
            "PRESETS", "lora_param_bytes", "matmul_params", "mesh_axes", "model_config", "param_bytes", "param_count",
            "param_shapes", "JETSTREAM", "PhaseTime", "decode_time", "forward_time", "jetstream_prediction",
            "step_times"]

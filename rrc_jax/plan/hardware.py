@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 
 from rrc_jax.errors import ConfigError
 from rrc_jax.sharding import mesh_shape
@@ -60,6 +61,17 @@ def topology(name: str) -> Topology:
     devices = count // family["per_chip"]
     host = devices if family["unit"] == "chips" and devices <= 8 else min(devices, family["host"])
     return Topology(name, devices, family["hbm"] * GiB, host, family["flops"], family["hbm_bw"], family["ici_bw"])
+
+
+def live_topology(devices: Sequence) -> Topology | None:
+    """The topology of a run's JAX `devices` when they report their memory (`memory_stats()['bytes_limit']`: TPUs,
+    GPUs), named by their kind and count; None when they report none (XLA:CPU). Speeds are not read (0)."""
+    stats = [d.memory_stats() for d in devices]
+    if not devices or not all(x and x.get("bytes_limit") for x in stats):
+        return None
+    kind = str(devices[0].device_kind).lower().replace(" ", "_")
+    local = sum(d.process_index == devices[0].process_index for d in devices)
+    return Topology(f"{kind}-{len(devices)}", len(devices), min(x["bytes_limit"] for x in stats), local)
 
 
 def resolve_mesh(data: int, fsdp: int, tensor: int, devices: int) -> tuple[int, int, int]:

@@ -370,8 +370,15 @@ def plan(s, topo: Topology | str, *, mesh: tuple[int, int, int] | None = None,
          micro_batch_size: int | None = None, remat: bool | None = None) -> Plan:
     """The memory `Plan` of a trainer's settings `s` (`rrc_jax.config.TrainerSettings`) on `topo` (a `Topology` or
     its name), on the settings' mesh, `rl.micro_batch_size` and `rl.remat` unless `mesh`, `micro_batch_size` or
-    `remat` are given."""
+    `remat` are given. With `rl.remat` unset and no `remat`, the plan chooses: without remat unless only remat fits
+    (recomputing the forward pass costs a third more of the update's FLOPs; benchmarks/README.md)."""
     topo = topology(topo) if isinstance(topo, str) else topo
+    if remat is None and s.learner.remat is None:
+        off = plan(s, topo, mesh=mesh, micro_batch_size=micro_batch_size, remat=False)
+        if off.fits or off.problems:
+            return off
+        on = plan(s, topo, mesh=mesh, micro_batch_size=micro_batch_size, remat=True)
+        return on if on.fits else off
     rl, learner, dtype, max_prompt = s.rollout, s.learner, s.models.dtype, s.prompts.data.max_prompt_tokens
     shape = mesh or resolve_mesh(s.mesh.data, s.mesh.fsdp, s.mesh.tensor, topo.devices)
     data, fsdp, tensor = shape

@@ -3,7 +3,7 @@ when it does not fit the mesh and micro-batch size that do (`suggest`)."""
 
 from __future__ import annotations
 
-from rrc_jax.plan.hardware import GiB, HEADROOM, topology, Topology
+from rrc_jax.plan.hardware import GiB, HEADROOM, live_topology, topology, Topology
 from rrc_jax.plan.memory import PHASES, Plan, plan
 from rrc_jax.plan.step_time import format_times
 
@@ -29,6 +29,23 @@ def suggest(s, topo: Topology | str) -> Plan | None:
     candidates (`_candidates`) by `_preference`."""
     topo = topology(topo) if isinstance(topo, str) else topo
     return min((p for p in _candidates(s, topo) if p.fits), key=_preference, default=None)
+
+
+def remat_choice(s, mesh) -> tuple[bool, str]:
+    """`rl.remat` for a run of settings `s` on the JAX `mesh` (axes data, fsdp, tensor), and why: the config's when
+    set; else the plan's on the mesh's devices when they report their memory (`live_topology`: off unless the run
+    fits them only with remat), and off where they report none (XLA:CPU)."""
+    if s.learner.remat is not None:
+        return bool(s.learner.remat), "set by rl.remat"
+    topo = live_topology(list(mesh.devices.flat))
+    if topo is None:
+        return False, "unset, off: the devices report no memory limit to plan against"
+    p = plan(s, topo, mesh=tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor")))
+    fit = f"{p.peak_bytes / GiB:.2f} of {topo.hbm_bytes / GiB:.2f} GiB per device"
+    if p.remat:
+        return True, f"unset, on: the plan fits {topo.name} only with it ({fit})"
+    return False, (f"unset, off: the plan fits {topo.name} without it ({fit})" if p.fits else
+                   f"unset, off: the plan does not fit {topo.name} either way ({fit}; python -m rrc_jax.plan)")
 
 
 def _preference(p: Plan) -> tuple:

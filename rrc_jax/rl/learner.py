@@ -30,7 +30,7 @@ from flax import nnx
 
 from rrc_jax.models import Decoder
 from rrc_jax.models.lora import trainable
-from rrc_jax.settings import at_least, field_error, one_of
+from rrc_jax.settings import at_least, field_error, one_of, unset
 from rrc_jax.sharding import constrain
 
 LossFn = Callable[[Decoder, dict], tuple[jax.Array, dict]]
@@ -46,7 +46,9 @@ class LearnerConfig:
     mu: int = 1  # passes over each step's rollouts
     minibatch_size: int = 64  # sequences per optimizer update
     micro_batch_size: int = 0  # > 0: gradient accumulation and log-prob passes in micro-batches of this many rows
-    remat: bool = False  # recompute each decoder block in the backward pass (activation memory ~ 1 layer)
+    # recompute each decoder block in the backward pass (activation memory ~ 1 layer); unset: the plan chooses
+    # (`rrc_jax.plan.remat_choice`: off unless the run does not fit its devices without it)
+    remat: bool | None = unset(bool)
     logprob_chunk: int = 128  # positions per chunk of the LM head + log-softmax ([rows, chunk, vocab] at a time)
     learning_rate: float = 2e-4  # toy scale; the paper: 1e-6
     lr_schedule: str = "constant"  # or "cosine"

@@ -53,6 +53,7 @@ from rrc_jax.workdir import WorkdirLock, check_resume, config_hash, save_config
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import save_hf
 from rrc_jax.models.peft_io import save_adapter
+from rrc_jax.plan import remat_choice
 from rrc_jax.progress import Progress, say
 from rrc_jax.rl.held_out import held_out_metrics
 from rrc_jax.rl.alarms import Alarms, config_warnings, signal_metrics
@@ -106,10 +107,13 @@ class Trainer:
                                           warmup_steps=learner.warmup_steps,
                                           total_steps=learner.updates(rollout.rows, s.steps))
         eps_low, eps_high = grpo.clip_range
+        remat, why = remat_choice(s, self.mesh)
+        if learner.remat is None:
+            say(f"rl.remat: {why}")
         self.learner = Learner(self.policy, make_optimizer(schedule, grad_clip=learner.grad_clip), grpo_objective(
             temperature=rollout.temperature, eps_low=eps_low, eps_high=eps_high, beta=grpo.beta,
             aggregation=grpo.loss_aggregation, max_len=rollout.max_new_tokens, chunk_size=learner.logprob_chunk,
-            remat=learner.remat, loss=grpo.loss), micro_batch_size=learner.micro_batch_size)
+            remat=remat, loss=grpo.loss), micro_batch_size=learner.micro_batch_size)
         self.batches = prompt_batches(rollout.prompts_per_step, s.seed, len(self.train_prompts.texts),
                                       paired=self.train_prompts.paired)
         if rollout.prompts_per_step > len(self.train_prompts.texts):
