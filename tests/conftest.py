@@ -120,9 +120,7 @@ TINY_RUN = {
 def xla_compilation_cache(tmp_path_factory):
     """One persistent XLA compilation cache for the session: both xdist workers and every subprocess a test starts
     (through the environment) reuse what another compiled; most of a tiny run's time is compiling. Cold at every
-    session (it lives in the session's temporary directory). Only programs that took a second or more to compile
-    are written: they are most of the time saved, and writing hundreds of small ones (XLA:CPU serializing each)
-    has crashed a worker inside `put_executable_and_time` about once a full run."""
+    session (it lives in the session's temporary directory)."""
     import os
 
     import jax
@@ -130,12 +128,45 @@ def xla_compilation_cache(tmp_path_factory):
     root = tmp_path_factory.getbasetemp()
     path = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "xla_cache"
     path.mkdir(exist_ok=True)
-    settings = {"jax_compilation_cache_dir": str(path), "jax_persistent_cache_min_compile_time_secs": 1.0,
+    settings = {"jax_compilation_cache_dir": str(path), "jax_persistent_cache_min_compile_time_secs": 0,
                 "jax_persistent_cache_min_entry_size_bytes": 0}
     for name, value in settings.items():
         os.environ[name.upper()] = str(value)
         jax.config.update(name, value)
     return path
+
+
+def memory_mappings() -> int:
+    """The memory mappings this process holds (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return sum(1 for _ in maps)
+    except OSError:
+        return 0
+
+
+# XLA:CPU maps each compiled program's code into memory (three mappings an object file, several object files a
+# program) for as long as the program lives, and JAX keeps every jitted function's programs. A worker that runs a
+# few hundred tests compiles thousands and reached Linux's limit of mappings a process (vm.max_map_count, 65,530):
+# the next compilation's mmap failed inside XLA and the worker died of a segmentation fault. So after a test a
+# worker holding more than `MAX_MAPPINGS` (and `MAPPINGS_MARGIN` more than after its last clearing, so that what
+# live fixtures hold does not make it clear after every test) drops JAX's caches of compiled programs.
+MAX_MAPPINGS, MAPPINGS_MARGIN, MAPPINGS_CEILING = 30_000, 10_000, 50_000
+_mappings_floor = [0]
+
+
+@pytest.fixture(autouse=True)
+def bounded_compiled_programs():
+    yield
+    held = memory_mappings()
+    if held > min(max(MAX_MAPPINGS, _mappings_floor[0] + MAPPINGS_MARGIN), MAPPINGS_CEILING):
+        import gc
+
+        import jax
+
+        jax.clear_caches()
+        gc.collect()
+        _mappings_floor[0] = memory_mappings()
 
 
 @pytest.fixture(scope="session")
