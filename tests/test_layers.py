@@ -75,7 +75,7 @@ def test_a_planted_upward_import_fails(tmp_path):
     copy = planted(tmp_path, "inference/sampler.py", "from rrc_jax.rl.trainer import Trainer")
     (bad,) = upward_imports(copy, ROOT / "configs")
     assert re.fullmatch(r"sampler\.py:\d+: rrc_jax\.inference\.sampler \(line 4\) imports rrc_jax\.rl\.trainer "
-                        r"\(line 14\)", bad), bad
+                        r"\(line 15\)", bad), bad
 
 
 def function_imports_without_a_reason(package: Path) -> list[str]:

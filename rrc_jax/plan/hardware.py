@@ -63,15 +63,16 @@ def topology(name: str) -> Topology:
     return Topology(name, devices, family["hbm"] * GiB, host, family["flops"], family["hbm_bw"], family["ici_bw"])
 
 
-def live_topology(devices: Sequence) -> Topology | None:
-    """The topology of a run's JAX `devices` when they report their memory (`memory_stats()['bytes_limit']`: TPUs,
-    GPUs), named by their kind and count; None when they report none (XLA:CPU). Speeds are not read (0)."""
-    stats = [d.memory_stats() for d in devices]
-    if not devices or not all(x and x.get("bytes_limit") for x in stats):
+def live_topology(devices: Sequence, process: int = 0) -> Topology | None:
+    """The topology of a run's JAX `devices` (every host's) when those of host `process` report their memory
+    (`memory_stats()['bytes_limit']`: TPUs, GPUs; a host reads only its own), named by their kind and count; None
+    when they report none (XLA:CPU). Speeds are not read (0)."""
+    local = [d for d in devices if d.process_index == process]
+    stats = [d.memory_stats() for d in local]
+    if not local or not all(x and x.get("bytes_limit") for x in stats):
         return None
-    kind = str(devices[0].device_kind).lower().replace(" ", "_")
-    local = sum(d.process_index == devices[0].process_index for d in devices)
-    return Topology(f"{kind}-{len(devices)}", len(devices), min(x["bytes_limit"] for x in stats), local)
+    kind = str(local[0].device_kind).lower().replace(" ", "_")
+    return Topology(f"{kind}-{len(devices)}", len(devices), min(x["bytes_limit"] for x in stats), len(local))
 
 
 def resolve_mesh(data: int, fsdp: int, tensor: int, devices: int) -> tuple[int, int, int]:

@@ -3,6 +3,8 @@ when it does not fit the mesh and micro-batch size that do (`suggest`)."""
 
 from __future__ import annotations
 
+import jax
+
 from rrc_jax.plan.hardware import GiB, HEADROOM, live_topology, topology, Topology
 from rrc_jax.plan.memory import PHASES, Plan, plan
 from rrc_jax.plan.step_time import format_times
@@ -37,7 +39,7 @@ def remat_choice(s, mesh) -> tuple[bool, str]:
     fits them only with remat), and off where they report none (XLA:CPU)."""
     if s.learner.remat is not None:
         return bool(s.learner.remat), "set by rl.remat"
-    topo = live_topology(list(mesh.devices.flat))
+    topo = live_topology(list(mesh.devices.flat), jax.process_index())
     if topo is None:
         return False, "unset, off: the devices report no memory limit to plan against"
     p = plan(s, topo, mesh=tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor")))
