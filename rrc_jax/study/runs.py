@@ -19,6 +19,8 @@ import math
 import sys
 from pathlib import Path
 
+import jax
+
 from rrc_jax.config import TrainerSettings, base_config, config_record, validate
 from rrc_jax.errors import ConfigError
 from rrc_jax.rl.trainer import run
@@ -184,4 +186,7 @@ def run_all(study: StudyConfig) -> list[Path]:
         workdir = run(settings)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summarize(Path(workdir), name, seed, settings)) + "\n")
+        # the run's compiled programs go with it: XLA:CPU keeps each one's code mapped while JAX caches it, and a
+        # process of dozens of runs would reach the kernel's limit of memory mappings (vm.max_map_count)
+        jax.clear_caches()
     return [p for p in (summary_path(study, n, s) for n, s in runs) if p.is_file()]
