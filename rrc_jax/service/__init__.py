@@ -1,0 +1,1 @@
+"""The reward service's parts: the cohorts its requests fill (`cohorts`)."""

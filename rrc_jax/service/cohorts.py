@@ -1,0 +1,195 @@
+"""Cohorts: the rollouts of one GRPO group, gathered from requests that arrive one at a time or in any batches until
+the group is whole, so that a reward relative to the group (SCR's win counts, AGR's anchors beaten, a tournament's
+standing) can be computed by a service that sees rollouts as a trainer sends them (`rrc_jax.service`).
+
+A rollout names its group by `group` (the caller's group id; by default its prompt) and its size G (`group_size`).
+The rollouts of a group fill its open cohort in arrival order; the G-th completes it, and the group's next rollout
+opens a new cohort (a prompt drawn twice in one batch is two cohorts, filled in turn). Every rollout of a cohort
+carries its prompt and G, or is refused (`CohortError`, naming the field).
+
+A rollout with a `request_id` is counted once: the same id again (a client's retry) gets the first one's place,
+whether its cohort is open, being judged or answered (an answer is kept for the last `remember` answered ids); the
+same id with another rollout is refused. A rollout without one is a new rollout every time.
+
+A cohort still open `timeout_s` after its first rollout expires (`expire`): the caller applies its rule (the
+service judges what arrived when it is at least two rollouts, else answers with an error naming the group) and
+settles it like a whole one.
+
+Pure bookkeeping: no clock but the one given, no threads (the service calls it from its event loop), no judge.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+
+class CohortError(ValueError):
+    """A rollout the cohorts refuse; the message names the field and the group."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """One completion to reward: its prompt and text, its group (`group`, default the prompt) of `group_size`
+    rollouts, and the caller's `request_id` (a retry repeats it)."""
+
+    prompt: str
+    completion: str
+    group_size: int
+    group: str = ""
+    request_id: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.group or self.prompt
+
+
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """Where a rollout is counted: cohort `cohort` (a serial number, in the order cohorts opened), position
+    `index` in it (arrival order)."""
+
+    cohort: int
+    index: int
+
+
+@dataclasses.dataclass
+class Cohort:
+    """The rollouts of one group, `size` of them once whole; `opened` is the clock's time of the first."""
+
+    serial: int
+    key: str
+    prompt: str
+    size: int
+    opened: float
+    rollouts: list[Rollout] = dataclasses.field(default_factory=list)
+
+    @property
+    def whole(self) -> bool:
+        return len(self.rollouts) == self.size
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """A rollout's answer: its `reward`, or the `error` that replaced it (an expired cohort of one rollout)."""
+
+    reward: float | None = None
+    error: str = ""
+
+
+@dataclasses.dataclass
+class CohortStats:
+    """Counts since the start: rollouts counted, retries answered from their first place, cohorts completed whole,
+    cohorts expired (judged partial or failed), rollouts refused."""
+
+    rollouts: int = 0
+    retries: int = 0
+    whole: int = 0
+    expired: int = 0
+    refused: int = 0
+
+
+class Cohorts:
+    """The open cohorts (one per group at most), the cohorts handed out but not yet settled, and the answers of the
+    last `remember` request ids. `clock` is seconds (monotonic)."""
+
+    def __init__(self, *, timeout_s: float, remember: int = 100_000, clock: Callable[[], float] = time.monotonic):
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s={timeout_s} must be > 0")
+        self.timeout_s, self.remember, self.clock = timeout_s, remember, clock
+        self.stats = CohortStats()
+        self._open: dict[str, Cohort] = {}
+        self._unsettled: dict[int, Cohort] = {}
+        self._places: dict[str, tuple[Place, Rollout]] = {}  # request id -> its place, while its cohort is unsettled
+        self._answers: collections.OrderedDict[str, tuple[Place, Rollout, Answer]] = collections.OrderedDict()
+        self._serial = 0
+
+    def add(self, rollout: Rollout) -> tuple[Place, Cohort | None]:
+        """Count `rollout`: its place, and the cohort it completed (now unsettled: the caller judges it) or None.
+        A retried request id returns its first place (and None); `answer` then has its answer once settled."""
+        if not isinstance(rollout.group_size, int) or rollout.group_size < 1:
+            self.stats.refused += 1
+            raise CohortError(f"group_size={rollout.group_size!r} of group {rollout.key!r} must be an integer >= 1")
+        first = self._first(rollout)
+        if first is not None:
+            self.stats.retries += 1
+            return first, None
+        cohort = self._open.get(rollout.key)
+        if cohort is not None and (cohort.prompt, cohort.size) != (rollout.prompt, rollout.group_size):
+            self.stats.refused += 1
+            field = "prompt" if cohort.prompt != rollout.prompt else "group_size"
+            raise CohortError(f"{field} of a rollout of group {rollout.key!r} differs from its cohort's (group_size "
+                              f"{cohort.size}): every rollout of a group carries the same prompt and group_size")
+        if cohort is None:
+            cohort = self._open[rollout.key] = Cohort(self._serial, rollout.key, rollout.prompt, rollout.group_size,
+                                                      self.clock())
+            self._unsettled[cohort.serial] = cohort
+            self._serial += 1
+        place = Place(cohort.serial, len(cohort.rollouts))
+        cohort.rollouts.append(rollout)
+        self.stats.rollouts += 1
+        if rollout.request_id:
+            self._places[rollout.request_id] = (place, rollout)
+        if not cohort.whole:
+            return place, None
+        del self._open[cohort.key]
+        self.stats.whole += 1
+        return place, cohort
+
+    def _first(self, rollout: Rollout) -> Place | None:
+        """The place of `rollout`'s request id counted before, or None; a `CohortError` when the id came with
+        another rollout."""
+        if not rollout.request_id:
+            return None
+        seen = self._places.get(rollout.request_id) or self._answers.get(rollout.request_id)
+        if seen is None:
+            return None
+        if seen[1] != rollout:
+            self.stats.refused += 1
+            raise CohortError(f"request_id {rollout.request_id!r} was given before with another rollout (group "
+                              f"{seen[1].key!r}): a retry repeats its request unchanged")
+        return seen[0]
+
+    def expire(self) -> list[Cohort]:
+        """The open cohorts whose first rollout came `timeout_s` or more ago, closed (now unsettled: the caller
+        judges or fails them)."""
+        now = self.clock()
+        late = [c for c in self._open.values() if now - c.opened >= self.timeout_s]
+        for c in late:
+            del self._open[c.key]
+        self.stats.expired += len(late)
+        return late
+
+    def cohort(self, serial: int) -> Cohort | None:
+        """The unsettled cohort `serial` (open, or handed out and not yet settled), else None."""
+        return self._unsettled.get(serial)
+
+    def settle(self, cohort: Cohort, answers: Sequence[Answer]) -> None:
+        """Record a handed-out cohort's answers, one per rollout in order; its request ids' answers are kept (the
+        last `remember`)."""
+        if len(answers) != len(cohort.rollouts):
+            raise ValueError(f"{len(answers)} answers for the {len(cohort.rollouts)} rollouts of cohort "
+                             f"{cohort.serial} (group {cohort.key!r})")
+        if self._open.get(cohort.key) is cohort:
+            raise ValueError(f"cohort {cohort.serial} (group {cohort.key!r}) is still open: settle the cohorts "
+                             "`add` completed or `expire` closed")
+        self._unsettled.pop(cohort.serial, None)
+        for k, (rollout, answer) in enumerate(zip(cohort.rollouts, answers)):
+            if rollout.request_id:
+                self._places.pop(rollout.request_id, None)
+                self._answers[rollout.request_id] = (Place(cohort.serial, k), rollout, answer)
+                self._answers.move_to_end(rollout.request_id)
+        while len(self._answers) > self.remember:
+            self._answers.popitem(last=False)
+
+    def answer(self, request_id: str) -> Answer | None:
+        """The answer of a settled rollout's request id (among the last `remember`), else None."""
+        seen = self._answers.get(request_id)
+        return seen[2] if seen else None
+
+    @property
+    def open(self) -> int:
+        """Cohorts still filling."""
+        return len(self._open)
