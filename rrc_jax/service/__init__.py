@@ -1,1 +1,1 @@
-"""The reward service's parts: the cohorts its requests fill (`cohorts`)."""
+"""The reward service: the cohorts its requests fill (`cohorts`) and its HTTP endpoint (`app`)."""

@@ -106,22 +106,36 @@ class Cohorts:
         self._answers: collections.OrderedDict[str, tuple[Place, Rollout, Answer]] = collections.OrderedDict()
         self._serial = 0
 
+    def check(self, rollout: Rollout, earlier: Sequence[Rollout] = ()) -> None:
+        """The `CohortError` `add` would raise for `rollout` after `earlier` (a request's rollouts before it, not
+        yet added), counting nothing but the refusal: a service refuses a whole request before counting any of it."""
+        def refuse(message: str) -> CohortError:
+            self.stats.refused += 1
+            return CohortError(message)
+
+        if not isinstance(rollout.group_size, int) or rollout.group_size < 1:
+            raise refuse(f"group_size={rollout.group_size!r} of group {rollout.key!r} must be an integer >= 1")
+        if self._first(rollout) is not None:
+            return
+        if any(e.request_id == rollout.request_id and e != rollout for e in earlier if rollout.request_id):
+            raise refuse(f"request_id {rollout.request_id!r} is given twice in one request with different rollouts")
+        ref = next(((e.prompt, e.group_size) for e in earlier if e.key == rollout.key), None)
+        cohort = self._open.get(rollout.key)
+        ref = ref or (cohort and (cohort.prompt, cohort.size))
+        if ref and ref != (rollout.prompt, rollout.group_size):
+            field = "prompt" if ref[0] != rollout.prompt else "group_size"
+            raise refuse(f"{field} of a rollout of group {rollout.key!r} differs from its cohort's (group_size "
+                         f"{ref[1]}): every rollout of a group carries the same prompt and group_size")
+
     def add(self, rollout: Rollout) -> tuple[Place, Cohort | None]:
         """Count `rollout`: its place, and the cohort it completed (now unsettled: the caller judges it) or None.
         A retried request id returns its first place (and None); `answer` then has its answer once settled."""
-        if not isinstance(rollout.group_size, int) or rollout.group_size < 1:
-            self.stats.refused += 1
-            raise CohortError(f"group_size={rollout.group_size!r} of group {rollout.key!r} must be an integer >= 1")
+        self.check(rollout)
         first = self._first(rollout)
         if first is not None:
             self.stats.retries += 1
             return first, None
         cohort = self._open.get(rollout.key)
-        if cohort is not None and (cohort.prompt, cohort.size) != (rollout.prompt, rollout.group_size):
-            self.stats.refused += 1
-            field = "prompt" if cohort.prompt != rollout.prompt else "group_size"
-            raise CohortError(f"{field} of a rollout of group {rollout.key!r} differs from its cohort's (group_size "
-                              f"{cohort.size}): every rollout of a group carries the same prompt and group_size")
         if cohort is None:
             cohort = self._open[rollout.key] = Cohort(self._serial, rollout.key, rollout.prompt, rollout.group_size,
                                                       self.clock())

@@ -1,0 +1,235 @@
+"""The reward service's HTTP endpoint: `POST /v1/rewards` (Starlette, run by uvicorn), rewards relative to a group
+for rollouts that arrive one at a time or in any batches, from any trainer.
+
+The request: `{"rollouts": [{"prompt", "completion", "group_size", "group", "request_id"}, ...]}` (1 to
+`max_rollouts` of them; `group` defaults to the prompt, `request_id` to none). Each rollout joins its group's cohort
+(`rrc_jax.service.cohorts`); the request is answered once every one of its rollouts' cohorts has been judged:
+`{"rewards": [...], "cohorts": [...]}` in the request's order (the cohort each rollout was counted in), and
+`"errors"` beside them (null where rewarded) when a cohort failed. A field missing, of the wrong type or unknown is
+a 400 naming it (`rollouts[3].group_size`), a rollout its cohort refuses a 409, and nothing of such a request is
+counted.
+
+Judging: `reward_cohorts(cohorts)` (blocking: a judge model) runs on one worker thread; the cohorts completed while
+it runs are handed to its next call together, so that concurrent cohorts share the judge's calls. A cohort open
+`timeout_s` after its first rollout is judged as it is when it holds two rollouts or more, else each of its
+rollouts is answered with an error naming the group (`CohortStats.expired`; `ServiceStats.failed`). A retried
+request (the same `request_id`s) waits for, or gets, the first one's answers: no cohort counts a rollout twice.
+
+`GET /health` returns the counts (`ServiceStats`, `CohortStats`) and the cohorts open and being judged.
+
+Shapes: R rollouts a request, G a group's size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from rrc_jax.service.cohorts import Answer, Cohort, CohortError, Cohorts, Rollout
+
+try:
+    from starlette.applications import Starlette
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+except ImportError as e:  # pragma: no cover - the optional extra
+    raise ImportError("the reward service needs the serve extra: pip install -e '.[serve]'") from e
+
+# cohorts -> one list of answers per cohort, one answer per rollout in order
+RewardCohorts = Callable[[list[Cohort]], Sequence[Sequence[Answer]]]
+
+FIELDS = {"prompt": str, "completion": str, "group_size": int, "group": str, "request_id": str}
+REQUIRED = ("prompt", "completion", "group_size")
+
+
+class BadRequest(ValueError):
+    """A request the service refuses; `status` is its HTTP status (400: a field, 409: a cohort's refusal)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def parse_rollouts(body, max_rollouts: int) -> list[Rollout]:
+    """The rollouts of a request's JSON `body`, checked field by field (`BadRequest` naming the first bad one)."""
+    if not isinstance(body, dict):
+        raise BadRequest("the body is not a JSON object")
+    unknown = sorted(set(body) - {"rollouts"})
+    if unknown:
+        raise BadRequest(f"{', '.join(unknown)}: not fields of a rewards request (it has: rollouts)")
+    items = body.get("rollouts")
+    if not isinstance(items, list) or not 1 <= len(items) <= max_rollouts:
+        raise BadRequest(f"rollouts: a list of 1 to {max_rollouts} rollouts")
+    out = []
+    for i, item in enumerate(items):
+        where = f"rollouts[{i}]"
+        if not isinstance(item, dict):
+            raise BadRequest(f"{where}: an object with {', '.join(FIELDS)}")
+        unknown = sorted(set(item) - set(FIELDS))
+        if unknown:
+            raise BadRequest(f"{where}.{unknown[0]}: not a field of a rollout (it has: {', '.join(FIELDS)})")
+        for name in REQUIRED:
+            if name not in item:
+                raise BadRequest(f"{where}.{name}: missing")
+        for name, kind in FIELDS.items():
+            value = item.get(name, kind())
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise BadRequest(f"{where}.{name}: {type(value).__name__}, not {kind.__name__}")
+        if item["group_size"] < 2:
+            raise BadRequest(f"{where}.group_size: {item['group_size']}, a group has at least 2 rollouts")
+        out.append(Rollout(**item))
+    return out
+
+
+@dataclasses.dataclass
+class ServiceStats:
+    """Counts since the start: requests answered, requests refused (4xx), judge calls, cohorts judged (whole or
+    expired with two rollouts or more), rollouts failed (expired alone, or the judge's error)."""
+
+    requests: int = 0
+    bad_requests: int = 0
+    judge_calls: int = 0
+    judged: int = 0
+    failed: int = 0
+
+
+class RewardService:
+    """`Cohorts` and the worker that judges them (the module docstring). Create and use it on one event loop."""
+
+    def __init__(self, reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, poll_s: float = 0.5,
+                 remember: int = 100_000):
+        self.reward_cohorts, self.poll_s = reward_cohorts, poll_s
+        self.cohorts = Cohorts(timeout_s=timeout_s, remember=remember)
+        self.stats = ServiceStats()
+        self._futures: dict[int, asyncio.Future] = {}  # cohort serial -> its answers
+        self._ready: list[Cohort] = []
+        self._judging = 0
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="judge")
+
+    def _future(self, serial: int) -> asyncio.Future:
+        if serial not in self._futures:
+            self._futures[serial] = asyncio.get_running_loop().create_future()
+        return self._futures[serial]
+
+    def _start(self) -> None:
+        if self._task is None:
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def reward(self, rollouts: Sequence[Rollout]) -> tuple[list[Answer], list[int]]:
+        """Count `rollouts` and wait for their answers; returns them and each one's cohort serial. A
+        `CohortError` when the cohorts refuse one (nothing of the request counted)."""
+        self._start()
+        for k, r in enumerate(rollouts):  # refuse before counting anything
+            self.cohorts.check(r, rollouts[:k])
+        places = []
+        for r in rollouts:
+            place, whole = self.cohorts.add(r)
+            places.append(place)
+            if whole is not None:
+                self._ready.append(whole)
+                self._wake.set()
+        answers = []
+        for r, place in zip(rollouts, places):
+            known = self.cohorts.answer(r.request_id) if r.request_id else None
+            if known is None:
+                known = (await asyncio.shield(self._future(place.cohort)))[place.index]
+            answers.append(known)
+        return answers, [p.cohort for p in places]
+
+    async def _loop(self) -> None:
+        """Expire late cohorts, and judge the ready ones, all of them in one call, until cancelled."""
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_s)
+            self._wake.clear()
+            for late in self.cohorts.expire():
+                if len(late.rollouts) >= 2:
+                    self._ready.append(late)
+                else:
+                    error = (f"group {late.key!r}: {len(late.rollouts)} of its {late.size} rollouts arrived within "
+                             f"{self.cohorts.timeout_s:g} s; a group needs at least 2 to be judged")
+                    self._settle(late, [Answer(error=error)] * len(late.rollouts))
+                    self.stats.failed += len(late.rollouts)
+            if not self._ready:
+                continue
+            batch, self._ready = self._ready, []
+            self._judging = len(batch)
+            try:
+                answers = await asyncio.get_running_loop().run_in_executor(self._pool, self.reward_cohorts, batch)
+                if len(answers) != len(batch):
+                    raise RuntimeError(f"reward_cohorts answered {len(answers)} cohorts of {len(batch)}")
+            except Exception as e:  # the judge's failure: every rollout of the call is answered with it
+                answers = [[Answer(error=f"{type(e).__name__}: {e}")] * len(c.rollouts) for c in batch]
+                self.stats.failed += sum(len(c.rollouts) for c in batch)
+            else:
+                self.stats.judged += len(batch)
+            finally:
+                self._judging = 0
+            self.stats.judge_calls += 1
+            for cohort, answer in zip(batch, answers):
+                self._settle(cohort, list(answer))
+
+    def _settle(self, cohort: Cohort, answers: list[Answer]) -> None:
+        self.cohorts.settle(cohort, answers)
+        self._future(cohort.serial).set_result(answers)
+        del self._futures[cohort.serial]  # its waiters hold it; a later retry reads `Cohorts.answer`
+
+    def health(self) -> dict:
+        return {"status": "ok", **dataclasses.asdict(self.stats), **dataclasses.asdict(self.cohorts.stats),
+                "open": self.cohorts.open, "judging": self._judging, "ready": len(self._ready)}
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._pool.shutdown(wait=True)
+
+
+def _error(message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status)
+
+
+def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rollouts: int = 4096,
+             poll_s: float = 0.5) -> Starlette:
+    """The ASGI app of a `RewardService` over `reward_cohorts`: `POST /v1/rewards`, `GET /health`.
+    `app.state.service` is the service."""
+    service = RewardService(reward_cohorts, timeout_s=timeout_s, poll_s=poll_s)
+
+    async def rewards(request: Request) -> Response:
+        try:
+            try:
+                body = await request.json()
+            except ValueError:
+                raise BadRequest("the body is not JSON") from None
+            rollouts = parse_rollouts(body, max_rollouts)
+            answers, cohorts = await service.reward(rollouts)
+        except (BadRequest, CohortError) as e:
+            service.stats.bad_requests += 1
+            return _error(str(e), getattr(e, "status", 409))
+        except ClientDisconnect:
+            return Response(status_code=400)
+        service.stats.requests += 1
+        out = {"rewards": [a.reward for a in answers], "cohorts": cohorts}
+        if any(a.error for a in answers):
+            out["errors"] = [a.error or None for a in answers]
+        return JSONResponse(out)
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse(service.health())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        await service.close()
+
+    app = Starlette(routes=[Route("/v1/rewards", rewards, methods=["POST"]), Route("/health", health)],
+                    lifespan=lifespan)
+    app.state.service = service
+    return app

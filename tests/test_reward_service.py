@@ -1,0 +1,137 @@
+"""The reward service's endpoint (`rrc_jax.service.app`) on the loopback, with a judge that ranks a cohort's
+completions by their text: concurrent clients sending rollouts one at a time in random order, with retries, get
+their cohort's rewards, no cohort mixed or counted twice; bad requests are 4xx naming the field and count nothing;
+a cohort that never completes is judged as it is (two rollouts or more) or failed naming its group."""
+
+import concurrent.futures
+import json
+import random
+import urllib.error
+import urllib.request
+
+import pytest
+
+from rrc_jax.inference.server import serving
+from rrc_jax.service.app import make_app
+from rrc_jax.service.cohorts import Answer
+
+
+def rank_judge(calls):
+    """Each rollout's reward: its completion's rank among its cohort's (sorted texts); `calls` records each call's
+    cohorts."""
+    def reward_cohorts(cohorts):
+        calls.append([(c.key, len(c.rollouts)) for c in cohorts])
+        return [[Answer(reward=float(sorted(x.completion for x in c.rollouts).index(r.completion)))
+                 for r in c.rollouts] for c in cohorts]
+    return reward_cohorts
+
+
+def post(url, body):
+    request = urllib.request.Request(url + "/v1/rewards", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def health(url):
+    with urllib.request.urlopen(url + "/health", timeout=30) as response:
+        return json.loads(response.read())
+
+
+def rollout(group, k, size, **kw):
+    return {"prompt": f"prompt {group}", "completion": f"answer {(7 * k + group) % size} of {group}",
+            "group_size": size, "group": f"g{group}", "request_id": f"{group}.{k}", **kw}
+
+
+def expected(group, size):
+    texts = sorted(f"answer {(7 * k + group) % size} of {group}" for k in range(size))
+    return {f"{group}.{k}": float(texts.index(f"answer {(7 * k + group) % size} of {group}")) for k in range(size)}
+
+
+def test_concurrent_clients_in_random_order_with_retries_get_their_cohorts_rewards():
+    """12 cohorts of 4 rollouts sent one a request, all in flight at once in a random order (a request waits for
+    its cohort: a trainer sends its rollouts concurrently), 10% of them sent twice: every reward is its cohort's
+    rank, each rollout counted once, each cohort judged once and whole."""
+    groups, size, calls = 12, 4, []
+    work = [rollout(g, k, size) for g in range(groups) for k in range(size)]
+    rng = random.Random(0)
+    work += rng.sample(work, len(work) // 10)  # the retries
+    rng.shuffle(work)
+    with serving(make_app(rank_judge(calls), poll_s=0.05)) as url:
+        with concurrent.futures.ThreadPoolExecutor(len(work)) as pool:
+            answers = list(pool.map(lambda item: (item["request_id"], post(url, {"rollouts": [item]})), work))
+        stats = health(url)
+    got = {}
+    for request_id, (status, answer) in answers:
+        assert status == 200, answer
+        assert got.setdefault(request_id, answer["rewards"][0]) == answer["rewards"][0]  # a retry: the same
+    assert got == {k: v for g in range(groups) for k, v in expected(g, size).items()}
+    judged = sorted(key for call in calls for key, n in call)
+    assert judged == sorted(f"g{g}" for g in range(groups)) and all(n == size for call in calls for _, n in call)
+    assert stats["rollouts"] == groups * size and stats["retries"] == len(work) - groups * size
+    assert stats["whole"] == groups == stats["judged"] and stats["open"] == 0 and stats["failed"] == 0
+    assert stats["judge_calls"] == len(calls) <= groups
+
+
+def test_a_batch_of_whole_groups_is_answered_in_order():
+    calls = []
+    body = {"rollouts": [rollout(g, k, 3) for k in range(3) for g in range(2)]}  # the groups interleaved
+    with serving(make_app(rank_judge(calls), poll_s=0.05)) as url:
+        status, answer = post(url, body)
+        again = post(url, body)  # the whole request retried: the same answers, nothing counted again
+        stats = health(url)
+    assert status == 200 and again == (200, answer)
+    want = {**expected(0, 3), **expected(1, 3)}
+    assert answer["rewards"] == [want[r["request_id"]] for r in body["rollouts"]]
+    assert len(set(answer["cohorts"])) == 2 and "errors" not in answer
+    assert stats["rollouts"] == 6 and stats["retries"] == 6 and stats["judged"] == 2
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({"rollouts": []}, 400, "rollouts: a list of 1 to 64 rollouts"),
+    ({"rollouts": [{"completion": "x", "group_size": 2}]}, 400, "rollouts[0].prompt: missing"),
+    ({"rollouts": [{"prompt": "p", "completion": "x", "group_size": "2"}]}, 400,
+     "rollouts[0].group_size: str, not int"),
+    ({"rollouts": [{"prompt": "p", "completion": "x", "group_size": 1}]}, 400,
+     "rollouts[0].group_size: 1, a group has at least 2"),
+    ({"rollouts": [{"prompt": "p", "completion": "x", "group_size": 2, "score": 1}]}, 400,
+     "rollouts[0].score: not a field of a rollout"),
+    ({"rollouts": [], "n": 2}, 400, "n: not fields of a rewards request"),
+    ({"rollouts": [{"prompt": "p", "completion": "x", "group_size": 2, "group": "g"},
+                   {"prompt": "q", "completion": "y", "group_size": 2, "group": "g"}]}, 409,
+     "prompt of a rollout of group 'g' differs"),
+    ({"rollouts": [{"prompt": "p", "completion": "x", "group_size": 2, "request_id": "r"},
+                   {"prompt": "p", "completion": "y", "group_size": 2, "request_id": "r"}]}, 409,
+     "request_id 'r' is given twice in one request"),
+])
+def test_a_bad_request_is_a_4xx_naming_the_field_and_counts_nothing(body, status, message):
+    with serving(make_app(rank_judge([]), max_rollouts=64)) as url:
+        got = post(url, body)
+        stats = health(url)
+    assert got[0] == status and got[1]["error"]["message"].startswith(message), got
+    assert stats["rollouts"] == 0 and stats["bad_requests"] == 1 and stats["open"] == 0
+
+
+def test_a_cohort_that_never_completes_is_judged_as_it_is_or_fails_naming_its_group():
+    """After `timeout_s`: a cohort of 2 of its 4 rollouts is judged as it is; one of a single rollout is answered
+    with an error naming its group; a judge that raises answers its cohorts' rollouts with its error."""
+    calls = []
+    with serving(make_app(rank_judge(calls), timeout_s=0.5, poll_s=0.05)) as url:
+        status, two = post(url, {"rollouts": [rollout(0, 0, 4), rollout(0, 1, 4)]})
+        status_one, one = post(url, {"rollouts": [rollout(1, 0, 4)]})
+        stats = health(url)
+    assert status == 200 and sorted(two["rewards"]) == [0.0, 1.0] and calls == [[("g0", 2)]]
+    assert status_one == 200 and one["rewards"] == [None]
+    assert one["errors"][0].startswith("group 'g1': 1 of its 4 rollouts arrived within 0.5 s")
+    assert stats["expired"] == 2 and stats["failed"] == 1 and stats["judged"] == 1
+
+    def broken(cohorts):
+        raise RuntimeError("the judge is down")
+
+    with serving(make_app(broken, poll_s=0.05)) as url:
+        status, answer = post(url, {"rollouts": [rollout(2, k, 2) for k in range(2)]})
+    assert status == 200 and answer["rewards"] == [None, None]
+    assert answer["errors"] == ["RuntimeError: the judge is down"] * 2
