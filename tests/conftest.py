@@ -86,6 +86,20 @@ def cpu_devices_env(n: int = 8) -> dict:
             "JAX_PLATFORMS": "cpu"}
 
 
+def post_json(url: str, body) -> tuple[int, dict]:
+    """(status, JSON answer) of a POST of `body` as JSON to `url`, an HTTP error's included."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
 def padded_batch(lengths, pad_side="left", seed=0, vocab=VOCAB, pad_id=0):
     """Random token ids `[B, T]` (ids >= 3) and mask for rows of the given lengths."""
     rng = np.random.default_rng(seed)

@@ -1,16 +1,22 @@
 """RRC rewards from other trainers (`rrc_jax.integrations`): a group split across processes is judged whole; each
 kind's rewards are what `rrc_jax.rewards` computes from the judge's own verdicts; TRL's GRPOTrainer trains two steps
-with the TRL reward function."""
+with the TRL reward function; the reward service gives the in-process rewards."""
 
+import concurrent.futures
+import random
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import post_json
 
 from rrc_jax.config import validate
 from rrc_jax.data.toy.task import SortTask
+from rrc_jax.inference.server import serving
 from rrc_jax.integrations.groups import GroupRewards, Row, judge_whole, rows_of
+from rrc_jax.service.app import make_app
+from rrc_jax.service.rewards import cohort_rewards
 from rrc_jax.rewards import agr_rewards, cara_rewards, scr_rewards
 
 G = 4
@@ -129,6 +135,28 @@ def test_each_kind_rewards_what_rrc_rewards_computes_from_the_verdicts(toy_judge
         expected = cara_rewards(counts, alpha=0.1) if kind == "cara" else scr_rewards(counts, alpha=0.1, ties="zero")
     np.testing.assert_allclose(got, np.asarray(expected), atol=1e-6)
     assert np.ptp(got) > 0 and rewards.last_metrics["judge/questions"] == len(trace)
+
+
+@pytest.mark.parametrize("kind", ["scr", "agr"])
+def test_the_reward_service_gives_the_in_process_rewards(toy_judge, kind):
+    """The toy GRM behind the reward service on the loopback (`rrc_jax.service`): every rollout of 4 groups its own
+    request, all in flight in a random order, AGR's anchors from the service's table: each reward equals
+    `GroupRewards`' in this process on the same rows (greedy)."""
+    judge, _ = toy_judge
+    prompts = [SortTask.prompt_text(d) for d in DIGITS]
+    anchors = {p: [r[0], r[3]] for p, r in zip(prompts, RESPONSES)}
+    rows = rows_of([p for p in prompts for _ in range(G)], [c for r in RESPONSES for c in r],
+                   anchors=[anchors[p] for p in prompts for _ in range(G)] if kind == "agr" else None)
+    rewards = GroupRewards(judge, kind, group_size=G, votes=2)
+    want = rewards(rows, step=0)
+    work = [(i, {"prompt": r.prompt, "completion": r.completion, "group_size": G, "request_id": str(i)})
+            for i, r in enumerate(rows)]
+    random.Random(1).shuffle(work)
+    with serving(make_app(cohort_rewards(rewards, anchors=anchors), poll_s=0.05)) as url:
+        with concurrent.futures.ThreadPoolExecutor(len(work)) as pool:
+            answers = dict(pool.map(lambda w: (w[0], post_json(url + "/v1/rewards", {"rollouts": [w[1]]})), work))
+    assert all(status == 200 for status, _ in answers.values()), answers
+    np.testing.assert_array_equal([answers[i][1]["rewards"][0] for i in range(len(rows))], want)
 
 
 def test_trl_grpo_trains_two_steps_with_rrc_rewards(toy_judge, tmp_path, monkeypatch):

@@ -6,10 +6,10 @@ a cohort that never completes is judged as it is (two rollouts or more) or faile
 import concurrent.futures
 import json
 import random
-import urllib.error
 import urllib.request
 
 import pytest
+from conftest import post_json
 
 from rrc_jax.inference.server import serving
 from rrc_jax.service.app import make_app
@@ -27,13 +27,7 @@ def rank_judge(calls):
 
 
 def post(url, body):
-    request = urllib.request.Request(url + "/v1/rewards", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return post_json(url + "/v1/rewards", body)
 
 
 def health(url):

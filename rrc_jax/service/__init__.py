@@ -1,1 +1,2 @@
-"""The reward service: the cohorts its requests fill (`cohorts`) and its HTTP endpoint (`app`)."""
+"""The reward service: the cohorts its requests fill (`cohorts`), its HTTP endpoint (`app`) and the judge of its
+cohorts (`rewards`)."""
