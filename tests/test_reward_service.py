@@ -6,11 +6,17 @@ a cohort that never completes is judged as it is (two rollouts or more) or faile
 import concurrent.futures
 import json
 import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
 import urllib.request
 
 import pytest
 from conftest import post_json
 
+from rrc_jax.data.toy.task import SortTask
 from rrc_jax.inference.server import serving
 from rrc_jax.service.app import make_app
 from rrc_jax.service.cohorts import Answer
@@ -129,3 +135,49 @@ def test_a_cohort_that_never_completes_is_judged_as_it_is_or_fails_naming_its_gr
         status, answer = post(url, {"rollouts": [rollout(2, k, 2) for k in range(2)]})
     assert status == 200 and answer["rewards"] == [None, None]
     assert answer["errors"] == ["RuntimeError: the judge is down"] * 2
+
+
+def test_the_service_command_serves_a_recipe_on_the_toy_world(toy_cache, tmp_path):
+    """`python -m rrc_jax.service --config=scr.py` (the toy GRM, greedy) rewards a group of 4 sent as two requests;
+    AGR without `--anchors`, or with a file that maps a prompt to no list, is one line naming the flag."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    def command(recipe, *extra):
+        return [sys.executable, "-m", "rrc_jax.service", f"--config={recipe}", f"--config.toy.cache_dir={toy_cache}",
+                f"--port={port}", *extra]
+
+    proc = subprocess.Popen(command("scr.py", "--config.reward.judge.temperature=0"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    prompt = SortTask.prompt_text("3142")
+    group = [{"prompt": prompt, "completion": c, "group_size": 4, "request_id": str(i)}
+             for i, c in enumerate(["1234", "4321", "1243", "2134"])]
+    try:
+        url, deadline = f"http://127.0.0.1:{port}", time.time() + 300
+        while True:
+            try:
+                health(url)
+                break
+            except urllib.error.URLError:
+                assert proc.poll() is None and time.time() < deadline, proc.stderr.read()[-2000:]
+                time.sleep(0.5)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            halves = list(pool.map(lambda part: post(url, {"rollouts": part}), [group[:2], group[2:]]))
+        stats = health(url)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    assert [status for status, _ in halves] == [200, 200], halves
+    rewards = halves[0][1]["rewards"] + halves[1][1]["rewards"]
+    assert len(rewards) == 4 and all(isinstance(r, float) for r in rewards) and len(set(rewards)) > 1
+    assert stats["judged"] == 1 and stats["rollouts"] == 4, stats
+    assert "Traceback" not in err, err[-3000:]
+
+    bad = tmp_path / "anchors.json"
+    bad.write_text(json.dumps({prompt: "not a list"}))
+    cases = [((), "error: --anchors=: reward.kind=agr needs each prompt's anchors"),
+             ((f"--anchors={bad}",), f"error: --anchors={bad}: prompt ")]
+    for extra, message in cases:
+        out = subprocess.run(command("agr.py", *extra), capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0 and out.stderr.strip().startswith(message), out.stderr[-2000:]
+        assert out.stderr.strip().count("\n") == 0, out.stderr[-2000:]

@@ -1,0 +1,102 @@
+"""Serve a reward recipe: rewards relative to a group for rollouts any trainer sends (`POST /v1/rewards`).
+
+    python -m rrc_jax.service --config=scr.py [--anchors=FILE.json --host=127.0.0.1 --port=8100
+                                               --cohort_timeout_s=600 --max_rollouts=4096 --config.FIELD=VALUE]
+
+The recipe is a trainer config: its `reward.kind` (one that rewards another trainer's groups, `group_kinds()`:
+scr, agr, prc, the tournaments), that kind's settings (`reward.<kind>`), the judge's (`reward.judge`: votes, swap,
+template, temperature, max_new_tokens, max_batch) and the GRM (`models.grm`: a checkpoint directory, or the toy
+world's). AGR's anchors (PRC's reference) come from `--anchors`, a JSON object mapping each prompt to its list of
+anchors (to its reference response). What a request holds and how cohorts fill, expire and are judged:
+`rrc_jax.service.app`. One process serves; needs the serve extra. Stops on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+from absl import flags
+
+from rrc_jax import cli
+from rrc_jax.errors import ConfigError
+from rrc_jax.integrations import judge_for
+from rrc_jax.integrations.groups import GroupRewards
+from rrc_jax.progress import say
+from rrc_jax.rl.roles import Roles
+from rrc_jax.service.rewards import cohort_rewards
+
+CONFIG = cli.config_flag("scr.py, agr.py", "Reward recipe (a trainer config)")
+_ANCHORS = flags.DEFINE_string("anchors", "", "JSON file: prompt -> its anchors (AGR) or its reference (PRC).")
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
+_PORT = flags.DEFINE_integer("port", 8100, "Port to listen on.")
+_TIMEOUT = flags.DEFINE_float("cohort_timeout_s", 600.0, "Seconds a cohort may stay incomplete after its first "
+                              "rollout; then it is judged as it is (two rollouts or more) or failed.")
+_MAX_ROLLOUTS = flags.DEFINE_integer("max_rollouts", 4096, "Most rollouts of one request.")
+
+
+def read_columns(path: str, kind: str, columns: tuple[str, ...]) -> dict:
+    """`cohort_rewards`' keyword arguments from the `--anchors` file, for a kind reading `columns`."""
+    if not columns:
+        if path:
+            raise cli.flag_error("anchors", f"reward.kind={kind} reads no anchors or references; drop the flag")
+        return {}
+    if not path:
+        raise cli.flag_error("anchors", f"reward.kind={kind} needs each prompt's {' and '.join(columns)}: a JSON "
+                             "file mapping each prompt to them")
+    try:
+        table = json.loads(Path(path).expanduser().read_text())
+    except (OSError, ValueError) as e:
+        raise cli.flag_error("anchors", str(e)) from None
+    if not isinstance(table, dict):
+        raise cli.flag_error("anchors", f"a JSON object mapping prompts, not a {type(table).__name__}")
+    if "anchors" in columns:
+        bad = next((p for p, a in table.items() if not (isinstance(a, list) and a and
+                                                        all(isinstance(x, str) for x in a))), None)
+        if bad is not None:
+            raise cli.flag_error("anchors", f"prompt {bad[:60]!r} maps to {table[bad]!r}, not a list of texts")
+        return {"anchors": table}
+    bad = next((p for p, r in table.items() if not (isinstance(r, str) and r)), None)
+    if bad is not None:
+        raise cli.flag_error("anchors", f"prompt {bad[:60]!r} maps to {table[bad]!r}, not a reference text")
+    return {"references": table}
+
+
+def serve(s) -> None:
+    """Check the flags, take the port, load the judge and serve the recipe until interrupted."""
+    cli.check_at_least(1, "max_rollouts")
+    if not (math.isfinite(_TIMEOUT.value) and _TIMEOUT.value > 0):
+        raise cli.flag_error("cohort_timeout_s", "must be a finite number > 0")
+    if not 1 <= _PORT.value <= 65535:
+        raise cli.flag_error("port", "must be in 1-65535")
+    from rrc_jax.inference.server import bind, uvicorn_server  # the serve extra (starlette, uvicorn)
+    from rrc_jax.service.app import make_app  # the serve extra (starlette)
+
+    kind, j = s.reward_kind, s.judge
+    settings = s.constructions.get(kind)
+    columns = read_columns(_ANCHORS.value, kind, tuple(s.reward.columns))
+    try:
+        sock = bind(_HOST.value, _PORT.value)
+    except OSError as e:
+        raise ConfigError(f"--host={_HOST.value} --port={_PORT.value}: cannot listen there ({e.strerror or e}); "
+                          "choose a free port, or stop what holds it") from None
+    with sock:
+        grm = Roles.of_run(s).path("grm")
+        judge = judge_for(str(grm), template=j.template, max_new_tokens=j.max_new_tokens,
+                          temperature=j.temperature, seed=s.seed, max_batch=j.max_batch)
+        rewards = GroupRewards(judge, kind, group_size=s.rollout.group_size, votes=j.votes, swap=j.swap,
+                               seed=s.seed, **(dataclasses.asdict(settings) if settings is not None else {}))
+        app = make_app(cohort_rewards(rewards, **columns), timeout_s=_TIMEOUT.value, max_rollouts=_MAX_ROLLOUTS.value)
+        say(f"serving {kind} rewards judged by {grm} on http://{_HOST.value}:{_PORT.value}/v1/rewards")
+        uvicorn_server(app).run(sockets=[sock])
+
+
+def main(argv: list[str]) -> None:
+    settings = cli.settings_value(CONFIG, argv, "scr.py")
+    cli.exit_on_user_error(serve, settings, also=(ValueError,))
+
+
+if __name__ == "__main__":
+    cli.start(main)
