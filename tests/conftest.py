@@ -86,13 +86,14 @@ def cpu_devices_env(n: int = 8) -> dict:
             "JAX_PLATFORMS": "cpu"}
 
 
-def post_json(url: str, body) -> tuple[int, dict]:
-    """(status, JSON answer) of a POST of `body` as JSON to `url`, an HTTP error's included."""
+def post_json(url: str, body, headers: dict | None = None) -> tuple[int, dict]:
+    """(status, JSON answer) of a POST of `body` as JSON to `url` (with `headers`), an HTTP error's included."""
     import json
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, json.loads(response.read())

@@ -115,6 +115,30 @@ def test_a_bad_request_is_a_4xx_naming_the_field_and_counts_nothing(body, status
     assert stats["rollouts"] == 0 and stats["bad_requests"] == 1 and stats["open"] == 0
 
 
+def test_a_key_a_body_limit_and_a_clients_share_guard_the_service():
+    """With an API key a request without its bearer token is a 401; a body over the limit a 413; a client with
+    `max_client_requests` in flight (one waiting for its cohort) gets a 429 for the next; none is counted."""
+    app = make_app(rank_judge([]), api_key="sesame", max_body_bytes=2000, max_client_requests=1, poll_s=0.05)
+    one = {"rollouts": [rollout(0, 0, 2)]}
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    with serving(app) as url:
+        assert post(url, one)[0] == 401
+        assert post_json(url + "/v1/rewards", one, headers={"Authorization": "Bearer wrong"})[0] == 401
+        big = {"rollouts": [rollout(0, k, 2, completion="x" * 1000) for k in range(2)]}
+        status, answer = post_json(url + "/v1/rewards", big, headers={"Authorization": "Bearer sesame"})
+        assert status == 413 and "exceed the service's 2000" in answer["error"]["message"]
+        waiting = pool.submit(post_json, url + "/v1/rewards", one, headers={"Authorization": "Bearer sesame"})
+        while app.state.service.cohorts.stats.rollouts == 0:  # the first is in flight, waiting for its cohort
+            time.sleep(0.01)
+        status, answer = post_json(url + "/v1/rewards", {"rollouts": [rollout(0, 1, 2)]},
+                                   headers={"Authorization": "Bearer sesame"})
+        assert status == 429 and "max_client_requests=1" in answer["error"]["message"], answer
+        assert not waiting.done()
+        stats = app.state.service.health()
+    pool.shutdown(wait=True)  # the waiting request ends with the server
+    assert stats["bad_requests"] == 4 and stats["rollouts"] == 1
+
+
 def test_a_cohort_that_never_completes_is_judged_as_it_is_or_fails_naming_its_group():
     """After `timeout_s`: a cohort of 2 of its 4 rollouts is judged as it is; one of a single rollout is answered
     with an error naming its group; a judge that raises answers its cohorts' rollouts with its error."""
@@ -176,7 +200,8 @@ def test_the_service_command_serves_a_recipe_on_the_toy_world(toy_cache, tmp_pat
     bad = tmp_path / "anchors.json"
     bad.write_text(json.dumps({prompt: "not a list"}))
     cases = [((), "error: --anchors=: reward.kind=agr needs each prompt's anchors"),
-             ((f"--anchors={bad}",), f"error: --anchors={bad}: prompt ")]
+             ((f"--anchors={bad}",), f"error: --anchors={bad}: prompt "),
+             (("--host=0.0.0.0",), "error: --host=0.0.0.0: listening beyond the loopback needs --api_key")]
     for extra, message in cases:
         out = subprocess.run(command("agr.py", *extra), capture_output=True, text=True, timeout=120)
         assert out.returncode != 0 and out.stderr.strip().startswith(message), out.stderr[-2000:]

@@ -1,7 +1,8 @@
 """Serve a reward recipe: rewards relative to a group for rollouts any trainer sends (`POST /v1/rewards`).
 
     python -m rrc_jax.service --config=scr.py [--anchors=FILE.json --host=127.0.0.1 --port=8100
-                                               --cohort_timeout_s=600 --max_rollouts=4096 --config.FIELD=VALUE]
+                                               --cohort_timeout_s=600 --max_rollouts=4096 --api_key=TOKEN
+                                               --max_body_mb=64 --max_client_requests=8192 --config.FIELD=VALUE]
 
 The recipe is a trainer config: its `reward.kind` (one that rewards another trainer's groups, `group_kinds()`:
 scr, agr, prc, the tournaments), that kind's settings (`reward.<kind>`), the judge's (`reward.judge`: votes, swap,
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 from absl import flags
@@ -35,6 +37,11 @@ _PORT = flags.DEFINE_integer("port", 8100, "Port to listen on.")
 _TIMEOUT = flags.DEFINE_float("cohort_timeout_s", 600.0, "Seconds a cohort may stay incomplete after its first "
                               "rollout; then it is judged as it is (two rollouts or more) or failed.")
 _MAX_ROLLOUTS = flags.DEFINE_integer("max_rollouts", 4096, "Most rollouts of one request.")
+_API_KEY = flags.DEFINE_string("api_key", "", "Bearer token every request must carry (required to listen beyond "
+                               "the loopback); default: $RRC_API_KEY.")
+_MAX_BODY = flags.DEFINE_integer("max_body_mb", 64, "Largest request body, in MiB.")
+_MAX_CLIENT = flags.DEFINE_integer("max_client_requests", 8192, "Most requests in flight from one client address.")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def read_columns(path: str, kind: str, columns: tuple[str, ...]) -> dict:
@@ -66,7 +73,11 @@ def read_columns(path: str, kind: str, columns: tuple[str, ...]) -> dict:
 
 def serve(s) -> None:
     """Check the flags, take the port, load the judge and serve the recipe until interrupted."""
-    cli.check_at_least(1, "max_rollouts")
+    cli.check_at_least(1, "max_rollouts", "max_body_mb", "max_client_requests")
+    api_key = _API_KEY.value or os.environ.get("RRC_API_KEY", "")
+    if _HOST.value not in LOOPBACK and not api_key:
+        raise cli.flag_error("host", "listening beyond the loopback needs --api_key (or $RRC_API_KEY): a bearer "
+                             "token every request carries")
     if not (math.isfinite(_TIMEOUT.value) and _TIMEOUT.value > 0):
         raise cli.flag_error("cohort_timeout_s", "must be a finite number > 0")
     if not 1 <= _PORT.value <= 65535:
@@ -88,7 +99,9 @@ def serve(s) -> None:
                           temperature=j.temperature, seed=s.seed, max_batch=j.max_batch)
         rewards = GroupRewards(judge, kind, group_size=s.rollout.group_size, votes=j.votes, swap=j.swap,
                                seed=s.seed, **(dataclasses.asdict(settings) if settings is not None else {}))
-        app = make_app(cohort_rewards(rewards, **columns), timeout_s=_TIMEOUT.value, max_rollouts=_MAX_ROLLOUTS.value)
+        app = make_app(cohort_rewards(rewards, **columns), timeout_s=_TIMEOUT.value, max_rollouts=_MAX_ROLLOUTS.value,
+                       api_key=api_key, max_body_bytes=_MAX_BODY.value << 20,
+                       max_client_requests=_MAX_CLIENT.value)
         say(f"serving {kind} rewards judged by {grm} on http://{_HOST.value}:{_PORT.value}/v1/rewards")
         uvicorn_server(app).run(sockets=[sock])
 

@@ -7,7 +7,8 @@ The request: `{"rollouts": [{"prompt", "completion", "group_size", "group", "req
 `{"rewards": [...], "cohorts": [...]}` in the request's order (the cohort each rollout was counted in), and
 `"errors"` beside them (null where rewarded) when a cohort failed. A field missing, of the wrong type or unknown is
 a 400 naming it (`rollouts[3].group_size`), a rollout its cohort refuses a 409, and nothing of such a request is
-counted.
+counted. With an API key a request without its bearer token is a 401; a body too large a 413; a client with too
+many requests in flight a 429 (`make_app`).
 
 Judging: `reward_cohorts(cohorts)` (blocking: a judge model) runs on one worker thread; the cohorts completed while
 it runs are handed to its next call together, so that concurrent cohorts share the judge's calls. A cohort open
@@ -23,9 +24,12 @@ Shapes: R rollouts a request, G a group's size.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import hmac
+import json
 from collections.abc import Callable, Sequence
 
 from rrc_jax.service.cohorts import Answer, Cohort, CohortError, Cohorts, Rollout
@@ -197,19 +201,51 @@ def _error(message: str, status: int) -> JSONResponse:
 
 
 def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rollouts: int = 4096,
-             poll_s: float = 0.5) -> Starlette:
+             poll_s: float = 0.5, api_key: str = "", max_body_bytes: int = 64 << 20,
+             max_client_requests: int = 8192) -> Starlette:
     """The ASGI app of a `RewardService` over `reward_cohorts`: `POST /v1/rewards`, `GET /health`.
-    `app.state.service` is the service."""
+    `app.state.service` is the service.
+
+    With `api_key`, every request carries `Authorization: Bearer <api_key>` (else 401). A body over
+    `max_body_bytes` is a 413; a client (by address) with `max_client_requests` requests in flight gets a 429 for
+    the next (a trainer sends each rollout of a step at once: the limit bounds one client's share, not a step)."""
     service = RewardService(reward_cohorts, timeout_s=timeout_s, poll_s=poll_s)
+    in_flight: collections.Counter[str] = collections.Counter()
+
+    def refusal(request: Request) -> BadRequest | None:
+        """The 4xx a request gets before its body is read, or None."""
+        if api_key and not hmac.compare_digest(request.headers.get("authorization", ""), f"Bearer {api_key}"):
+            return BadRequest("Authorization: a bearer token is required (the service's --api_key)", 401)
+        size = request.headers.get("content-length", "")
+        if size.isdigit() and int(size) > max_body_bytes:
+            return BadRequest(f"the body's {int(size)} bytes exceed the service's {max_body_bytes} (--max_body_bytes)"
+                              ": send fewer rollouts a request", 413)
+        client = request.client.host if request.client else ""
+        if in_flight[client] >= max_client_requests:
+            return BadRequest(f"{in_flight[client]} requests of this client are in flight, the service's most "
+                              f"(--max_client_requests={max_client_requests}); wait for their answers", 429)
+        return None
 
     async def rewards(request: Request) -> Response:
+        client = request.client.host if request.client else ""
         try:
+            refused = refusal(request)
+            if refused is not None:
+                raise refused
+            in_flight[client] += 1
             try:
-                body = await request.json()
-            except ValueError:
-                raise BadRequest("the body is not JSON") from None
-            rollouts = parse_rollouts(body, max_rollouts)
-            answers, cohorts = await service.reward(rollouts)
+                body = await request.body()
+                if len(body) > max_body_bytes:
+                    raise BadRequest(f"the body's {len(body)} bytes exceed the service's {max_body_bytes} "
+                                     "(--max_body_bytes): send fewer rollouts a request", 413)
+                try:
+                    parsed = json.loads(body)
+                except ValueError:
+                    raise BadRequest("the body is not JSON") from None
+                rollouts = parse_rollouts(parsed, max_rollouts)
+                answers, cohorts = await service.reward(rollouts)
+            finally:
+                in_flight[client] -= 1
         except (BadRequest, CohortError) as e:
             service.stats.bad_requests += 1
             return _error(str(e), getattr(e, "status", 409))
