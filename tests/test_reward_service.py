@@ -6,6 +6,7 @@ a cohort that never completes is judged as it is (two rollouts or more) or faile
 import concurrent.futures
 import json
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from conftest import post_json
 
 from rrc_jax.data.toy.task import SortTask
 from rrc_jax.inference.server import serving
-from rrc_jax.service.app import make_app
+from rrc_jax.service.app import make_app, service_server
 from rrc_jax.service.cohorts import Answer
 
 
@@ -139,6 +140,27 @@ def test_a_key_a_body_limit_and_a_clients_share_guard_the_service():
     assert stats["bad_requests"] == 4 and stats["rollouts"] == 1
 
 
+def test_sigterm_drains_the_cohorts_in_flight():
+    """SIGTERM (the server's `handle_exit`) with 3 of a group's 4 rollouts and 1 of another's waiting: the first
+    cohort is judged as a group of 3 and the single rollout answered with an error; every request taken gets its
+    answer, then the server stops."""
+    calls = []
+    app = make_app(rank_judge(calls), poll_s=0.05)
+    server = service_server(app)
+    with serving(app, server=server) as url:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            waiting = [pool.submit(post, url, {"rollouts": [r]})
+                       for r in [rollout(0, k, 4) for k in range(3)] + [rollout(1, 0, 4)]]
+            while app.state.service.cohorts.stats.rollouts < 4:
+                time.sleep(0.01)
+            server.handle_exit(signal.SIGTERM, None)
+            answers = [w.result(timeout=60) for w in waiting]
+    assert [status for status, _ in answers] == [200] * 4, answers
+    assert sorted(a["rewards"][0] for _, a in answers[:3]) == [0.0, 1.0, 2.0] and calls == [[("g0", 3)]]
+    assert answers[3][1]["errors"][0].startswith("group 'g1': 1 of its 4 rollouts had arrived when the service "
+                                                 "stopped")
+
+
 def test_a_cohort_that_never_completes_is_judged_as_it_is_or_fails_naming_its_group():
     """After `timeout_s`: a cohort of 2 of its 4 rollouts is judged as it is; one of a single rollout is answered
     with an error naming its group; a judge that raises answers its cohorts' rollouts with its error."""
@@ -149,7 +171,7 @@ def test_a_cohort_that_never_completes_is_judged_as_it_is_or_fails_naming_its_gr
         stats = health(url)
     assert status == 200 and sorted(two["rewards"]) == [0.0, 1.0] and calls == [[("g0", 2)]]
     assert status_one == 200 and one["rewards"] == [None]
-    assert one["errors"][0].startswith("group 'g1': 1 of its 4 rollouts arrived within 0.5 s")
+    assert one["errors"][0].startswith("group 'g1': 1 of its 4 rollouts had arrived when 0.5 s passed")
     assert stats["expired"] == 2 and stats["failed"] == 1 and stats["judged"] == 1
 
     def broken(cohorts):

@@ -499,12 +499,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 @contextlib.contextmanager
-def serving(app, *, host: str = "127.0.0.1", port: int = 0, limit_max_requests: int | None = None
-            ) -> Iterator[str]:
+def serving(app, *, host: str = "127.0.0.1", port: int = 0, limit_max_requests: int | None = None,
+            server=None) -> Iterator[str]:
     """Serve `app` on `host:port` (0: a free port) in a background thread for the `with` block; yields the base URL
-    (`http://host:port`). The server stops at the block's end, or after `limit_max_requests` requests."""
+    (`http://host:port`). The server (`server`, default `uvicorn_server(app)`) stops at the block's end, or after
+    `limit_max_requests` requests."""
     sock = bind(host, port)
-    server = uvicorn_server(app, limit_max_requests=limit_max_requests)
+    server = server or uvicorn_server(app, limit_max_requests=limit_max_requests)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="uvicorn")
     thread.start()
     try:

@@ -9,7 +9,8 @@ scr, agr, prc, the tournaments), that kind's settings (`reward.<kind>`), the jud
 template, temperature, max_new_tokens, max_batch) and the GRM (`models.grm`: a checkpoint directory, or the toy
 world's). AGR's anchors (PRC's reference) come from `--anchors`, a JSON object mapping each prompt to its list of
 anchors (to its reference response). What a request holds and how cohorts fill, expire and are judged:
-`rrc_jax.service.app`. One process serves; needs the serve extra. Stops on Ctrl-C.
+`rrc_jax.service.app`. One process serves; needs the serve extra. SIGTERM or Ctrl-C drains it: every open cohort
+is judged as it is (or failed, a single rollout) and every request taken answered before it stops.
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def serve(s) -> None:
         raise cli.flag_error("cohort_timeout_s", "must be a finite number > 0")
     if not 1 <= _PORT.value <= 65535:
         raise cli.flag_error("port", "must be in 1-65535")
-    from rrc_jax.inference.server import bind, uvicorn_server  # the serve extra (starlette, uvicorn)
-    from rrc_jax.service.app import make_app  # the serve extra (starlette)
+    from rrc_jax.inference.server import bind  # the serve extra (starlette, uvicorn)
+    from rrc_jax.service.app import make_app, service_server  # the serve extra (starlette)
 
     kind, j = s.reward_kind, s.judge
     settings = s.constructions.get(kind)
@@ -103,7 +104,7 @@ def serve(s) -> None:
                        api_key=api_key, max_body_bytes=_MAX_BODY.value << 20,
                        max_client_requests=_MAX_CLIENT.value)
         say(f"serving {kind} rewards judged by {grm} on http://{_HOST.value}:{_PORT.value}/v1/rewards")
-        uvicorn_server(app).run(sockets=[sock])
+        service_server(app).run(sockets=[sock])  # SIGTERM: drains, answers every request taken, stops
 
 
 def main(argv: list[str]) -> None:

@@ -111,7 +111,9 @@ class RewardService:
         self._futures: dict[int, asyncio.Future] = {}  # cohort serial -> its answers
         self._ready: list[Cohort] = []
         self._judging = 0
+        self.draining = False
         self._wake: asyncio.Event | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="judge")
 
@@ -122,13 +124,22 @@ class RewardService:
 
     def _start(self) -> None:
         if self._task is None:
-            self._wake = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._loop())
+            self._wake, self._event_loop = asyncio.Event(), asyncio.get_running_loop()
+            self._task = self._event_loop.create_task(self._loop())
+
+    def drain(self) -> None:
+        """Stop taking rollouts (a request is then a 503) and close every open cohort now: judged as it is from two
+        rollouts, else failed; so every request taken is answered. Safe from any thread (a signal handler)."""
+        self.draining = True
+        if self._task is not None:
+            self._event_loop.call_soon_threadsafe(self._wake.set)
 
     async def reward(self, rollouts: Sequence[Rollout]) -> tuple[list[Answer], list[int]]:
         """Count `rollouts` and wait for their answers; returns them and each one's cohort serial. A
         `CohortError` when the cohorts refuse one (nothing of the request counted)."""
         self._start()
+        if self.draining:
+            raise BadRequest("the service is stopping: send the rollouts to another", 503)
         for k, r in enumerate(rollouts):  # refuse before counting anything
             self.cohorts.check(r, rollouts[:k])
         places = []
@@ -152,12 +163,13 @@ class RewardService:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_s)
             self._wake.clear()
-            for late in self.cohorts.expire():
+            for late in self.cohorts.expire(every=self.draining):
                 if len(late.rollouts) >= 2:
                     self._ready.append(late)
                 else:
-                    error = (f"group {late.key!r}: {len(late.rollouts)} of its {late.size} rollouts arrived within "
-                             f"{self.cohorts.timeout_s:g} s; a group needs at least 2 to be judged")
+                    why = "the service stopped" if self.draining else f"{self.cohorts.timeout_s:g} s passed"
+                    error = (f"group {late.key!r}: {len(late.rollouts)} of its {late.size} rollouts had arrived when "
+                             f"{why}; a group needs at least 2 to be judged")
                     self._settle(late, [Answer(error=error)] * len(late.rollouts))
                     self.stats.failed += len(late.rollouts)
             if not self._ready:
@@ -269,3 +281,16 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
                     lifespan=lifespan)
     app.state.service = service
     return app
+
+
+def service_server(app: Starlette):
+    """The uvicorn server of a reward service's `app` that drains it on SIGTERM or Ctrl-C (`RewardService.drain`)
+    and then waits for every request taken to be answered before it stops."""
+    import uvicorn  # the serve extra
+
+    class Draining(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            app.state.service.drain()
+            super().handle_exit(sig, frame)
+
+    return Draining(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=None))

@@ -166,11 +166,11 @@ class Cohorts:
                               f"{seen[1].key!r}): a retry repeats its request unchanged")
         return seen[0]
 
-    def expire(self) -> list[Cohort]:
-        """The open cohorts whose first rollout came `timeout_s` or more ago, closed (now unsettled: the caller
-        judges or fails them)."""
+    def expire(self, *, every: bool = False) -> list[Cohort]:
+        """The open cohorts whose first rollout came `timeout_s` or more ago (with `every`, all of them: a service
+        draining), closed (now unsettled: the caller judges or fails them)."""
         now = self.clock()
-        late = [c for c in self._open.values() if now - c.opened >= self.timeout_s]
+        late = [c for c in self._open.values() if every or now - c.opened >= self.timeout_s]
         for c in late:
             del self._open[c.key]
         self.stats.expired += len(late)
