@@ -116,6 +116,31 @@ def test_a_bad_request_is_a_4xx_naming_the_field_and_counts_nothing(body, status
     assert stats["rollouts"] == 0 and stats["bad_requests"] == 1 and stats["open"] == 0
 
 
+def test_openrlhf_and_slime_requests_get_their_groups_rewards():
+    """OpenRLHF's request (`{"query": [prompt + response], "prompts": [prompt], "labels": [label]}`, one rollout a
+    request, and the empty lists its second URL gets) and slime's (`{"prompt", "response", "label"}`, answered with
+    a bare number), all of a group in flight at once: each reward is its cohort's rank; a service without a group
+    size refuses them naming the setting."""
+    prompt = "<|im_start|>user\nSort 3142<|im_end|>\n<|im_start|>assistant\n"
+    texts = ["1234<|im_end|>", "4321<|im_end|>", "1243<|im_end|>", "2134<|im_end|>"]
+    want = [float(sorted(texts).index(x)) for x in texts]
+    with serving(make_app(rank_judge([]), group_size=4, poll_s=0.05)) as url:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            openrlhf = list(pool.map(lambda x: post_json(url + "/openrlhf", {
+                "query": [prompt + x], "prompts": [prompt], "labels": ["1234"]}), texts))
+            slime = list(pool.map(lambda x: post_json(url + "/slime", {
+                "prompt": [{"role": "user", "content": "Sort 3142"}], "response": x, "label": None}), texts))
+        empty = post_json(url + "/openrlhf", {"query": [], "prompts": [], "labels": []})
+        bad = post_json(url + "/openrlhf", {"query": ["elsewhere"], "prompts": [prompt], "labels": [""]})
+    assert [a for _, a in openrlhf] == [{"rewards": [w], "scores": [w], "extra_logs": {}} for w in want]
+    assert [a for _, a in slime] == want and all(s == 200 for s, _ in openrlhf + slime)
+    assert empty == (200, {"rewards": [], "scores": [], "extra_logs": {}})
+    assert bad[0] == 400 and bad[1]["error"]["message"].startswith("query[0]: does not start with prompts[0]")
+    with serving(make_app(rank_judge([]))) as url:
+        status, answer = post_json(url + "/slime", {"prompt": "p", "response": "r", "label": None})
+    assert status == 400 and "--config.rl.group_size" in answer["error"]["message"]
+
+
 def test_a_key_a_body_limit_and_a_clients_share_guard_the_service():
     """With an API key a request without its bearer token is a 401; a body over the limit a 413; a client with
     `max_client_requests` in flight (one waiting for its cohort) gets a 429 for the next; none is counted."""

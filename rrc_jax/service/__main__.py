@@ -9,8 +9,10 @@ scr, agr, prc, the tournaments), that kind's settings (`reward.<kind>`), the jud
 template, temperature, max_new_tokens, max_batch) and the GRM (`models.grm`: a checkpoint directory, or the toy
 world's). AGR's anchors (PRC's reference) come from `--anchors`, a JSON object mapping each prompt to its list of
 anchors (to its reference response). What a request holds and how cohorts fill, expire and are judged:
-`rrc_jax.service.app`. One process serves; needs the serve extra. SIGTERM or Ctrl-C drains it: every open cohort
-is judged as it is (or failed, a single rollout) and every request taken answered before it stops.
+`rrc_jax.service.app`; OpenRLHF's and slime's requests (`POST /openrlhf`, `/slime`) carry no group size: theirs
+is `rl.group_size` (set it to the trainer's samples per prompt). One process serves; needs the serve extra.
+SIGTERM or Ctrl-C drains it: every open cohort is judged as it is (or failed, a single rollout) and every request
+taken answered before it stops.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def serve(s) -> None:
                                seed=s.seed, **(dataclasses.asdict(settings) if settings is not None else {}))
         app = make_app(cohort_rewards(rewards, **columns), timeout_s=_TIMEOUT.value, max_rollouts=_MAX_ROLLOUTS.value,
                        api_key=api_key, max_body_bytes=_MAX_BODY.value << 20,
-                       max_client_requests=_MAX_CLIENT.value)
+                       max_client_requests=_MAX_CLIENT.value, group_size=s.rollout.group_size)
         say(f"serving {kind} rewards judged by {grm} on http://{_HOST.value}:{_PORT.value}/v1/rewards")
         service_server(app).run(sockets=[sock])  # SIGTERM: drains, answers every request taken, stops
 

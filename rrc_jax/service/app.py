@@ -33,6 +33,7 @@ import json
 from collections.abc import Callable, Sequence
 
 from rrc_jax.service.cohorts import Answer, Cohort, CohortError, Cohorts, Rollout
+from rrc_jax.service.protocols import PROTOCOLS, BadRequest
 
 try:
     from starlette.applications import Starlette
@@ -47,14 +48,6 @@ RewardCohorts = Callable[[list[Cohort]], Sequence[Sequence[Answer]]]
 
 FIELDS = {"prompt": str, "completion": str, "group_size": int, "group": str, "request_id": str}
 REQUIRED = ("prompt", "completion", "group_size")
-
-
-class BadRequest(ValueError):
-    """A request the service refuses; `status` is its HTTP status (400: a field, 409: a cohort's refusal)."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
 
 
 def parse_rollouts(body, max_rollouts: int) -> list[Rollout]:
@@ -214,9 +207,10 @@ def _error(message: str, status: int) -> JSONResponse:
 
 def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rollouts: int = 4096,
              poll_s: float = 0.5, api_key: str = "", max_body_bytes: int = 64 << 20,
-             max_client_requests: int = 8192) -> Starlette:
-    """The ASGI app of a `RewardService` over `reward_cohorts`: `POST /v1/rewards`, `GET /health`.
-    `app.state.service` is the service.
+             max_client_requests: int = 8192, group_size: int = 0) -> Starlette:
+    """The ASGI app of a `RewardService` over `reward_cohorts`: `POST /v1/rewards`, the peers' endpoints
+    (`POST /openrlhf`, `POST /slime`: `rrc_jax.service.protocols`, their groups of `group_size`) and
+    `GET /health`. `app.state.service` is the service.
 
     With `api_key`, every request carries `Authorization: Bearer <api_key>` (else 401). A body over
     `max_body_bytes` is a 413; a client (by address) with `max_client_requests` requests in flight gets a 429 for
@@ -238,7 +232,8 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
                               f"(--max_client_requests={max_client_requests}); wait for their answers", 429)
         return None
 
-    async def rewards(request: Request) -> Response:
+    async def judged(request: Request, parse) -> tuple[list[Answer], list[int]] | JSONResponse:
+        """The answers of a request's rollouts (`parse(body)`), or the refusal's response."""
         client = request.client.host if request.client else ""
         try:
             refused = refusal(request)
@@ -254,8 +249,7 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
                     parsed = json.loads(body)
                 except ValueError:
                     raise BadRequest("the body is not JSON") from None
-                rollouts = parse_rollouts(parsed, max_rollouts)
-                answers, cohorts = await service.reward(rollouts)
+                return await service.reward(parse(parsed))
             finally:
                 in_flight[client] -= 1
         except (BadRequest, CohortError) as e:
@@ -263,11 +257,34 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
             return _error(str(e), getattr(e, "status", 409))
         except ClientDisconnect:
             return Response(status_code=400)
+
+    async def rewards(request: Request) -> Response:
+        out = await judged(request, lambda body: parse_rollouts(body, max_rollouts))
+        if isinstance(out, Response):
+            return out
+        answers, cohorts = out
         service.stats.requests += 1
-        out = {"rewards": [a.reward for a in answers], "cohorts": cohorts}
+        body = {"rewards": [a.reward for a in answers], "cohorts": cohorts}
         if any(a.error for a in answers):
-            out["errors"] = [a.error or None for a in answers]
-        return JSONResponse(out)
+            body["errors"] = [a.error or None for a in answers]
+        return JSONResponse(body)
+
+    def peer(protocol):
+        async def endpoint(request: Request) -> Response:
+            if group_size < 2:
+                service.stats.bad_requests += 1
+                return _error(f"this service has no group size for {request.url.path[1:]}'s rollouts (they carry "
+                              "none): start it with the trainer's samples per prompt, --config.rl.group_size", 400)
+            out = await judged(request, lambda body: protocol.parse(body, group_size))
+            if isinstance(out, Response):
+                return out
+            answers, _ = out
+            errors = [a.error for a in answers if a.error]
+            if errors:  # the peers read numbers only
+                return JSONResponse({"error": {"message": errors[0], "type": "server_error"}}, 500)
+            service.stats.requests += 1
+            return JSONResponse(protocol.answer([a.reward for a in answers]))
+        return endpoint
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse(service.health())
@@ -277,7 +294,8 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
         yield
         await service.close()
 
-    app = Starlette(routes=[Route("/v1/rewards", rewards, methods=["POST"]), Route("/health", health)],
+    peers = [Route(f"/{name}", peer(protocol), methods=["POST"]) for name, protocol in PROTOCOLS.items()]
+    app = Starlette(routes=[Route("/v1/rewards", rewards, methods=["POST"]), *peers, Route("/health", health)],
                     lifespan=lifespan)
     app.state.service = service
     return app
