@@ -14,7 +14,7 @@ from conftest import post_json
 from rrc_jax.config import validate
 from rrc_jax.data.toy.task import SortTask
 from rrc_jax.inference.server import serving
-from rrc_jax.integrations.groups import GroupRewards, Row, judge_whole, rows_of
+from rrc_jax.integrations.groups import Alone, GroupRewards, Row, judge_whole, rows_of
 from rrc_jax.service.app import make_app
 from rrc_jax.service.rewards import cohort_rewards
 from rrc_jax.rewards import agr_rewards, cara_rewards, scr_rewards
@@ -157,6 +157,28 @@ def test_the_reward_service_gives_the_in_process_rewards(toy_judge, kind):
             answers = dict(pool.map(lambda w: (w[0], post_json(url + "/v1/rewards", {"rollouts": [w[1]]})), work))
     assert all(status == 200 for status, _ in answers.values()), answers
     np.testing.assert_array_equal([answers[i][1]["rewards"][0] for i in range(len(rows))], want)
+
+
+def test_trl_and_tunix_rewards_pointed_at_the_service_equal_the_ones_with_the_judge(toy_judge):
+    """`TRLReward(url, group_size=G)` and `TunixReward(url)` (the reward service's recipe: SCR voting@2 with the toy
+    GRM) give what they give with the judge in this process (greedy); a served reward refuses settings of its
+    own."""
+    from rrc_jax.integrations.trl import TRLReward
+    from rrc_jax.integrations.tunix import TunixReward
+
+    judge, _ = toy_judge
+    prompts = [SortTask.prompt_text(d) for d in DIGITS for _ in range(G)]
+    completions = [c for r in RESPONSES for c in r]
+    local = TRLReward(judge, "scr", group_size=G, votes=2, comm=Alone())(prompts, completions)
+    app = make_app(cohort_rewards(GroupRewards(judge, "scr", group_size=G, votes=2)), poll_s=0.05)
+    with serving(app) as url:
+        served = TRLReward(url, group_size=G, comm=Alone())
+        assert served(prompts, completions) == local and served.__name__ == "rrc_served"
+        assert TunixReward(url)(prompts=prompts, completions=completions, num_generations=G) == local
+    assert TunixReward(judge, "scr", votes=2)(prompts=prompts, completions=completions, num_generations=G) == local
+    assert app.state.service.stats.judged == 2 * len(DIGITS) and app.state.service.stats.judge_calls == 2
+    with pytest.raises(ValueError, match="votes: a served reward's settings are its recipe's"):
+        TRLReward("http://127.0.0.1:1", group_size=G, votes=2)
 
 
 def test_trl_grpo_trains_two_steps_with_rrc_rewards(toy_judge, tmp_path, monkeypatch):

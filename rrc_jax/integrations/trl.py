@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 from rrc_jax.integrations.groups import Alone, Collective, GroupRewards, judge_whole, rows_of
 from rrc_jax.judge import Judge
+from rrc_jax.service.client import ServedRewards
 
 
 class AccelerateCollective:
@@ -41,13 +42,21 @@ class AccelerateCollective:
 
 class TRLReward:
     """A TRL reward function of RRC rewards (`groups.GroupRewards`; its arguments), named `rrc_<kind>` in TRL's
-    logs (`rewards/rrc_scr/mean`). `anchors_column` (AGR) and `reference_column` (PRC) name the dataset columns
-    that hold each prompt's anchors and reference response. `comm`: the processes (default: accelerate's when it
-    runs several, else this one alone)."""
+    logs (`rewards/rrc_scr/mean`). `judge` is the GRM, or the URL of a reward service (`python -m rrc_jax.service`:
+    its recipe is then the reward, `kind` and the settings are its own; `api_key` its token). `anchors_column` (AGR)
+    and `reference_column` (PRC) name the dataset columns that hold each prompt's anchors and reference response.
+    `comm`: the processes (default: accelerate's when it runs several, else this one alone)."""
 
-    def __init__(self, judge: Judge, kind: str = "scr", *, group_size: int, anchors_column: str = "anchors",
-                 reference_column: str = "reference", comm: Collective | None = None, **settings):
-        self.rewards = GroupRewards(judge, kind, group_size=group_size, **settings)
+    def __init__(self, judge: Judge | str, kind: str = "scr", *, group_size: int, anchors_column: str = "anchors",
+                 reference_column: str = "reference", comm: Collective | None = None, api_key: str = "",
+                 **settings):
+        if isinstance(judge, str):
+            if settings:
+                raise ValueError(f"{', '.join(settings)}: a served reward's settings are its recipe's (the service's "
+                                 "--config)")
+            self.rewards, kind = ServedRewards(judge, group_size=group_size, api_key=api_key), "served"
+        else:
+            self.rewards = GroupRewards(judge, kind, group_size=group_size, **settings)
         self.anchors_column, self.reference_column = anchors_column, reference_column
         self.comm = comm
         self.__name__ = f"rrc_{kind}"

@@ -21,19 +21,25 @@ import jax
 from rrc_jax.integrations.groups import GroupRewards, rows_of
 from rrc_jax.judge import Judge
 from rrc_jax.models.hf_io import decoder_config
+from rrc_jax.service.client import ServedRewards
 
 
 class TunixReward:
     """A tunix reward function of RRC rewards (`groups.GroupRewards`; its arguments except `group_size`, which
-    tunix passes as `num_generations`). `anchors_column` (AGR) and `reference_column` (PRC) name the batch's
-    columns that hold each prompt's anchors and reference response. `last_metrics`: the last call's `judge/*`."""
+    tunix passes as `num_generations`). `judge` is the GRM, or the URL of a reward service (`python -m
+    rrc_jax.service`: its recipe is the reward; `api_key` its token). `anchors_column` (AGR) and `reference_column`
+    (PRC) name the batch's columns that hold each prompt's anchors and reference response. `last_metrics`: the last
+    call's `judge/*`."""
 
-    def __init__(self, judge: Judge, kind: str = "scr", *, anchors_column: str = "anchors",
-                 reference_column: str = "reference", **settings):
-        self.judge, self.kind, self.settings = judge, kind, settings
+    def __init__(self, judge: Judge | str, kind: str = "scr", *, anchors_column: str = "anchors",
+                 reference_column: str = "reference", api_key: str = "", **settings):
+        if isinstance(judge, str) and settings:
+            raise ValueError(f"{', '.join(settings)}: a served reward's settings are its recipe's (the service's "
+                             "--config)")
+        self.judge, self.kind, self.settings, self.api_key = judge, kind, settings, api_key
         self.anchors_column, self.reference_column = anchors_column, reference_column
-        self.rewards: GroupRewards | None = None
-        self.__name__ = f"rrc_{kind}"
+        self.rewards: GroupRewards | ServedRewards | None = None
+        self.__name__ = "rrc_served" if isinstance(judge, str) else f"rrc_{kind}"
 
     @property
     def last_metrics(self) -> dict[str, float]:
@@ -46,7 +52,10 @@ class TunixReward:
             raise ValueError("TunixReward: num_generations is missing; tunix's GRPOLearner passes its GRPOConfig's "
                              "(call it as reward_fn(prompts=..., completions=..., num_generations=G))")
         if self.rewards is None or self.rewards.group_size != num_generations:
-            self.rewards = GroupRewards(self.judge, self.kind, group_size=int(num_generations), **self.settings)
+            g = int(num_generations)
+            self.rewards = (ServedRewards(self.judge, group_size=g, api_key=self.api_key)
+                            if isinstance(self.judge, str) else
+                            GroupRewards(self.judge, self.kind, group_size=g, **self.settings))
         rows = rows_of(list(prompts), list(completions),
                        columns.get(self.anchors_column) if "anchors" in self.rewards.columns else None,
                        columns.get(self.reference_column) if "reference" in self.rewards.columns else None)

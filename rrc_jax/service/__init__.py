@@ -1,2 +1,2 @@
-"""The reward service: the cohorts its requests fill (`cohorts`), its HTTP endpoint (`app`) and the judge of its
-cohorts (`rewards`)."""
+"""The reward service: the cohorts its requests fill (`cohorts`), its HTTP endpoint (`app`), the judge of its
+cohorts (`rewards`), the peers' requests (`protocols`) and a trainer's side of it (`client`)."""
