@@ -89,6 +89,9 @@ def test_a_batch_of_whole_groups_is_answered_in_order():
     assert answer["rewards"] == [want[r["request_id"]] for r in body["rollouts"]]
     assert len(set(answer["cohorts"])) == 2 and "errors" not in answer
     assert stats["rollouts"] == 6 and stats["retries"] == 6 and stats["judged"] == 2
+    with serving(make_app(rank_judge([]), poll_s=0.05)) as url:  # without request ids: each a new rollout
+        bare = [{k: v for k, v in r.items() if k != "request_id"} for r in body["rollouts"]]
+        assert post(url, {"rollouts": bare}) == (200, answer)
 
 
 @pytest.mark.parametrize("body, status, message", [

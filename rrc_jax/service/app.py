@@ -142,12 +142,12 @@ class RewardService:
             if whole is not None:
                 self._ready.append(whole)
                 self._wake.set()
-        answers = []
-        for r, place in zip(rollouts, places):
-            known = self.cohorts.answer(r.request_id) if r.request_id else None
-            if known is None:
-                known = (await asyncio.shield(self._future(place.cohort)))[place.index]
-            answers.append(known)
+        # each rollout's answer, or its cohort's future, taken before the first wait (a cohort settled meanwhile
+        # drops its future)
+        waits = [(self.cohorts.answer(r.request_id) if r.request_id else None) or self._future(place.cohort)
+                 for r, place in zip(rollouts, places)]
+        answers = [w if isinstance(w, Answer) else (await asyncio.shield(w))[place.index]
+                   for w, place in zip(waits, places)]
         return answers, [p.cohort for p in places]
 
     async def _loop(self) -> None:
