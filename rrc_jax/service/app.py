@@ -171,8 +171,9 @@ class RewardService:
             self._judging = len(batch)
             try:
                 answers = await asyncio.get_running_loop().run_in_executor(self._pool, self.reward_cohorts, batch)
-                if len(answers) != len(batch):
-                    raise RuntimeError(f"reward_cohorts answered {len(answers)} cohorts of {len(batch)}")
+                if len(answers) != len(batch) or any(len(a) != len(c.rollouts) for a, c in zip(answers, batch)):
+                    raise RuntimeError(f"reward_cohorts answered {[len(a) for a in answers]} rollouts for cohorts of "
+                                       f"{[len(c.rollouts) for c in batch]}")
             except Exception as e:  # the judge's failure: every rollout of the call is answered with it
                 answers = [[Answer(error=f"{type(e).__name__}: {e}")] * len(c.rollouts) for c in batch]
                 self.stats.failed += sum(len(c.rollouts) for c in batch)
