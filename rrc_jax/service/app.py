@@ -219,15 +219,14 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
     service = RewardService(reward_cohorts, timeout_s=timeout_s, poll_s=poll_s)
     in_flight: collections.Counter[str] = collections.Counter()
 
-    def refusal(request: Request) -> BadRequest | None:
-        """The 4xx a request gets before its body is read, or None."""
+    def refusal(request: Request, client: str) -> BadRequest | None:
+        """The 4xx a request from `client` gets before its body is read, or None."""
         if api_key and not hmac.compare_digest(request.headers.get("authorization", ""), f"Bearer {api_key}"):
             return BadRequest("Authorization: a bearer token is required (the service's --api_key)", 401)
         size = request.headers.get("content-length", "")
         if size.isdigit() and int(size) > max_body_bytes:
             return BadRequest(f"the body's {int(size)} bytes exceed the service's {max_body_bytes} (--max_body_bytes)"
                               ": send fewer rollouts a request", 413)
-        client = request.client.host if request.client else ""
         if in_flight[client] >= max_client_requests:
             return BadRequest(f"{in_flight[client]} requests of this client are in flight, the service's most "
                               f"(--max_client_requests={max_client_requests}); wait for their answers", 429)
@@ -237,7 +236,7 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
         """The answers of a request's rollouts (`parse(body)`), or the refusal's response."""
         client = request.client.host if request.client else ""
         try:
-            refused = refusal(request)
+            refused = refusal(request, client)
             if refused is not None:
                 raise refused
             in_flight[client] += 1

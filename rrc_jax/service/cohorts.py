@@ -92,8 +92,8 @@ class CohortStats:
 
 
 class Cohorts:
-    """The open cohorts (one per group at most), the cohorts handed out but not yet settled, and the answers of the
-    last `remember` request ids. `clock` is seconds (monotonic)."""
+    """The open cohorts (one per group at most), the places of request ids whose cohorts are not settled, and the
+    answers of the last `remember` request ids. `clock` is seconds (monotonic)."""
 
     def __init__(self, *, timeout_s: float, remember: int = 100_000, clock: Callable[[], float] = time.monotonic):
         if not timeout_s > 0:
@@ -101,22 +101,23 @@ class Cohorts:
         self.timeout_s, self.remember, self.clock = timeout_s, remember, clock
         self.stats = CohortStats()
         self._open: dict[str, Cohort] = {}
-        self._unsettled: dict[int, Cohort] = {}
         self._places: dict[str, tuple[Place, Rollout]] = {}  # request id -> its place, while its cohort is unsettled
         self._answers: collections.OrderedDict[str, tuple[Place, Rollout, Answer]] = collections.OrderedDict()
         self._serial = 0
 
-    def check(self, rollout: Rollout, earlier: Sequence[Rollout] = ()) -> None:
+    def check(self, rollout: Rollout, earlier: Sequence[Rollout] = ()) -> Place | None:
         """The `CohortError` `add` would raise for `rollout` after `earlier` (a request's rollouts before it, not
-        yet added), counting nothing but the refusal: a service refuses a whole request before counting any of it."""
+        yet added), counting nothing but the refusal: a service refuses a whole request before counting any of it.
+        Returns the first place of a retried request id, else None."""
         def refuse(message: str) -> CohortError:
             self.stats.refused += 1
             return CohortError(message)
 
         if not isinstance(rollout.group_size, int) or rollout.group_size < 1:
             raise refuse(f"group_size={rollout.group_size!r} of group {rollout.key!r} must be an integer >= 1")
-        if self._first(rollout) is not None:
-            return
+        first = self._first(rollout)
+        if first is not None:
+            return first
         if any(e.request_id == rollout.request_id and e != rollout for e in earlier if rollout.request_id):
             raise refuse(f"request_id {rollout.request_id!r} is given twice in one request with different rollouts")
         ref = next(((e.prompt, e.group_size) for e in earlier if e.key == rollout.key), None)
@@ -126,12 +127,12 @@ class Cohorts:
             field = "prompt" if ref[0] != rollout.prompt else "group_size"
             raise refuse(f"{field} of a rollout of group {rollout.key!r} differs from its cohort's (group_size "
                          f"{ref[1]}): every rollout of a group carries the same prompt and group_size")
+        return None
 
     def add(self, rollout: Rollout) -> tuple[Place, Cohort | None]:
         """Count `rollout`: its place, and the cohort it completed (now unsettled: the caller judges it) or None.
         A retried request id returns its first place (and None); `answer` then has its answer once settled."""
-        self.check(rollout)
-        first = self._first(rollout)
+        first = self.check(rollout)
         if first is not None:
             self.stats.retries += 1
             return first, None
@@ -139,7 +140,6 @@ class Cohorts:
         if cohort is None:
             cohort = self._open[rollout.key] = Cohort(self._serial, rollout.key, rollout.prompt, rollout.group_size,
                                                       self.clock())
-            self._unsettled[cohort.serial] = cohort
             self._serial += 1
         place = Place(cohort.serial, len(cohort.rollouts))
         cohort.rollouts.append(rollout)
@@ -176,10 +176,6 @@ class Cohorts:
         self.stats.expired += len(late)
         return late
 
-    def cohort(self, serial: int) -> Cohort | None:
-        """The unsettled cohort `serial` (open, or handed out and not yet settled), else None."""
-        return self._unsettled.get(serial)
-
     def settle(self, cohort: Cohort, answers: Sequence[Answer]) -> None:
         """Record a handed-out cohort's answers, one per rollout in order; its request ids' answers are kept (the
         last `remember`)."""
@@ -189,7 +185,6 @@ class Cohorts:
         if self._open.get(cohort.key) is cohort:
             raise ValueError(f"cohort {cohort.serial} (group {cohort.key!r}) is still open: settle the cohorts "
                              "`add` completed or `expire` closed")
-        self._unsettled.pop(cohort.serial, None)
         for k, (rollout, answer) in enumerate(zip(cohort.rollouts, answers)):
             if rollout.request_id:
                 self._places.pop(rollout.request_id, None)
