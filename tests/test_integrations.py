@@ -1,6 +1,6 @@
 """RRC rewards from other trainers (`rrc_jax.integrations`): a group split across processes is judged whole; each
 kind's rewards are what `rrc_jax.rewards` computes from the judge's own verdicts; TRL's GRPOTrainer trains two steps
-with the TRL reward function; the reward service gives the in-process rewards."""
+with the TRL reward function pointed at the reward service, which gives the in-process rewards."""
 
 import concurrent.futures
 import random
@@ -181,10 +181,11 @@ def test_trl_and_tunix_rewards_pointed_at_the_service_equal_the_ones_with_the_ju
         TRLReward("http://127.0.0.1:1", group_size=G, votes=2)
 
 
-def test_trl_grpo_trains_two_steps_with_rrc_rewards(toy_judge, tmp_path, monkeypatch):
-    """TRL's GRPOTrainer (CPU) trains the toy policy two steps with `TRLReward` (SCR, the toy GRM in this process;
-    `examples/trl_rewards.py`'s trainer): each call's rewards are `scr_rewards` of the vote counts read from the
-    judge's own trace, TRL logs their mean, and the policy's weights move."""
+def test_trl_grpo_trains_two_steps_with_rrc_rewards_from_the_service(toy_judge, tmp_path, monkeypatch):
+    """TRL's GRPOTrainer (CPU) trains the toy policy two steps (`examples/trl_rewards.py`'s trainer) with rewards
+    from the reward service (`TRLReward(url, group_size=G)`; the service's recipe: SCR voting@1 with the toy GRM):
+    each call's rewards equal the in-process `TRLReward`'s on the same completions, which are `scr_rewards` of the
+    vote counts read from the judge's own trace; TRL logs their mean, and the policy's weights move."""
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.setenv(name, "1")
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples"))
@@ -194,31 +195,37 @@ def test_trl_grpo_trains_two_steps_with_rrc_rewards(toy_judge, tmp_path, monkeyp
     from rrc_jax.integrations.trl import TRLReward
 
     judge, policy_dir = toy_judge
-    reward = TRLReward(judge, "scr", group_size=G, votes=1)
+    local = TRLReward(judge, "scr", group_size=G, votes=1)
+    app = make_app(cohort_rewards(GroupRewards(judge, "scr", group_size=G, votes=1)), poll_s=0.05)
     calls = []
+    with serving(app) as url:
+        served = TRLReward(url, group_size=G)
 
-    def recorded(prompts, completions, **kwargs):
-        judge.trace = []
-        out = reward(prompts, completions, **kwargs)
-        calls.append((list(prompts), list(completions), out, judge.trace, kwargs["trainer_state"].global_step))
-        judge.trace = None
-        return out
+        def recorded(prompts, completions, **kwargs):
+            out = served(prompts, completions, **kwargs)
+            judge.trace = []
+            want = local(prompts, completions)
+            calls.append((list(prompts), out, want, judge.trace, kwargs["trainer_state"].global_step))
+            judge.trace = None
+            return out
 
-    recorded.__name__ = reward.__name__
-    torch.manual_seed(0)
-    trainer = make_trainer(str(policy_dir), recorded, output_dir=str(tmp_path), group=G)
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    trainer.train()
+        recorded.__name__ = served.__name__
+        torch.manual_seed(0)
+        trainer = make_trainer(str(policy_dir), recorded, output_dir=str(tmp_path), group=G)
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.train()
 
-    assert [c[4] for c in calls] == [0, 1] and all(len(c[1]) == 2 * G for c in calls)
-    for prompts, _, out, trace, _ in calls:
+    assert [c[4] for c in calls] == [0, 1] and all(len(c[0]) == 2 * G for c in calls)
+    assert app.state.service.stats.judged == 2 * 2 and app.state.service.cohorts.stats.retries == 0
+    for prompts, out, want, trace, _ in calls:
+        assert out == want
         assert all(len(set(prompts[i:i + G])) == 1 for i in range(0, len(prompts), G))
         wins, losses = _counts(trace, len(prompts) // G, G)
         expected = np.asarray(scr_rewards(wins + np.swapaxes(losses, 1, 2), alpha=0.1, ties="zero")).reshape(-1)
         np.testing.assert_allclose(out, expected, atol=1e-6)
-    logged = [h["rewards/rrc_scr/mean"] for h in trainer.state.log_history if "rewards/rrc_scr/mean" in h]
-    np.testing.assert_allclose(logged, [np.mean(c[2]) for c in calls], atol=1e-5)
-    assert any(np.ptp(c[2]) > 0 for c in calls)  # the judge ranked something
+    logged = [h["rewards/rrc_served/mean"] for h in trainer.state.log_history if "rewards/rrc_served/mean" in h]
+    np.testing.assert_allclose(logged, [np.mean(c[1]) for c in calls], atol=1e-5)
+    assert any(np.ptp(c[1]) > 0 for c in calls)  # the judge ranked something
     moved = max(float((p.detach() - before[n]).abs().max()) for n, p in trainer.model.named_parameters())
     assert moved > 0
 

@@ -144,6 +144,83 @@ def test_openrlhf_and_slime_requests_get_their_groups_rewards():
     assert status == 400 and "--config.rl.group_size" in answer["error"]["message"]
 
 
+def nemo_gym_verify(prompt, text, task, rollout):
+    """NeMo Gym's verify request (`BaseVerifyRequest`) as its simple agent sends it: the run request (the dataset
+    row's own fields beside `responses_create_params`) and the policy's Responses API answer, a reasoning item
+    before the assistant's message."""
+    return {
+        "responses_create_params": {"input": [{"role": "system", "content": "Sort the digits."},
+                                              {"role": "user", "content": [{"type": "input_text", "text": prompt}]}],
+                                    "temperature": 1.0, "max_output_tokens": 64},
+        "response": {"id": f"resp_{task}_{rollout}", "object": "response", "created_at": 0.0, "model": "policy",
+                     "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+                     "output": [{"type": "reasoning", "id": "rs_0", "summary": [{"type": "summary_text",
+                                                                                 "text": "think"}]},
+                                {"type": "message", "id": "msg_0", "role": "assistant", "status": "completed",
+                                 "content": [{"type": "output_text", "text": text, "annotations": []}]}]},
+        "expected_answer": "1234", "_ng_task_index": task, "_ng_rollout_index": rollout,
+    }
+
+
+def test_nemo_gym_verify_calls_get_their_groups_rewards_and_sessions_are_answered():
+    """NeMo Gym's resources-server calls: `/seed_session` (its old empty body and its new one with a session id)
+    and `/close_session` answered; a group's `/verify` requests in flight at once are answered with the request
+    and its `reward` (`BaseVerifyResponse`), the reward its cohort's rank of the assistant's output_text (the
+    reasoning item not judged); a response without a message is a 400 naming the field."""
+    texts = ["1234", "4321", "1243", "2134"]
+    want = [float(sorted(texts).index(x)) for x in texts]
+    calls = []
+    with serving(make_app(rank_judge(calls), group_size=4, poll_s=0.05)) as url:
+        assert post_json(url + "/seed_session", {}) == (200, {})
+        seeded = {"resources_session_id": "s-1", "episode_id": {"rollout_id": "0-0", "attempt": 0},
+                  "task_id": "0", "task_data": {}}
+        assert post_json(url + "/seed_session", seeded) == (200, {"resources_session_id": "s-1"})
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda k: post_json(url + "/verify", nemo_gym_verify("3142", texts[k], 7, k)),
+                                    range(4)))
+        assert post_json(url + "/close_session", {"resources_session_id": "s-1", "episode_id": {}}) == (
+            200, {"resources_session_id": "s-1"})
+        body = nemo_gym_verify("3142", "1234", 8, 0)
+        body["response"]["output"] = body["response"]["output"][:1]
+        status, bad = post_json(url + "/verify", body)
+    assert [a for _, a in answers] == [{**nemo_gym_verify("3142", texts[k], 7, k), "reward": want[k]}
+                                       for k in range(4)]
+    assert calls == [[("system: Sort the digits.\nuser: 3142", 4)]]
+    assert status == 400 and bad["error"]["message"].startswith("response.output: no message with output_text")
+
+
+def test_verl_loads_the_reward_function_by_path_and_its_batch_gets_the_groups_rewards():
+    """verl's reward loop: the function loaded from its file by path (`custom_reward_function.path`, as verl does:
+    no package import), its reward kwargs merged into each call, every rollout of a batch awaited at once (two
+    groups interleaved): each reward is its group's rank; a row without the prompt's text is a KeyError naming
+    the key."""
+    import asyncio
+    import importlib.util
+
+    import rrc_jax.service.remote as remote
+
+    spec = importlib.util.spec_from_file_location("custom_module", remote.__file__)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    texts = ["1234", "4321", "1243", "2134"]
+    items = [(q, k) for k in range(4) for q in ("3142", "4213")]  # verl's batch: every rollout at once
+    calls = []
+    with serving(make_app(rank_judge(calls), poll_s=0.05)) as url:
+        kwargs = {"url": url, "group_size": 4}  # custom_reward_function.reward_kwargs
+
+        async def batch():
+            return await asyncio.gather(*[module.compute_score(
+                data_source="sort", solution_str=texts[k] + q, ground_truth="1234",
+                extra_info={"split": "train", "index": 0, "question": q}, reward_router_address=None, **kwargs)
+                for q, k in items])
+
+        got = asyncio.run(batch())
+        with pytest.raises(KeyError, match="extra_info\\['question'\\]: the prompt's text is needed"):
+            asyncio.run(module.compute_score("sort", "1234", "1234", {"index": 0}, **kwargs))
+    want = [float(sorted(t + q for t in texts).index(texts[k] + q)) for q, k in items]
+    assert got == want and sorted(c for call in calls for c in call) == [("3142", 4), ("4213", 4)]
+
+
 def test_a_key_a_body_limit_and_a_clients_share_guard_the_service():
     """With an API key a request without its bearer token is a 401; a body over the limit a 413; a client with
     `max_client_requests` in flight (one waiting for its cohort) gets a 429 for the next; none is counted."""

@@ -33,7 +33,7 @@ import json
 from collections.abc import Callable, Sequence
 
 from rrc_jax.service.cohorts import Answer, Cohort, CohortError, Cohorts, Rollout
-from rrc_jax.service.protocols import PROTOCOLS, BadRequest
+from rrc_jax.service.protocols import PATHS, PROTOCOLS, BadRequest
 
 try:
     from starlette.applications import Starlette
@@ -48,6 +48,7 @@ RewardCohorts = Callable[[list[Cohort]], Sequence[Sequence[Answer]]]
 
 FIELDS = {"prompt": str, "completion": str, "group_size": int, "group": str, "request_id": str}
 REQUIRED = ("prompt", "completion", "group_size")
+UNAUTHORIZED = "Authorization: a bearer token is required (the service's --api_key)"
 
 
 def parse_rollouts(body, max_rollouts: int) -> list[Rollout]:
@@ -210,8 +211,9 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
              poll_s: float = 0.5, api_key: str = "", max_body_bytes: int = 64 << 20,
              max_client_requests: int = 8192, group_size: int = 0) -> Starlette:
     """The ASGI app of a `RewardService` over `reward_cohorts`: `POST /v1/rewards`, the peers' endpoints
-    (`POST /openrlhf`, `POST /slime`: `rrc_jax.service.protocols`, their groups of `group_size`) and
-    `GET /health`. `app.state.service` is the service.
+    (`POST /openrlhf`, `/slime`, NeMo Gym's `/verify` with its `/seed_session` and `/close_session`:
+    `rrc_jax.service.protocols`, their groups of `group_size`) and `GET /health`. `app.state.service` is the
+    service.
 
     With `api_key`, every request carries `Authorization: Bearer <api_key>` (else 401). A body over
     `max_body_bytes` is a 413; a client (by address) with `max_client_requests` requests in flight gets a 429 for
@@ -219,10 +221,13 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
     service = RewardService(reward_cohorts, timeout_s=timeout_s, poll_s=poll_s)
     in_flight: collections.Counter[str] = collections.Counter()
 
+    def authorized(request: Request) -> bool:
+        return not api_key or hmac.compare_digest(request.headers.get("authorization", ""), f"Bearer {api_key}")
+
     def refusal(request: Request, client: str) -> BadRequest | None:
         """The 4xx a request from `client` gets before its body is read, or None."""
-        if api_key and not hmac.compare_digest(request.headers.get("authorization", ""), f"Bearer {api_key}"):
-            return BadRequest("Authorization: a bearer token is required (the service's --api_key)", 401)
+        if not authorized(request):
+            return BadRequest(UNAUTHORIZED, 401)
         size = request.headers.get("content-length", "")
         if size.isdigit() and int(size) > max_body_bytes:
             return BadRequest(f"the body's {int(size)} bytes exceed the service's {max_body_bytes} (--max_body_bytes)"
@@ -232,8 +237,9 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
                               f"(--max_client_requests={max_client_requests}); wait for their answers", 429)
         return None
 
-    async def judged(request: Request, parse) -> tuple[list[Answer], list[int]] | JSONResponse:
-        """The answers of a request's rollouts (`parse(body)`), or the refusal's response."""
+    async def judged(request: Request, parse) -> tuple[object, list[Answer], list[int]] | JSONResponse:
+        """A request's JSON body, the answers of its rollouts (`parse(body)`) and their cohorts, or the refusal's
+        response."""
         client = request.client.host if request.client else ""
         try:
             refused = refusal(request, client)
@@ -249,7 +255,7 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
                     parsed = json.loads(body)
                 except ValueError:
                     raise BadRequest("the body is not JSON") from None
-                return await service.reward(parse(parsed))
+                return (parsed, *await service.reward(parse(parsed)))
             finally:
                 in_flight[client] -= 1
         except (BadRequest, CohortError) as e:
@@ -262,29 +268,39 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
         out = await judged(request, lambda body: parse_rollouts(body, max_rollouts))
         if isinstance(out, Response):
             return out
-        answers, cohorts = out
+        _, answers, cohorts = out
         service.stats.requests += 1
         body = {"rewards": [a.reward for a in answers], "cohorts": cohorts}
         if any(a.error for a in answers):
             body["errors"] = [a.error or None for a in answers]
         return JSONResponse(body)
 
-    def peer(protocol):
+    def peer(name, protocol):
         async def endpoint(request: Request) -> Response:
             if group_size < 2:
                 service.stats.bad_requests += 1
-                return _error(f"this service has no group size for {request.url.path[1:]}'s rollouts (they carry "
-                              "none): start it with the trainer's samples per prompt, --config.rl.group_size", 400)
+                return _error(f"this service has no group size for {name}'s rollouts (they carry none): start it "
+                              "with the trainer's samples per prompt, --config.rl.group_size", 400)
             out = await judged(request, lambda body: protocol.parse(body, group_size))
             if isinstance(out, Response):
                 return out
-            answers, _ = out
+            body, answers, _ = out
             errors = [a.error for a in answers if a.error]
             if errors:  # the peers read numbers only
                 return JSONResponse({"error": {"message": errors[0], "type": "server_error"}}, 500)
             service.stats.requests += 1
-            return JSONResponse(protocol.answer([a.reward for a in answers]))
+            return JSONResponse(protocol.answer(body, [a.reward for a in answers]))
         return endpoint
+
+    async def session(request: Request) -> JSONResponse:
+        """NeMo Gym's `/seed_session` and `/close_session`: no state; the session id given is the answer."""
+        if not authorized(request):
+            return _error(UNAUTHORIZED, 401)
+        with contextlib.suppress(ValueError, ClientDisconnect):
+            body = json.loads(await request.body() or b"{}")
+            if isinstance(body, dict) and "resources_session_id" in body:
+                return JSONResponse({"resources_session_id": body["resources_session_id"]})
+        return JSONResponse({})
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse(service.health())
@@ -294,9 +310,10 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
         yield
         await service.close()
 
-    peers = [Route(f"/{name}", peer(protocol), methods=["POST"]) for name, protocol in PROTOCOLS.items()]
-    app = Starlette(routes=[Route("/v1/rewards", rewards, methods=["POST"]), *peers, Route("/health", health)],
-                    lifespan=lifespan)
+    peers = [Route(PATHS[name], peer(name, protocol), methods=["POST"]) for name, protocol in PROTOCOLS.items()]
+    sessions = [Route(path, session, methods=["POST"]) for path in ("/seed_session", "/close_session")]
+    app = Starlette(routes=[Route("/v1/rewards", rewards, methods=["POST"]), *peers, *sessions,
+                            Route("/health", health)], lifespan=lifespan)
     app.state.service = service
     return app
 

@@ -1,25 +1,23 @@
 """A trainer's side of the reward service: `ServedRewards`, `GroupRewards`' interface over `POST /v1/rewards`, so
 that the TRL and tunix reward functions take the service's URL where they take a judge.
 
-A call posts its whole groups as one request, each group a group id of its own and each rollout a request id
-(the call's uuid and its index), and retries the same request on a connection error or a 5xx: the service counts
-each rollout once. The service's recipe is the reward (its kind, settings, judge and anchors).
+A call posts its whole groups as one request (`rrc_jax.service.remote.post_rewards`), each group a group id of its
+own and each rollout a request id (the call's uuid and its index), and retries the same request on a connection
+error or a 5xx: the service counts each rollout once. The service's recipe is the reward (its kind, settings, judge
+and anchors).
 
 Shapes: N rollouts a call (whole groups of G).
 """
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Sequence
 
 import numpy as np
 
 from rrc_jax.integrations.groups import Row, check_groups
+from rrc_jax.service.remote import post_rewards
 
 
 class ServedRewards:
@@ -39,31 +37,13 @@ class ServedRewards:
         g = self.group_size if group_size is None else group_size
         check_groups(rows, g)
         call = uuid.uuid4().hex
-        body = {"rollouts": [{"prompt": r.prompt, "completion": r.completion, "group_size": g,
-                              "group": f"{call}/{i // g}", "request_id": f"{call}/{i}"} for i, r in enumerate(rows)]}
-        answer = self._post(json.dumps(body).encode())
+        answer = post_rewards(self.url, [{"prompt": r.prompt, "completion": r.completion, "group_size": g,
+                                          "group": f"{call}/{i // g}", "request_id": f"{call}/{i}"}
+                                         for i, r in enumerate(rows)],
+                              api_key=self.api_key, timeout_s=self.timeout_s, retries=self.retries)
         errors = [e for e in answer.get("errors") or [] if e]
         if errors:
             raise RuntimeError(f"the reward service at {self.url} failed {len(errors)} of {len(rows)} rollouts: "
                                f"{errors[0]}")
         self.last_metrics = {}
         return np.asarray(answer["rewards"], np.float32)
-
-    def _post(self, data: bytes) -> dict:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        for attempt in range(self.retries + 1):
-            request = urllib.request.Request(self.url + "/v1/rewards", data=data, headers=headers)
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    return json.loads(response.read())
-            except urllib.error.HTTPError as e:
-                message = json.loads(e.read() or b"{}").get("error", {}).get("message", "")
-                if e.code < 500 or attempt == self.retries:
-                    raise RuntimeError(f"the reward service at {self.url} answered {e.code}: {message}") from None
-            except (urllib.error.URLError, OSError) as e:
-                if attempt == self.retries:
-                    raise RuntimeError(f"the reward service at {self.url} did not answer: {e}") from None
-            time.sleep(min(2 ** attempt, 10))  # the same request again: its rollouts are counted once
-        raise AssertionError("unreachable")

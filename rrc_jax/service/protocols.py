@@ -13,6 +13,12 @@ timeout, so that a request is answered before its client gives up on it.
 * `slime`: slime's `--rm-type remote_rm --rm-url` (`rm_hub.remote_rm`): `{"prompt", "response", "label"}`, one
   rollout a request, answered with the bare reward (a JSON number). A prompt given as chat messages is their
   `role: content` lines.
+* `nemo_gym`: NeMo Gym's resources-server verify call (`POST /verify`, `BaseVerifyRequest`): the Responses API's
+  `responses_create_params` (its `input`: a text or messages) and `response` (its `output` items; the completion
+  is the assistant messages' `output_text` parts, reasoning items left out) beside the dataset row's own fields,
+  one rollout a request, answered with the request and its `reward` (`BaseVerifyResponse`). Its agents seed and
+  close a session around each rollout (`/seed_session`, `/close_session`): the service keeps none and answers
+  with the session id it was given.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ class BadRequest(ValueError):
 
 class Protocol(NamedTuple):
     parse: Callable[[object, int], list[Rollout]]
-    answer: Callable[[Sequence[float]], object]
+    answer: Callable[[dict, Sequence[float]], object]  # (the request's body, its rollouts' rewards) -> JSON
 
 
 def _texts(body: dict, name: str) -> list:
@@ -59,20 +65,48 @@ def parse_openrlhf(body, group_size: int) -> list[Rollout]:
     return out
 
 
+def _chat_text(prompt, field: str) -> str:
+    """A prompt given as a text, or as chat messages (`{"role", "content"}`, a content a text or a list of
+    `{"type", "text"}` parts): their `role: content` lines."""
+    if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+        def content(c):
+            return "".join(part.get("text", "") for part in c if isinstance(part, dict)) if isinstance(c, list) else c
+        prompt = "\n".join(f"{m.get('role', '')}: {content(m.get('content', ''))}" for m in prompt)
+    if not isinstance(prompt, str):
+        raise BadRequest(f"{field}: a text or a list of messages, not {type(prompt).__name__}")
+    return prompt
+
+
 def parse_slime(body, group_size: int) -> list[Rollout]:
     if not isinstance(body, dict):
         raise BadRequest("the body is not a JSON object")
-    prompt, response = body.get("prompt"), body.get("response")
-    if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
-        prompt = "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in prompt)
-    if not isinstance(prompt, str):
-        raise BadRequest(f"prompt: a text or a list of messages, not {type(prompt).__name__}")
+    prompt, response = _chat_text(body.get("prompt"), "prompt"), body.get("response")
     if not isinstance(response, str):
         raise BadRequest(f"response: a text, not {type(response).__name__}")
     return [Rollout(prompt=prompt, completion=response, group_size=group_size)]
 
 
+def parse_nemo_gym(body, group_size: int) -> list[Rollout]:
+    if not isinstance(body, dict):
+        raise BadRequest("the body is not a JSON object")
+    params, response = body.get("responses_create_params"), body.get("response")
+    if not isinstance(params, dict) or "input" not in params:
+        raise BadRequest("responses_create_params: an object with the Responses API's input")
+    prompt = _chat_text(params["input"], "responses_create_params.input")
+    if not isinstance(response, dict) or not isinstance(response.get("output"), list):
+        raise BadRequest("response: a Responses API response with its output items")
+    texts = [part.get("text", "") for item in response["output"]
+             if isinstance(item, dict) and item.get("type") == "message" and isinstance(item.get("content"), list)
+             for part in item["content"] if isinstance(part, dict) and part.get("type") == "output_text"]
+    if not texts:
+        raise BadRequest("response.output: no message with output_text: nothing to judge")
+    return [Rollout(prompt=prompt, completion="".join(texts), group_size=group_size)]
+
+
 PROTOCOLS = {
-    "openrlhf": Protocol(parse_openrlhf, lambda r: {"rewards": list(r), "scores": list(r), "extra_logs": {}}),
-    "slime": Protocol(parse_slime, lambda r: r[0]),
+    "openrlhf": Protocol(parse_openrlhf, lambda body, r: {"rewards": list(r), "scores": list(r), "extra_logs": {}}),
+    "slime": Protocol(parse_slime, lambda body, r: r[0]),
+    "nemo_gym": Protocol(parse_nemo_gym, lambda body, r: {**body, "reward": r[0]}),
 }
+# the path each protocol's trainer posts to (NeMo Gym's is fixed: a resources server's root)
+PATHS = {"openrlhf": "/openrlhf", "slime": "/slime", "nemo_gym": "/verify"}
