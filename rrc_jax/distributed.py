@@ -204,6 +204,11 @@ SUMMED_METRICS = ("judge/questions", "judge/tokens", "judge/prefill_tokens_saved
                   "judge/timeouts", "judge/dropped", "judge/not_found", "judge/http_errors", "judge/garbled")
 
 
+def summed(name: str) -> bool:
+    """Whether metric `name` is a total over hosts (`SUMMED_METRICS`, or a judge pool's per-server count)."""
+    return name in SUMMED_METRICS or name.startswith("judge/endpoint")
+
+
 def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """A step's metrics from every host's own (the same keys on every host): totals (`SUMMED_METRICS`) summed,
     the rest averaged, NaN where every host has NaN. Identity on one process."""
@@ -218,7 +223,7 @@ def reduce_metrics(metrics: dict[str, float]) -> dict[str, float]:
     out = {}
     for k, column in zip(keys, table.T):
         finite = column[~np.isnan(column)]
-        out[k] = float(column.sum()) if k in SUMMED_METRICS else float(finite.mean()) if len(finite) else math.nan
+        out[k] = float(column.sum()) if summed(k) else float(finite.mean()) if len(finite) else math.nan
     return out
 
 

@@ -44,7 +44,8 @@ from rrc_jax.settings import field_error, flat_fields
 RESUMABLE_CHANGES = ("steps", "workdir", "eval.", "log.", "checkpoint.", "distributed.", "mesh.", "resume.",
                      "toy.cache_dir", "reward.drm.max_batch", "rl.micro_batch_size", "rl.remat", "rl.logprob_chunk",
                      "rl.max_skipped_fraction", "rl.guard_window", "rl.max_param_growth",
-                     "inference.url", "inference.concurrency")  # the judge's server moved; its requests in flight
+                     # the judge's servers moved; its requests in flight; when a server of a pool is left out
+                     "inference.url", "inference.concurrency", "inference.bench_after", "inference.bench_s")
 
 
 @dataclasses.dataclass(frozen=True)

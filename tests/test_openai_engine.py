@@ -265,7 +265,7 @@ def test_the_config_puts_the_judge_on_the_server_and_the_rollout_on_jax(tokenize
     with model_context(None):
         model = Decoder(cfg, rngs=nnx.Rngs(0))
     judge = make_sampler("grm", model, tokenizer, engine=config.inference, max_batch=8)
-    assert isinstance(judge, OpenAISampler) and judge.endpoint == "http://127.0.0.1:9/v1/completions"
+    assert isinstance(judge, OpenAISampler) and judge.url == "http://127.0.0.1:9"
     assert (judge.api_model, judge.timeout_s, judge.retries, judge.concurrency) == ("grm", 5.0, 2, 16)
     assert judge.stop_token_ids == (2, 5) and judge.context_length == 300
     for role in ("policy", "reference"):
@@ -388,9 +388,9 @@ def test_a_step_whose_requests_mostly_fail_stops_the_run_with_the_failure_named(
 def test_every_request_counter_is_summed_over_hosts():
     """A step's requests and failures are totals over hosts (the stop compares them), and the stop names each
     kind with its count."""
-    from rrc_jax.distributed import SUMMED_METRICS
+    from rrc_jax.distributed import summed
     from rrc_jax.inference.openai_engine import HttpStats, failure_text
 
-    stats = HttpStats(calls=10, failed=5, refused=3, timeouts=2)
-    assert all(f"judge/{k}" in SUMMED_METRICS for k in stats.failures())
+    stats = HttpStats(calls=10, failed=5, refused=3, timeouts=2, endpoints=[[6, 3, 1], [4, 2, 0]])
+    assert "endpoint1_failed" in stats.failures() and all(summed(f"judge/{k}") for k in stats.failures())
     assert failure_text(stats.failures()) == "connection refused: 3, timed out: 2"

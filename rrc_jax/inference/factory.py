@@ -5,8 +5,9 @@ policy's rollout, the reference's anchors, the GRM's judge) with the engine the 
 
 - `jax` (`rrc_jax.inference.engine.JaxSampler`; options `max_batch`, `prefix_reuse`, `stop_token_ids`, `pad_id`,
   `layout`): every role.
-- `openai` (`rrc_jax.inference.openai_engine.OpenAISampler`): the judge asks an OpenAI-compatible server
-  (`inference.url`, `api_model`, `concurrency`, `prompts_per_request`, `timeout_s`, `retries`; a run stops when
+- `openai` (`rrc_jax.inference.openai_engine.OpenAISampler`): the judge asks an OpenAI-compatible server, or a
+  pool of them (`inference.url`, comma-separated; `api_model`, `concurrency`, `prompts_per_request`, `timeout_s`,
+  `retries`, `bench_after`, `bench_s`: `rrc_jax.inference.pool`; a run stops when
   more than `max_failed_fraction` of a step's requests fail). It serves the `grm` role only
   (`ENGINE_ROLES`); the rollout and the reference's anchors stay on the JAX engine, which they need (the learner
   reads the rollout's log-probs, and the rollout follows the policy's every update).
@@ -26,7 +27,7 @@ from typing import ClassVar
 
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.engine import JaxSampler
-from rrc_jax.inference.openai_engine import OpenAISampler, check_url
+from rrc_jax.inference.openai_engine import OpenAISampler, check_urls
 from rrc_jax.inference.sampler import Sampler
 from rrc_jax.settings import at_least, field_error
 from rrc_jax.sharding import ROLES
@@ -38,10 +39,12 @@ ENGINE_ROLES: dict[str, tuple[str, ...]] = {"jax": ROLES, "openai": ("grm",)}  #
 @dataclasses.dataclass(frozen=True)
 class InferenceConfig:
     """The inference engine of a run's samplers (`inference`; the module docstring): `engine`, and for `openai`
-    the server (`url`, its served model name `api_model`), the requests in flight (`concurrency`), the most
-    questions one request carries (`prompts_per_request`), each attempt's
-    limit (`timeout_s`), the attempts after the first (`retries`) and the share of a step's requests that may fail
-    before the run stops (`max_failed_fraction`; 1: never, `rrc_jax.rl.guard`)."""
+    the server (`url`; several, comma-separated, are a pool of one model's servers: `rrc_jax.inference.pool`),
+    its served model name `api_model`, the requests in flight (`concurrency`), the most questions one request
+    carries (`prompts_per_request`), each attempt's limit (`timeout_s`), the attempts after the first (`retries`,
+    on another server of a pool where there is one), how many failed attempts in a row bench a server of a pool
+    (`bench_after`) and for how long (`bench_s`), and the share of a step's requests that may fail before the run
+    stops (`max_failed_fraction`; 1: never, `rrc_jax.rl.guard`)."""
 
     GROUP: ClassVar[str] = "inference"
     engine: str = "jax"
@@ -51,6 +54,8 @@ class InferenceConfig:
     prompts_per_request: int = 32
     timeout_s: float = 60.0
     retries: int = 2
+    bench_after: int = 3
+    bench_s: float = 30.0
     max_failed_fraction: float = 0.5
 
     def __post_init__(self):
@@ -58,11 +63,16 @@ class InferenceConfig:
         if self.engine == "openai":
             if not self.url:
                 raise field_error("inference", "url", "empty; the openai engine asks a server: give its base URL, "
-                                  "e.g. --config.inference.url=http://10.0.0.2:8000")
-            check_url(self.url)
+                                  "e.g. --config.inference.url=http://10.0.0.2:8000 (several: comma-separated)")
+            urls = check_urls(self.url)
+            if len(set(urls)) != len(urls):
+                raise field_error("inference", "url", f"{self.url!r} lists a server twice")
         at_least("inference", "concurrency", self.concurrency, 1)
         at_least("inference", "prompts_per_request", self.prompts_per_request, 1)
         at_least("inference", "retries", self.retries, 0)
+        at_least("inference", "bench_after", self.bench_after, 1)
+        if not self.bench_s >= 0:
+            raise field_error("inference", "bench_s", f"{self.bench_s} must be >= 0")
         if not self.timeout_s > 0:
             raise field_error("inference", "timeout_s", f"{self.timeout_s} must be > 0")
         if not 0 <= self.max_failed_fraction <= 1:
@@ -79,7 +89,8 @@ class InferenceConfig:
             return {}
         return {"url": self.url, "api_model": self.api_model, "concurrency": self.concurrency,
                 "prompts_per_request": self.prompts_per_request,
-                "timeout_s": self.timeout_s, "retries": self.retries}
+                "timeout_s": self.timeout_s, "retries": self.retries, "bench_after": self.bench_after,
+                "bench_s": self.bench_s}
 
 
 def check_engine(engine: str) -> None:

@@ -10,19 +10,24 @@ the in-process engine does instead of a few at a time; `concurrency` threads sen
 questions share (the judge's `[instruction, prompt]`) is the server's business: vLLM's automatic prefix caching
 does it, `rrc_jax.serve` prefills a batch's shared prefixes once, and so this engine has no `prefix_reuse`.
 
-Before a run asks anything, `probe()` checks the server once (`rrc_jax.inference.factory.role_sampler` calls it):
+`url` may list several servers of one model (comma-separated): a judge pool (`rrc_jax.inference.pool`). Each
+attempt goes to the least loaded, a failed request's next attempt to another, and a server that keeps failing is
+benched (`bench_after` failures in a row, for `bench_s` seconds) and probed again; a step's requests and failures
+per server are counted (`judge/endpoint<i>_requests`, `_failed`, `_benched`).
+
+Before a run asks anything, `probe()` checks every server once (`rrc_jax.inference.factory.role_sampler` calls it):
 `GET /v1/models` must list `api_model` and a one-token completion must come back as a completion; a server that is
 down, serves another model or is not a completions server (an HTML page with status 200) is a one-line
 `ConfigError` naming the URL, the model and what came back.
 
 During a run a failed request is an abstention, never a crash and never a silent zero. A request that fails is
-retried `retries` times after `backoff_s`, doubling; one whose every attempt failed, or that outlived `timeout_s`
-(each attempt's limit), gives an empty continuation (length 0), in which the judge's parser finds no verdict and
-counts an abstention. `stats` counts the requests sent, those left unanswered (`failed`) and each by the kind of
-its last failure (`FAILURES`: refused, timed out, dropped, 404, another HTTP error, garbled), which the judge logs
-as `judge/requests`, `judge/failed_requests`, `judge/timeouts`, ...; `stats.retries` counts the attempts made
-again. A run stops when more than `inference.max_failed_fraction` of a step's requests failed
-(`rrc_jax.rl.guard`), naming the kinds (`failure_text`).
+retried `retries` times (on another server when there is one; on the same one after `backoff_s`, doubling); one
+whose every attempt failed, or that outlived `timeout_s` (each attempt's limit), gives an empty continuation (length
+0), in which the judge's parser finds no verdict and counts an abstention. `stats` counts the requests sent, those
+left unanswered (`failed`) and each by the kind of its last failure (`FAILURES`: refused, timed out, dropped, 404,
+another HTTP error, garbled), which the judge logs as `judge/requests`, `judge/failed_requests`, `judge/timeouts`,
+...; `stats.retries` counts the attempts made again. A run stops when more than `inference.max_failed_fraction` of a
+step's requests failed (`rrc_jax.rl.guard`), naming the kinds (`failure_text`).
 
 The texts that come back are tokenized with the sampler's tokenizer (`SampleOutput.tokens`, cut at
 `max_new_tokens`; a row the server finished, `finish_reason` "stop", ends with the first stop token as the JAX
@@ -50,6 +55,7 @@ import jax
 import numpy as np
 
 from rrc_jax.errors import ConfigError
+from rrc_jax.inference.pool import Endpoint, EndpointPool
 from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix
 from rrc_jax.models import stop_tokens
 
@@ -69,7 +75,9 @@ FAILURES = {"refused": ("refused", "connection refused"), "timeout": ("timeouts"
 class HttpStats(SamplerStats):
     """`SamplerStats` (`calls`: the requests sent, each of up to `prompts_per_request` different questions, or
     prompts of `generate`) plus those left without an answer (`failed`), each counted by the kind of its last failure
-    (`FAILURES`), the rows they held (`unanswered`: prompts x n), and the attempts made again (`retries`)."""
+    (`FAILURES`), the rows they held (`unanswered`: prompts x n), and the attempts made again (`retries`). With
+    several servers (a pool), each one's attempts, failed attempts and benchings (`endpoints`: [attempts, failed,
+    benched] by server index)."""
 
     failed: int = 0
     unanswered: int = 0
@@ -80,10 +88,18 @@ class HttpStats(SamplerStats):
     http_errors: int = 0
     garbled: int = 0
     retries: int = 0
+    endpoints: list[list[int]] = dataclasses.field(default_factory=list)
+
+    def reset(self) -> None:
+        servers = len(self.endpoints)
+        super().reset()
+        self.endpoints = [[0, 0, 0] for _ in range(servers)]
 
     def failures(self) -> dict[str, int]:
+        per_server = {f"endpoint{i}_{name}": n for i, counts in enumerate(self.endpoints)
+                      for name, n in zip(("requests", "failed", "benched"), counts)} if len(self.endpoints) > 1 else {}
         return {"requests": self.calls, "failed_requests": self.failed, "unanswered_questions": self.unanswered,
-                **{counter: getattr(self, counter) for counter, _ in FAILURES.values()}}
+                **{counter: getattr(self, counter) for counter, _ in FAILURES.values()}, **per_server}
 
 
 def failure_text(counts: Mapping[str, float]) -> str:
@@ -98,6 +114,12 @@ class RequestFailed(Exception):
     def __init__(self, message: str, kind: str):
         super().__init__(message)
         self.kind = kind
+
+
+def check_urls(urls: str | Sequence[str], where: str = "config.inference.url") -> list[str]:
+    """The servers of `urls` (a comma-separated string or a list), each checked by `check_url`."""
+    listed = [u.strip() for u in urls.split(",")] if isinstance(urls, str) else list(urls)
+    return [check_url(u, where) for u in listed]
 
 
 def check_url(url: str, where: str = "config.inference.url") -> str:
@@ -135,20 +157,22 @@ class OpenAISampler:
         only (the weights live on the server); None when neither is at hand.
       tokenizer: the judge model's tokenizer (ids in, texts back to ids).
       role: the role it samples for (`rrc_jax.sharding.ROLES`).
-      url: the server's base URL, e.g. `http://10.0.0.2:8000` (`/v1/completions` is appended).
+      url: the server's base URL, e.g. `http://10.0.0.2:8000` (`/v1/completions` is appended), or several servers of
+        one model (a comma-separated string or a list: a pool, `rrc_jax.inference.pool`).
       api_model: the model name the server serves (the request's `model`).
       concurrency: requests in flight at once.
       prompts_per_request: the most prompts one request carries (the completions API's list `prompt`; 1: a request
         a prompt).
       timeout_s: each attempt's limit, connection and answer included.
-      retries: attempts after the first; `backoff_s` before the first of them, doubling.
+      retries: attempts after the first (on another server where there is one, else after `backoff_s`, doubling).
+      bench_after, bench_s: a server whose `bench_after` attempts in a row failed is left out for `bench_s` s.
       context_length: the most tokens a row may hold on the server (default: the model's positions; None when
         unknown: nothing is checked here).
     """
 
-    def __init__(self, model=None, tokenizer=None, *, role: str = "grm", url: str = "", api_model: str = "",
-                 concurrency: int = 16, prompts_per_request: int = 32, timeout_s: float = 60.0, retries: int = 2,
-                 backoff_s: float = 0.5,
+    def __init__(self, model=None, tokenizer=None, *, role: str = "grm", url: str | Sequence[str] = "",
+                 api_model: str = "", concurrency: int = 16, prompts_per_request: int = 32, timeout_s: float = 60.0,
+                 retries: int = 2, backoff_s: float = 0.5, bench_after: int = 3, bench_s: float = 30.0,
                  stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None,
                  context_length: int | None = None, **jax_engine_options):
         unknown = sorted(set(jax_engine_options) - set(JAX_ENGINE_OPTIONS))
@@ -156,7 +180,8 @@ class OpenAISampler:
             raise TypeError(f"OpenAISampler: unknown options {', '.join(unknown)}")
         if not url:
             raise ValueError("OpenAISampler: url is empty; give the server's base URL, e.g. http://127.0.0.1:8000")
-        self.url = check_url(url, "OpenAISampler: url")
+        self.pool = EndpointPool(check_urls(url, "OpenAISampler: url"), bench_after=bench_after, bench_s=bench_s)
+        self.url = ", ".join(e.url for e in self.pool.endpoints)  # (in messages)
         if tokenizer is None:
             raise ValueError("OpenAISampler: a tokenizer is needed (token ids are sent, texts come back)")
         if concurrency < 1 or prompts_per_request < 1 or timeout_s <= 0 or retries < 0 or backoff_s < 0:
@@ -164,7 +189,6 @@ class OpenAISampler:
                              f"retries >= 0, backoff_s >= 0; got {concurrency}, {prompts_per_request}, {timeout_s}, "
                              f"{retries}, {backoff_s}")
         self.tokenizer, self.role = tokenizer, role
-        self.endpoint = self.url + "/v1/completions"
         self.api_model = api_model
         self.concurrency, self.prompts_per_request = concurrency, prompts_per_request
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
@@ -176,7 +200,7 @@ class OpenAISampler:
         if context_length is None and cfg is not None:
             context_length = int(cfg.max_position_embeddings)
         self.context_length = context_length
-        self.stats = HttpStats()
+        self.stats = HttpStats(endpoints=[[0, 0, 0] for _ in self.pool.endpoints])
 
     def update_weights(self, params) -> int:
         """The server holds its own weights: nothing is synced here (a judge's weights do not change)."""
@@ -184,11 +208,11 @@ class OpenAISampler:
 
     # -- one request --------------------------------------------------------------------------------------------
 
-    def _request(self, path: str, body: dict | None = None):
-        """One attempt at `GET path` (or `POST path` with the JSON `body`): the parsed JSON answer, or
-        `RequestFailed` of its kind."""
+    def _request(self, url: str, path: str, body: dict | None = None):
+        """One attempt at `GET path` (or `POST path` with the JSON `body`) of the server at `url`: the parsed JSON
+        answer, or `RequestFailed` of its kind."""
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"},
+        request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"},
                                          method="GET" if body is None else "POST")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
@@ -211,49 +235,70 @@ class OpenAISampler:
         except ValueError:
             raise RequestFailed(f"a body that is not JSON: {_snippet(raw)}", "garbled") from None
 
-    def _post(self, body: dict) -> dict:
-        """One attempt at a completion: the parsed answer, or `RequestFailed`."""
-        answer = self._request("/v1/completions", body)
+    def _post(self, url: str, body: dict) -> dict:
+        """One attempt at a completion from the server at `url`: the parsed answer, or `RequestFailed`."""
+        answer = self._request(url, "/v1/completions", body)
         choices = answer.get("choices") if isinstance(answer, dict) else None
         if not isinstance(choices, list) or not choices or not all(
                 isinstance(c, dict) and isinstance(c.get("text"), str) for c in choices):
             raise RequestFailed(f"not a completion: {_snippet(json.dumps(answer))}", "garbled")
         return answer
 
-    def _attempts(self, attempt):
-        """`attempt()` with the retries: its result, or the last attempt's `RequestFailed`; and the attempts made
-        again."""
-        wait = self.backoff_s
+    def _attempts(self, attempt, pinned: str = ""):
+        """`attempt(url)` with the retries, each on the pool's choice of server (another than those it failed on,
+        where one is in play; the same one after the backoff), or on the server at `pinned` alone (uncounted: the
+        probe): its result, or the last attempt's `RequestFailed`; and the attempts made again."""
+        wait, failed_on = self.backoff_s, set()
         for n in range(self.retries + 1):
-            if n:
+            server = None if pinned else self.pool.acquire(avoid=failed_on)
+            url = pinned or server.url
+            if url in failed_on:  # nowhere else to ask
                 time.sleep(wait)
                 wait *= 2
             try:
-                return attempt(), n
+                result = attempt(url)
             except RequestFailed as failure:
                 last = failure
+                failed_on.add(url)
+                if server is not None:
+                    self._count(server, ok=False)
+            else:
+                if server is not None:
+                    self._count(server, ok=True)
+                return result, n
         return last, self.retries
+
+    def _count(self, server: Endpoint, ok: bool) -> None:
+        benched = self.pool.release(server, ok)
+        counts = self.stats.endpoints[server.index]
+        counts[0] += 1
+        counts[1] += not ok
+        counts[2] += benched
 
     def _ask(self, body: dict) -> tuple[list[dict] | RequestFailed, int]:
         """A request with its retries: the answer's choices (sorted by index), or the last attempt's failure; and
         the attempts made again."""
-        answer, retries = self._attempts(lambda: self._post(body))
+        answer, retries = self._attempts(lambda url: self._post(url, body))
         if isinstance(answer, RequestFailed):
             return answer, retries
         return sorted(answer["choices"], key=lambda c: c.get("index", 0)), retries
 
     def probe(self) -> None:
-        """Ask the server once (the module docstring): a `ConfigError` naming the URL, the model and what came back
-        unless it lists `api_model` and answers a one-token completion. A server's `max_model_len` lowers
+        """Ask each server once (the module docstring): a `ConfigError` naming the URL, the model and what came
+        back unless it lists `api_model` and answers a one-token completion. A server's `max_model_len` lowers
         `context_length` to it (a question that does not fit is then not sent: `rrc_jax.judge`)."""
-        where = f"the judge server {self.url} (model {self.api_model or '(the server default)'!r})"
+        for server in self.pool.endpoints:
+            self._probe(server.url)
+
+    def _probe(self, url: str) -> None:
+        where = f"the judge server {url} (model {self.api_model or '(the server default)'!r})"
 
         def fix(failure: RequestFailed) -> str:
             if failure.kind in ("garbled", "not_found"):  # something answers there, not a completions server
                 return "is config.inference.url the base URL of an OpenAI-compatible server?"
             return "start the server (python -m rrc_jax.serve --model=DIR, or vLLM) or fix config.inference.url"
 
-        listed, _ = self._attempts(lambda: self._request("/v1/models"))
+        listed, _ = self._attempts(lambda url: self._request(url, "/v1/models"), pinned=url)
         if isinstance(listed, RequestFailed):
             raise ConfigError(f"{where}: GET /v1/models: {listed}; {fix(listed)}")
         models = listed.get("data") if isinstance(listed, dict) else None
@@ -269,7 +314,7 @@ class OpenAISampler:
         if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
             self.context_length = min(self.context_length or limit, limit)
         body = {"model": self.api_model, "prompt": [self.pad_id], "n": 1, "max_tokens": 1, "temperature": 0.0}
-        answer, _ = self._attempts(lambda: self._post(body))
+        answer, _ = self._attempts(lambda url: self._post(url, body), pinned=url)
         if isinstance(answer, RequestFailed):
             raise ConfigError(f"{where}: a one-token completion (POST /v1/completions): {answer}; {fix(answer)}")
 

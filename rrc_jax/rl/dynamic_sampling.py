@@ -51,7 +51,7 @@ def merge_metrics(parts: Sequence[dict[str, float]]) -> dict[str, float]:
     """The construction metrics of several draws as one step's: totals (`distributed.SUMMED_METRICS`: questions,
     tokens) summed, the rest averaged over the draws (each draw has B groups)."""
     keys = parts[0].keys()
-    return {k: float(np.sum([p[k] for p in parts])) if k in distributed.SUMMED_METRICS
+    return {k: float(np.sum([p[k] for p in parts])) if distributed.summed(k)
             else float(np.nanmean([p[k] for p in parts])) if any(np.isfinite(p[k]) for p in parts) else float("nan")
             for k in keys}
 

@@ -4,14 +4,15 @@
                                                --cohort_timeout_s=600 --max_rollouts=4096 --api_key=TOKEN
                                                --max_body_mb=64 --max_client_requests=8192 --config.FIELD=VALUE]
 
-The recipe is a trainer config: its `reward.kind` (one that rewards another trainer's groups, `group_kinds()`:
-scr, agr, prc, the tournaments), that kind's settings (`reward.<kind>`), the judge's (`reward.judge`: votes, swap,
+The recipe is a trainer config: its `reward.kind` (one that rewards another trainer's groups, `group_kinds()`: scr,
+agr, prc, the tournaments), that kind's settings (`reward.<kind>`), the judge's (`reward.judge`: votes, swap,
 template, temperature, max_new_tokens, max_batch) and the GRM (`models.grm`: a checkpoint directory, or the toy
-world's). AGR's anchors (PRC's reference) come from `--anchors`, a JSON object mapping each prompt to its list of
-anchors (to its reference response). What a request holds and how cohorts fill, expire and are judged:
-`rrc_jax.service.app`; OpenRLHF's and slime's requests (`POST /openrlhf`, `/slime`) carry no group size: theirs
-is `rl.group_size` (set it to the trainer's samples per prompt). One process serves; needs the serve extra.
-SIGTERM or Ctrl-C drains it: every open cohort is judged as it is (or failed, a single rollout) and every request
+world's), in this process or, with `inference.engine=openai`, asked of its servers (`inference.url`, several
+comma-separated: a judge pool, `rrc_jax.inference.pool`). AGR's anchors (PRC's reference) come from `--anchors`, a
+JSON object mapping each prompt to its list of anchors (to its reference response). What a request holds and how
+cohorts fill, expire and are judged: `rrc_jax.service.app`; OpenRLHF's, slime's and NeMo Gym's requests
+(`POST /openrlhf`, `/slime`, `/verify`) carry no group size: theirs is `rl.group_size` (set it to the trainer's
+samples per prompt). One process serves; needs the serve extra. SIGTERM or Ctrl-C drains it: every open cohort is judged as it is (or failed, a single rollout) and every request
 taken answered before it stops.
 """
 
@@ -98,13 +99,15 @@ def serve(s) -> None:
                           "choose a free port, or stop what holds it") from None
     with sock:
         grm = Roles.of_run(s).path("grm")
+        served = s.inference.options("grm")  # the judge's servers (a pool), or none: the judge in this process
         judge = judge_for(str(grm), template=j.template, max_new_tokens=j.max_new_tokens,
-                          temperature=j.temperature, seed=s.seed, max_batch=j.max_batch)
+                          temperature=j.temperature, seed=s.seed, **(served or {"max_batch": j.max_batch}))
         rewards = GroupRewards(judge, kind, group_size=s.rollout.group_size, votes=j.votes, swap=j.swap,
                                seed=s.seed, **(dataclasses.asdict(settings) if settings is not None else {}))
         app = make_app(cohort_rewards(rewards, **columns), timeout_s=_TIMEOUT.value, max_rollouts=_MAX_ROLLOUTS.value,
                        api_key=api_key, max_body_bytes=_MAX_BODY.value << 20,
-                       max_client_requests=_MAX_CLIENT.value, group_size=s.rollout.group_size)
+                       max_client_requests=_MAX_CLIENT.value, group_size=s.rollout.group_size,
+                       judge_health=(lambda: judge.sampler.pool.health()) if served else None)
         say(f"serving {kind} rewards judged by {grm} on http://{_HOST.value}:{_PORT.value}/v1/rewards")
         service_server(app).run(sockets=[sock])  # SIGTERM: drains, answers every request taken, stops
 

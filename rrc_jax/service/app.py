@@ -209,7 +209,8 @@ def _error(message: str, status: int) -> JSONResponse:
 
 def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rollouts: int = 4096,
              poll_s: float = 0.5, api_key: str = "", max_body_bytes: int = 64 << 20,
-             max_client_requests: int = 8192, group_size: int = 0) -> Starlette:
+             max_client_requests: int = 8192, group_size: int = 0,
+             judge_health: Callable[[], list[dict]] | None = None) -> Starlette:
     """The ASGI app of a `RewardService` over `reward_cohorts`: `POST /v1/rewards`, the peers' endpoints
     (`POST /openrlhf`, `/slime`, NeMo Gym's `/verify` with its `/seed_session` and `/close_session`:
     `rrc_jax.service.protocols`, their groups of `group_size`) and `GET /health`. `app.state.service` is the
@@ -217,7 +218,8 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
 
     With `api_key`, every request carries `Authorization: Bearer <api_key>` (else 401). A body over
     `max_body_bytes` is a 413; a client (by address) with `max_client_requests` requests in flight gets a 429 for
-    the next (a trainer sends each rollout of a step at once: the limit bounds one client's share, not a step)."""
+    the next (a trainer sends each rollout of a step at once: the limit bounds one client's share, not a step).
+    `judge_health()`, when given, is the judge's servers' state in `GET /health` (`judge_servers`)."""
     service = RewardService(reward_cohorts, timeout_s=timeout_s, poll_s=poll_s)
     in_flight: collections.Counter[str] = collections.Counter()
 
@@ -303,7 +305,8 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
         return JSONResponse({})
 
     async def health(request: Request) -> JSONResponse:
-        return JSONResponse(service.health())
+        extra = {"judge_servers": judge_health()} if judge_health is not None else {}
+        return JSONResponse({**service.health(), **extra})
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -1,0 +1,95 @@
+"""A judge pool: several OpenAI-compatible endpoints serving one model, asked as one (`OpenAISampler`, and so
+the trainer's `inference.engine=openai` and the reward service's judge).
+
+* **Spread by load.** Each attempt goes to the endpoint with the fewest requests in flight (then the fewest sent,
+  then the first listed), so a slow or busy server gets less.
+* **Retried elsewhere.** A request's next attempt goes to an endpoint it has not failed on, when one is not
+  benched; only a request with nowhere else to go waits (the engine's backoff) before asking the same again.
+* **Benched, probed again.** An endpoint whose `bench_after` attempts in a row failed is benched for `bench_s`
+  seconds: no attempt goes there while another endpoint is in play. Then it is back, and its next attempt is the
+  probe: a success clears it, a failure benches it again. When every endpoint is benched, the one whose bench ends
+  first is asked (a request is never refused by the pool itself).
+* **Counted.** Each endpoint's attempts, failures and benchings since the start (`health()`); the engine logs a
+  step's per endpoint (`judge/endpoint<i>_requests`, `_failed`, `_benched`).
+
+Thread-safe (the engine's request threads share it); the clock is injectable for tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+
+
+@dataclasses.dataclass
+class Endpoint:
+    """One server of the pool: its base URL, requests in flight, attempts failed in a row, the clock time its bench
+    ends (0: never benched), and its totals since the start."""
+
+    url: str
+    index: int
+    in_flight: int = 0
+    failed_in_a_row: int = 0
+    benched_until: float = 0.0
+    attempts: int = 0
+    failures: int = 0
+    benchings: int = 0
+
+
+class EndpointPool:
+    """The endpoints at `urls` (the module docstring)."""
+
+    def __init__(self, urls: Sequence[str], *, bench_after: int = 3, bench_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic):
+        if not urls:
+            raise ValueError("EndpointPool: no endpoint given")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"EndpointPool: an endpoint is listed twice: {', '.join(urls)}")
+        if bench_after < 1 or not bench_s >= 0:
+            raise ValueError(f"EndpointPool: need bench_after >= 1 and bench_s >= 0; got {bench_after}, {bench_s}")
+        self.endpoints = [Endpoint(url, i) for i, url in enumerate(urls)]
+        self.bench_after, self.bench_s, self.clock = bench_after, bench_s, clock
+        self._lock = threading.Lock()
+
+    def benched(self, e: Endpoint) -> bool:
+        return e.benched_until > self.clock()
+
+    def acquire(self, avoid: Collection[str] = ()) -> Endpoint:
+        """The endpoint for an attempt (counted in flight until `release`): the least loaded of those not benched
+        and not in `avoid` (URLs the request failed on), else of those not benched, else the one whose bench ends
+        first."""
+        with self._lock:
+            now = self.clock()
+            playing = [e for e in self.endpoints if e.benched_until <= now]
+            fresh = [e for e in playing if e.url not in avoid]
+            if fresh or playing:
+                e = min(fresh or playing, key=lambda e: (e.in_flight, e.attempts, e.index))
+            else:
+                e = min(self.endpoints, key=lambda e: (e.benched_until, e.index))
+            e.in_flight += 1
+            e.attempts += 1
+            return e
+
+    def release(self, e: Endpoint, ok: bool) -> bool:
+        """The attempt on `e` ended, answered (`ok`) or failed; returns whether it benched `e`."""
+        with self._lock:
+            e.in_flight -= 1
+            if ok:
+                e.failed_in_a_row, e.benched_until = 0, 0.0
+                return False
+            e.failures += 1
+            e.failed_in_a_row += 1
+            now = self.clock()
+            if e.failed_in_a_row >= self.bench_after and e.benched_until <= now:
+                e.benched_until = now + self.bench_s
+                e.benchings += 1
+                return True
+            return False
+
+    def health(self) -> list[dict]:
+        """Each endpoint's state and totals, in the order given."""
+        with self._lock:
+            return [{"url": e.url, "in_flight": e.in_flight, "benched": self.benched(e), "attempts": e.attempts,
+                     "failures": e.failures, "benchings": e.benchings} for e in self.endpoints]
