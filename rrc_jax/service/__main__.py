@@ -10,10 +10,10 @@ template, temperature, max_new_tokens, max_batch) and the GRM (`models.grm`: a c
 world's), in this process or, with `inference.engine=openai`, asked of its servers (`inference.url`, several
 comma-separated: a judge pool, `rrc_jax.inference.pool`). AGR's anchors (PRC's reference) come from `--anchors`, a
 JSON object mapping each prompt to its list of anchors (to its reference response). What a request holds and how
-cohorts fill, expire and are judged: `rrc_jax.service.app`; OpenRLHF's, slime's and NeMo Gym's requests
-(`POST /openrlhf`, `/slime`, `/verify`) carry no group size: theirs is `rl.group_size` (set it to the trainer's
-samples per prompt). One process serves; needs the serve extra. SIGTERM or Ctrl-C drains it: every open cohort is judged as it is (or failed, a single rollout) and every request
-taken answered before it stops.
+cohorts fill, expire and are judged: `rrc_jax.service.app`; OpenRLHF's, slime's and NeMo Gym's requests (`POST
+/openrlhf`, `/slime`, `/verify`) carry no group size: theirs is `rl.group_size` (set it to the trainer's samples per
+prompt). One process serves; needs the serve extra. SIGTERM or Ctrl-C drains it: every open cohort is judged as it
+is (or failed, a single rollout) and every request taken answered before it stops.
 """
 
 from __future__ import annotations
