@@ -29,12 +29,14 @@ import ml_collections
 from rrc_jax.checkpoint import CheckpointConfig
 from rrc_jax.constructions import (CONSTRUCTIONS, Construction, JudgeSettings, check_reward, construction_class,
                                    reward_defaults)
+from rrc_jax.constructions.served import served
 from rrc_jax.data.prompts import DataConfig, PromptSource
 from rrc_jax.data.toy.task import TOY_MODELS, ToyTaskConfig
 from rrc_jax.data.toy.world import ToyBuildConfig, ToyWorldConfig
 from rrc_jax.distributed import DistributedConfig
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.factory import InferenceConfig
+from rrc_jax.inference.openai_engine import check_url
 from rrc_jax.metrics import MetricsConfig
 from rrc_jax.models.lora import LoraConfig
 from rrc_jax.rl.alarms import AlarmConfig
@@ -179,6 +181,7 @@ class TrainerSettings:
     judge: JudgeSettings
     reward: type[Construction]  # the class of `reward.kind` (`rrc_jax.constructions`)
     reward_kind: str  # `reward.kind` as given: a registered kind or MODULE:NAME
+    reward_service: str  # `reward.service_url`: a reward service judges (`rrc_jax.constructions.served`), or ""
     constructions: Mapping[str, Any]  # each construction's parsed `Settings`, by kind (`reward.<kind>`)
     eval: EvalConfig
     checkpoint: CheckpointConfig
@@ -221,12 +224,15 @@ def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
                                   f"{rollout.rows}")
     reward = construction_class(c.reward.kind)  # every construction's own group is checked, the run's or not
     kinds = {**CONSTRUCTIONS, reward.kind: reward}
+    service = c.reward.get("service_url", "")
+    if service:
+        service, reward = check_url(service, "config.reward.service_url"), served(reward)
     constructions = {kind: parse(cls.Settings, c, f"reward.{kind}") for kind, cls in kinds.items()
                      if cls.Settings and kind in c.reward}
     settings = TrainerSettings(
         rollout, learner, parse(GRPOConfig, c), parse(GuardConfig, c), parse(MeshConfig, c),
         PromptSource(parse(DataConfig, c), toy_task, c.reward.judge.template, c.seed), parse(JudgeSettings, c),
-        reward, c.reward.kind, constructions, parse(EvalConfig, c), parse(CheckpointConfig, c),
+        reward, c.reward.kind, service, constructions, parse(EvalConfig, c), parse(CheckpointConfig, c),
         parse(SamplesConfig, c), parse(AlarmConfig, c), parse(MetricsConfig, c), parse(ModelsConfig, c),
         parse(InferenceConfig, c), ToyWorldConfig(toy_task, parse(ToyBuildConfig, c)), parse(DistributedConfig, c),
         parse(ResumeConfig, c), parse(LoraConfig, c), workdir=c.workdir, steps=c.steps, seed=c.seed,

@@ -110,6 +110,11 @@ def test_a_batch_of_whole_groups_is_answered_in_order():
     ({"rollouts": [{"prompt": "p", "completion": "x", "group_size": 2, "request_id": "r"},
                    {"prompt": "p", "completion": "y", "group_size": 2, "request_id": "r"}]}, 409,
      "request_id 'r' is given twice in one request"),
+    ({"rollouts": [{"prompt": "p", "completion": "x", "group_size": 2, "anchors": ["a", 3]}]}, 400,
+     "rollouts[0].anchors: a list of texts"),
+    ({"rollouts": [{"prompt": "p", "completion": "x", "group_size": 2, "anchors": ["a"]},
+                   {"prompt": "p", "completion": "y", "group_size": 2, "anchors": ["b"]}]}, 409,
+     "anchors of a rollout of group 'p' differs"),
 ])
 def test_a_bad_request_is_a_4xx_naming_the_field_and_counts_nothing(body, status, message):
     with serving(make_app(rank_judge([]), max_rollouts=64)) as url:

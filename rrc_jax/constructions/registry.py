@@ -49,8 +49,9 @@ def construction_class(kind: str) -> type[Construction]:
 
 
 def reward_defaults() -> dict:
-    """The `reward` config group's defaults: the judge's settings and each construction's own group."""
-    return {"judge": defaults(JudgeSettings),
+    """The `reward` config group's defaults: the judge's settings, a reward service's URL (`service_url`: empty, the
+    judge in this process; `rrc_jax.constructions.served`) and each construction's own group."""
+    return {"judge": defaults(JudgeSettings), "service_url": "",
             **{kind: dataclasses.asdict(cls.Settings()) for kind, cls in CONSTRUCTIONS.items() if cls.Settings}}
 
 

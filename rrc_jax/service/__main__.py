@@ -18,7 +18,6 @@ is (or failed, a single rollout) and every request taken answered before it stop
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -28,11 +27,8 @@ from absl import flags
 
 from rrc_jax import cli
 from rrc_jax.errors import ConfigError
-from rrc_jax.integrations import judge_for
-from rrc_jax.integrations.groups import GroupRewards
 from rrc_jax.progress import say
-from rrc_jax.rl.roles import Roles
-from rrc_jax.service.rewards import cohort_rewards
+from rrc_jax.service.rewards import recipe_app
 
 CONFIG = cli.config_flag("scr.py, agr.py", "Reward recipe (a trainer config)")
 _ANCHORS = flags.DEFINE_string("anchors", "", "JSON file: prompt -> its anchors (AGR) or its reference (PRC).")
@@ -87,10 +83,9 @@ def serve(s) -> None:
     if not 1 <= _PORT.value <= 65535:
         raise cli.flag_error("port", "must be in 1-65535")
     from rrc_jax.inference.server import bind  # the serve extra (starlette, uvicorn)
-    from rrc_jax.service.app import make_app, service_server  # the serve extra (starlette)
+    from rrc_jax.service.app import service_server  # the serve extra (starlette)
 
-    kind, j = s.reward_kind, s.judge
-    settings = s.constructions.get(kind)
+    kind = s.reward_kind
     columns = read_columns(_ANCHORS.value, kind, tuple(s.reward.columns))
     try:
         sock = bind(_HOST.value, _PORT.value)
@@ -98,17 +93,9 @@ def serve(s) -> None:
         raise ConfigError(f"--host={_HOST.value} --port={_PORT.value}: cannot listen there ({e.strerror or e}); "
                           "choose a free port, or stop what holds it") from None
     with sock:
-        grm = Roles.of_run(s).path("grm")
-        served = s.inference.options("grm")  # the judge's servers (a pool), or none: the judge in this process
-        judge = judge_for(str(grm), template=j.template, max_new_tokens=j.max_new_tokens,
-                          temperature=j.temperature, seed=s.seed, **(served or {"max_batch": j.max_batch}))
-        rewards = GroupRewards(judge, kind, group_size=s.rollout.group_size, votes=j.votes, swap=j.swap,
-                               seed=s.seed, **(dataclasses.asdict(settings) if settings is not None else {}))
-        app = make_app(cohort_rewards(rewards, **columns), timeout_s=_TIMEOUT.value, max_rollouts=_MAX_ROLLOUTS.value,
-                       api_key=api_key, max_body_bytes=_MAX_BODY.value << 20,
-                       max_client_requests=_MAX_CLIENT.value, group_size=s.rollout.group_size,
-                       judge_health=(lambda: judge.sampler.pool.health()) if served else None)
-        say(f"serving {kind} rewards judged by {grm} on http://{_HOST.value}:{_PORT.value}/v1/rewards")
+        app = recipe_app(s, columns, timeout_s=_TIMEOUT.value, max_rollouts=_MAX_ROLLOUTS.value, api_key=api_key,
+                         max_body_bytes=_MAX_BODY.value << 20, max_client_requests=_MAX_CLIENT.value)
+        say(f"serving {kind} rewards judged by {app.state.grm} on http://{_HOST.value}:{_PORT.value}/v1/rewards")
         service_server(app).run(sockets=[sock])  # SIGTERM: drains, answers every request taken, stops
 
 

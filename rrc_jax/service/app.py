@@ -1,8 +1,9 @@
 """The reward service's HTTP endpoint: `POST /v1/rewards` (Starlette, run by uvicorn), rewards relative to a group
 for rollouts that arrive one at a time or in any batches, from any trainer.
 
-The request: `{"rollouts": [{"prompt", "completion", "group_size", "group", "request_id"}, ...]}` (1 to
-`max_rollouts` of them; `group` defaults to the prompt, `request_id` to none). Each rollout joins its group's cohort
+The request: `{"rollouts": [{"prompt", "completion", "group_size", "group", "request_id", "anchors"}, ...]}` (1
+to `max_rollouts` of them; `group` defaults to the prompt, `request_id` to none, `anchors`, AGR's for the prompt,
+to the service's table). Each rollout joins its group's cohort
 (`rrc_jax.service.cohorts`); the request is answered once every one of its rollouts' cohorts has been judged:
 `{"rewards": [...], "cohorts": [...]}` in the request's order (the cohort each rollout was counted in), and
 `"errors"` beside them (null where rewarded) when a cohort failed. A field missing, of the wrong type or unknown is
@@ -46,7 +47,7 @@ except ImportError as e:  # pragma: no cover - the optional extra
 # cohorts -> one list of answers per cohort, one answer per rollout in order
 RewardCohorts = Callable[[list[Cohort]], Sequence[Sequence[Answer]]]
 
-FIELDS = {"prompt": str, "completion": str, "group_size": int, "group": str, "request_id": str}
+FIELDS = {"prompt": str, "completion": str, "group_size": int, "group": str, "request_id": str, "anchors": list}
 REQUIRED = ("prompt", "completion", "group_size")
 UNAUTHORIZED = "Authorization: a bearer token is required (the service's --api_key)"
 
@@ -78,7 +79,10 @@ def parse_rollouts(body, max_rollouts: int) -> list[Rollout]:
                 raise BadRequest(f"{where}.{name}: {type(value).__name__}, not {kind.__name__}")
         if item["group_size"] < 2:
             raise BadRequest(f"{where}.group_size: {item['group_size']}, a group has at least 2 rollouts")
-        out.append(Rollout(**item))
+        anchors = item.get("anchors", [])
+        if not all(isinstance(a, str) for a in anchors):
+            raise BadRequest(f"{where}.anchors: a list of texts")
+        out.append(Rollout(**{**item, "anchors": tuple(anchors)}))
     return out
 
 

@@ -33,13 +33,15 @@ class CohortError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Rollout:
     """One completion to reward: its prompt and text, its group (`group`, default the prompt) of `group_size`
-    rollouts, and the caller's `request_id` (a retry repeats it)."""
+    rollouts, the caller's `request_id` (a retry repeats it) and the prompt's AGR `anchors` when the caller holds
+    them (a trainer's own reference samples; else the service's table)."""
 
     prompt: str
     completion: str
     group_size: int
     group: str = ""
     request_id: str = ""
+    anchors: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -64,6 +66,7 @@ class Cohort:
     prompt: str
     size: int
     opened: float
+    anchors: tuple[str, ...] = ()
     rollouts: list[Rollout] = dataclasses.field(default_factory=list)
 
     @property
@@ -120,13 +123,14 @@ class Cohorts:
             return first
         if any(e.request_id == rollout.request_id and e != rollout for e in earlier if rollout.request_id):
             raise refuse(f"request_id {rollout.request_id!r} is given twice in one request with different rollouts")
-        ref = next(((e.prompt, e.group_size) for e in earlier if e.key == rollout.key), None)
+        ref = next(((e.prompt, e.group_size, e.anchors) for e in earlier if e.key == rollout.key), None)
         cohort = self._open.get(rollout.key)
-        ref = ref or (cohort and (cohort.prompt, cohort.size))
-        if ref and ref != (rollout.prompt, rollout.group_size):
-            field = "prompt" if ref[0] != rollout.prompt else "group_size"
+        ref = ref or (cohort and (cohort.prompt, cohort.size, cohort.anchors))
+        if ref and ref != (rollout.prompt, rollout.group_size, rollout.anchors):
+            field = next(f for f, a, b in zip(("prompt", "group_size", "anchors"), ref,
+                                              (rollout.prompt, rollout.group_size, rollout.anchors)) if a != b)
             raise refuse(f"{field} of a rollout of group {rollout.key!r} differs from its cohort's (group_size "
-                         f"{ref[1]}): every rollout of a group carries the same prompt and group_size")
+                         f"{ref[1]}): every rollout of a group carries the same prompt, group_size and anchors")
         return None
 
     def add(self, rollout: Rollout) -> tuple[Place, Cohort | None]:
@@ -139,7 +143,7 @@ class Cohorts:
         cohort = self._open.get(rollout.key)
         if cohort is None:
             cohort = self._open[rollout.key] = Cohort(self._serial, rollout.key, rollout.prompt, rollout.group_size,
-                                                      self.clock())
+                                                      self.clock(), rollout.anchors)
             self._serial += 1
         place = Place(cohort.serial, len(cohort.rollouts))
         cohort.rollouts.append(rollout)

@@ -3,19 +3,24 @@ counts, CARA, AGR's anchors beaten, PRC, a tournament's standing) and its judge,
 as few construction calls as their sizes allow (whole cohorts share one; an expired cohort of k < G rollouts is
 judged as a group of k).
 
-A construction that reads a prompt's columns gets them from the service: AGR's anchors (`anchors`: prompt -> its
+A construction that reads a prompt's columns gets them from the request (a rollout's `anchors`: a trainer that
+samples its own, `rrc_jax.constructions.served`) or from the service: AGR's anchors (`anchors`: prompt -> its
 reference responses) and PRC's reference (`references`: prompt -> o_ref). A prompt without them fails its cohort
 with an error naming it.
+
+`recipe_app(s)` is the service of a recipe (a trainer config): what `python -m rrc_jax.service` serves.
 
 Shapes: C cohorts a call, k rollouts a cohort.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
-from rrc_jax.integrations.groups import GroupRewards, Row
-from rrc_jax.service.cohorts import Answer, Cohort
+from rrc_jax.integrations.groups import GroupRewards, Row, judge_for
+from rrc_jax.rl.roles import Roles
+from rrc_jax.service.cohorts import Answer, Cohort, Rollout
 
 
 def cohort_rewards(rewards: GroupRewards, *, anchors: Mapping[str, Sequence[str]] | None = None,
@@ -23,12 +28,13 @@ def cohort_rewards(rewards: GroupRewards, *, anchors: Mapping[str, Sequence[str]
     """`reward_cohorts(cohorts) -> answers` (`rrc_jax.service.app.RewardCohorts`) over `rewards`."""
     anchors, references = anchors or {}, references or {}
 
-    def row(prompt: str, completion: str) -> Row:
-        if "anchors" in rewards.columns and not anchors.get(prompt):
-            raise KeyError(f"no anchors for prompt {prompt[:80]!r}: {rewards.kind} needs each prompt's anchors")
-        if "reference" in rewards.columns and not references.get(prompt):
-            raise KeyError(f"no reference for prompt {prompt[:80]!r}: {rewards.kind} needs each prompt's o_ref")
-        return Row(prompt, completion, tuple(anchors.get(prompt, ())), references.get(prompt, ""))
+    def row(r: Rollout) -> Row:
+        given = r.anchors or tuple(anchors.get(r.prompt, ()))
+        if "anchors" in rewards.columns and not given:
+            raise KeyError(f"no anchors for prompt {r.prompt[:80]!r}: {rewards.kind} needs each prompt's anchors")
+        if "reference" in rewards.columns and not references.get(r.prompt):
+            raise KeyError(f"no reference for prompt {r.prompt[:80]!r}: {rewards.kind} needs each prompt's o_ref")
+        return Row(r.prompt, r.completion, given, references.get(r.prompt, ""))
 
     def reward_cohorts(cohorts: list[Cohort]) -> list[list[Answer]]:
         answers: list[list[Answer]] = [[] for _ in cohorts]
@@ -39,7 +45,7 @@ def cohort_rewards(rewards: GroupRewards, *, anchors: Mapping[str, Sequence[str]
             ready, rows = [], []
             for i in members:
                 try:
-                    rows += [row(r.prompt, r.completion) for r in cohorts[i].rollouts]
+                    rows += [row(r) for r in cohorts[i].rollouts]
                     ready.append(i)
                 except KeyError as e:  # this cohort fails; the others of its size are judged
                     answers[i] = [Answer(error=str(e.args[0]))] * k
@@ -52,3 +58,23 @@ def cohort_rewards(rewards: GroupRewards, *, anchors: Mapping[str, Sequence[str]
         return answers
 
     return reward_cohorts
+
+
+def recipe_app(s, columns: dict | None = None, **limits):
+    """The reward service's app (`make_app`, with `limits`) for a recipe (`s`: a trainer config's settings): its
+    GRM as a judge (in this process, or asked of `inference.url`'s servers with `inference.engine=openai`), its
+    construction and settings as `GroupRewards`, `columns` from `read_columns`. `app.state.grm` names the GRM."""
+    from rrc_jax.service.app import make_app  # the serve extra (starlette)
+
+    kind, j = s.reward_kind, s.judge
+    settings = s.constructions.get(kind)
+    grm = Roles.of_run(s).path("grm")
+    served = s.inference.options("grm")  # the judge's servers (a pool), or none: the judge in this process
+    judge = judge_for(str(grm), template=j.template, max_new_tokens=j.max_new_tokens, temperature=j.temperature,
+                      seed=s.seed, **(served or {"max_batch": j.max_batch}))
+    rewards = GroupRewards(judge, kind, group_size=s.rollout.group_size, votes=j.votes, swap=j.swap, seed=s.seed,
+                           **(dataclasses.asdict(settings) if settings is not None else {}))
+    app = make_app(cohort_rewards(rewards, **(columns or {})), group_size=s.rollout.group_size,
+                   judge_health=(lambda: judge.sampler.pool.health()) if served else None, **limits)
+    app.state.grm = grm
+    return app
