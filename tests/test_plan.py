@@ -498,3 +498,9 @@ def test_the_planner_predicts_time_per_phase():
         assert f"\n{phase} " in out, out
     ratio = plan.jetstream_prediction() / plan.JETSTREAM["tokens_per_s"]
     assert f"published 8,249 (ratio {ratio:.2f})" in out and "tokens/s a chip" in out
+    # a judge on chips of its own keeps pace when it judges a step in the policy's time, steps overlapped
+    times = [plan.PhaseTime("rollout decode", 3.0, "HBM"), plan.PhaseTime("judge prefill", 2.0, "compute"),
+             plan.PhaseTime("judge decode", 7.0, "HBM"), plan.PhaseTime("update", 1.0, "compute")]
+    assert plan.judge_chips(times, 64) == 144 and plan.judge_chips(times[:1] + times[3:], 64) == 0
+    assert plan.judge_chips([plan.PhaseTime("judge decode", 4.0, "HBM"), plan.PhaseTime("update", 4.0, "x")], 16) == 16
+    assert "judge chips to keep pace: " in out

@@ -25,7 +25,8 @@ from rrc_jax.plan.judge_work import JudgeWork, judge_chunk, judge_work
 from rrc_jax.plan.report import format_table, remat_choice, report, suggest
 from rrc_jax.plan.shapes import (PRESETS, lora_param_bytes, matmul_params, mesh_axes, model_config, param_bytes,
                                  param_count, param_shapes)
-from rrc_jax.plan.step_time import JETSTREAM, PhaseTime, decode_time, forward_time, jetstream_prediction, step_times
+from rrc_jax.plan.step_time import (JETSTREAM, PhaseTime, decode_time, forward_time, jetstream_prediction, judge_chips,
+                                    step_times)
 
 __all__ = ["ACCELERATORS", "GiB", "HEADROOM", "Topology", "live_topology", "resolve_mesh", "topology",
            "LOGPROB_CHUNK_ARRAYS", "PHASES",
@@ -36,4 +37,4 @@ __all__ = ["ACCELERATORS", "GiB", "HEADROOM", "Topology", "live_topology", "reso
            "suggest",
            "PRESETS", "lora_param_bytes", "matmul_params", "mesh_axes", "model_config", "param_bytes", "param_count",
            "param_shapes", "JETSTREAM", "PhaseTime", "decode_time", "forward_time", "jetstream_prediction",
-           "step_times"]
+           "judge_chips", "step_times"]

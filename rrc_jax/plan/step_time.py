@@ -121,6 +121,16 @@ def step_times(s, p: Plan, tree: bool = True) -> list[PhaseTime]:
     return out
 
 
+def judge_chips(times: list[PhaseTime], devices: int) -> int:
+    """Chips of the same kind a judge on chips of its own needs to keep pace with a policy on `devices` chips, its
+    steps overlapped with the judging (the judge serving one step's questions while the policy samples and learns
+    the next): the judge's seconds of `times` (on every chip) scaled to take no longer than the rest of the step,
+    `ceil(devices x judge / rest)`; 0 without a judge."""
+    judge = sum(t.seconds for t in times if t.name.startswith("judge"))
+    rest = sum(t.seconds for t in times) - judge
+    return -(-int(devices * judge * 1000) // max(1, int(rest * 1000))) if judge else 0
+
+
 def decode_tokens_per_s(s, p: Plan, times: list[PhaseTime]) -> float:
     """Rollout tokens a chip decodes per second (its prefill included)."""
     rollout = sum(t.seconds for t in times if t.name.startswith("rollout"))
@@ -150,6 +160,10 @@ def format_times(s, p: Plan) -> str:
         lines.append(f"judge a step: {w.questions:,} questions, {w.prefill_tokens:,} prefill tokens with the prefix "
                      f"tree ({w.flat_prefill_tokens:,} with every vote prefilled on its own: a step of {flat:.2f} s), "
                      f"up to {w.decode_tokens:,} decode tokens")
+        judge = sum(t.seconds for t in times if t.name.startswith("judge"))
+        lines.append(f"judge chips to keep pace: {judge_chips(times, p.topology.devices)} chips of this kind for the "
+                     f"judge alone (its {judge:.1f} s of this step on {p.topology.devices} chips, against "
+                     f"{total - judge:.1f} s of the policy's phases; served on chips of its own, steps overlapped)")
         if w.early_questions < w.questions:
             lines.append(f"early-stopped voting (reward.judge.early_stop): {w.early_questions:,} to {w.questions:,} "
                          f"questions and up to {w.early_questions * s.judge.max_new_tokens:,} to "
