@@ -47,6 +47,10 @@ LINES=100
 MAX_RESTARTS=10
 DRY_RUN=0
 TRAIN_OVERRIDES=()
+MODEL=""
+PORT=""
+JUDGES=""
+API_KEY_FILE=""
 
 COMMAND=""
 FOLLOWER_PID=""  # the background `tail` of worker 0's log (train)
@@ -95,6 +99,8 @@ WORKDIR.
   --config CONFIG     a packaged config (agr.py, scr.py, prc.py, drm.py) or a path relative to ~/rrc_jax
                       (src/... for a file in the shipped source tree)
   --workdir gs://...  checkpoints and metrics; a gs:// path, so that every worker and a re-created slice share it
+  --api-key-file FILE a local file holding a reward service's bearer token (--config.reward.service_url),
+                      copied to every worker and exported as RRC_API_KEY to the trainer
   --detach            start training and return
   --interval SECONDS  between status checks (default 60)
   --grace SECONDS     how long stale trainers get to exit after SIGTERM before SIGKILL (default 30)
@@ -140,6 +146,40 @@ Each re-creation or restart counts against --max-restarts (default 10); past it,
 from its latest checkpoint in the gs:// workdir. With --dry-run: print one round of recovery and exit.
 EOF
     ;;
+    judge) cat <<'EOF'
+usage: tpu.sh judge --name NAME --zone ZONE --model DIR [--port 8000] [-- SERVE_FLAGS ...]
+
+Serve a judge model on the slice (one host: v5litepod-8, v6e-8, v5p-8, v4-8): stop what runs there, then start
+`python -m rrc_jax.serve --model=DIR --host=0.0.0.0 --port=PORT [flags]` on worker 0 under nohup, in ~/rrc_jax
+(log: ~/rrc_jax/judge.log). It answers OpenAI-compatible completions on the VPC's internal network (the default
+firewall admits no outside traffic); `tpu.sh address` prints its URL. Several judge slices are a pool: list their
+URLs in the reward service's --judges or the trainer's --config.inference.url.
+  --model DIR   the judge's Hugging Face directory, relative to ~/rrc_jax (assets/... from setup --assets)
+  --port PORT   (default 8000)
+EOF
+    ;;
+    service) cat <<'EOF'
+usage: tpu.sh service --name NAME --zone ZONE --config CONFIG --api-key-file FILE [--judges URL,...]
+                      [--port 8100] [-- --config.KEY=VALUE ...]
+
+Serve a reward recipe (python -m rrc_jax.service) on worker 0 of the slice, listening on every interface:
+stop what runs there, then start it under nohup in ~/rrc_jax (log: ~/rrc_jax/service.log). Its judge asks the
+judge slices at --judges (a pool; --config.inference.engine=openai), or runs on the slice's own chips without it.
+A trainer then takes its rewards with --config.reward.service_url=URL (`tpu.sh address`).
+  --config CONFIG      the recipe: a packaged config (agr.py, scr.py) or a path relative to ~/rrc_jax
+  --api-key-file FILE  a local file holding the bearer token (the service listens beyond the loopback); copied to
+                       ~/rrc_jax/api_key on worker 0 and read from there. Give the trainer the same file
+                       (tpu.sh train --api-key-file FILE).
+  --judges URL,...     the judge servers' base URLs, comma-separated
+  --port PORT          (default 8100)
+EOF
+    ;;
+    address) cat <<'EOF'
+usage: tpu.sh address --name NAME --zone ZONE [--port PORT]
+
+Print the base URL of worker 0 on the VPC's internal network, http://IP:PORT (default port 8000: a judge's).
+EOF
+    ;;
     *) cat <<EOF
 usage: $PROG COMMAND [flags] [-- --config.KEY=VALUE ...]
 
@@ -154,6 +194,9 @@ commands:
   stop     stop the trainer on every worker and free the TPU
   delete   delete the slice
   watch    keep a run alive: re-create a preempted slice, set it up and restart training
+  judge    serve a judge model on a one-host slice (python -m rrc_jax.serve)
+  service  serve a reward recipe on a slice (python -m rrc_jax.service), its judge a pool of judge slices
+  address  print a slice's worker-0 URL on the internal network
 
 flags of every command:
   --name NAME        the slice (queued resource and node) name (env TPU_NAME)
@@ -377,8 +420,37 @@ stop_training() {
 # The trainer's command line on a worker, run in REMOTE_DIR. JAX's multi-host start-up needs no flags on Cloud TPU
 # VMs: the trainer calls jax.distributed.initialize(), which finds the other workers itself.
 trainer_command() {
+  printf '%s' "$(key_export)"
   shell_quote venv/bin/python -m rrc_jax.train "--config=$CONFIG" "--config.workdir=$WORKDIR" \
     ${TRAIN_OVERRIDES[@]+"${TRAIN_OVERRIDES[@]}"}
+}
+
+# A reward service's bearer token: read from the file --api-key-file copied, never written in a command line.
+key_export() {
+  [[ -n $API_KEY_FILE ]] && printf '%s' "RRC_API_KEY=\$(cat $REMOTE_DIR/api_key) "
+  return 0
+}
+
+# Copy --api-key-file to REMOTE_DIR/api_key on WORKER (a number or all), readable by its owner only.
+ship_key() {
+  [[ -n $API_KEY_FILE ]] || return 0
+  run gcloud compute tpus tpu-vm scp "$API_KEY_FILE" "$NAME:rrc_jax/api_key" "--zone=$ZONE" "--project=$PROJECT" \
+    "--worker=$1"
+  ssh_workers "$1" "chmod 600 $REMOTE_DIR/api_key"
+}
+
+# --- a judge or a reward service on worker 0 ----------------------------------------------------------------------
+
+# Start COMMAND (a shell line run in REMOTE_DIR) on worker 0 in its own session, logging to LOG (kept as .1).
+launch_server() {
+  local command=$1 log=$2 wrapped
+  wrapped=$(shell_quote "$command")
+  ssh_workers 0 "$(join_commands "set -e" "cd $REMOTE_DIR" "if [ -f $log ]; then mv -f $log $log.1; fi" \
+    "setsid nohup bash -c $wrapped > $log 2>&1 < /dev/null &")"
+}
+
+server_started() {
+  log "started; its URL: $PROG address --name $NAME --zone $ZONE --port $PORT; its log on worker 0: ~/$1"
 }
 
 # Start the trainer on every worker in its own session (setsid, nohup: it outlives the ssh connection), logging to
@@ -391,9 +463,11 @@ launch_training() {
     "setsid nohup bash -c $wrapped > $REMOTE_LOG 2>&1 < /dev/null &")"
 }
 
-# Stop whatever runs on the TPU, then start training; if the start fails on any worker, stop them all.
+# Stop whatever runs on the TPU, ship the service's token (--api-key-file), then start training; if the start
+# fails on any worker, stop them all.
 start_training() {
   stop_training
+  ship_key all
   if ! launch_training; then
     stop_training || true
     return 1
@@ -480,6 +554,33 @@ monitor_training() {
 }
 
 # --- commands -----------------------------------------------------------------------------------------------------
+
+cmd_judge() {
+  stop_training
+  launch_server "$(shell_quote venv/bin/python -m rrc_jax.serve "--model=$MODEL" --host=0.0.0.0 "--port=$PORT" \
+    ${TRAIN_OVERRIDES[@]+"${TRAIN_OVERRIDES[@]}"})" "$REMOTE_DIR/judge.log"
+  server_started rrc_jax/judge.log
+}
+
+cmd_service() {
+  local judges=()
+  [[ -n $JUDGES ]] && judges=(--config.inference.engine=openai "--config.inference.url=$JUDGES")
+  stop_training
+  ship_key 0
+  launch_server "$(key_export)$(shell_quote venv/bin/python -m rrc_jax.service "--config=$CONFIG" --host=0.0.0.0 \
+    "--port=$PORT" ${judges[@]+"${judges[@]}"} ${TRAIN_OVERRIDES[@]+"${TRAIN_OVERRIDES[@]}"})" \
+    "$REMOTE_DIR/service.log"
+  server_started rrc_jax/service.log
+}
+
+cmd_address() {
+  local ip
+  ip=$(query 10.0.0.2 gcloud compute tpus tpu-vm describe "$NAME" "--zone=$ZONE" "--project=$PROJECT" \
+    '--format=value(networkEndpoints[0].ipAddress)')
+  ((DRY_RUN)) && return 0
+  [[ -n $ip ]] || die "$NAME has no internal address (is it up?)"
+  printf 'http://%s:%s\n' "$ip" "$PORT"
+}
 
 cmd_create() {
   create_resource
@@ -569,7 +670,7 @@ command_flags() {
   local common="--name --zone --project --no-queue --dry-run"
   local create="--accelerator-type --runtime-version --spot --best-effort --preemptible --interval"
   local setup="--repo --ref --wheel --copy --assets --python"
-  local train="--config --workdir --interval --grace"
+  local train="--config --workdir --interval --grace --api-key-file"
   case $1 in
     create) echo "$common $create --async" ;;
     setup) echo "$common $setup" ;;
@@ -579,6 +680,9 @@ command_flags() {
     stop) echo "$common --grace" ;;
     delete) echo "$common" ;;
     watch) echo "$common $create $setup $train --max-restarts" ;;
+    judge) echo "$common --model --port --grace" ;;
+    service) echo "$common --config --judges --port --api-key-file --grace" ;;
+    address) echo "$common --port" ;;
   esac
 }
 
@@ -620,6 +724,10 @@ set_flag() {
     --grace) GRACE=$(whole_number "$flag" "$value") ;;
     --lines) LINES=$(whole_number "$flag" "$value") ;;
     --max-restarts) MAX_RESTARTS=$(whole_number "$flag" "$value") ;;
+    --model) MODEL=$value ;;
+    --port) PORT=$(whole_number "$flag" "$value") ;;
+    --judges) JUDGES=$value ;;
+    --api-key-file) API_KEY_FILE=$value ;;
   esac
 }
 
@@ -641,7 +749,7 @@ parse_flags() {
         exit 0
         ;;
       --)
-        [[ $COMMAND == train || $COMMAND == watch ]] || die_usage "$COMMAND takes no trainer flags after --"
+        [[ $COMMAND =~ ^(train|watch|judge|service)$ ]] || die_usage "$COMMAND takes no flags after --"
         TRAIN_OVERRIDES=("$@")
         return 0
         ;;
@@ -704,7 +812,22 @@ check_flags() {
   case $COMMAND in
     logs) WORKER=${WORKER:-all} ;;
     ssh) WORKER=${WORKER:-0} ;;
+    judge)
+      require MODEL --model
+      PORT=${PORT:-8000}
+      ;;
+    service)
+      require CONFIG --config
+      require API_KEY_FILE --api-key-file
+      PORT=${PORT:-8100}
+      ;;
+    address) PORT=${PORT:-8000} ;;
   esac
+  [[ -z $API_KEY_FILE || -r $API_KEY_FILE ]] || die_usage "--api-key-file $API_KEY_FILE is not a readable file"
+  local url
+  for url in ${JUDGES//,/ }; do
+    [[ $url =~ ^https?://[^/]+ ]] || die_usage "--judges takes http(s) base URLs, comma-separated, not '$url'"
+  done
   if [[ $WORKER == all && $COMMAND == ssh ]] || ! [[ $WORKER =~ ^([0-9]+|all)?$ ]]; then
     die_usage "--worker takes a worker number$([[ $COMMAND == logs ]] && echo ' or all'), not '$WORKER'"
   fi
@@ -725,7 +848,7 @@ resolve_project() {
 main() {
   COMMAND=${1:-}
   case $COMMAND in
-    create | setup | train | logs | ssh | stop | delete | watch) shift ;;
+    create | setup | train | logs | ssh | stop | delete | watch | judge | service | address) shift ;;
     -h | --help)
       usage
       exit 0

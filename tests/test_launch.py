@@ -178,11 +178,46 @@ def test_logs_ssh_stop_delete_dry_run(stub):
     assert delete[3:6] == ["tpu-vm", "delete", "rrc-v5p"] and "--async" in delete
 
 
+def test_judge_slices_a_reward_service_and_a_trainer_pointing_at_it(stub, tmp_path):
+    """The judge on its own slices (`judge`: `rrc_jax.serve` on worker 0, every interface), the reward service on
+    another whose judge is their pool (`service --judges`), each slice's internal URL (`address`), and the trainer
+    pointed at the service (`--config.reward.service_url`) with the service's token, which travels as a file and
+    never in a command line."""
+    key = tmp_path / "key"
+    key.write_text("sesame\n")
+    stop, launch = dry_run(stub, "judge", "--name=judge-1", "--zone=us-east5-a", "--model=assets/grm-8b", "--",
+                           "--max_batch=256")
+    assert "--worker=all" in stop and "sudo pkill -TERM" in command_of(stop)
+    remote = command_of(launch)
+    assert "--worker=0" in launch and "> $HOME/rrc_jax/judge.log 2>&1" in remote
+    assert "-m rrc_jax.serve --model=assets/grm-8b --host=0.0.0.0 --port=8000 --max_batch=256" in remote
+    (describe,) = dry_run(stub, "address", "--name=judge-1", "--zone=us-east5-a")
+    assert describe[4] == "describe" and "--format=value(networkEndpoints[0].ipAddress)" in describe
+    judges = "http://10.0.0.2:8000,http://10.0.0.3:8000"
+    stop, copy, chmod, launch = dry_run(stub, "service", "--name=rewards", "--zone=us-east5-a", "--config=agr.py",
+                                        f"--judges={judges}", f"--api-key-file={key}", "--",
+                                        "--config.rl.group_size=8")
+    assert copy[4] == "scp" and copy[5:7] == [str(key), "rewards:rrc_jax/api_key"] and "--worker=0" in copy
+    assert "chmod 600 $HOME/rrc_jax/api_key" in command_of(chmod)
+    remote = command_of(launch)
+    assert ("RRC_API_KEY=$(cat $HOME/rrc_jax/api_key) venv/bin/python -m rrc_jax.service --config=agr.py "
+            f"--host=0.0.0.0 --port=8100 --config.inference.engine=openai --config.inference.url={judges} "
+            "--config.rl.group_size=8") in remote and "sesame" not in remote
+    stop, copy, chmod, launch, *_ = dry_run(stub, "train", *LOC, "--config=agr.py", "--workdir=gs://b/agr",
+                                            f"--api-key-file={key}", "--",
+                                            "--config.reward.service_url=http://10.0.0.4:8100")
+    assert "--worker=all" in copy and "--worker=all" in chmod
+    assert ("RRC_API_KEY=$(cat $HOME/rrc_jax/api_key) venv/bin/python -m rrc_jax.train --config=agr.py "
+            "--config.workdir=gs://b/agr --config.reward.service_url=http://10.0.0.4:8100") in command_of(launch)
+    assert all("sesame" not in " ".join(argv) for argv in (stop, copy, chmod, launch))
+
+
 def test_remote_commands_are_valid_shell(stub):
     """Every remote command parses (bash -n): the quoting of the trainer's flags inside `bash -c` inside ssh."""
     runs = [("setup", "--repo=https://e.com/r.git", "--ref=main", "--assets=gs://b/a"), ("setup", "--copy"),
             ("train", "--config=agr.py", "--workdir=gs://b/r", "--", "--config.data.path=it's.jsonl"),
-            ("logs", "--follow"), ("stop",)]
+            ("logs", "--follow"), ("stop",), ("judge", "--model=assets/grm", "--", "--max_batch=256"),
+            ("service", "--config=agr.py", "--api-key-file=/dev/null", "--judges=http://10.0.0.2:8000")]
     for command, *args in runs:
         for argv in dry_run(stub, command, *LOC, *args):
             if any(a.startswith("--command=") for a in argv):
@@ -215,7 +250,13 @@ def test_watch_dry_run_prints_one_round(stub):
     (["logs", *LOC, "--spot"], "logs does not take --spot"),
     (["ssh", *LOC, "--worker=all"], "--worker takes a worker number"),
     (["stop", *LOC, "--grace=soon"], "--grace takes a whole number"),
-    (["stop", *LOC, "--", "--config.steps=1"], "stop takes no trainer flags"),
+    (["stop", *LOC, "--", "--config.steps=1"], "stop takes no flags after --"),
+    (["judge", *LOC], "missing --model"),
+    (["service", *LOC, "--config=agr.py"], "missing --api-key-file"),
+    (["service", *LOC, "--config=agr.py", "--api-key-file=/nonexistent/key"], "is not a readable file"),
+    (["service", *LOC, "--config=agr.py", "--api-key-file=/dev/null", "--judges=10.0.0.2:8000"],
+     "--judges takes http(s) base URLs"),
+    (["address", *LOC, "--port=web"], "--port takes a whole number"),
 ])
 def test_usage_errors_exit_2(stub, tmp_path, args, message):
     env = stub.env
@@ -228,7 +269,8 @@ def test_usage_errors_exit_2(stub, tmp_path, args, message):
 def test_help(stub):
     assert "missing COMMAND" in run_script(env=stub.env, check_rc=2).stderr
     assert "commands:" in run_script("--help", env=stub.env).stdout
-    for command in ("create", "setup", "train", "logs", "ssh", "stop", "delete", "watch"):
+    for command in ("create", "setup", "train", "logs", "ssh", "stop", "delete", "watch", "judge", "service",
+                    "address"):
         assert run_script(command, "--help", env=stub.env).stdout.startswith(f"usage: tpu.sh {command}")
 
 
