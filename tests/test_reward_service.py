@@ -149,6 +149,23 @@ def test_openrlhf_and_slime_requests_get_their_groups_rewards():
     assert status == 400 and "--config.rl.group_size" in answer["error"]["message"]
 
 
+def test_a_per_rollout_reward_judges_each_rollout_as_it_arrives():
+    """With `per_rollout` (AGR, PRC: a rollout's reward does not depend on its group) a rollout is answered without
+    waiting for its group: two of a group of 4 are judged and answered, each alone, while the others never come; the
+    rollouts that arrive together share a judge call; a retry gets its first answer."""
+    calls = []
+    with serving(make_app(rank_judge(calls), poll_s=0.05, per_rollout=True)) as url:
+        first = post(url, {"rollouts": [rollout(0, 0, 4)]})
+        both = post(url, {"rollouts": [rollout(0, 1, 4), rollout(1, 0, 4)]})
+        again = post(url, {"rollouts": [rollout(0, 1, 4)]})
+        stats = health(url)
+    assert first[0] == both[0] == again[0] == 200 and "errors" not in both[1]
+    assert first[1]["rewards"] == [0.0] and both[1]["rewards"] == [0.0, 0.0] and again[1] == {
+        "rewards": [0.0], "cohorts": both[1]["cohorts"][:1]}
+    assert [len(c) for c in calls] == [1, 2] and all(size == 1 for call in calls for _, size in call)
+    assert (stats["rollouts"], stats["retries"], stats["open"], stats["judged"]) == (3, 1, 0, 3)
+
+
 def nemo_gym_verify(prompt, text, task, rollout):
     """NeMo Gym's verify request (`BaseVerifyRequest`) as its simple agent sends it: the run request (the dataset
     row's own fields beside `responses_create_params`) and the policy's Responses API answer, a reasoning item

@@ -642,8 +642,8 @@ def test_resume_refuses_a_changed_config_and_a_diverging_run_stops_before_saving
 def test_the_judge_behind_the_reward_service_gives_the_in_process_metrics(tmp_path, toy_cache):
     """The main job (AGR, greedy judge) with `reward.service_url` pointing at the reward service of the same recipe
     (`rrc_jax.service.rewards.recipe_app`, the command's app, on the loopback): every metric both runs log is the
-    in-process run's (times aside); the trainer never builds the GRM, and the service judged each step's 4 groups
-    whole, once."""
+    in-process run's (times aside); the trainer never builds the GRM, and the service judged each rollout once (AGR's
+    reward is per response: each rollout a cohort of its own)."""
     from rrc_jax.inference.server import serving
     from rrc_jax.service.rewards import recipe_app
 
@@ -655,7 +655,7 @@ def test_the_judge_behind_the_reward_service_gives_the_in_process_metrics(tmp_pa
         assert "grm" not in settings.reward_roles
         served = read_metrics(run(settings))
     stats = app.state.service.stats
-    assert (stats.judged, stats.failed, app.state.service.cohorts.stats.retries) == (2 * 4, 0, 0)
+    assert (stats.judged, stats.failed, app.state.service.cohorts.stats.retries) == (2 * 4 * 4, 0, 0)  # per rollout
     assert sorted(served) == sorted(local) == [0, 1, 2]
     for step in local:
         shared = {k for k in set(local[step]) & set(served[step])

@@ -56,6 +56,7 @@ class AGRReward(JudgeConstruction):
     kind = "agr"
     Settings = AGRSettings
     columns = ("anchors",)  # another trainer's groups: each prompt's n anchors come with it
+    per_response = True  # Eq. 22: a response's wins against its prompt's anchors
 
     def __init__(self, judge, seed: int, *, store: AnchorStore, votes: int, swap: bool, alpha: float,
                  ties: str, refresh_every: int, ctx, refreshed_dir: str | epath.Path = "",

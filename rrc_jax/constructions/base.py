@@ -15,7 +15,8 @@ once by `rrc_jax.config.validate` (a `TrainerSettings`: `s.rollout`, `s.judge`, 
   `baseline`: whether it is one of the RRC paper's baselines (PRC, DRM);
 * `of_groups(judge, ...)` and `columns`: how another trainer's groups are rewarded with it
   (`rrc_jax.integrations.groups.GroupRewards`), from the texts and the per-prompt `columns` it reads; None when its
-  rewards need this trainer (a policy sampler, a DRM, a store of anchors).
+  rewards need this trainer (a policy sampler, a DRM, a store of anchors); `per_response`: whether a response's
+  reward depends on its group (False) or on it alone (AGR's anchors beaten, PRC's P(A) against o_ref).
 
 An instance is called once per step and returns a `RewardResult`; `evaluate` gives its held-out metrics. It is
 built by `from_settings` from the run's settings and its `RewardContext` (`rrc_jax.constructions.context`).
@@ -102,6 +103,9 @@ class Construction:
     questions: ClassVar[str | None] = None  # 'pairwise' | 'pointwise': the judge questions it trains on
     baseline: ClassVar[bool] = False  # one of the RRC paper's baselines (the study plots them together)
     columns: ClassVar[tuple[str, ...]] = ()  # what `of_groups` reads per prompt besides the texts
+    # whether a response's reward depends on it and its prompt's columns alone, not on the rest of its group (a
+    # reward service then judges each rollout as it arrives)
+    per_response: ClassVar[bool] = False
 
     @classmethod
     def roles(cls, s) -> frozenset[str]:

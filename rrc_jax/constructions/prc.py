@@ -38,6 +38,7 @@ class PRCReward(JudgeConstruction):
     Settings = PRCSettings
     baseline = True
     columns = ("reference",)  # another trainer's groups: each prompt's o_ref comes with it
+    per_response = True  # Eq. 5: a response's P(A) against its prompt's o_ref
 
     def __init__(self, judge, seed: int, *, think: bool, reference: str, ctx, eval_votes: int = 0):
         super().__init__(judge, seed, ctx=ctx, eval_votes=eval_votes)

@@ -12,7 +12,9 @@ counted. With an API key a request without its bearer token is a 401; a body too
 many requests in flight a 429 (`make_app`).
 
 Judging: `reward_cohorts(cohorts)` (blocking: a judge model) runs on one worker thread; the cohorts completed while
-it runs are handed to its next call together, so that concurrent cohorts share the judge's calls. A cohort open
+it runs are handed to its next call together, so that concurrent cohorts share the judge's calls. With
+`per_rollout` (a construction whose reward of a rollout does not depend on its group: AGR, PRC) a rollout does not
+wait for its group: it is a cohort of one, judged in the next call with every rollout that arrived meanwhile. A cohort open
 `timeout_s` after its first rollout is judged as it is when it holds two rollouts or more, else each of its
 rollouts is answered with an error naming the group (`CohortStats.expired`; `ServiceStats.failed`). A retried
 request (the same `request_id`s) waits for, or gets, the first one's answers: no cohort counts a rollout twice.
@@ -102,8 +104,8 @@ class RewardService:
     """`Cohorts` and the worker that judges them (the module docstring). Create and use it on one event loop."""
 
     def __init__(self, reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, poll_s: float = 0.5,
-                 remember: int = 100_000):
-        self.reward_cohorts, self.poll_s = reward_cohorts, poll_s
+                 remember: int = 100_000, per_rollout: bool = False):
+        self.reward_cohorts, self.poll_s, self.per_rollout = reward_cohorts, poll_s, per_rollout
         self.cohorts = Cohorts(timeout_s=timeout_s, remember=remember)
         self.stats = ServiceStats()
         self._futures: dict[int, asyncio.Future] = {}  # cohort serial -> its answers
@@ -138,6 +140,8 @@ class RewardService:
         self._start()
         if self.draining:
             raise BadRequest("the service is stopping: send the rollouts to another", 503)
+        if self.per_rollout:  # each its own cohort of one, whole at once (a retry repeats it: the same rollout)
+            rollouts = [dataclasses.replace(r, group=f"{r.key}\x1f{r.request_id}", group_size=1) for r in rollouts]
         for k, r in enumerate(rollouts):  # refuse before counting anything
             self.cohorts.check(r, rollouts[:k])
         places = []
@@ -214,7 +218,7 @@ def _error(message: str, status: int) -> JSONResponse:
 def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rollouts: int = 4096,
              poll_s: float = 0.5, api_key: str = "", max_body_bytes: int = 64 << 20,
              max_client_requests: int = 8192, group_size: int = 0,
-             judge_health: Callable[[], list[dict]] | None = None) -> Starlette:
+             judge_health: Callable[[], list[dict]] | None = None, per_rollout: bool = False) -> Starlette:
     """The ASGI app of a `RewardService` over `reward_cohorts`: `POST /v1/rewards`, the peers' endpoints
     (`POST /openrlhf`, `/slime`, NeMo Gym's `/verify` with its `/seed_session` and `/close_session`:
     `rrc_jax.service.protocols`, their groups of `group_size`) and `GET /health`. `app.state.service` is the
@@ -223,8 +227,9 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
     With `api_key`, every request carries `Authorization: Bearer <api_key>` (else 401). A body over
     `max_body_bytes` is a 413; a client (by address) with `max_client_requests` requests in flight gets a 429 for
     the next (a trainer sends each rollout of a step at once: the limit bounds one client's share, not a step).
-    `judge_health()`, when given, is the judge's servers' state in `GET /health` (`judge_servers`)."""
-    service = RewardService(reward_cohorts, timeout_s=timeout_s, poll_s=poll_s)
+    `judge_health()`, when given, is the judge's servers' state in `GET /health` (`judge_servers`); `per_rollout`:
+    each rollout judged as it arrives (`RewardService`)."""
+    service = RewardService(reward_cohorts, timeout_s=timeout_s, poll_s=poll_s, per_rollout=per_rollout)
     in_flight: collections.Counter[str] = collections.Counter()
 
     def authorized(request: Request) -> bool:

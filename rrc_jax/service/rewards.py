@@ -75,6 +75,7 @@ def recipe_app(s, columns: dict | None = None, **limits):
     rewards = GroupRewards(judge, kind, group_size=s.rollout.group_size, votes=j.votes, swap=j.swap, seed=s.seed,
                            **(dataclasses.asdict(settings) if settings is not None else {}))
     app = make_app(cohort_rewards(rewards, **(columns or {})), group_size=s.rollout.group_size,
-                   judge_health=(lambda: judge.sampler.pool.health()) if served else None, **limits)
+                   judge_health=(lambda: judge.sampler.pool.health()) if served else None,
+                   per_rollout=s.reward.per_response, **limits)
     app.state.grm = grm
     return app
