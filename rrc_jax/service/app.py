@@ -12,12 +12,12 @@ counted. With an API key a request without its bearer token is a 401; a body too
 many requests in flight a 429 (`make_app`).
 
 Judging: `reward_cohorts(cohorts)` (blocking: a judge model) runs on one worker thread; the cohorts completed while
-it runs are handed to its next call together, so that concurrent cohorts share the judge's calls. With
-`per_rollout` (a construction whose reward of a rollout does not depend on its group: AGR, PRC) a rollout does not
-wait for its group: it is a cohort of one, judged in the next call with every rollout that arrived meanwhile. A cohort open
-`timeout_s` after its first rollout is judged as it is when it holds two rollouts or more, else each of its
-rollouts is answered with an error naming the group (`CohortStats.expired`; `ServiceStats.failed`). A retried
-request (the same `request_id`s) waits for, or gets, the first one's answers: no cohort counts a rollout twice.
+it runs are handed to its next call together, so that concurrent cohorts share the judge's calls. With `per_rollout`
+(a construction whose reward of a rollout does not depend on its group: AGR, PRC) a rollout does not wait for its
+group: it is a cohort of one, judged in the next call with every rollout that arrived meanwhile. A cohort open
+`timeout_s` after its first rollout is judged as it is when it holds two rollouts or more, else each of its rollouts
+is answered with an error naming the group (`CohortStats.expired`; `ServiceStats.failed`). A retried request (the
+same `request_id`s) waits for, or gets, the first one's answers: no cohort counts a rollout twice.
 
 `GET /health` returns the counts (`ServiceStats`, `CohortStats`) and the cohorts open and being judged.
 
