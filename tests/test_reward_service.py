@@ -348,10 +348,10 @@ def test_the_service_command_serves_a_recipe_on_the_toy_world(toy_cache, tmp_pat
 
     bad = tmp_path / "anchors.json"
     bad.write_text(json.dumps({prompt: "not a list"}))
-    cases = [((), "error: --anchors=: reward.kind=agr needs each prompt's anchors"),
-             ((f"--anchors={bad}",), f"error: --anchors={bad}: prompt "),
-             (("--host=0.0.0.0",), "error: --host=0.0.0.0: listening beyond the loopback needs --api_key")]
-    for extra, message in cases:
-        out = subprocess.run(command("agr.py", *extra), capture_output=True, text=True, timeout=120)
+    cases = [("prc.py", (), "error: --anchors=: reward.kind=prc needs each prompt's reference"),
+             ("agr.py", (f"--anchors={bad}",), f"error: --anchors={bad}: prompt "),
+             ("agr.py", ("--host=0.0.0.0",), "error: --host=0.0.0.0: listening beyond the loopback needs --api_key")]
+    for recipe, extra, message in cases:  # (AGR without --anchors serves: each request then brings them)
+        out = subprocess.run(command(recipe, *extra), capture_output=True, text=True, timeout=120)
         assert out.returncode != 0 and out.stderr.strip().startswith(message), out.stderr[-2000:]
         assert out.stderr.strip().count("\n") == 0, out.stderr[-2000:]

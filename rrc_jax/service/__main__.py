@@ -9,7 +9,8 @@ agr, prc, the tournaments), that kind's settings (`reward.<kind>`), the judge's 
 template, temperature, max_new_tokens, max_batch) and the GRM (`models.grm`: a checkpoint directory, or the toy
 world's), in this process or, with `inference.engine=openai`, asked of its servers (`inference.url`, several
 comma-separated: a judge pool, `rrc_jax.inference.pool`). AGR's anchors (PRC's reference) come from `--anchors`, a
-JSON object mapping each prompt to its list of anchors (to its reference response). What a request holds and how
+JSON object mapping each prompt to its list of anchors (to its reference response), or with each rollout (AGR's:
+a trainer's own, `reward.service_url`). What a request holds and how
 cohorts fill, expire and are judged: `rrc_jax.service.app`; OpenRLHF's, slime's and NeMo Gym's requests (`POST
 /openrlhf`, `/slime`, `/verify`) carry no group size: theirs is `rl.group_size` (set it to the trainer's samples per
 prompt). One process serves; needs the serve extra. SIGTERM or Ctrl-C drains it: every open cohort is judged as it
@@ -51,6 +52,9 @@ def read_columns(path: str, kind: str, columns: tuple[str, ...]) -> dict:
             raise cli.flag_error("anchors", f"reward.kind={kind} reads no anchors or references; drop the flag")
         return {}
     if not path:
+        if columns == ("anchors",):  # then each request brings its prompts' anchors (a trainer's own samples)
+            say(f"no --anchors: every rollout of reward.kind={kind} must bring its prompt's anchors")
+            return {}
         raise cli.flag_error("anchors", f"reward.kind={kind} needs each prompt's {' and '.join(columns)}: a JSON "
                              "file mapping each prompt to them")
     try:
