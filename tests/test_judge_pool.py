@@ -69,8 +69,8 @@ def test_two_servers_answer_as_one_and_one_dying_halfway_loses_nothing():
         judge.sampler.probe()
         votes, log = judge.explain(*pairs, votes=2, swap=True)
         s = judge.summary()
-        assert s["endpoint0_requests"] > 0 and s["endpoint1_requests"] > 0
-        assert s["endpoint0_requests"] + s["endpoint1_requests"] == s["requests"] == 32
+        assert s["endpoint0_attempts"] > 0 and s["endpoint1_attempts"] > 0
+        assert s["endpoint0_attempts"] + s["endpoint1_attempts"] == s["requests"] == 32
         assert len(a.log) + len(b.log) == 32 + 2 and judge.metrics.abstains == 0  # (and each one probe)
         b.close()  # halfway: b is gone
         judge.reset_metrics()
@@ -79,8 +79,8 @@ def test_two_servers_answer_as_one_and_one_dying_halfway_loses_nothing():
     assert [v.text for v in log2] == [v.text for v in log] and judge.metrics.abstains == 0
     assert (votes2.wins == votes.wins).all() and (votes2.losses == votes.losses).all()
     assert s2["failed_requests"] == 0 and s2["refused"] == 0  # (a request whose last attempt failed: none)
-    assert s2["endpoint1_failed"] == s2["endpoint1_requests"] >= 2 and s2["endpoint1_benched"] == 1
-    assert s2["endpoint0_failed"] == 0 and s2["endpoint0_requests"] == 32
+    assert s2["endpoint1_failed"] == s2["endpoint1_attempts"] >= 2 and s2["endpoint1_benched"] == 1
+    assert s2["endpoint0_failed"] == 0 and s2["endpoint0_attempts"] == 32
     assert judge.sampler.stats.retries == s2["endpoint1_failed"]
     assert all(verdict_of(list(ids)) for ids, _ in a.log)
     assert judge.sampler.pool.health()[1]["benched"]

@@ -13,7 +13,7 @@ does it, `rrc_jax.serve` prefills a batch's shared prefixes once, and so this en
 `url` may list several servers of one model (comma-separated): a judge pool (`rrc_jax.inference.pool`). Each
 attempt goes to the least loaded, a failed request's next attempt to another, and a server that keeps failing is
 benched (`bench_after` failures in a row, for `bench_s` seconds) and probed again; a step's requests and failures
-per server are counted (`judge/endpoint<i>_requests`, `_failed`, `_benched`).
+per server are counted (`judge/endpoint<i>_attempts`, `_failed`, `_benched`).
 
 Before a run asks anything, `probe()` checks every server once (`rrc_jax.inference.factory.role_sampler` calls it):
 `GET /v1/models` must list `api_model` and a one-token completion must come back as a completion; a server that is
@@ -97,7 +97,7 @@ class HttpStats(SamplerStats):
 
     def failures(self) -> dict[str, int]:
         per_server = {f"endpoint{i}_{name}": n for i, counts in enumerate(self.endpoints)
-                      for name, n in zip(("requests", "failed", "benched"), counts)} if len(self.endpoints) > 1 else {}
+                      for name, n in zip(("attempts", "failed", "benched"), counts)} if len(self.endpoints) > 1 else {}
         return {"requests": self.calls, "failed_requests": self.failed, "unanswered_questions": self.unanswered,
                 **{counter: getattr(self, counter) for counter, _ in FAILURES.values()}, **per_server}
 

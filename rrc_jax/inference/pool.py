@@ -10,7 +10,7 @@ the trainer's `inference.engine=openai` and the reward service's judge).
   probe: a success clears it, a failure benches it again. When every endpoint is benched, the one whose bench ends
   first is asked (a request is never refused by the pool itself).
 * **Counted.** Each endpoint's attempts, failures and benchings since the start (`health()`); the engine logs a
-  step's per endpoint (`judge/endpoint<i>_requests`, `_failed`, `_benched`).
+  step's per endpoint (`judge/endpoint<i>_attempts`, `_failed`, `_benched`).
 
 Thread-safe (the engine's request threads share it); the clock is injectable for tests.
 """
