@@ -126,29 +126,36 @@ def make_params(n):
     return SamplingParams(temperature=0.0, max_new_tokens=n)
 
 
-def test_the_main_job_with_the_served_judge_gives_the_in_process_series(tmp_path, toy_cache, grm, served,
-                                                                       monkeypatch):
-    """SCR, 2 steps, the judge greedy: `inference.engine=openai` pointed at the served toy judge gives the
-    in-process run's eval/oracle_quality series and rewards, and the trainer never loads the judge's weights."""
+def test_the_main_job_with_the_served_judge_or_the_reward_service_gives_the_in_process_series(
+        tmp_path, toy_cache, grm, served, monkeypatch):
+    """AGR, 2 steps, the judge greedy, three ways: in process; `inference.engine=openai` pointed at the served toy
+    judge; `reward.service_url` pointed at the reward service of the same recipe (`recipe_app`, the command's app,
+    on the loopback), AGR's anchors the run's own sent with each rollout. The served judge gives the in-process
+    run's judge counts and series; the service every metric both runs log (times aside: it keeps the judge's own
+    metrics), judging each rollout once. Neither trainer loads the judge's weights."""
     from conftest import read_metrics, tiny_config
 
     import rrc_jax.rl.roles
     from rrc_jax.rl.trainer import run
+    from rrc_jax.service.rewards import recipe_app
 
     url, _ = served
     loaded = []
     real = rrc_jax.rl.roles.load_hf
     monkeypatch.setattr(rrc_jax.rl.roles, "load_hf", lambda path, **kw: loaded.append(path) or real(path, **kw))
     common = {"eval.judge_votes": 0, "reward.judge.max_new_tokens": 48}
+    app = recipe_app(validate(tiny_config("agr", tmp_path / "service", toy_cache, **common)), poll_s=0.05)
     runs = {}
-    for engine in ("jax", "openai"):
-        loaded.clear()
-        workdir = run(validate(tiny_config("scr", tmp_path / engine, toy_cache, **common, **{
-            "inference.engine": engine, **({"inference.url": url} if engine == "openai" else {})})))
-        runs[engine] = (read_metrics(workdir), list(loaded))
+    with serving(app) as service:
+        for way, overrides in (("jax", {}), ("openai", {"inference.engine": "openai", "inference.url": url}),
+                               ("service", {"reward.service_url": service})):
+            loaded.clear()
+            workdir = run(validate(tiny_config("agr", tmp_path / way, toy_cache, **common, **overrides)))
+            runs[way] = (read_metrics(workdir), list(loaded))
     (here, here_loaded), (there, there_loaded) = runs["jax"], runs["openai"]
-    assert grm[0] in here_loaded and grm[0] not in there_loaded
-    assert sorted(here) == sorted(there) == [0, 1, 2]
+    rewarded, rewarded_loaded = runs["service"]
+    assert grm[0] in here_loaded and grm[0] not in there_loaded and grm[0] not in rewarded_loaded
+    assert sorted(here) == sorted(there) == sorted(rewarded) == [0, 1, 2]
     series = lambda rows, key: [rows[s].get(key) for s in sorted(rows)]  # noqa: E731
     assert series(here, "eval/oracle_quality") == series(there, "eval/oracle_quality")
     assert [q for q in series(here, "eval/oracle_quality") if q is not None]
@@ -156,6 +163,14 @@ def test_the_main_job_with_the_served_judge_gives_the_in_process_series(tmp_path
         assert series(here, key) == series(there, key), key
     assert any(here[s]["reward/std"] > 0 for s in (1, 2))  # verdicts that rank
     assert all(there[s]["judge/failed_requests"] == 0 for s in (1, 2))
+    for step in here:
+        shared = {k for k in set(here[step]) & set(rewarded[step])
+                  if not k.startswith(("time/", "memory/", "system/")) and k != "tokens_per_second"}
+        assert {"reward/mean", "loss", "kl", "oracle_quality"} <= shared or step == 0
+        assert {k: rewarded[step][k] for k in shared} == {k: here[step][k] for k in shared}, step
+        assert not any(k.startswith("judge/") for k in rewarded[step])
+    stats = app.state.service.stats
+    assert (stats.judged, stats.failed, app.state.service.cohorts.stats.retries) == (2 * 4 * 4, 0, 0)  # per rollout
 
 
 def test_the_serve_command_serves_a_checkpoint(grm, tmp_path):

@@ -2,9 +2,9 @@
 cohorts interleaved in random order, some requests retried, its judge a pool of two scripted OpenAI-compatible
 servers (`test_openai_engine.Server`) one of which dies halfway; then SIGTERM mid-load. Every reward is the
 in-process construction's on the same verdicts, no cohort mixed or counted twice, nothing lost; p50 / p99 latency
-and rollouts/s are printed:
+and rollouts/s are printed. The full size (8 clients, 200 cohorts of 8, 5% retried) is `slow`:
 
-    python -m pytest tests/test_service_load.py -s
+    python -m pytest -m slow tests/test_service_load.py -s -p no:xdist
 """
 
 import concurrent.futures
@@ -18,6 +18,7 @@ import time
 import urllib.request
 
 import numpy as np
+import pytest
 from conftest import post_json
 from test_openai_engine import Server, free_port
 
@@ -181,6 +182,11 @@ def check_and_report(toy_cache, n_cohorts, clients, retry_rate):
 
 
 def test_the_service_under_load_loses_nothing(toy_cache):
-    """8 concurrent clients, 200 cohorts of 8 interleaved in random order, 5% of the requests retried (about 20 s
-    on 2 cores)."""
+    """A small load (4 clients, 24 cohorts of 8, 10% of the requests retried) with every check of the full one."""
+    check_and_report(toy_cache, n_cohorts=24, clients=4, retry_rate=0.1)
+
+
+@pytest.mark.slow
+def test_the_service_under_full_load_loses_nothing(toy_cache):
+    """8 concurrent clients, 200 cohorts of 8 interleaved in random order, 5% of the requests retried."""
     check_and_report(toy_cache, n_cohorts=200, clients=8, retry_rate=0.05)

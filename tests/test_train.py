@@ -638,29 +638,3 @@ def test_resume_refuses_a_changed_config_and_a_diverging_run_stops_before_saving
     assert json.loads((workdir / "config.v1.json").read_text())["rl"]["learning_rate"] == 2e-4
     assert json.loads((workdir / "config.json").read_text())["rl"]["learning_rate"] == 1e30
 
-
-def test_the_judge_behind_the_reward_service_gives_the_in_process_metrics(tmp_path, toy_cache):
-    """The main job (AGR, greedy judge) with `reward.service_url` pointing at the reward service of the same recipe
-    (`rrc_jax.service.rewards.recipe_app`, the command's app, on the loopback): every metric both runs log is the
-    in-process run's (times aside); the trainer never builds the GRM, and the service judged each rollout once (AGR's
-    reward is per response: each rollout a cohort of its own)."""
-    from rrc_jax.inference.server import serving
-    from rrc_jax.service.rewards import recipe_app
-
-    over = {"reward.judge.temperature": 0.0, "reward.judge.max_new_tokens": 48, "eval.judge_votes": 0}
-    local = read_metrics(run(validate(tiny_config("agr", tmp_path / "local", toy_cache, **over))))
-    app = recipe_app(validate(tiny_config("agr", tmp_path / "service", toy_cache, **over)), poll_s=0.05)
-    with serving(app) as url:
-        settings = validate(tiny_config("agr", tmp_path / "served", toy_cache, **over, **{"reward.service_url": url}))
-        assert "grm" not in settings.reward_roles
-        served = read_metrics(run(settings))
-    stats = app.state.service.stats
-    assert (stats.judged, stats.failed, app.state.service.cohorts.stats.retries) == (2 * 4 * 4, 0, 0)  # per rollout
-    assert sorted(served) == sorted(local) == [0, 1, 2]
-    for step in local:
-        shared = {k for k in set(local[step]) & set(served[step])
-                  if not k.startswith(("time/", "memory/", "system/")) and k != "tokens_per_second"}
-        assert {"reward/mean", "loss", "kl", "oracle_quality"} <= shared or step == 0
-        assert {k: served[step][k] for k in shared} == {k: local[step][k] for k in shared}, step
-        assert not any(k.startswith("judge/") for k in served[step])
-    assert max(local[step]["reward/std"] for step in (1, 2)) > 0  # the judge ranked something
