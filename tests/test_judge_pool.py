@@ -48,6 +48,16 @@ def test_attempts_go_to_the_least_loaded_server_and_a_failing_one_is_benched_the
     for e in pool.endpoints[1:]:  # every server benched: the one whose bench ends first is asked, never nothing
         e.benched_until = clock.now + 50.0
     assert pool.acquire().url == "http://a"
+    # an answer to an attempt started before the endpoint's last failure does not clear its bench
+    b, c = pool.endpoints[1], pool.endpoints[2]
+    b.benched_until = c.benched_until = 0.0
+    old = pool.acquire(avoid={"http://a", "http://c"})
+    assert old.url == "http://b"
+    clock.now += 1.0
+    for _ in range(2):
+        failed = pool.acquire(avoid={"http://a", "http://c"})
+        pool.release(failed, ok=False)
+    assert pool.benched(b) and not pool.release(old, ok=True) and pool.benched(b)
     with pytest.raises(ValueError, match="listed twice"):
         EndpointPool(["http://a", "http://a"])
 

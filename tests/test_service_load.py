@@ -167,7 +167,7 @@ def check_and_report(toy_cache, n_cohorts, clients, retry_rate):
                                                                                      n_cohorts, 0)
     assert stats["retries"] == sent - rollouts > 0
     dead = stats["judge_servers"][1]
-    assert b.stop and dead["failures"] >= 2 and dead["benched"] and stats["judge_servers"][0]["failures"] == 0
+    assert b.stop and dead["failures"] >= 2 and dead["benched"] and stats["judge_servers"][0]["failures"] == 0, stats
     assert len(b.log) > 0 and len(a.log) > len(b.log)  # b answered until it died; a took the rest
     # SIGTERM: every request taken answered, each cohort of 7 judged as it is
     assert [s for s, _ in drained] == [200] * len(drained) and all("errors" not in x for _, x in drained)

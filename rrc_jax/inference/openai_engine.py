@@ -55,7 +55,7 @@ import jax
 import numpy as np
 
 from rrc_jax.errors import ConfigError
-from rrc_jax.inference.pool import Endpoint, EndpointPool
+from rrc_jax.inference.pool import Attempt, EndpointPool
 from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix
 from rrc_jax.models import stop_tokens
 
@@ -268,7 +268,7 @@ class OpenAISampler:
                 return result, n
         return last, self.retries
 
-    def _count(self, server: Endpoint, ok: bool) -> None:
+    def _count(self, server: Attempt, ok: bool) -> None:
         benched = self.pool.release(server, ok)
         counts = self.stats.endpoints[server.index]
         counts[0] += 1

@@ -7,8 +7,9 @@ the trainer's `inference.engine=openai` and the reward service's judge).
   benched; only a request with nowhere else to go waits (the engine's backoff) before asking the same again.
 * **Benched, probed again.** An endpoint whose `bench_after` attempts in a row failed is benched for `bench_s`
   seconds: no attempt goes there while another endpoint is in play. Then it is back, and its next attempt is the
-  probe: a success clears it, a failure benches it again. When every endpoint is benched, the one whose bench ends
-  first is asked (a request is never refused by the pool itself).
+  probe: a success clears it, a failure benches it again. Only an attempt started after the endpoint's last failure
+  clears it (an answer to a request sent before it died says nothing of it now). When every endpoint is benched, the
+  one whose bench ends first is asked (a request is never refused by the pool itself).
 * **Counted.** Each endpoint's attempts, failures and benchings since the start (`health()`); the engine logs a
   step's per endpoint (`judge/endpoint<i>_attempts`, `_failed`, `_benched`).
 
@@ -21,21 +22,38 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
+from typing import NamedTuple
 
 
 @dataclasses.dataclass
 class Endpoint:
-    """One server of the pool: its base URL, requests in flight, attempts failed in a row, the clock time its bench
-    ends (0: never benched), and its totals since the start."""
+    """One server of the pool: its base URL, requests in flight, attempts failed in a row, the clock time of its last
+    failure and the one its bench ends (0: never benched), and its totals since the start."""
 
     url: str
     index: int
     in_flight: int = 0
     failed_in_a_row: int = 0
+    last_failure: float = float("-inf")
     benched_until: float = 0.0
     attempts: int = 0
     failures: int = 0
     benchings: int = 0
+
+
+class Attempt(NamedTuple):
+    """An attempt on `endpoint`, started at the pool's clock time `started`."""
+
+    endpoint: Endpoint
+    started: float
+
+    @property
+    def url(self) -> str:
+        return self.endpoint.url
+
+    @property
+    def index(self) -> int:
+        return self.endpoint.index
 
 
 class EndpointPool:
@@ -56,7 +74,7 @@ class EndpointPool:
     def benched(self, e: Endpoint) -> bool:
         return e.benched_until > self.clock()
 
-    def acquire(self, avoid: Collection[str] = ()) -> Endpoint:
+    def acquire(self, avoid: Collection[str] = ()) -> Attempt:
         """The endpoint for an attempt (counted in flight until `release`): the least loaded of those not benched
         and not in `avoid` (URLs the request failed on), else of those not benched, else the one whose bench ends
         first."""
@@ -70,18 +88,21 @@ class EndpointPool:
                 e = min(self.endpoints, key=lambda e: (e.benched_until, e.index))
             e.in_flight += 1
             e.attempts += 1
-            return e
+            return Attempt(e, now)
 
-    def release(self, e: Endpoint, ok: bool) -> bool:
-        """The attempt on `e` ended, answered (`ok`) or failed; returns whether it benched `e`."""
+    def release(self, attempt: Attempt, ok: bool) -> bool:
+        """`attempt` ended, answered (`ok`) or failed; returns whether it benched its endpoint."""
         with self._lock:
+            e = attempt.endpoint
             e.in_flight -= 1
             if ok:
-                e.failed_in_a_row, e.benched_until = 0, 0.0
+                if attempt.started >= e.last_failure:
+                    e.failed_in_a_row, e.benched_until = 0, 0.0
                 return False
+            now = self.clock()
             e.failures += 1
             e.failed_in_a_row += 1
-            now = self.clock()
+            e.last_failure = now
             if e.failed_in_a_row >= self.bench_after and e.benched_until <= now:
                 e.benched_until = now + self.bench_s
                 e.benchings += 1
