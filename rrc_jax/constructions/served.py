@@ -14,7 +14,7 @@ settings and GRM are the reward; the run's `reward.judge` and GRM are not read. 
 What the trainer then does not have: the judge's own metrics (`judge/*`: the service's `GET /health` counts its
 work), the judgments behind the rewards (samples carry the anchors only) and a judged held-out evaluation
 (`eval.judge_votes` must be 0; the oracle's quality is measured as ever). Greedy, the rewards are the in-process
-construction's (`tests/test_train.py`).
+construction's (`tests/test_serve.py`).
 
 Shapes: B prompts a step on this host, m responses a prompt, n anchors a prompt.
 """
