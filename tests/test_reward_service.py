@@ -263,6 +263,10 @@ def test_a_key_a_body_limit_and_a_clients_share_guard_the_service():
         assert status == 429 and "max_client_requests=1" in answer["error"]["message"], answer
         assert not waiting.done()
         stats = app.state.service.health()
+        # the peers' trainers send no header of their own: their URL carries the key
+        assert post_json(url + "/seed_session?key=sesame", {}) == (200, {})
+        assert post_json(url + "/seed_session?key=wrong", {})[0] == 401
+        assert post_json(url + "/v1/rewards?key=sesame", one)[0] == 401  # (ours takes the header only)
     pool.shutdown(wait=True)  # the waiting request ends with the server
     assert stats["bad_requests"] == 4 and stats["rollouts"] == 1
 

@@ -224,7 +224,8 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
     `rrc_jax.service.protocols`, their groups of `group_size`) and `GET /health`. `app.state.service` is the
     service.
 
-    With `api_key`, every request carries `Authorization: Bearer <api_key>` (else 401). A body over
+    With `api_key`, every request carries `Authorization: Bearer <api_key>` (else 401; the peers' endpoints take
+    it as the URL's `key` parameter too). A body over
     `max_body_bytes` is a 413; a client (by address) with `max_client_requests` requests in flight gets a 429 for
     the next (a trainer sends each rollout of a step at once: the limit bounds one client's share, not a step).
     `judge_health()`, when given, is the judge's servers' state in `GET /health` (`judge_servers`); `per_rollout`:
@@ -233,7 +234,13 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
     in_flight: collections.Counter[str] = collections.Counter()
 
     def authorized(request: Request) -> bool:
-        return not api_key or hmac.compare_digest(request.headers.get("authorization", ""), f"Bearer {api_key}")
+        """The bearer token, or on the peers' endpoints (whose trainers send no header of their own) the URL's
+        `key` parameter (`http://host:8100/openrlhf?key=TOKEN`)."""
+        if not api_key:
+            return True
+        if request.url.path != "/v1/rewards" and "key" in request.query_params:
+            return hmac.compare_digest(request.query_params["key"], api_key)
+        return hmac.compare_digest(request.headers.get("authorization", ""), f"Bearer {api_key}")
 
     def refusal(request: Request, client: str) -> BadRequest | None:
         """The 4xx a request from `client` gets before its body is read, or None."""
