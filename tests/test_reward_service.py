@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 from conftest import post_json
 
@@ -164,6 +165,50 @@ def test_a_per_rollout_reward_judges_each_rollout_as_it_arrives():
         "rewards": [0.0], "cohorts": both[1]["cohorts"][:1]}
     assert [len(c) for c in calls] == [1, 2] and all(size == 1 for call in calls for _, size in call)
     assert (stats["rollouts"], stats["retries"], stats["open"], stats["judged"]) == (3, 1, 0, 3)
+
+
+def test_an_idle_judge_asks_an_unfinished_round_robins_pairs_early_and_remembers_them():
+    """A greedy SCR judge that remembers (`Remembered`): a group's rewards judged in two stages (its first 2
+    rollouts, then all 4) equal one judgment of the whole group, and the second stage asks the engine only the pairs
+    with the new rollouts; at temperature > 0 it asks everything. The service with `early` asks an unfinished
+    cohort's questions while idle, drops those rewards and answers from the whole cohort's call."""
+    from rrc_jax.integrations.groups import GroupRewards, Row
+    from rrc_jax.judge import Judge
+    from rrc_jax.models.char_tokenizer import make_char_tokenizer
+    from rrc_jax.service.rewards import Remembered
+    from rrc_jax.testing import TextSampler
+
+    tok = make_char_tokenizer()
+    verdict = lambda text: "[[A]]" if sum(map(ord, text)) % 3 else "[[B]]"  # noqa: E731
+
+    def scr(sampler, temperature=0.0):
+        judge = Judge(sampler, tok, template="toy_pairwise_cot", temperature=temperature, max_new_tokens=16)
+        return GroupRewards(judge, "scr", group_size=4, votes=2)
+
+    rows = [Row("3142>", text) for text in ("1234", "4321", "1243", "2134")]
+    want = scr(TextSampler(tok, verdict))(rows, step=0)
+    inner = TextSampler(tok, verdict)
+    remembered = scr(Remembered(inner))
+    remembered(rows[:2], step=0, group_size=2)
+    first = len(inner.questions)
+    np.testing.assert_array_equal(remembered(rows, step=1), want)
+    assert first == 2 and len(inner.questions) - first == 6 * 2 - 2 and remembered.judge.sampler.hits == 2
+    sampled = TextSampler(tok, verdict)
+    again = scr(Remembered(sampled), temperature=1.0)
+    again(rows, step=0), again(rows, step=1)
+    assert len(sampled.questions) == 2 * 12
+
+    calls = []
+    with serving(make_app(rank_judge(calls), poll_s=0.05, early=True)) as url:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            waiting = [pool.submit(post, url, {"rollouts": [rollout(0, k, 4)]}) for k in range(2)]
+            while health(url)["early_calls"] == 0:
+                time.sleep(0.02)
+            waiting += [pool.submit(post, url, {"rollouts": [rollout(0, k, 4)]}) for k in range(2, 4)]
+            answers = [w.result(timeout=60) for w in waiting]
+        stats = health(url)
+    assert calls == [[("g0", 2)], [("g0", 4)]] and stats["early_calls"] == 1 and stats["judged"] == 1
+    assert sorted(a["rewards"][0] for _, a in answers) == [0.0, 1.0, 2.0, 3.0]
 
 
 def nemo_gym_verify(prompt, text, task, rollout):

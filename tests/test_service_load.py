@@ -166,8 +166,9 @@ def check_and_report(toy_cache, n_cohorts, clients, retry_rate):
     assert (stats["rollouts"], stats["whole"], stats["judged"], stats["failed"]) == (rollouts, n_cohorts,
                                                                                      n_cohorts, 0)
     assert stats["retries"] == sent - rollouts > 0
-    dead = stats["judge_servers"][1]
-    assert b.stop and dead["failures"] >= 2 and dead["benched"] and stats["judge_servers"][0]["failures"] == 0, stats
+    servers = stats["judge"]["servers"]
+    dead = servers[1]
+    assert b.stop and dead["failures"] >= 2 and dead["benched"] and servers[0]["failures"] == 0, stats
     assert len(b.log) > 0 and len(a.log) > len(b.log)  # b answered until it died; a took the rest
     # SIGTERM: every request taken answered, each cohort of 7 judged as it is
     assert [s for s, _ in drained] == [200] * len(drained) and all("errors" not in x for _, x in drained)
@@ -175,10 +176,10 @@ def check_and_report(toy_cache, n_cohorts, clients, retry_rate):
     print(f"\nreward service load: {clients} clients, {n_cohorts} cohorts of {G} ({rollouts} rollouts, "
           f"{len(results)} requests of {G // 2}, {sent - rollouts} rollouts retried), one of two judge servers "
           f"killed halfway: p50 {np.percentile(latency, 50):.2f} s, p99 {np.percentile(latency, 99):.2f} s, "
-          f"{rollouts / wall:.1f} rollouts/s over {wall:.1f} s; judge calls {stats['judge_calls']}; "
-          f"server attempts {[s['attempts'] for s in stats['judge_servers']]}, failed "
-          f"{[s['failures'] for s in stats['judge_servers']]}; SIGTERM with {len(drained)} rollouts of "
-          f"{len(late)} cohorts in flight: all answered")
+          f"{rollouts / wall:.1f} rollouts/s over {wall:.1f} s; judge calls {stats['judge_calls']} (early "
+          f"{stats['early_calls']}, questions remembered {stats['judge']['remembered']}); server attempts "
+          f"{[s['attempts'] for s in servers]}, failed {[s['failures'] for s in servers]}; SIGTERM with "
+          f"{len(drained)} rollouts of {len(late)} cohorts in flight: all answered")
 
 
 def test_the_service_under_load_loses_nothing(toy_cache):

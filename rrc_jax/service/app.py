@@ -14,7 +14,10 @@ many requests in flight a 429 (`make_app`).
 Judging: `reward_cohorts(cohorts)` (blocking: a judge model) runs on one worker thread; the cohorts completed while
 it runs are handed to its next call together, so that concurrent cohorts share the judge's calls. With `per_rollout`
 (a construction whose reward of a rollout does not depend on its group: AGR, PRC) a rollout does not wait for its
-group: it is a cohort of one, judged in the next call with every rollout that arrived meanwhile. A cohort open
+group: it is a cohort of one, judged in the next call with every rollout that arrived meanwhile. With `early` (a
+greedy round robin behind a judge that remembers its judgments: `rrc_jax.service.rewards.Remembered`) the judge,
+when idle, asks the unfinished cohorts' questions so far (the pairs of the rollouts in), whose answers the whole
+cohort's call then reads back; those calls' rewards are dropped (`ServiceStats.early_calls`). A cohort open
 `timeout_s` after its first rollout is judged as it is when it holds two rollouts or more, else each of its rollouts
 is answered with an error naming the group (`CohortStats.expired`; `ServiceStats.failed`). A retried request (the
 same `request_id`s) waits for, or gets, the first one's answers: no cohort counts a rollout twice.
@@ -90,12 +93,14 @@ def parse_rollouts(body, max_rollouts: int) -> list[Rollout]:
 
 @dataclasses.dataclass
 class ServiceStats:
-    """Counts since the start: requests answered, requests refused (4xx), judge calls, cohorts judged (whole or
-    expired with two rollouts or more), rollouts failed (expired alone, or the judge's error)."""
+    """Counts since the start: requests answered, requests refused (4xx), judge calls (and those that asked
+    unfinished cohorts' questions early), cohorts judged (whole or expired with two rollouts or more), rollouts
+    failed (expired alone, or the judge's error)."""
 
     requests: int = 0
     bad_requests: int = 0
     judge_calls: int = 0
+    early_calls: int = 0
     judged: int = 0
     failed: int = 0
 
@@ -104,8 +109,9 @@ class RewardService:
     """`Cohorts` and the worker that judges them (the module docstring). Create and use it on one event loop."""
 
     def __init__(self, reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, poll_s: float = 0.5,
-                 remember: int = 100_000, per_rollout: bool = False):
-        self.reward_cohorts, self.poll_s, self.per_rollout = reward_cohorts, poll_s, per_rollout
+                 remember: int = 100_000, per_rollout: bool = False, early: bool = False):
+        self.reward_cohorts, self.poll_s, self.per_rollout, self.early = reward_cohorts, poll_s, per_rollout, early
+        self._asked: dict[int, int] = {}  # cohort serial -> its rollouts whose questions were asked early
         self.cohorts = Cohorts(timeout_s=timeout_s, remember=remember)
         self.stats = ServiceStats()
         self._futures: dict[int, asyncio.Future] = {}  # cohort serial -> its answers
@@ -175,6 +181,7 @@ class RewardService:
                     self._settle(late, [Answer(error=error)] * len(late.rollouts))
                     self.stats.failed += len(late.rollouts)
             if not self._ready:
+                await self._ask_early()
                 continue
             batch, self._ready = self._ready, []
             self._judging = len(batch)
@@ -194,7 +201,22 @@ class RewardService:
             for cohort, answer in zip(batch, answers):
                 self._settle(cohort, list(answer))
 
+    async def _ask_early(self) -> None:
+        """With `early`: the questions of the unfinished cohorts of two rollouts or more that grew since theirs were
+        last asked, in one call whose rewards are dropped (its judgments are remembered)."""
+        if not self.early or self.draining:
+            return
+        grown = [c for c in self.cohorts.unfinished() if len(c.rollouts) >= 2 and
+                 self._asked.get(c.serial, 0) < len(c.rollouts)]
+        if not grown:
+            return
+        self._asked.update((c.serial, len(c.rollouts)) for c in grown)
+        with contextlib.suppress(Exception):  # (a failure here is the whole cohort's call's to report)
+            await asyncio.get_running_loop().run_in_executor(self._pool, self.reward_cohorts, grown)
+        self.stats.early_calls += 1
+
     def _settle(self, cohort: Cohort, answers: list[Answer]) -> None:
+        self._asked.pop(cohort.serial, None)
         self.cohorts.settle(cohort, answers)
         self._future(cohort.serial).set_result(answers)
         del self._futures[cohort.serial]  # its waiters hold it; a later retry reads `Cohorts.answer`
@@ -218,7 +240,8 @@ def _error(message: str, status: int) -> JSONResponse:
 def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rollouts: int = 4096,
              poll_s: float = 0.5, api_key: str = "", max_body_bytes: int = 64 << 20,
              max_client_requests: int = 8192, group_size: int = 0,
-             judge_health: Callable[[], list[dict]] | None = None, per_rollout: bool = False) -> Starlette:
+             judge_health: Callable[[], list[dict]] | None = None, per_rollout: bool = False,
+             early: bool = False) -> Starlette:
     """The ASGI app of a `RewardService` over `reward_cohorts`: `POST /v1/rewards`, the peers' endpoints
     (`POST /openrlhf`, `/slime`, NeMo Gym's `/verify` with its `/seed_session` and `/close_session`:
     `rrc_jax.service.protocols`, their groups of `group_size`) and `GET /health`. `app.state.service` is the
@@ -228,9 +251,9 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
     it as the URL's `key` parameter too). A body over
     `max_body_bytes` is a 413; a client (by address) with `max_client_requests` requests in flight gets a 429 for
     the next (a trainer sends each rollout of a step at once: the limit bounds one client's share, not a step).
-    `judge_health()`, when given, is the judge's servers' state in `GET /health` (`judge_servers`); `per_rollout`:
-    each rollout judged as it arrives (`RewardService`)."""
-    service = RewardService(reward_cohorts, timeout_s=timeout_s, poll_s=poll_s, per_rollout=per_rollout)
+    `judge_health()`, when given, is the judge's state in `GET /health` (`judge`); `per_rollout`: each rollout
+    judged as it arrives; `early`: unfinished cohorts' questions asked while the judge is idle (`RewardService`)."""
+    service = RewardService(reward_cohorts, timeout_s=timeout_s, poll_s=poll_s, per_rollout=per_rollout, early=early)
     in_flight: collections.Counter[str] = collections.Counter()
 
     def authorized(request: Request) -> bool:
@@ -321,7 +344,7 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
         return JSONResponse({})
 
     async def health(request: Request) -> JSONResponse:
-        extra = {"judge_servers": judge_health()} if judge_health is not None else {}
+        extra = {"judge": judge_health()} if judge_health is not None else {}
         return JSONResponse({**service.health(), **extra})
 
     @contextlib.asynccontextmanager

@@ -202,6 +202,10 @@ class Cohorts:
         seen = self._answers.get(request_id)
         return seen[2] if seen else None
 
+    def unfinished(self) -> list[Cohort]:
+        """The cohorts still filling, as they are now (copies: the caller may read them anywhere)."""
+        return [dataclasses.replace(c, rollouts=list(c.rollouts)) for c in self._open.values()]
+
     @property
     def open(self) -> int:
         """Cohorts still filling."""
