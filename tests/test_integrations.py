@@ -5,6 +5,7 @@ with the TRL reward function pointed at the reward service, which gives the in-p
 import concurrent.futures
 import random
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -141,7 +142,10 @@ def test_each_kind_rewards_what_rrc_rewards_computes_from_the_verdicts(toy_judge
 def test_the_reward_service_gives_the_in_process_rewards(toy_judge, kind):
     """The toy GRM behind the reward service on the loopback (`rrc_jax.service`): every rollout of 4 groups its own
     request, all in flight in a random order, AGR's anchors from the service's table: each reward equals
-    `GroupRewards`' in this process on the same rows (greedy)."""
+    `GroupRewards`' in this process on the same rows (greedy). SCR's service asks its unfinished cohorts early
+    (half of each group first, then the rest) and remembers those judgments."""
+    from rrc_jax.service.rewards import Remembered
+
     judge, _ = toy_judge
     prompts = [SortTask.prompt_text(d) for d in DIGITS]
     anchors = {p: [r[0], r[3]] for p, r in zip(prompts, RESPONSES)}
@@ -152,10 +156,24 @@ def test_the_reward_service_gives_the_in_process_rewards(toy_judge, kind):
     work = [(i, {"prompt": r.prompt, "completion": r.completion, "group_size": G, "request_id": str(i)})
             for i, r in enumerate(rows)]
     random.Random(1).shuffle(work)
-    with serving(make_app(cohort_rewards(rewards, anchors=anchors), poll_s=0.05)) as url:
-        with concurrent.futures.ThreadPoolExecutor(len(work)) as pool:
-            answers = dict(pool.map(lambda w: (w[0], post_json(url + "/v1/rewards", {"rollouts": [w[1]]})), work))
+    early = kind == "scr"
+    first = [w for w in work if int(w[0]) % G < G // 2] if early else work  # (SCR: half of each group first)
+    engine = judge.sampler
+    judge.sampler = Remembered(engine) if early else engine
+    try:
+        app = make_app(cohort_rewards(rewards, anchors=anchors), poll_s=0.05, early=early)
+        with serving(app) as url, concurrent.futures.ThreadPoolExecutor(len(work)) as pool:
+            ask = lambda w: (w[0], post_json(url + "/v1/rewards", {"rollouts": [w[1]]}))  # noqa: E731
+            waiting = [pool.submit(ask, w) for w in first]
+            while early and app.state.service.stats.early_calls == 0:
+                time.sleep(0.05)
+            waiting += [pool.submit(ask, w) for w in work if w not in first]
+            answers = dict(w.result(timeout=300) for w in waiting)
+        hits = judge.sampler.hits if early else 0
+    finally:
+        judge.sampler = engine
     assert all(status == 200 for status, _ in answers.values()), answers
+    assert not early or hits > 0  # the early judgments were read back
     np.testing.assert_array_equal([answers[i][1]["rewards"][0] for i in range(len(rows))], want)
 
 
