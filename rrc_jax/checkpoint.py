@@ -58,7 +58,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from rrc_jax import distributed
+from rrc_jax import distributed, fault_points
 from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder
 from rrc_jax.models.lora import trainable
@@ -327,9 +327,11 @@ class Checkpointer:
         self._check_space(step, state)
         self._in_flight = step
         with self._writing():
-            return self.manager.save(step, args=ocp.args.Composite(
+            saved = self.manager.save(step, args=ocp.args.Composite(
                 state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
                 manifest=ocp.args.JsonSave(manifest)), force=True)
+        fault_points.reached("save", step)
+        return saved
 
     @contextlib.contextmanager
     def _writing(self):

@@ -44,6 +44,7 @@ from rrc_jax.rl.held_out import EvalConfig
 from rrc_jax.rl.grpo import GRPOConfig
 from rrc_jax.rl.guard import GuardConfig
 from rrc_jax.rl.learner import LearnerConfig
+from rrc_jax.rl.pipeline import PipelineConfig
 from rrc_jax.rl.roles import ModelsConfig
 from rrc_jax.rl.rollout import RolloutConfig
 from rrc_jax.rl.samples import SamplesConfig
@@ -96,9 +97,10 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     c.toy = ml_collections.ConfigDict(dict(cache_dir=build.pop("cache_dir"), **defaults(ToyTaskConfig), **build))
 
     # GRPO (`rl`): the rollout (`rrc_jax.rl.rollout.RolloutConfig`), the learner (`rrc_jax.rl.learner.LearnerConfig`),
-    # the objective (`rrc_jax.rl.grpo.GRPOConfig`) and the divergence guard (`rrc_jax.rl.guard.GuardConfig`): each
-    # dataclass holds its fields' defaults, comments and checks.
-    c.rl = ml_collections.ConfigDict(defaults(RolloutConfig, LearnerConfig, GRPOConfig, GuardConfig))
+    # the objective (`rrc_jax.rl.grpo.GRPOConfig`), the divergence guard (`rrc_jax.rl.guard.GuardConfig`) and how
+    # far the rollout runs ahead (`rrc_jax.rl.pipeline.PipelineConfig`): each dataclass holds its fields' defaults,
+    # comments and checks.
+    c.rl = ml_collections.ConfigDict(defaults(RolloutConfig, LearnerConfig, GRPOConfig, GuardConfig, PipelineConfig))
 
     # The reward construction (`reward.kind`: a kind of `rrc_jax.constructions.CONSTRUCTIONS`, or MODULE:NAME, a
     # plug-in), how the GRM is asked (`reward.judge`, `JudgeSettings`) and each construction's own group
@@ -194,6 +196,7 @@ class TrainerSettings:
     distributed: DistributedConfig
     resume: ResumeConfig
     lora: LoraConfig
+    pipeline: PipelineConfig = PipelineConfig()
     workdir: str = "workdir"
     steps: int = 0
     seed: int = 0
@@ -235,8 +238,8 @@ def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
         reward, c.reward.kind, service, constructions, parse(EvalConfig, c), parse(CheckpointConfig, c),
         parse(SamplesConfig, c), parse(AlarmConfig, c), parse(MetricsConfig, c), parse(ModelsConfig, c),
         parse(InferenceConfig, c), ToyWorldConfig(toy_task, parse(ToyBuildConfig, c)), parse(DistributedConfig, c),
-        parse(ResumeConfig, c), parse(LoraConfig, c), workdir=c.workdir, steps=c.steps, seed=c.seed,
-        init_from=c.init_from, record=record)
+        parse(ResumeConfig, c), parse(LoraConfig, c), pipeline=parse(PipelineConfig, c), workdir=c.workdir,
+        steps=c.steps, seed=c.seed, init_from=c.init_from, record=record)
     check_reward(settings)
     return settings
 

@@ -130,9 +130,12 @@ class AGRReward(JudgeConstruction):
         steps = steps_on_disk(self.checkpoints) if self.checkpoints is not None else []
         prune_refreshed(self.refreshed_dir, {current} | {refresh_step(c + 1, self.refresh_every) for c in steps})
 
-    def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
+    def prepare(self, prompts, prompt_index, step) -> dict[str, list]:
         self.use_anchors(step)
-        return agr_result(self.judge, prompts, responses, self.store[prompt_index], votes=self.votes,
+        return {"anchors": self.store[prompt_index]}
+
+    def construct(self, prompts, responses, prompt_index, step, *, anchors) -> RewardResult:
+        return agr_result(self.judge, prompts, responses, anchors, votes=self.votes,
                           swap=self.swap, alpha=self.alpha, ties=self.ties, early_stop=self.early_stop)
 
 

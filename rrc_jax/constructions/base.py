@@ -137,16 +137,26 @@ class Construction:
         swapped across votes with `swap`), with `settings` (its `Settings`); None: it rewards in this trainer only."""
         return None
 
+    def prepare(self, prompts: Sequence[str], prompt_index: np.ndarray, step: int) -> dict[str, list]:
+        """What its rewards of step `step` read beside the responses that the policy or the construction's own
+        state gives (AGR's anchors, PRC's o_ref): per-prompt JSON values `[B]` by `construct`'s keyword names.
+        The trainer calls it where the step's rollouts are sampled, so that rewards judged later
+        (`rl.max_staleness > 0`, `rrc_jax.rl.pipeline`) read what their rollouts' own moment gave, and a checkpoint
+        keeps it with them. Default: nothing."""
+        return {}
+
     def construct(self, prompts: Sequence[str], responses: Sequence[Sequence[str]], prompt_index: np.ndarray,
                   step: int) -> RewardResult:
         raise NotImplementedError
 
     def __call__(self, prompts: Sequence[str], responses: Sequence[Sequence[str]], prompt_index: np.ndarray,
-                 step: int, *, trace: bool = False) -> RewardResult:
+                 step: int, *, trace: bool = False, inputs: dict[str, list] | None = None) -> RewardResult:
         """Rewards `[B, m]` of B prompts (`prompt_index [B]` into the training `PromptSet`) and their groups of m
-        responses at trainer step `step` (1-based); with `trace`, the judgments behind them."""
+        responses at trainer step `step` (1-based); with `trace`, the judgments behind them. `inputs`: what
+        `prepare` gave for them (None: prepared now)."""
         b, m = group_sizes(prompts, responses)
-        result = self.construct(prompts, responses, prompt_index, step)
+        inputs = self.prepare(prompts, prompt_index, step) if inputs is None else inputs
+        result = self.construct(prompts, responses, prompt_index, step, **inputs)
         rewards = np.asarray(result.rewards, np.float32)
         if rewards.shape != (b, m):
             raise ValueError(f"reward {self.kind or type(self).__name__} returned shape {rewards.shape}; it must "

@@ -108,12 +108,12 @@ class JudgeConstruction(Construction):
         """The `JudgeConstruction` arguments of a run (`s`: its settings)."""
         return dict(judge=ctx.judge(), seed=s.seed, ctx=ctx, eval_votes=s.eval.judge_votes)
 
-    def __call__(self, prompts, responses, prompt_index, step, *, trace=False) -> RewardResult:
+    def __call__(self, prompts, responses, prompt_index, step, *, trace=False, inputs=None) -> RewardResult:
         self.judge.reset_metrics()
         self.judge.reseed(step_seed(self.seed, step))
         self.judge.trace = [] if trace else None
         try:
-            result = super().__call__(prompts, responses, prompt_index, step)
+            result = super().__call__(prompts, responses, prompt_index, step, inputs=inputs)
         finally:
             judgments, self.judge.trace = self.judge.trace or [], None
         return dataclasses.replace(result, metrics={**result.metrics, **self.judge_metrics()}, judgments=judgments)

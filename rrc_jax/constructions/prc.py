@@ -93,8 +93,11 @@ class PRCReward(JudgeConstruction):
             self._initial.update(zip(todo, texts))
         return [self._initial[int(i)] for i in prompt_index]
 
-    def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
-        return prc_result(self.judge, prompts, responses, self.references(prompts, prompt_index), think=self.think)
+    def prepare(self, prompts, prompt_index, step) -> dict[str, list]:
+        return {"references": self.references(prompts, prompt_index)}
+
+    def construct(self, prompts, responses, prompt_index, step, *, references) -> RewardResult:
+        return prc_result(self.judge, prompts, responses, references, think=self.think)
 
 
 def prc_result(judge, prompts, responses, references, *, think: bool = PRCSettings.think) -> RewardResult:

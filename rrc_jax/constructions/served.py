@@ -86,8 +86,11 @@ class ServedReward(Construction):
         run = hashlib.sha256(f"{workdir}:{s.seed}".encode()).hexdigest()[:16]
         return cls(s.reward_service, run, store=store, api_key=os.environ.get("RRC_API_KEY", ""))
 
-    def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
-        anchors = self.store[prompt_index] if self.store is not None else [[] for _ in prompts]
+    def prepare(self, prompts, prompt_index, step) -> dict[str, list]:
+        return {"anchors": self.store[prompt_index]} if self.store is not None else {}
+
+    def construct(self, prompts, responses, prompt_index, step, *, anchors=None) -> RewardResult:
+        given, anchors = anchors is not None, anchors if anchors is not None else [[] for _ in prompts]
         m, host = len(responses[0]), jax.process_index()
         rollouts = [{"prompt": p, "completion": r, "group_size": m, "group": f"{self.run}/{step}/{host}/{b}",
                      "request_id": f"{self.run}/{step}/{host}/{b}/{i}", "anchors": list(a)}
@@ -98,7 +101,7 @@ class ServedReward(Construction):
             raise RuntimeError(f"step {step}: the reward service at {self.url} failed {len(errors)} of "
                                f"{len(rollouts)} rollouts: {errors[0]}")
         rewards = np.asarray(answer["rewards"], np.float32).reshape(len(prompts), m)
-        return RewardResult(rewards, notes=[{"anchors": list(a)} for a in anchors] if self.store is not None else [])
+        return RewardResult(rewards, notes=[{"anchors": list(a)} for a in anchors] if given else [])
 
 
 def served(cls: type[Construction]) -> type[ServedReward]:

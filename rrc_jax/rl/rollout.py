@@ -73,12 +73,18 @@ class RolloutConfig:
 @dataclasses.dataclass(frozen=True)
 class Groups:
     """This host's B prompts and their groups of m sampled responses: `texts [B][m]`, each prompt's tokens
-    `prompt_ids [B]`, each response's tokens `responses [B*m]` (group after group) and `truncated [B*m]`."""
+    `prompt_ids [B]`, each response's tokens `responses [B*m]` (group after group) and `truncated [B*m]`.
+
+    Sampled ahead of their update (`rl.max_staleness > 0`, `rrc_jax.rl.pipeline`) they also carry the behaviour
+    policy: `logprobs [B*m]`, each response's token log-probabilities under the weights that sampled it (as long as
+    the response), and `versions [B*m]`, the optimizer steps those weights had taken."""
 
     texts: list[list[str]]
     prompt_ids: list[list[int]]
     responses: list[np.ndarray]
     truncated: np.ndarray
+    logprobs: list[np.ndarray] | None = None
+    versions: np.ndarray | None = None
 
     @property
     def lengths(self) -> np.ndarray:
@@ -90,24 +96,42 @@ class Groups:
         m = len(self.texts[0]) if self.texts else 0
         rows = [g * m + j for g in groups for j in range(m)]
         return Groups([self.texts[g] for g in groups], [self.prompt_ids[g] for g in groups],
-                      [self.responses[r] for r in rows], self.truncated[rows])
+                      [self.responses[r] for r in rows], self.truncated[rows],
+                      None if self.logprobs is None else [self.logprobs[r] for r in rows],
+                      None if self.versions is None else self.versions[rows])
 
     @staticmethod
     def concat(parts: Sequence[Groups]) -> Groups:
         """The groups of `parts`, one after another."""
+        behaviour = all(p.logprobs is not None for p in parts)
         return Groups([t for p in parts for t in p.texts], [i for p in parts for i in p.prompt_ids],
-                      [r for p in parts for r in p.responses], np.concatenate([p.truncated for p in parts]))
+                      [r for p in parts for r in p.responses], np.concatenate([p.truncated for p in parts]),
+                      [x for p in parts for x in p.logprobs] if behaviour else None,
+                      np.concatenate([p.versions for p in parts]) if behaviour else None)
 
     def batch(self, pad_id: int) -> dict[str, np.ndarray]:
         """The training batch: `completion_batch` rows of prompt + response `[B*m, T]`, loss on the response
-        including its stop token, one padded length on every host (collective), and `truncated [B*m]`."""
+        including its stop token, one padded length on every host (collective), and `truncated [B*m]`; with a
+        behaviour policy, `old_logp [B*m, T]` (its log-probabilities at the loss positions, 0 elsewhere)."""
         m = len(self.texts[0])
         prompts = [self.prompt_ids[r // m] for r in range(len(self.responses))]
         longest = max(len(p) + len(r) for p, r in zip(prompts, self.responses))
         batch = completion_batch(prompts, self.responses, pad_id,
                                  length=length_bucket(int(distributed.host_max(longest))))
         batch["truncated"] = self.truncated
+        if self.logprobs is not None:
+            old = np.zeros(batch["ids"].shape, np.float32)
+            for r, (p, x) in enumerate(zip(prompts, self.logprobs)):
+                old[r, len(p):len(p) + len(x)] = x
+            batch["old_logp"] = old
         return batch
+
+    def with_behaviour(self, logp: np.ndarray, loss_mask: np.ndarray, version: int) -> Groups:
+        """These groups with their behaviour policy: `logp [B*m, T]` of `batch`'s rows (`token_logprobs` under the
+        weights that sampled them), read at the loss positions `loss_mask [B*m, T]`, and the weights' `version`."""
+        logprobs = [np.asarray(logp[r][loss_mask[r].astype(bool)], np.float32) for r in range(len(self.responses))]
+        return dataclasses.replace(self, logprobs=logprobs,
+                                   versions=np.full(len(self.responses), version, np.int64))
 
 
 def sample_groups(sampler: Sampler, tokenizer, prompt_set: PromptSet, prompts: Sequence[str], rollout: RolloutConfig,

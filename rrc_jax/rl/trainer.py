@@ -42,7 +42,7 @@ import numpy as np
 from etils import epath
 from flax import nnx
 
-from rrc_jax import distributed
+from rrc_jax import distributed, fault_points
 from rrc_jax.checkpoint import Checkpointer, CheckpointWriteError, StopSignals, base_hash
 from rrc_jax.config import TrainerSettings
 from rrc_jax.constructions import RewardContext, make_construction
@@ -62,10 +62,11 @@ from rrc_jax.rl.dynamic_sampling import Draw, fill
 from rrc_jax.rl.grpo import group_advantages, grpo_objective, overlong_penalty
 from rrc_jax.rl.guard import DivergenceGuard
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer, token_logprobs
-from rrc_jax.rl.rollout import sample_groups
+from rrc_jax.rl.pipeline import Pipeline, Sampled, in_flight_steps, overlap_refusal, staleness_metrics
+from rrc_jax.rl.rollout import Groups, sample_groups
 from rrc_jax.rl.roles import Roles
 from rrc_jax.rl.samples import sample_records, samples_due, write_samples
-from rrc_jax.sharding import bytes_per_device, constrain, host_row_multiple, put_rows
+from rrc_jax.sharding import bytes_per_device, constrain, host_row_multiple, host_rows, put_rows
 
 
 @jax.jit
@@ -127,6 +128,13 @@ class Trainer:
                               f"group_size = {rows} rollouts, which must be a multiple of {multiple} (the batch shards "
                               "on its devices); change rl.prompts_per_step or the mesh")
         self.alarms = Alarms(s.alarms.abstain_alarm, s.alarms.flat_alarm_steps, str(self.workdir))
+        self.pipeline, k = None, s.pipeline.max_staleness
+        if k:
+            inline = overlap_refusal(s, self.mesh)
+            if inline:
+                say(f"rl.max_staleness={k}: the reward runs on the trainer's thread ({inline}): the steps keep their "
+                    "staleness, judging does not overlap them")
+            self.pipeline = Pipeline(k, self.batches, self.rewarded, inline=inline, mesh=self.mesh)
         for warning in config_warnings(s.judge, s.eval.judge_votes, "grm" in s.reward_roles):
             say(warning)
 
@@ -150,18 +158,17 @@ class Trainer:
 
     # -- one step ----------------------------------------------------------------------------------------
 
-    def update(self, batch: dict[str, np.ndarray], advantages: np.ndarray, key: jax.Array) -> dict[str, float]:
+    def update(self, batch: dict[str, np.ndarray], advantages: np.ndarray, key: jax.Array, step: int = 0
+               ) -> dict[str, float]:
         """`rl.mu` passes of minibatch updates over one step's rollouts (every host's rows of `batch` and
         `advantages [B*m]`); metrics are means over the updates (NaN shows a skipped one), `skipped_updates` their
-        count."""
-        rollout, learner, beta = self.settings.rollout, self.settings.learner, self.settings.grpo.beta
-        data = put_rows({**{k: batch[k] for k in ("ids", "mask", "loss_mask")},
+        count. `step`: the step they are (a fault point names it)."""
+        learner, beta = self.settings.learner, self.settings.grpo.beta
+        data = put_rows({**{k: batch[k] for k in ("ids", "mask", "loss_mask", "old_logp") if k in batch},
                           "advantages": np.asarray(advantages, np.float32)}, self.mesh)
-        logprobs = lambda model: token_logprobs(model, data["ids"], data["mask"], rollout.temperature,
-                                                micro_batch_size=learner.micro_batch_size,
-                                                chunk_size=learner.logprob_chunk)
+        logprobs = lambda model: self.logprobs(model, data)
         n, size = data["ids"].shape[0], learner.minibatch_size
-        if learner.mu > 1 or size < n:
+        if "old_logp" not in data and (learner.mu > 1 or size < n):  # (sampled ahead: the behaviour policy's)
             data["old_logp"] = logprobs(self.policy)  # else each rollout's one update is on-policy (grpo_objective)
         if beta > 0:
             data["ref_logp"] = logprobs(self.roles.model("reference"))
@@ -172,6 +179,7 @@ class Trainer:
                 data["dropout_seed"] = row_seeds(jax.random.fold_in(key, learner.mu + epoch), n)
             for start in range(0, n, size):
                 logs.append(self.learner.update(take_rows(data, jnp.asarray(order[start:start + size]))))
+                fault_points.reached("update", step)
         logs = jax.device_get(logs)  # the step's one read-back
         out = {k: float(np.mean([log[k] for log in logs])) for k in logs[0] if k != "skipped"}
         out["skipped_updates"] = int(sum(log["skipped"] for log in logs))
@@ -181,28 +189,87 @@ class Trainer:
         out["memory/weight_sync_bytes_per_device"] = moved
         return out
 
-    def draw(self, step: int, key: jax.Array, trace: bool) -> Draw:
-        """The next B prompts of the pipeline, m rollouts of each (sampled from `key`) and their rewards: the
-        construction's, plus DAPO's overlong penalty (`rl.overlong`)."""
-        rollout, grpo = self.settings.rollout, self.settings.grpo
+    def logprobs(self, model, data: dict) -> jax.Array:
+        """`[N, T]` token log-probabilities of the rows `data` (`ids`, `mask` on the mesh) under `model`, at the
+        sampling temperature."""
+        rollout, learner = self.settings.rollout, self.settings.learner
+        return token_logprobs(model, data["ids"], data["mask"], rollout.temperature,
+                              micro_batch_size=learner.micro_batch_size, chunk_size=learner.logprob_chunk)
+
+    def behaviour(self, groups: Groups, version: int) -> Groups:
+        """`groups` with their behaviour policy: their token log-probabilities under the current weights, which
+        sampled them (`version` optimizer steps taken)."""
+        batch = groups.batch(self.sampler.pad_id)
+        logp = host_rows(self.logprobs(self.policy, put_rows({k: batch[k] for k in ("ids", "mask")}, self.mesh)),
+                         self.mesh)
+        return groups.with_behaviour(logp, batch["loss_mask"], version)
+
+    def sample(self, step: int, key: jax.Array, version: int | None = None) -> Sampled:
+        """The next B prompts of the pipeline and m rollouts of each (sampled from `key`) for step `step`; with
+        `version` (sampled ahead, `rl.max_staleness > 0`), their behaviour policy and what the reward reads beside
+        them (`Construction.prepare`), prepared now."""
         t0 = time.perf_counter()
         prompt_index = next(self.batches)  # [B]: this host's shard
         prompts = [self.train_prompts.texts[i] for i in prompt_index]
-        groups = sample_groups(self.sampler, self.tokenizer, self.train_prompts, prompts, rollout, key)
+        groups = sample_groups(self.sampler, self.tokenizer, self.train_prompts, prompts, self.settings.rollout, key)
+        if version is not None:
+            groups = self.behaviour(groups, version)
+        seconds = time.perf_counter() - t0
+        inputs = None if version is None else self.reward.prepare(prompts, prompt_index, step)
+        return Sampled(prompt_index, prompts, groups, inputs, seconds, int(groups.lengths.sum()))
+
+    def rewarded(self, sampled: Sampled, step: int, trace: bool) -> Draw:
+        """`sampled`'s rewards at step `step`: the construction's, plus DAPO's overlong penalty (`rl.overlong`)."""
+        rollout, grpo, groups = self.settings.rollout, self.settings.grpo, sampled.groups
         t1 = time.perf_counter()
-        result = self.reward(prompts, groups.texts, prompt_index, step, trace=trace)
+        result = self.reward(sampled.prompts, groups.texts, sampled.prompt_index, step, trace=trace,
+                             inputs=sampled.inputs)
         shaped = result.rewards + overlong_penalty(groups.lengths, rollout.max_new_tokens, grpo.overlong,
                                                    grpo.overlong_penalty)
-        return Draw(prompt_index, prompts, groups, result, shaped, t1 - t0, time.perf_counter() - t1,
-                    int(groups.lengths.sum()))
+        return Draw(sampled.prompt_index, sampled.prompts, groups, result, shaped, sampled.rollout_seconds,
+                    time.perf_counter() - t1, sampled.sampled_tokens)
+
+    def draw(self, step: int, key: jax.Array, trace: bool) -> Draw:
+        """The next B prompts of the pipeline, m rollouts of each (sampled from `key`) and their rewards."""
+        return self.rewarded(self.sample(step, key), step, trace)
+
+    def launch(self, step: int, version: int) -> None:
+        """Sample step `step`'s batch now, with the weights of `version` updates, and hand it to the judge."""
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.settings.seed), step), 0)
+        self.pipeline.put(step, self.sample(step, key, version), self.dumps(step))
+
+    def dumps(self, step: int) -> bool:
+        """Whether this process writes step `step`'s samples (and its judgments are traced)."""
+        return samples_due(step, self.settings.samples.samples_every) and distributed.is_main()
+
+    def pipelined(self, step: int, keys) -> tuple[Draw, dict[str, float]]:
+        """Step `step`'s batch under `rl.max_staleness = k` (`rrc_jax.rl.pipeline`): batch step + k sampled and
+        handed to the judge, then batch `step`'s rewards (dynamic sampling: drawn further now); its staleness and
+        the phases' seconds."""
+        p, rollout = self.pipeline, self.settings.rollout
+        if step + p.k <= self.settings.steps:
+            self.launch(step + p.k, version=step - 1)
+        t0 = time.perf_counter()
+        first = p.take(step)
+        if rollout.dynamic_sampling:
+            drawn, counts = fill(lambda i: first if i == 0 else p.judge_now(
+                self.sample(step, keys(i), version=step - 1), step, self.dumps(step)), rollout.max_draws)
+        else:
+            drawn, counts = first, {}
+        judge_busy = p.judge_clock.lap()
+        return drawn, {**counts, **staleness_metrics(drawn.groups, step), "time/learner_wait": time.perf_counter() - t0,
+                       "time/judge_busy": judge_busy}
 
     def step(self, step: int) -> dict[str, float]:
         """One GRPO step (module docstring); returns its metrics, reduced across hosts."""
+        started = time.perf_counter()
         key = jax.random.fold_in(jax.random.key(self.settings.seed), step)
         rollout = self.settings.rollout
-        dump = samples_due(step, self.settings.samples.samples_every) and distributed.is_main()
-        if rollout.dynamic_sampling:  # draw i > 0 samples from its own key
-            keys = lambda i: jax.random.fold_in(jax.random.fold_in(key, 2), i) if i else jax.random.fold_in(key, 0)
+        dump = self.dumps(step)
+        keys = lambda i: jax.random.fold_in(jax.random.fold_in(key, 2), i) if i else jax.random.fold_in(key, 0)
+        if self.pipeline is not None:
+            drawn, counts = self.pipelined(step, keys)
+        elif rollout.dynamic_sampling:  # draw i > 0 samples from its own key
             drawn, counts = fill(lambda i: self.draw(step, keys(i), dump), rollout.max_draws)
         else:
             drawn, counts = self.draw(step, jax.random.fold_in(key, 0), dump), {}
@@ -214,7 +281,7 @@ class Trainer:
         if self.settings.grpo.overlong:
             metrics["reward/overlong_penalty"] = float((rewards - result.rewards).mean())
         t2 = time.perf_counter()
-        metrics.update(self.update(batch, advantages.reshape(-1), jax.random.fold_in(key, 1)))
+        metrics.update(self.update(batch, advantages.reshape(-1), jax.random.fold_in(key, 1), step))
         metrics.update({
             "reward/mean": float(result.rewards.mean()), "reward/std": float(result.rewards.std(axis=1).mean()),
             "response_length": float(batch["loss_mask"].sum(1).mean()),
@@ -234,6 +301,9 @@ class Trainer:
                 step, prompts, prompt_index, texts, rewards, advantages, judgments=result.judgments,
                 notes=result.notes, quality=quality,
                 limit=self.settings.samples.samples_prompts))
+        if self.pipeline is not None:  # the judge's idle seconds: the step's less its busy ones
+            metrics["time/step"] = time.perf_counter() - started
+            metrics["time/judge_idle"] = max(0.0, metrics["time/step"] - metrics["time/judge_busy"])
         metrics = distributed.reduce_metrics(metrics)
         self.alarms.check(step, metrics)
         return metrics
@@ -258,7 +328,8 @@ class Trainer:
         ckpt = Checkpointer(workdir / "checkpoints", save_every=s.checkpoint.save_every, keep=s.checkpoint.keep,
                             record=s.record, config_hash=config_hash(s.record),
                             model_hash=base_hash(self.policy) if s.lora.enabled else "")
-        start = ckpt.resume(self.learner, self.batches)
+        data = self.batches if self.pipeline is None else self.pipeline  # the latter: with the batches in flight
+        start = ckpt.resume(self.learner, data)
         if start:
             self.sampler.update_weights(self.learner.params)  # the rollout copy of the restored policy
         save_config(workdir, s.record)
@@ -273,17 +344,21 @@ class Trainer:
                 metrics = {**self.evaluate(0), **self.memory(), **self.system(), **self.data_counts()}
                 logger.log(0, metrics)
                 guard.check_requests(0, metrics)
+            if self.pipeline is not None:
+                self.refill(start)
             with Progress(s.steps, "train", start=start) as bar:
                 for step in range(start + 1, s.steps + 1):
                     metrics = self.step(step)
                     if s.eval.due(step, s.steps):
+                        if self.pipeline is not None:  # the evaluation asks the judge: nothing else may
+                            self.pipeline.drain()
                         metrics.update(self.evaluate(step))
                     ckpt.check()  # a save that failed (a full disk) stops the run before this step is logged
                     logger.log(step, metrics)
                     bar.update(1, reward=metrics["reward/mean"], **({"oracle": metrics["oracle_quality"]}
                                                                      if "oracle_quality" in metrics else {}))
                     guard.check(step, metrics, self.policy)  # a failed step is never saved, nor exported
-                    ckpt.end_step(step, self.learner, self.batches, stop, last=step == s.steps)
+                    ckpt.end_step(step, self.learner, data, stop, last=step == s.steps)
             ckpt.wait()
             save_hf(self.policy, workdir / "hf_export", tokenizer=self.tokenizer)  # under LoRA, merged
             say(f"exported the policy to {workdir / 'hf_export'}")
@@ -296,9 +371,22 @@ class Trainer:
             raise
         finally:
             stop.restore()
+            if self.pipeline is not None:
+                self.pipeline.close()
             logger.close()
             ckpt.close()
         return workdir
+
+    def refill(self, start: int) -> None:
+        """Before the step after `start`: the batches a checkpoint held in flight handed to the judge again, and
+        those missing (a new run's first k) sampled now (`rrc_jax.rl.pipeline`)."""
+        p = self.pipeline
+        for step, sampled in sorted(p.restored.items()):
+            p.put(step, sampled, self.dumps(step))
+        p.restored = {}
+        for step in in_flight_steps(start, p.k, self.settings.steps):
+            if step not in p.sampled:
+                self.launch(step, version=start)
 
 
 def training_prompts(settings: TrainerSettings, roles: Roles) -> tuple[PromptSet, PromptSet]:

@@ -1,0 +1,100 @@
+"""The asynchronous step (`rl.max_staleness`): the behaviour policy carried with sampled groups, the batches in flight
+as a checkpoint keeps them, the schedule's staleness, and exact resume after a SIGKILL in any phase."""
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import cli_args, read_metrics, tiny_config
+from rrc_jax.config import validate
+from rrc_jax.fault_points import ENV
+from rrc_jax.rl.pipeline import Sampled, in_flight_steps, staleness_metrics
+from rrc_jax.rl.rollout import Groups
+from rrc_jax.rl.trainer import run
+from test_faults import assert_same_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def groups_of_two() -> Groups:
+    return Groups([["ab", "c"]], [[5, 6, 7]], [np.array([3, 4], np.int32), np.array([9], np.int32)],
+                  np.array([False, True]))
+
+
+def test_the_behaviour_log_probs_go_back_to_their_tokens_positions():
+    """Read at the loss positions of one padding and written back at those of another (the batch of a merged step
+    may pad longer), each log-prob lands on its own token; elsewhere old_logp is 0."""
+    groups = groups_of_two()
+    batch = groups.batch(pad_id=0)
+    logp = np.arange(batch["ids"].size, dtype=np.float32).reshape(batch["ids"].shape) / 7
+    behaved = groups.with_behaviour(logp, batch["loss_mask"], version=3)
+    assert [list(x) for x in behaved.logprobs] == [list(logp[0, 3:5]), list(logp[1, 3:4])]
+    again = behaved.batch(pad_id=0)
+    mask = again["loss_mask"].astype(bool)
+    np.testing.assert_array_equal(again["old_logp"][mask], logp[batch["loss_mask"].astype(bool)])
+    assert not again["old_logp"][~mask].any()
+    assert list(behaved.versions) == [3, 3]
+    taken = Groups.concat([behaved.take([0]), behaved.take([0])])
+    assert len(taken.logprobs) == 4 and list(taken.versions) == [3] * 4
+    assert Groups.concat([behaved, groups]).logprobs is None  # a part without a behaviour policy: none
+
+
+def test_a_batch_in_flight_survives_its_json_record_exactly():
+    groups = groups_of_two()
+    batch = groups.batch(pad_id=0)
+    logp = np.random.default_rng(0).normal(size=batch["ids"].shape).astype(np.float32)
+    sampled = Sampled(np.array([11]), ["the prompt"], groups.with_behaviour(logp, batch["loss_mask"], 2),
+                      {"anchors": [["x", "y"]]}, 0.5, 3)
+    back = Sampled.of_record(json.loads(json.dumps(sampled.record(), allow_nan=False)))
+    assert back.groups.texts == groups.texts and back.groups.prompt_ids == groups.prompt_ids
+    for a, b in zip(back.groups.logprobs, sampled.groups.logprobs):
+        assert a.dtype == np.float32 and a.tobytes() == b.tobytes()
+    for a, b in zip(back.groups.responses, groups.responses):
+        np.testing.assert_array_equal(a, b)
+    assert list(back.groups.truncated) == [False, True] and back.inputs == sampled.inputs
+    assert list(back.prompt_index) == [11] and back.sampled_tokens == 3
+
+
+def test_the_schedules_staleness():
+    assert list(in_flight_steps(0, 2, 10)) == [1, 2] and list(in_flight_steps(9, 2, 10)) == [10]
+    behaved = groups_of_two().with_behaviour(np.zeros((2, 8), np.float32), np.ones((2, 8)), version=4)
+    assert staleness_metrics(behaved, step=6) == {"staleness/mean": 1.0, "staleness/max": 1.0}
+
+
+def test_one_step_stale_rollouts_train_with_their_staleness(tmp_path, toy_cache):
+    """k = 1 on the toy world (SCR, the judge in this process on one device, so on the worker thread): step 1 learns
+    from the rollouts k = 0 samples (the same prompts, keys and weights), every later step from rollouts one update
+    old; the judge's busy and idle seconds are logged."""
+    overrides = {"steps": 3, "eval.every": 0, "checkpoint.save_every": 0}
+    sync = read_metrics(run(validate(tiny_config("scr", tmp_path / "k0", toy_cache, **overrides))))
+    k1 = read_metrics(run(validate(tiny_config("scr", tmp_path / "k1", toy_cache, **overrides,
+                                               **{"rl.max_staleness": 1}))))
+    assert k1[1]["reward/mean"] == sync[1]["reward/mean"] and k1[1]["staleness/max"] == 0
+    assert [k1[s]["staleness/mean"] for s in (2, 3)] == [1.0, 1.0]
+    assert k1[2]["reward/mean"] != sync[2]["reward/mean"] or k1[3]["reward/mean"] != sync[3]["reward/mean"]
+    assert all(k1[s]["time/judge_busy"] > 0 and k1[s]["time/judge_idle"] >= 0 for s in (1, 2, 3))
+    assert "staleness/mean" not in sync[2]
+
+
+@pytest.mark.parametrize("fault", ["judge:5", pytest.param("update:4", marks=pytest.mark.slow),
+                                   pytest.param("save:4", marks=pytest.mark.slow)])
+def test_a_sigkill_in_any_phase_resumes_to_the_uninterrupted_metrics(fault, tmp_path, toy_cache):
+    """k = 1, 5 steps, checkpoints at 2 and 4: SIGKILLed while the judge works on batch 5 (during step 4), during
+    step 4's update, or while step 4's checkpoint is written, then rerun: it resumes from step 2's checkpoint, which
+    holds batch 3 in flight, and the metrics of every step equal an uninterrupted run's."""
+    overrides = {"steps": 5, "rl.max_staleness": 1, "checkpoint.save_every": 2, "eval.every": 2}
+    straight = read_metrics(run(validate(tiny_config("scr", tmp_path / "straight", toy_cache, **overrides))))
+    killed = tmp_path / "killed"
+    cmd = cli_args(killed, toy_cache, kind="scr", **overrides)
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env={**os.environ, ENV: fault})
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    assert not (killed / "hf_export").exists()
+    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from the checkpoint of step 2" in resumed.stderr
+    assert_same_metrics(straight, read_metrics(killed))
