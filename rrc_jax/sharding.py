@@ -65,6 +65,7 @@ LAYOUTS = {"train": LOGICAL_RULES, "inference": INFERENCE_RULES}
 # (`rrc_jax.inference.factory`), the run's models (`rrc_jax.rl.roles.Roles`) and the reward constructions name them.
 ROLES = ("policy", "reference", "grm", "drm")
 FROZEN_ROLES = ROLES[1:]
+REWARD_ROLES = ("grm", "drm")  # the reward's models: on devices of their own with `mesh.judge_devices`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +215,10 @@ class MeshConfig:
     reference: str = "train"  # its log-prob passes run beside the learner's, on the same rows
     grm: str = "inference"
     drm: str = "inference"
+    # > 0: the last `judge_devices` devices hold the reward's models (GRM, DRM; `auto` inference layout) and the
+    # training mesh the others, so that the judge's programs run beside the policy's (`rl.max_staleness`,
+    # `rrc_jax.rl.pipeline`); 0: every model spans every device
+    judge_devices: int = 0
 
     def __post_init__(self):
         sizes = (self.data, self.fsdp, self.tensor)
@@ -226,14 +231,37 @@ class MeshConfig:
         if self.inference != "auto" and not _is_shape(self.inference):
             raise ConfigError(f"config.mesh.inference: {self.inference!r}; give 'auto' or three sizes "
                               "DATA,FSDP,TENSOR, e.g. -1,1,4")
+        if self.judge_devices < 0:
+            raise ConfigError(f"config.mesh.judge_devices: {self.judge_devices} must be >= 0 (0: the judge shares "
+                              "every device)")
+
+    def _split(self) -> tuple[list[jax.Device], list[jax.Device]]:
+        """(the training mesh's devices, the judge's): `judge_devices` of its own last, on one host."""
+        devices, n = jax.devices(), self.judge_devices
+        if not n:
+            return devices, []
+        if jax.process_count() > 1:
+            raise ConfigError("config.mesh.judge_devices: the judge on devices of its own runs on one host; on "
+                              "several, serve it on slices of its own (launch/README.md) and set "
+                              "inference.engine='openai'")
+        if n >= len(devices):
+            raise ConfigError(f"config.mesh.judge_devices={n} leaves none of the {len(devices)} devices to the "
+                              f"policy; give at most {len(devices) - 1}")
+        return devices[:-n], devices[-n:]
 
     def make(self) -> jax.sharding.Mesh:
-        """The training mesh, with `inference` checked against its devices (on one device too, where no layout
-        uses it), so that a shape that cannot span them is refused before anything loads."""
-        mesh = make_mesh(self.data, self.fsdp, self.tensor)
+        """The training mesh (without the judge's own devices), with `inference` checked against its devices (on one
+        device too, where no layout uses it), so that a shape that cannot span them is refused before anything
+        loads."""
+        mesh = make_mesh(self.data, self.fsdp, self.tensor, devices=self._split()[0])
         if self.inference != "auto":
             inference_shape(self.inference, mesh.size)
         return mesh
+
+    def judge_mesh(self) -> jax.sharding.Mesh | None:
+        """The devices of the reward's models with `judge_devices` (one axis, `fsdp`), else None."""
+        own = self._split()[1]
+        return make_mesh(1, len(own), 1, devices=own) if own else None
 
     def layout_name(self, role: str, devices: int) -> str:
         """The name of `role`'s layout on `devices` devices: the policy's master `train`, a frozen role its field;
@@ -241,8 +269,11 @@ class MeshConfig:
         return "train" if role == "policy" or devices == 1 else getattr(self, role)
 
     def layout(self, role: str, mesh: jax.sharding.Mesh, num_heads: int, name: str | None = None) -> Layout:
-        """The layout of `role` (`layout_name(role)`) or the layout `name`, over the devices of the training `mesh`;
-        `num_heads` (the model's attention heads) bounds `auto` tensor sizes."""
+        """The layout of `role` (`layout_name(role)`) or the layout `name`, over the devices of the training `mesh`
+        (the reward's models with `judge_devices`: the `inference` layout on theirs); `num_heads` (the model's
+        attention heads) bounds `auto` tensor sizes."""
+        if role in REWARD_ROLES and self.judge_devices and name is None:  # on its own devices
+            mesh, name = self.judge_mesh(), "inference"
         name = name or self.layout_name(role, mesh.size)
         if name == "train" or mesh.size == 1:
             return Layout(mesh, name)

@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -98,3 +99,43 @@ def test_a_sigkill_in_any_phase_resumes_to_the_uninterrupted_metrics(fault, tmp_
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from the checkpoint of step 2" in resumed.stderr
     assert_same_metrics(straight, read_metrics(killed))
+
+
+JUDGE_ON_ITS_OWN_DEVICES = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from conftest import tiny_config
+from rrc_jax.config import validate
+from rrc_jax.rl.trainer import Trainer
+settings = validate(tiny_config("scr", {workdir!r}, {cache!r}, **{{"steps": 3, "rl.max_staleness": 1,
+    "mesh.judge_devices": 4, "eval.every": 0, "checkpoint.save_every": 0}}))
+trainer = Trainer(settings)
+trainer.run()
+grm = trainer.roles.model("grm")
+print(json.dumps({{"timeline": trainer.pipeline.timeline, "inline": trainer.pipeline.inline,
+                  "policy": sorted(d.id for d in trainer.mesh.devices.flat),
+                  "judge": sorted({{d.id for x in __import__("jax").tree.leaves(__import__("flax").nnx.state(grm))
+                                    for d in x.sharding.device_set}})}}))
+"""
+
+
+def test_the_judge_on_its_own_devices_judges_while_the_policy_samples(tmp_path, toy_cache):
+    """8 CPU devices, the judge (the GRM) on the last 4 (`mesh.judge_devices=4`), the policy on the first 4, k = 1:
+    the judge works on the worker thread, and the order of the two threads' events shows the judging of one batch
+    under way while the next batch is sampled and the step before learns (the order, not the times)."""
+    from conftest import cpu_devices_env
+
+    script = JUDGE_ON_ITS_OWN_DEVICES.format(tests=str(REPO / "tests"), workdir=str(tmp_path / "run"),
+                                             cache=str(toy_cache))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900, cwd=REPO,
+                         env=cpu_devices_env(8))
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["inline"] == "" and got["policy"] == [0, 1, 2, 3] and got["judge"] == [4, 5, 6, 7]
+    at = {tuple(event): i for i, event in enumerate(got["timeline"])}  # each event's place in the order
+    span = lambda phase, step: (at[(phase, step, "start")], at[(phase, step, "end")])  # noqa: E731
+    for step in (2, 3):  # batch `step`, judged while the policy samples the next batch or learns from the last
+        start, end = span("judge", step)
+        beside = [(phase, s) for phase, s, edge in got["timeline"] if edge == "start" and phase != "judge"
+                  and span(phase, s)[0] < end and span(phase, s)[1] > start]
+        assert beside, (step, got["timeline"])

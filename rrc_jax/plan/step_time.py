@@ -131,6 +131,60 @@ def judge_chips(times: list[PhaseTime], devices: int) -> int:
     return -(-int(devices * judge * 1000) // max(1, int(rest * 1000))) if judge else 0
 
 
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """The asynchronous step (`rl.max_staleness >= 1`, `rrc_jax.rl.pipeline`) with the judge on `judge` of the
+    chips and the policy on the rest: each side's chain of phases (seconds) and peak bytes per chip, from plans of
+    the run on each side's chips alone (the policy's without the GRM and its reward phase, the judge's of the GRM
+    and that phase)."""
+
+    judge: int
+    policy_seconds: float
+    judge_seconds: float
+    policy_bytes: int
+    judge_bytes: int
+    budget_bytes: int
+
+    @property
+    def seconds(self) -> float:
+        """The step: the longer chain (while the judge judges one step's rollouts, the policy samples the next and
+        learns)."""
+        return max(self.policy_seconds, self.judge_seconds)
+
+    @property
+    def fits(self) -> bool:
+        return max(self.policy_bytes, self.judge_bytes) <= self.budget_bytes
+
+
+def pipelined_step(s, p: Plan, judge: int) -> Split:
+    """The `Split` of plan `p`'s chips with `judge` of them the judge's (whole hosts)."""
+    from rrc_jax.plan.memory import PHASES, plan  # (memory imports nothing of this module's)
+
+    def side(devices: int) -> tuple[Plan, list[PhaseTime]]:
+        topo = dataclasses.replace(p.topology, devices=devices, name=f"{p.topology.name}[{devices}]")
+        part = plan(s, topo, micro_batch_size=p.micro_batch, remat=p.remat)
+        return part, step_times(s, part)
+
+    (pol, pol_times), (jud, jud_times) = side(p.topology.devices - judge), side(judge)
+    judging = lambda t: t.name.startswith("judge")  # noqa: E731
+    grm = lambda r: r.name.startswith("grm")  # noqa: E731
+    policy_resident = sum(r.bytes for r in pol.rows if r.phase == "resident" and not grm(r))
+    policy_peak = policy_resident + max(pol.phase_bytes(ph) for ph in PHASES[1:] if ph != "reward")
+    judge_peak = sum(r.bytes for r in jud.rows if grm(r)) + jud.phase_bytes("reward")
+    return Split(judge, sum(t.seconds for t in pol_times if not judging(t)),
+                 sum(t.seconds for t in jud_times if judging(t)), policy_peak, judge_peak, p.budget_bytes)
+
+
+def judge_split(s, p: Plan) -> Split | None:
+    """The split of `p`'s chips, in whole hosts, whose pipelined step is shortest among those where both sides fit
+    (`pipelined_step`); None when none fits or there is no judge."""
+    unit, devices = p.topology.host_devices, p.topology.devices
+    if "grm" not in p.layouts:
+        return None
+    fitting = [x for x in (pipelined_step(s, p, j) for j in range(unit, devices, unit)) if x.fits]
+    return min(fitting, key=lambda x: (x.seconds, x.judge), default=None)
+
+
 def decode_tokens_per_s(s, p: Plan, times: list[PhaseTime]) -> float:
     """Rollout tokens a chip decodes per second (its prefill included)."""
     rollout = sum(t.seconds for t in times if t.name.startswith("rollout"))
@@ -145,6 +199,26 @@ def jetstream_prediction() -> float:
     prefill = forward_time(topo, cfg, "bfloat16", shape, "inference", j["rows"] * j["prompt"])[0]
     decode = decode_time(topo, cfg, "bfloat16", shape, "inference", j["rows"], j["new"], j["rows"], j["prompt"], 0)[0]
     return j["rows"] * j["new"] / (prefill + decode)
+
+
+def pipelined_lines(s, p: Plan, times: list[PhaseTime]) -> list[str]:
+    """The pipelined step beside the synchronous one: with `mesh.judge_devices` when set, and the fitting split
+    (whole hosts) that makes it shortest."""
+    total, devices = sum(t.seconds for t in times), p.topology.devices
+    splits = [(pipelined_step(s, p, s.mesh.judge_devices), "mesh.judge_devices")] if (
+        0 < s.mesh.judge_devices < devices) else []
+    best = judge_split(s, p)
+    if best is not None:
+        splits.append((best, "the shortest split that fits, whole hosts"))
+    out = [f"pipelined step (rl.max_staleness >= 1), {why}: the judge on {x.judge} of the {devices} chips, the "
+           f"policy on {devices - x.judge}: policy {x.policy_seconds:.2f} s, judge {x.judge_seconds:.2f} s, a step "
+           f"{x.seconds:.2f} s against the synchronous {total:.2f} s ({total / x.seconds:.2f}x); peak "
+           f"{x.policy_bytes / GiB:.2f} / {x.judge_bytes / GiB:.2f} GiB a chip{'' if x.fits else ' (does not fit)'}"
+           for x, why in splits]
+    if best is None:
+        out.append(f"pipelined step (rl.max_staleness >= 1): no split of the {devices} chips into whole hosts fits "
+                   "the policy on one side and the judge on the other")
+    return out
 
 
 def format_times(s, p: Plan) -> str:
@@ -164,6 +238,7 @@ def format_times(s, p: Plan) -> str:
         lines.append(f"judge chips to keep pace: {judge_chips(times, p.topology.devices)} chips of this kind for the "
                      f"judge alone (its {judge:.1f} s of this step on {p.topology.devices} chips, against "
                      f"{total - judge:.1f} s of the policy's phases; served on chips of its own, steps overlapped)")
+        lines += pipelined_lines(s, p, times)
         if w.early_questions < w.questions:
             lines.append(f"early-stopped voting (reward.judge.early_stop): {w.early_questions:,} to {w.questions:,} "
                          f"questions and up to {w.early_questions * s.judge.max_new_tokens:,} to "

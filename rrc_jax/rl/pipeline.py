@@ -34,6 +34,7 @@ until the judge has nothing in flight (it asks the same judge), then runs on the
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import threading
@@ -132,18 +133,33 @@ class Pipeline:
         self.futures: dict[int, concurrent.futures.Future] = {}
         self.judge_clock = Clock()
         self.restored: dict[int, Sampled] = {}
+        # (phase, step, 'start' | 'end') in the order they happened, from both threads: what ran beside what
+        self.timeline: list[tuple[str, int, str]] = []
+        self._timeline_lock = threading.Lock()
         self._worker = None if inline else concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="judge")
 
     def _judge(self, sampled: Sampled, step: int, trace: bool) -> Draw:
         start = time.perf_counter()
         fault_points.reached("judge", step)
         try:
-            if self.mesh is None:
-                return self._reward(sampled, step, trace)
-            with jax.set_mesh(self.mesh):
-                return self._reward(sampled, step, trace)
+            with self.phase("judge", step):
+                if self.mesh is None:
+                    return self._reward(sampled, step, trace)
+                with jax.set_mesh(self.mesh):
+                    return self._reward(sampled, step, trace)
         finally:
             self.judge_clock.add(time.perf_counter() - start)
+
+    @contextlib.contextmanager
+    def phase(self, name: str, step: int):
+        """Mark `name`'s start and end for step `step` on the `timeline`."""
+        with self._timeline_lock:
+            self.timeline.append((name, step, "start"))
+        try:
+            yield
+        finally:
+            with self._timeline_lock:
+                self.timeline.append((name, step, "end"))
 
     def submit(self, sampled: Sampled, step: int, trace: bool) -> concurrent.futures.Future:
         """Hand `sampled` to the judge, as batch `step`'s rewards when `step` is given to `put`."""
@@ -202,8 +218,9 @@ def overlap_refusal(settings, mesh: jax.sharding.Mesh) -> str:
     in_process = bool(settings.reward_roles) and not remote  # a judge or a DRM on the policy's mesh
     if jax.process_count() > 1 and not settings.reward_service:
         return "on several hosts its judge's host collectives must keep one order beside the trainer's"
-    if in_process and mesh.size > 1:
+    if in_process and mesh.size > 1 and not settings.mesh.judge_devices:
         return (f"its models share the policy's {mesh.size} devices, where two threads would launch programs in "
-                "different orders; serve the judge (inference.engine='openai') or run the reward service")
+                "different orders; give the judge devices of its own (mesh.judge_devices), serve it "
+                "(inference.engine='openai') or run the reward service")
     return ""
 

@@ -11,6 +11,7 @@ starts from.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -26,7 +27,7 @@ from rrc_jax.models.lora import LoraConfig, frozen_copy
 from rrc_jax.models.peft_io import is_adapter_dir, load_adapter
 from rrc_jax.progress import say
 from rrc_jax.settings import field_error, one_of
-from rrc_jax.sharding import ROLES, Layout, MeshConfig
+from rrc_jax.sharding import ROLES, Layout, MeshConfig, use_mesh
 
 if TYPE_CHECKING:
     from rrc_jax.data.toy.world import ToyWorldConfig
@@ -158,9 +159,11 @@ class Roles:
             adapted = role == "policy" and self.lora.enabled  # float32 adapters on a frozen base in `dtype`
             if adapted:  # before a weight is read
                 self.lora.check_rank(self.config(role), str(path))
-            model = load_hf(path, dtype=dtype, param_dtype="float32" if role == "policy" and not adapted else dtype,
-                            value_head=role == "drm" or None, layout=self.layout(role),
-                            lora=self.lora if adapted else None)
+            layout = self.layout(role)
+            own = layout.mesh is not None and set(layout.mesh.devices.flat) != set(self.mesh.devices.flat)
+            with use_mesh(layout.mesh) if own else contextlib.nullcontext():  # on devices of its own (judge_devices)
+                model = load_hf(path, dtype=dtype, param_dtype="float32" if role == "policy" and not adapted else dtype,
+                                value_head=role == "drm" or None, layout=layout, lora=self.lora if adapted else None)
             if self._from_init(role):
                 self._initialize(role, model)
             self._models[role] = model

@@ -33,6 +33,7 @@ files.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 
@@ -236,7 +237,9 @@ class Trainer:
     def launch(self, step: int, version: int) -> None:
         """Sample step `step`'s batch now, with the weights of `version` updates, and hand it to the judge."""
         key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.settings.seed), step), 0)
-        self.pipeline.put(step, self.sample(step, key, version), self.dumps(step))
+        with self.pipeline.phase("rollout", step):
+            sampled = self.sample(step, key, version)
+        self.pipeline.put(step, sampled, self.dumps(step))
 
     def dumps(self, step: int) -> bool:
         """Whether this process writes step `step`'s samples (and its judgments are traced)."""
@@ -281,7 +284,8 @@ class Trainer:
         if self.settings.grpo.overlong:
             metrics["reward/overlong_penalty"] = float((rewards - result.rewards).mean())
         t2 = time.perf_counter()
-        metrics.update(self.update(batch, advantages.reshape(-1), jax.random.fold_in(key, 1), step))
+        with self.pipeline.phase("update", step) if self.pipeline else contextlib.nullcontext():
+            metrics.update(self.update(batch, advantages.reshape(-1), jax.random.fold_in(key, 1), step))
         metrics.update({
             "reward/mean": float(result.rewards.mean()), "reward/std": float(result.rewards.std(axis=1).mean()),
             "response_length": float(batch["loss_mask"].sum(1).mean()),

@@ -1,0 +1,145 @@
+"""Steps per minute of the synchronous and the asynchronous step (`rl.max_staleness`) on the toy world, the judge
+served in a second process (`python -m rrc_jax.serve` on the loopback).
+
+    python benchmarks/async_step.py --kind=agr --steps=8 --seeds=0,1 --ks=0,1
+
+The server is pinned to the first core and the trainer to the second (`taskset`, where there is one) so that the
+judge and the policy each have a core, as a judge on its own chips does. A first run (2 steps, not counted) lets the
+server compile its programs. For each seed and k the trainer then runs `--config=KIND.py` with
+`inference.engine=openai` against the server (`eval.every=0`, `eval.judge_votes=0`: only the training steps and the
+last step's evaluation, which does not ask the judge); the clock runs from step 1's metrics line to step N - 1's
+(the steady steps: step 1's compiles and the last step's evaluation are out). Prints one row per run (the steps per
+minute, the mean oracle quality of the rollouts and the last evaluation's, and the k = 0 run's seconds a step in
+each phase with the bound they put on any overlap, (policy + judge) / max(policy, judge)), then each k's mean
+rate against k = 0's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pinned(cmd: list[str], core: int | None) -> list[str]:
+    return ["taskset", "-c", str(core), *cmd] if core is not None and shutil.which("taskset") else cmd
+
+
+def toy_grm(cache: Path) -> str:
+    """The toy world's judge directory (built into `cache` on first use)."""
+    from rrc_jax.config import base_config, validate
+    from rrc_jax.rl.roles import Roles
+
+    config = base_config("agr")
+    config.toy.cache_dir = str(cache)
+    return str(Roles.of_run(validate(config)).path("grm"))
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the judge server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit(f"the judge server at {url} did not answer within {timeout:.0f} s")
+
+
+def timed_run(cmd: list[str], metrics: Path, first: int, last: int) -> float:
+    """Seconds from step `first`'s metrics line to step `last`'s (polled every 20 ms)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen_at: dict[int, float] = {}
+    while proc.poll() is None:
+        if metrics.exists():
+            for line in metrics.read_text().splitlines():
+                if line.strip():
+                    seen_at.setdefault(json.loads(line)["step"], time.perf_counter())
+        time.sleep(0.02)
+    err = proc.stderr.read()
+    if proc.returncode:
+        raise SystemExit(f"the trainer failed ({proc.returncode}):\n{err[-3000:]}")
+    return seen_at[last] - seen_at[first]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kind", default="agr")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--ks", default="0,1")
+    parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "rrc_toy_cache"))
+    parser.add_argument("--set", action="append", default=[], help="another --config.KEY=VALUE for every run")
+    args = parser.parse_args()
+    cache = Path(args.cache)
+    grm, port = toy_grm(cache), free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(pinned([sys.executable, "-m", "rrc_jax.serve", f"--model={grm}", f"--port={port}",
+                                      "--served_name=toy-grm"], 0), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    rows = []
+
+    def command(workdir: Path, steps: int, seed: int, k: int) -> list[str]:
+        return pinned([sys.executable, "-m", "rrc_jax.train", f"--config={args.kind}.py",
+                       f"--config.workdir={workdir}", f"--config.toy.cache_dir={cache}", f"--config.steps={steps}",
+                       f"--config.seed={seed}", f"--config.rl.max_staleness={k}", "--config.inference.engine=openai",
+                       f"--config.inference.url={url}", "--config.eval.every=0", "--config.eval.judge_votes=0",
+                       "--config.checkpoint.save_every=0", *[f"--config.{s}" for s in args.set]], 1)
+
+    try:
+        wait_healthy(url, server)
+        warm = Path(tempfile.mkdtemp(prefix="async_warm_"))
+        timed_run(command(warm, 2, 0, 0), warm / "metrics.jsonl", 1, 2)
+        shutil.rmtree(warm, ignore_errors=True)
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            for k in [int(k) for k in args.ks.split(",")]:
+                workdir = Path(tempfile.mkdtemp(prefix=f"async_{args.kind}_k{k}_s{seed}_"))
+                seconds = timed_run(command(workdir, args.steps, seed, k), workdir / "metrics.jsonl", 1,
+                                    args.steps - 1)
+                lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+                steady = [x for x in lines if 2 <= x["step"] <= args.steps - 1]
+                mean = lambda key: sum(x.get(key, 0.0) for x in steady) / len(steady)  # noqa: E731
+                quality = [x["oracle_quality"] for x in lines if "oracle_quality" in x]
+                final = next(x["eval/oracle_quality"] for x in reversed(lines) if "eval/oracle_quality" in x)
+                row = {"seed": seed, "k": k, "seconds": round(seconds, 2),
+                       "steps_per_min": round(60 * (args.steps - 2) / seconds, 2),
+                       "train_quality": round(sum(quality) / len(quality), 4), "final_eval_quality": round(final, 4)}
+                if k == 0:
+                    policy, judge = mean("time/rollout") + mean("time/update"), mean("time/reward")
+                    row.update(policy_s=round(policy, 3), judge_s=round(judge, 3),
+                               overlap_bound=round((policy + judge) / max(policy, judge), 3))
+                else:
+                    row.update(judge_busy_s=round(mean("time/judge_busy"), 3),
+                               learner_wait_s=round(mean("time/learner_wait"), 3),
+                               staleness=mean("staleness/mean"))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                shutil.rmtree(workdir, ignore_errors=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    base = [r["steps_per_min"] for r in rows if r["k"] == 0]
+    for k in sorted({r["k"] for r in rows}):
+        rates = [r["steps_per_min"] for r in rows if r["k"] == k]
+        ratio = f", {sum(rates) / len(rates) / (sum(base) / len(base)):.2f}x k=0" if base else ""
+        print(f"k={k}: {sum(rates) / len(rates):.2f} steps/min over {len(rates)} runs{ratio}")
+
+
+if __name__ == "__main__":
+    main()
