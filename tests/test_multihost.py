@@ -31,8 +31,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(workdir: Path, cache, n_processes: int, devices: int, **overrides) -> list[subprocess.Popen]:
-    env = cpu_devices_env(devices)
+def _launch(workdir: Path, cache, n_processes: int, devices: int, env: dict | None = None,
+            **overrides) -> list[subprocess.Popen]:
+    env = {**cpu_devices_env(devices), **(env or {})}
     port = _free_port()
     procs = []
     for i in range(n_processes):
@@ -84,6 +85,27 @@ def test_two_hosts_train_resume_after_sigkill_and_resume_on_one_device(tmp_path,
     assert one == [0], _logs(workdir)[-3000:]
     assert "resumed from the checkpoint of step 3" in _logs(workdir)
     assert _steps(workdir) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_two_hosts_one_step_stale_resume_after_sigkill_mid_update_to_the_uninterrupted_metrics(tmp_path, toy_cache):
+    """`rl.max_staleness=1` on two hosts (the reward on the trainer's thread, in the pipeline's order): both killed
+    during step 4's update, rerun, give every step's metrics of an uninterrupted two-host run; the step-2 checkpoint
+    held batch 3 in flight, each host's own rows."""
+    from test_faults import assert_same_metrics
+
+    from conftest import read_metrics
+    from rrc_jax.fault_points import ENV
+
+    common = {"steps": 5, "rl.max_staleness": 1, "checkpoint.save_every": 2, "eval.every": 2, "eval.judge_votes": 0}
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    assert _wait(_launch(straight, toy_cache, 2, 4, **common)) == [0, 0], _logs(straight)[-3000:]
+    codes = _wait(_launch(killed, toy_cache, 2, 4, env={ENV: "update:4"}, **common))
+    assert codes[0] == -signal.SIGKILL and codes[1] != 0, _logs(killed)[-3000:]
+    assert _wait(_launch(killed, toy_cache, 2, 4, **common)) == [0, 0], _logs(killed)[-3000:]
+    assert "resumed from the checkpoint of step 2" in _logs(killed)
+    assert "the reward runs on the trainer's thread" in _logs(killed)
+    assert_same_metrics(read_metrics(straight), read_metrics(killed))
 
 
 def test_each_host_samples_and_judges_only_its_own_rows(tmp_path):
