@@ -67,38 +67,53 @@ def test_the_schedules_staleness():
     assert staleness_metrics(behaved, step=6) == {"staleness/mean": 1.0, "staleness/max": 1.0}
 
 
-def test_one_step_stale_rollouts_train_with_their_staleness(tmp_path, toy_cache):
-    """k = 1 on the toy world (SCR, the judge in this process on one device, so on the worker thread): step 1 learns
-    from the rollouts k = 0 samples (the same prompts, keys and weights), every later step from rollouts one update
-    old; the judge's busy and idle seconds are logged."""
+STALE_RUN = {"steps": 5, "rl.max_staleness": 1, "checkpoint.save_every": 2, "eval.every": 2}
+
+
+@pytest.fixture(scope="module")
+def stale_run(tmp_path_factory, toy_cache):
+    """An uninterrupted SCR run at k = 1 (the judge in this process on one device, so on the worker thread): 5
+    steps, checkpoints at 2 and 4; its metrics by step."""
+    return read_metrics(run(validate(tiny_config("scr", tmp_path_factory.mktemp("stale"), toy_cache, **STALE_RUN))))
+
+
+def test_one_step_stale_rollouts_train_with_their_staleness(stale_run):
+    """Step 1 learns from rollouts of the initial weights, every later step from rollouts one update old; the
+    judge's busy and idle seconds and the trainer's wait are logged."""
+    assert stale_run[1]["staleness/max"] == 0
+    assert [stale_run[s]["staleness/mean"] for s in (2, 3, 4, 5)] == [1.0] * 4
+    assert all(stale_run[s]["time/judge_busy"] > 0 and stale_run[s]["time/judge_idle"] >= 0
+               and stale_run[s]["time/learner_wait"] >= 0 for s in range(1, 6))
+
+
+@pytest.mark.slow
+def test_the_first_stale_step_learns_what_the_synchronous_step_does(tmp_path, toy_cache):
+    """Step 1 at k = 1 samples the prompts, keys and weights k = 0 does, so its rewards are k = 0's; later steps
+    sample from weights one update older."""
     overrides = {"steps": 3, "eval.every": 0, "checkpoint.save_every": 0}
     sync = read_metrics(run(validate(tiny_config("scr", tmp_path / "k0", toy_cache, **overrides))))
     k1 = read_metrics(run(validate(tiny_config("scr", tmp_path / "k1", toy_cache, **overrides,
                                                **{"rl.max_staleness": 1}))))
-    assert k1[1]["reward/mean"] == sync[1]["reward/mean"] and k1[1]["staleness/max"] == 0
-    assert [k1[s]["staleness/mean"] for s in (2, 3)] == [1.0, 1.0]
+    assert k1[1]["reward/mean"] == sync[1]["reward/mean"]
     assert k1[2]["reward/mean"] != sync[2]["reward/mean"] or k1[3]["reward/mean"] != sync[3]["reward/mean"]
-    assert all(k1[s]["time/judge_busy"] > 0 and k1[s]["time/judge_idle"] >= 0 for s in (1, 2, 3))
     assert "staleness/mean" not in sync[2]
 
 
 @pytest.mark.parametrize("fault", ["judge:5", pytest.param("update:4", marks=pytest.mark.slow),
                                    pytest.param("save:4", marks=pytest.mark.slow)])
-def test_a_sigkill_in_any_phase_resumes_to_the_uninterrupted_metrics(fault, tmp_path, toy_cache):
-    """k = 1, 5 steps, checkpoints at 2 and 4: SIGKILLed while the judge works on batch 5 (during step 4), during
-    step 4's update, or while step 4's checkpoint is written, then rerun: it resumes from step 2's checkpoint, which
-    holds batch 3 in flight, and the metrics of every step equal an uninterrupted run's."""
-    overrides = {"steps": 5, "rl.max_staleness": 1, "checkpoint.save_every": 2, "eval.every": 2}
-    straight = read_metrics(run(validate(tiny_config("scr", tmp_path / "straight", toy_cache, **overrides))))
+def test_a_sigkill_in_any_phase_resumes_to_the_uninterrupted_metrics(fault, stale_run, tmp_path, toy_cache):
+    """SIGKILLed while the judge works on batch 5 (during step 4), during step 4's update, or while step 4's
+    checkpoint is written, then rerun: it resumes from step 2's checkpoint, which holds batch 3 in flight, and the
+    metrics of every step equal the uninterrupted run's."""
     killed = tmp_path / "killed"
-    cmd = cli_args(killed, toy_cache, kind="scr", **overrides)
+    cmd = cli_args(killed, toy_cache, kind="scr", **STALE_RUN)
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env={**os.environ, ENV: fault})
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     assert not (killed / "hf_export").exists()
     resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from the checkpoint of step 2" in resumed.stderr
-    assert_same_metrics(straight, read_metrics(killed))
+    assert_same_metrics(stale_run, read_metrics(killed))
 
 
 JUDGE_ON_ITS_OWN_DEVICES = """
@@ -139,3 +154,23 @@ def test_the_judge_on_its_own_devices_judges_while_the_policy_samples(tmp_path, 
         beside = [(phase, s) for phase, s, edge in got["timeline"] if edge == "start" and phase != "judge"
                   and span(phase, s)[0] < end and span(phase, s)[1] > start]
         assert beside, (step, got["timeline"])
+
+
+@pytest.mark.slow
+def test_agr_refreshing_its_anchors_one_step_ahead_resumes_exactly(tmp_path, toy_cache):
+    """k = 1 with anchors refreshed before steps 3 and 5: batch 5's anchors are refreshed when it is sampled, during
+    step 4, from the weights of 3 updates. Killed during step 5's update, the run resumes from step 4's checkpoint
+    (batch 5 in flight with its anchors) and reads the step-5 anchors back for batch 6: the metrics of every step
+    equal the uninterrupted run's."""
+    overrides = {"steps": 6, "rl.max_staleness": 1, "reward.agr.refresh_every": 2, "checkpoint.save_every": 2,
+                 "eval.every": 3, "reward.judge.temperature": 1.0}
+    straight = read_metrics(run(validate(tiny_config("agr", tmp_path / "straight", toy_cache, **overrides))))
+    killed = tmp_path / "killed"
+    cmd = cli_args(killed, toy_cache, **overrides)
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO,
+                           env={**os.environ, ENV: "update:5"})
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    resumed = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from the checkpoint of step 4" in resumed.stderr
+    assert_same_metrics(straight, read_metrics(killed))

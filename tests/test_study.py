@@ -155,3 +155,24 @@ def test_quick_is_fewer_seeds_and_steps_in_folders_of_its_own():
     full, small = get_config(), quick(get_config())
     assert (small.seeds, small.steps) < (full.seeds, full.steps) and small.out == full.out + "_quick"
     assert small.overrides == "toy.train_prompts=256" and get_config("quick").to_dict() == small.to_dict()
+
+
+def test_the_asynchronous_runs_sit_beside_their_synchronous_construction():
+    """`scr_stale1` is SCR at k = 1: its row follows SCR's, with its staleness and its steps per minute (from
+    `time/step`; SCR's from its phases' seconds)."""
+    from rrc_jax.study.report import stale_lines
+
+    runs = []
+    for s in range(2):
+        sync = summary("scr", s, {0: 0.5, 4: 0.9}, [0, 1])
+        sync["series"].update({"time/rollout": {"1": 1.0}, "time/reward": {"1": 4.0}, "time/update": {"1": 1.0}})
+        stale = summary("scr_stale1", s, {0: 0.5, 4: 0.8}, [0, 1])
+        stale["series"].update({"time/step": {"1": 4.0, "2": 4.0}, "staleness/mean": {"1": 0.0, "2": 1.0}})
+        runs += [sync, stale]
+    entries = aggregate(runs)["constructions"]
+    assert entries["scr"]["steps_per_minute"]["mean"] == 10.0
+    assert entries["scr_stale1"]["steps_per_minute"]["mean"] == 15.0
+    rows = [line for line in stale_lines(entries) if line.startswith("| scr |")]
+    assert rows[0].startswith("| scr | 0 | 0.900") and rows[0].endswith("| 0.00 ± 0.00 | 10.00 ± 0.00 |")
+    assert rows[1].startswith("| scr | 1 | 0.800") and rows[1].endswith("| 0.50 ± 0.00 | 15.00 ± 0.00 |")
+    assert stale_lines({"scr": entries["scr"]}) == []

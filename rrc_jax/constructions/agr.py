@@ -60,11 +60,12 @@ class AGRReward(JudgeConstruction):
 
     def __init__(self, judge, seed: int, *, store: AnchorStore, votes: int, swap: bool, alpha: float,
                  ties: str, refresh_every: int, ctx, refreshed_dir: str | epath.Path = "",
-                 checkpoints: str | epath.Path = "", eval_votes: int = 0, early_stop: bool = False):
+                 checkpoints: str | epath.Path = "", eval_votes: int = 0, early_stop: bool = False,
+                 ahead: int = 0):
         super().__init__(judge, seed, ctx=ctx, eval_votes=eval_votes)
         self.store, self.votes, self.swap, self.alpha, self.ties = store, votes, swap, alpha, ties
         self.early_stop = early_stop
-        self.refresh_every = refresh_every
+        self.refresh_every, self.ahead = refresh_every, ahead  # ahead: rl.max_staleness, batches prepared early
         self.refreshed_dir = epath.Path(refreshed_dir or store.path.parent / "anchors_refreshed")
         self.checkpoints = epath.Path(checkpoints) if checkpoints else None
         if not distributed.main_value(store.path.is_file()):  # every host decides as process 0 sees the file
@@ -96,7 +97,7 @@ class AGRReward(JudgeConstruction):
         return cls(**cls.judge_kwargs(s, ctx), store=anchor_store(s, ctx.train, ctx.tokenizer), votes=j.votes,
                    swap=j.swap, alpha=a.alpha, ties=a.ties, refresh_every=a.refresh_every,
                    refreshed_dir=workdir / "anchors_refreshed", checkpoints=workdir / "checkpoints",
-                   early_stop=j.early_stop)
+                   early_stop=j.early_stop, ahead=s.pipeline.max_staleness)
 
     @classmethod
     def of_groups(cls, judge, *, votes: int, swap: bool, settings: AGRSettings):
@@ -126,9 +127,11 @@ class AGRReward(JudgeConstruction):
         self.version = version
 
     def _prune(self, current: int) -> None:
-        """Delete the refreshed anchors that neither this step nor a resume from a checkpoint on disk uses."""
+        """Delete the refreshed anchors that neither this step nor a resume from a checkpoint on disk uses (a resume
+        from step c prepares batch c + 1, or with `ahead` batches in flight, c + 1 + ahead)."""
         steps = steps_on_disk(self.checkpoints) if self.checkpoints is not None else []
-        prune_refreshed(self.refreshed_dir, {current} | {refresh_step(c + 1, self.refresh_every) for c in steps})
+        prune_refreshed(self.refreshed_dir, {current} | {refresh_step(c + 1 + j, self.refresh_every) for c in steps
+                                                         for j in range(self.ahead + 1)})
 
     def prepare(self, prompts, prompt_index, step) -> dict[str, list]:
         self.use_anchors(step)

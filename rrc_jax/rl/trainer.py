@@ -17,6 +17,10 @@ One step (`Trainer.step`):
    rewards, advantages and judgments to `workdir/samples/step_N.jsonl` (`rrc_jax.rl.samples`); alarms when the
    step carried no signal (`rrc_jax.rl.alarms`).
 
+With `rl.max_staleness = k >= 1` (`rrc_jax.rl.pipeline`, `Trainer.pipelined`), 1-3 of step t + k run during step t:
+its batch is sampled with the weights of t - 1 updates, its behaviour log-probs recorded (the ratio of 5 is against
+them), and it is judged on a worker thread while steps t and t + 1 sample and learn.
+
 The command line's config is parsed once (`rrc_jax.config.validate`) into each component's settings
 (`TrainerSettings`: the rollout, the learner, the objective, the guard, the mesh, the prompts, the judge, the reward
 construction's class); each piece goes to the code that reads it. `Trainer.run` adds evaluation (step 0, every

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,10 @@ from rrc_jax.study.runs import RUNS, StudyConfig, absolute_reward, run_settings
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 METRICS = ("final", "peak", "peak_step", "fell", "hacked", "length_gain", "kendall_tau", "kendall_tau_late",
-           "advantage_error", "prc_saturation", "questions", "judge_tokens", "reward_seconds")
+           "advantage_error", "prc_saturation", "questions", "judge_tokens", "reward_seconds", "steps_per_minute",
+           "staleness")
+# the asynchronous step's runs beside their synchronous construction (`RUNS`: `<name>_stale<k>`)
+STALE = re.compile(r"(.+)_stale(\d+)$")
 # the metrics whose supported orderings the report states, with their names in it
 ORDERED = {"final": "final quality", "peak": "peak quality", "kendall_tau": "Kendall tau"}
 FRONTIER = ("kendall_tau", "final", "peak")  # each against judge tokens per step
@@ -102,6 +106,11 @@ def run_metrics(summary: dict) -> dict[str, float]:
     out["questions"] = _mean_series(summary, "judge/questions")
     out["judge_tokens"] = _mean_series(summary, "judge/tokens")
     out["reward_seconds"] = _mean_series(summary, "time/reward")
+    # a step's seconds: logged by the asynchronous step, else its phases' sum (the synchronous step's phases)
+    step = (_mean_series(summary, "time/step") if "time/step" in summary["series"] else
+            sum(_mean_series(summary, k) for k in ("time/rollout", "time/reward", "time/update")))
+    out["steps_per_minute"] = 60.0 / step if step > 0 else math.nan
+    out["staleness"] = _mean_series(summary, "staleness/mean") if "staleness/mean" in summary["series"] else 0.0
     return out
 
 
@@ -186,6 +195,25 @@ def grouped_orderings(orderings: list[str]) -> list[str]:
     return [f"{a} > {', '.join(bs)}" for a, bs in above.items()]
 
 
+def stale_lines(entries: dict) -> list[str]:
+    """The asynchronous step's runs (`<name>_stale<k>`) beside their construction at k = 0."""
+    matches = [(m, n) for n in entries if (m := STALE.match(n)) and m.group(1) in entries]
+    rows = sorted((m.group(1), int(m.group(2)), n) for m, n in matches)
+    if not rows:
+        return []
+    out = ["", "The asynchronous step (`rl.max_staleness = k`, docs/async.md): each step learns from rollouts sampled "
+           "k updates earlier. Steps per minute are this machine's, the judge in the trainer's process on its one "
+           "device beside the policy, while the study's other runs shared the cores.", "",
+           "| construction | k | final quality | peak quality | Kendall tau | mean staleness | steps / minute |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for base in dict.fromkeys(b for b, _, _ in rows):
+        for name, k in [(base, 0)] + [(n, k) for b, k, n in rows if b == base]:
+            e = entries[name]
+            out.append(f"| {base} | {k} | {_fmt(e['final'])} | {_fmt(e['peak'])} | {_fmt(e['kendall_tau'])} | "
+                       f"{_fmt(e['staleness'], 2)} | {_fmt(e['steps_per_minute'], 2)} |")
+    return out
+
+
 def markdown(result: dict, plots: list[str]) -> str:
     """The report: the quality and fidelity table, the cost table, PRC saturation, the supported orderings, the
     judge audit when present, and the plots."""
@@ -221,6 +249,7 @@ def markdown(result: dict, plots: list[str]) -> str:
     saturated = [f"{n} {_fmt(e['prc_saturation'])}" for n, e in entries.items() if e["prc_saturation"]["n"]]
     if saturated:
         lines += ["", "PRC saturation (share of P(A) in [0, 0.1] or [0.9, 1], Table 6): " + "; ".join(saturated) + "."]
+    lines += stale_lines(entries)
     lines += ["", "Orderings the intervals support (the other pairs cannot be told apart):", ""]
     for key, pairs in result["orderings"].items():
         lines.append(f"- {ORDERED.get(key, key)}: " + ("; ".join(grouped_orderings(pairs)) if pairs else "none") + ".")

@@ -53,11 +53,17 @@ RUNS: dict[str, tuple[str, dict]] = {
     "scr_rloo": ("scr", {"rl.advantage": "rloo"}),
     "swiss_gspo": ("swiss", {"rl.loss": "gspo"}),
     "swiss_rloo": ("swiss", {"rl.advantage": "rloo"}),
+    # the asynchronous step (`rl.max_staleness`, docs/async.md): rollouts 1 and 2 updates ahead of the learner
+    "scr_stale1": ("scr", {"rl.max_staleness": 1}),
+    "scr_stale2": ("scr", {"rl.max_staleness": 2}),
+    "agr_stale1": ("agr", {"rl.max_staleness": 1}),
+    "agr_stale2": ("agr", {"rl.max_staleness": 2}),
 }
 
 # the per-step series a summary keeps (those a run logged)
 SERIES = ("reward/mean", "oracle_quality", "fidelity/kendall_tau", "fidelity/advantage_error", "judge/questions",
-          "judge/tokens", "time/rollout", "time/reward", "time/update", "reward/prc_saturation", "kl",
+          "judge/tokens", "time/rollout", "time/reward", "time/update", "time/step", "staleness/mean",
+          "reward/prc_saturation", "kl",
           "response_length", "eval/oracle_quality", "eval/oracle_quality_se",
           *(f"prc/p_bin{k}" for k in range(10)))
 
