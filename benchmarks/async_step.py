@@ -16,7 +16,6 @@ rate against k = 0's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -27,6 +26,10 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from absl import flags
+
+from rrc_jax import cli
 
 
 def free_port() -> int:
@@ -78,15 +81,8 @@ def timed_run(cmd: list[str], metrics: Path, first: int, last: int) -> float:
     return seen_at[last] - seen_at[first]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kind", default="agr")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--seeds", default="0,1")
-    parser.add_argument("--ks", default="0,1")
-    parser.add_argument("--cache", default=os.path.join(tempfile.gettempdir(), "rrc_toy_cache"))
-    parser.add_argument("--set", action="append", default=[], help="another --config.KEY=VALUE for every run")
-    args = parser.parse_args()
+def run() -> None:
+    args = flags.FLAGS
     cache = Path(args.cache)
     grm, port = toy_grm(cache), free_port()
     url = f"http://127.0.0.1:{port}"
@@ -100,7 +96,7 @@ def main() -> None:
                        f"--config.workdir={workdir}", f"--config.toy.cache_dir={cache}", f"--config.steps={steps}",
                        f"--config.seed={seed}", f"--config.rl.max_staleness={k}", "--config.inference.engine=openai",
                        f"--config.inference.url={url}", "--config.eval.every=0", "--config.eval.judge_votes=0",
-                       "--config.checkpoint.save_every=0", *[f"--config.{s}" for s in args.set]], 1)
+                       "--config.checkpoint.save_every=0", *[f"--config.{s}" for s in args.set or []]], 1)
 
     try:
         wait_healthy(url, server)
@@ -141,5 +137,15 @@ def main() -> None:
         print(f"k={k}: {sum(rates) / len(rates):.2f} steps/min over {len(rates)} runs{ratio}")
 
 
+def define_flags() -> None:
+    flags.DEFINE_string("kind", "agr", "the recipe (--config=KIND.py)")
+    flags.DEFINE_integer("steps", 8, "steps a run (the clock runs over steps 2 .. steps - 1)")
+    flags.DEFINE_string("seeds", "0,1", "comma-separated seeds")
+    flags.DEFINE_string("ks", "0,1", "comma-separated rl.max_staleness values")
+    flags.DEFINE_string("cache", os.path.join(tempfile.gettempdir(), "rrc_toy_cache"), "the toy world's cache")
+    flags.DEFINE_multi_string("set", [], "another KEY=VALUE of every run's config (--config.KEY=VALUE)")
+
+
 if __name__ == "__main__":
-    main()
+    define_flags()
+    cli.start(cli.flags_main(run))

@@ -40,15 +40,17 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, Generic, TypeVar
 
 import jax
 import numpy as np
 
 from rrc_jax import distributed, fault_points
-from rrc_jax.rl.dynamic_sampling import Draw
 from rrc_jax.rl.rollout import Groups
 from rrc_jax.settings import at_least
+
+
+Result = TypeVar("Result")  # what the reward gives a batch: the trainer's `rrc_jax.rl.dynamic_sampling.Draw`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,15 +120,15 @@ class Clock:
         return out
 
 
-class Pipeline:
+class Pipeline(Generic[Result]):
     """The batches in flight of a run at `max_staleness = k >= 1` (module docstring), and the judge's worker.
 
-    `batches` is the run's prompt pipeline (grain); `reward(sampled, step, trace) -> Draw` rewards a batch;
-    `inline`: why the reward runs on the trainer's thread ("" = on the worker). `get_state` / `set_state` make it the
+    `batches` is the run's prompt pipeline (grain); `reward(sampled, step, trace)` rewards a batch (the trainer's
+    `Draw`); `inline`: why the reward runs on the trainer's thread ("" = on the worker). `get_state` / `set_state` make it the
     checkpoint's data iterator: the prompt pipeline's state and the batches in flight.
     """
 
-    def __init__(self, k: int, batches, reward: Callable[[Sampled, int, bool], Draw], *, inline: str = "",
+    def __init__(self, k: int, batches, reward: Callable[[Sampled, int, bool], Result], *, inline: str = "",
                  mesh: jax.sharding.Mesh | None = None):
         self.k, self.batches, self._reward, self.inline, self.mesh = k, batches, reward, inline, mesh
         self.sampled: dict[int, Sampled] = {}  # by the step that learns from it
@@ -138,7 +140,7 @@ class Pipeline:
         self._timeline_lock = threading.Lock()
         self._worker = None if inline else concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="judge")
 
-    def _judge(self, sampled: Sampled, step: int, trace: bool) -> Draw:
+    def _judge(self, sampled: Sampled, step: int, trace: bool) -> Result:
         start = time.perf_counter()
         fault_points.reached("judge", step)
         try:
@@ -174,13 +176,13 @@ class Pipeline:
         self.sampled[step] = sampled
         self.futures[step] = self.submit(sampled, step, trace)
 
-    def take(self, step: int) -> Draw:
-        """Batch `step`'s `Draw`, once judged (waiting for it); it leaves the pipeline."""
+    def take(self, step: int) -> Result:
+        """Batch `step`'s rewards, once judged (waiting for it); it leaves the pipeline."""
         draw = self.futures.pop(step).result()
         del self.sampled[step]
         return draw
 
-    def judge_now(self, sampled: Sampled, step: int, trace: bool) -> Draw:
+    def judge_now(self, sampled: Sampled, step: int, trace: bool) -> Result:
         """`sampled` rewarded as part of step `step`, after everything handed over before it."""
         return self.submit(sampled, step, trace).result()
 
