@@ -8,7 +8,7 @@ import dataclasses
 from rrc_jax.models.batches import bucket_length
 from rrc_jax.plan.hardware import GiB, Topology, split_size, topology
 from rrc_jax.plan.judge_work import judge_work
-from rrc_jax.plan.memory import Plan, gather_traffic_bytes, layer_slots
+from rrc_jax.plan.memory import PHASES, Plan, gather_traffic_bytes, layer_slots, plan
 from rrc_jax.plan.shapes import itemsize, matmul_params, model_config, param_bytes
 
 # JetStream serving Llama-3-8B in bf16 on a v5e-8 at batch 128, 1,024 tokens in and out: 8,249 tokens/s
@@ -158,8 +158,6 @@ class Split:
 
 def pipelined_step(s, p: Plan, judge: int) -> Split:
     """The `Split` of plan `p`'s chips with `judge` of them the judge's (whole hosts)."""
-    from rrc_jax.plan.memory import PHASES, plan  # (memory imports nothing of this module's)
-
     def side(devices: int) -> tuple[Plan, list[PhaseTime]]:
         topo = dataclasses.replace(p.topology, devices=devices, name=f"{p.topology.name}[{devices}]")
         part = plan(s, topo, micro_batch_size=p.micro_batch, remat=p.remat)

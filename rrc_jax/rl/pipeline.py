@@ -82,9 +82,9 @@ class Sampled:
         """This batch as JSON values (float32 log-probs exactly: a float64 holds each)."""
         g = self.groups
         return {"prompt_index": [int(i) for i in self.prompt_index], "prompts": self.prompts, "inputs": self.inputs,
-                "texts": g.texts, "prompt_ids": g.prompt_ids, "responses": [[int(t) for t in r] for r in g.responses],
-                "truncated": [bool(x) for x in g.truncated],
-                "logprobs": [[float(x) for x in lp] for lp in g.logprobs], "versions": [int(v) for v in g.versions],
+                "texts": g.texts, "prompt_ids": g.prompt_ids, "responses": [r.tolist() for r in g.responses],
+                "truncated": g.truncated.tolist(), "logprobs": [lp.tolist() for lp in g.logprobs],
+                "versions": g.versions.tolist(),
                 "rollout_seconds": self.rollout_seconds, "sampled_tokens": self.sampled_tokens}
 
     @staticmethod
@@ -124,8 +124,8 @@ class Pipeline(Generic[Result]):
     """The batches in flight of a run at `max_staleness = k >= 1` (module docstring), and the judge's worker.
 
     `batches` is the run's prompt pipeline (grain); `reward(sampled, step, trace)` rewards a batch (the trainer's
-    `Draw`); `inline`: why the reward runs on the trainer's thread ("" = on the worker). `get_state` / `set_state` make it the
-    checkpoint's data iterator: the prompt pipeline's state and the batches in flight.
+    `Draw`); `inline`: why the reward runs on the trainer's thread ("" = on the worker). `get_state` / `set_state`
+    make it the checkpoint's data iterator: the prompt pipeline's state and the batches in flight.
     """
 
     def __init__(self, k: int, batches, reward: Callable[[Sampled, int, bool], Result], *, inline: str = "",

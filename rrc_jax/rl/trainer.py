@@ -238,18 +238,26 @@ class Trainer:
         """The next B prompts of the pipeline, m rollouts of each (sampled from `key`) and their rewards."""
         return self.rewarded(self.sample(step, key), step, trace)
 
+    def step_key(self, step: int) -> jax.Array:
+        """Step `step`'s key: every random draw of the step derives from it."""
+        return jax.random.fold_in(jax.random.key(self.settings.seed), step)
+
+    def draw_key(self, step: int, i: int = 0) -> jax.Array:
+        """The key draw `i` of step `step` samples from (i > 0: dynamic sampling's further draws)."""
+        key = self.step_key(step)
+        return jax.random.fold_in(jax.random.fold_in(key, 2), i) if i else jax.random.fold_in(key, 0)
+
     def launch(self, step: int, version: int) -> None:
         """Sample step `step`'s batch now, with the weights of `version` updates, and hand it to the judge."""
-        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.settings.seed), step), 0)
         with self.pipeline.phase("rollout", step):
-            sampled = self.sample(step, key, version)
+            sampled = self.sample(step, self.draw_key(step), version)
         self.pipeline.put(step, sampled, self.dumps(step))
 
     def dumps(self, step: int) -> bool:
         """Whether this process writes step `step`'s samples (and its judgments are traced)."""
         return samples_due(step, self.settings.samples.samples_every) and distributed.is_main()
 
-    def pipelined(self, step: int, keys) -> tuple[Draw, dict[str, float]]:
+    def pipelined(self, step: int, dump: bool) -> tuple[Draw, dict[str, float]]:
         """Step `step`'s batch under `rl.max_staleness = k` (`rrc_jax.rl.pipeline`): batch step + k sampled and
         handed to the judge, then batch `step`'s rewards (dynamic sampling: drawn further now); its staleness and
         the phases' seconds."""
@@ -260,7 +268,7 @@ class Trainer:
         first = p.take(step)
         if rollout.dynamic_sampling:
             drawn, counts = fill(lambda i: first if i == 0 else p.judge_now(
-                self.sample(step, keys(i), version=step - 1), step, self.dumps(step)), rollout.max_draws)
+                self.sample(step, self.draw_key(step, i), version=step - 1), step, dump), rollout.max_draws)
         else:
             drawn, counts = first, {}
         judge_busy = p.judge_clock.lap()
@@ -270,16 +278,15 @@ class Trainer:
     def step(self, step: int) -> dict[str, float]:
         """One GRPO step (module docstring); returns its metrics, reduced across hosts."""
         started = time.perf_counter()
-        key = jax.random.fold_in(jax.random.key(self.settings.seed), step)
+        key = self.step_key(step)
         rollout = self.settings.rollout
         dump = self.dumps(step)
-        keys = lambda i: jax.random.fold_in(jax.random.fold_in(key, 2), i) if i else jax.random.fold_in(key, 0)
         if self.pipeline is not None:
-            drawn, counts = self.pipelined(step, keys)
+            drawn, counts = self.pipelined(step, dump)
         elif rollout.dynamic_sampling:  # draw i > 0 samples from its own key
-            drawn, counts = fill(lambda i: self.draw(step, keys(i), dump), rollout.max_draws)
+            drawn, counts = fill(lambda i: self.draw(step, self.draw_key(step, i), dump), rollout.max_draws)
         else:
-            drawn, counts = self.draw(step, jax.random.fold_in(key, 0), dump), {}
+            drawn, counts = self.draw(step, self.draw_key(step), dump), {}
         prompt_index, prompts, texts, result, rewards = (drawn.prompt_index, drawn.prompts, drawn.groups.texts,
                                                          drawn.result, drawn.rewards)
         batch = drawn.groups.batch(self.sampler.pad_id)
