@@ -1,17 +1,20 @@
 """Steps per minute of the synchronous and the asynchronous step (`rl.max_staleness`) on the toy world, the judge
 served in a second process (`python -m rrc_jax.serve` on the loopback).
 
-    python benchmarks/async_step.py --kind=agr --steps=8 --seeds=0,1 --ks=0,1
+    python benchmarks/async_step.py --kind=agr --steps=14 --seeds=0,1 --ks=0,1
 
 The server is pinned to the first core and the trainer to the second (`taskset`, where there is one) so that the
-judge and the policy each have a core, as a judge on its own chips does. A first run (2 steps, not counted) lets the
-server compile its programs. For each seed and k the trainer then runs `--config=KIND.py` with
+judge and the policy each have a core, as a judge on its own chips does. A first run (`--warm_steps`, not counted)
+lets the server compile its programs. For each seed and k the trainer then runs `--config=KIND.py` with
 `inference.engine=openai` against the server (`eval.every=0`, `eval.judge_votes=0`: only the training steps and the
-last step's evaluation, which does not ask the judge); the clock runs from step 1's metrics line to step N - 1's
-(the steady steps: step 1's compiles and the last step's evaluation are out). Prints one row per run (the steps per
-minute, the mean oracle quality of the rollouts and the last evaluation's, and the k = 0 run's seconds a step in
-each phase with the bound they put on any overlap, (policy + judge) / max(policy, judge)), then each k's mean
-rate against k = 0's.
+last step's evaluation, which does not ask the judge), timed over steps 2 .. N - 1 by when each step's metrics line
+appears (step 1's compiles and the last step's evaluation are out). Prints one row per run, then each k's mean rate
+against k = 0's, two ways: `steps_per_min` over the whole span, and `median_steps_per_min` from the median step,
+which a step where the server compiled a new shape (tens of seconds on one core, when new response lengths give
+the judge's questions a shape it has not run) does not move. A row also has the median and longest seconds the
+judge took for a step's batch (`time/reward`), the policy's median (rollout + update), the mean oracle quality of
+the rollouts and the last evaluation's; at k = 0 the bound the phases put on any overlap, (policy + judge) /
+max(policy, judge), at k >= 1 the learner's median wait for rewards and the staleness.
 """
 
 from __future__ import annotations
@@ -65,8 +68,8 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> No
     raise SystemExit(f"the judge server at {url} did not answer within {timeout:.0f} s")
 
 
-def timed_run(cmd: list[str], metrics: Path, first: int, last: int) -> float:
-    """Seconds from step `first`'s metrics line to step `last`'s (polled every 20 ms)."""
+def timed_run(cmd: list[str], metrics: Path) -> dict[int, float]:
+    """When each step's metrics line appeared (`time.perf_counter()`, polled every 20 ms), by step."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen_at: dict[int, float] = {}
     while proc.poll() is None:
@@ -78,7 +81,34 @@ def timed_run(cmd: list[str], metrics: Path, first: int, last: int) -> float:
     err = proc.stderr.read()
     if proc.returncode:
         raise SystemExit(f"the trainer failed ({proc.returncode}):\n{err[-3000:]}")
-    return seen_at[last] - seen_at[first]
+    return seen_at
+
+
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+
+def summary(seen_at: dict[int, float], lines: list[dict], seed: int, k: int, steps: int) -> dict:
+    """One run's row: its rates over steps 2 .. steps - 1, its quality, and the phases' seconds a step."""
+    seconds = seen_at[steps - 1] - seen_at[1]
+    intervals = [seen_at[t] - seen_at[t - 1] for t in range(2, steps)]
+    steady = [x for x in lines if 2 <= x["step"] <= steps - 1]
+    quality = [x["oracle_quality"] for x in lines if "oracle_quality" in x]
+    final = next(x["eval/oracle_quality"] for x in reversed(lines) if "eval/oracle_quality" in x)
+    policy = median([x["time/rollout"] + x["time/update"] for x in steady])
+    judged = [x["time/reward"] for x in steady]  # each batch's judging, at any k
+    row = {"seed": seed, "k": k, "seconds": round(seconds, 2), "steps_per_min": round(60 * (steps - 2) / seconds, 2),
+           "median_step_s": round(median(intervals), 3), "median_steps_per_min": round(60 / median(intervals), 2),
+           "longest_step_s": round(max(intervals), 3), "policy_median_s": round(policy, 3),
+           "judge_median_s": round(median(judged), 3), "judge_max_s": round(max(judged), 3),
+           "train_quality": round(sum(quality) / len(quality), 4), "final_eval_quality": round(final, 4)}
+    if k == 0:
+        row["overlap_bound"] = round((policy + median(judged)) / max(policy, median(judged)), 3)
+    else:
+        row.update(learner_wait_median_s=round(median([x["time/learner_wait"] for x in steady]), 3),
+                   staleness=sum(x["staleness/mean"] for x in steady) / len(steady))
+    return row
 
 
 def run() -> None:
@@ -101,45 +131,32 @@ def run() -> None:
     try:
         wait_healthy(url, server)
         warm = Path(tempfile.mkdtemp(prefix="async_warm_"))
-        timed_run(command(warm, 2, 0, 0), warm / "metrics.jsonl", 1, 2)
+        timed_run(command(warm, args.warm_steps, 0, 0), warm / "metrics.jsonl")
         shutil.rmtree(warm, ignore_errors=True)
         for seed in [int(s) for s in args.seeds.split(",")]:
             for k in [int(k) for k in args.ks.split(",")]:
                 workdir = Path(tempfile.mkdtemp(prefix=f"async_{args.kind}_k{k}_s{seed}_"))
-                seconds = timed_run(command(workdir, args.steps, seed, k), workdir / "metrics.jsonl", 1,
-                                    args.steps - 1)
+                seen_at = timed_run(command(workdir, args.steps, seed, k), workdir / "metrics.jsonl")
                 lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-                steady = [x for x in lines if 2 <= x["step"] <= args.steps - 1]
-                mean = lambda key: sum(x.get(key, 0.0) for x in steady) / len(steady)  # noqa: E731
-                quality = [x["oracle_quality"] for x in lines if "oracle_quality" in x]
-                final = next(x["eval/oracle_quality"] for x in reversed(lines) if "eval/oracle_quality" in x)
-                row = {"seed": seed, "k": k, "seconds": round(seconds, 2),
-                       "steps_per_min": round(60 * (args.steps - 2) / seconds, 2),
-                       "train_quality": round(sum(quality) / len(quality), 4), "final_eval_quality": round(final, 4)}
-                if k == 0:
-                    policy, judge = mean("time/rollout") + mean("time/update"), mean("time/reward")
-                    row.update(policy_s=round(policy, 3), judge_s=round(judge, 3),
-                               overlap_bound=round((policy + judge) / max(policy, judge), 3))
-                else:
-                    row.update(judge_busy_s=round(mean("time/judge_busy"), 3),
-                               learner_wait_s=round(mean("time/learner_wait"), 3),
-                               staleness=mean("staleness/mean"))
+                row = summary(seen_at, lines, seed, k, args.steps)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 shutil.rmtree(workdir, ignore_errors=True)
     finally:
         server.terminate()
         server.wait(timeout=60)
-    base = [r["steps_per_min"] for r in rows if r["k"] == 0]
-    for k in sorted({r["k"] for r in rows}):
-        rates = [r["steps_per_min"] for r in rows if r["k"] == k]
-        ratio = f", {sum(rates) / len(rates) / (sum(base) / len(base)):.2f}x k=0" if base else ""
-        print(f"k={k}: {sum(rates) / len(rates):.2f} steps/min over {len(rates)} runs{ratio}")
+    for key in ("steps_per_min", "median_steps_per_min"):
+        base = [r[key] for r in rows if r["k"] == 0]
+        for k in sorted({r["k"] for r in rows}):
+            rates = [r[key] for r in rows if r["k"] == k]
+            ratio = f", {sum(rates) / len(rates) / (sum(base) / len(base)):.2f}x k=0" if base else ""
+            print(f"k={k}: {key} {sum(rates) / len(rates):.2f} over {len(rates)} runs{ratio}")
 
 
 def define_flags() -> None:
     flags.DEFINE_string("kind", "agr", "the recipe (--config=KIND.py)")
     flags.DEFINE_integer("steps", 8, "steps a run (the clock runs over steps 2 .. steps - 1)")
+    flags.DEFINE_integer("warm_steps", 2, "steps of the first run, not counted (the server compiles its shapes)")
     flags.DEFINE_string("seeds", "0,1", "comma-separated seeds")
     flags.DEFINE_string("ks", "0,1", "comma-separated rl.max_staleness values")
     flags.DEFINE_string("cache", os.path.join(tempfile.gettempdir(), "rrc_toy_cache"), "the toy world's cache")
