@@ -158,9 +158,10 @@ def test_quick_is_fewer_seeds_and_steps_in_folders_of_its_own():
 
 
 def test_the_asynchronous_runs_sit_beside_their_synchronous_construction():
-    """`scr_stale1` is SCR at k = 1: its row follows SCR's, with its staleness and its steps per minute (from
-    `time/step`; SCR's from its phases' seconds)."""
-    from rrc_jax.study.report import stale_lines
+    """`scr_stale1` is SCR at k = 1: its row follows SCR's, with its staleness, its steps per minute (from
+    `time/step`; SCR's from its phases' seconds) and whether its final quality lies in SCR's interval, said plainly
+    when it does not."""
+    from rrc_jax.study.report import stale_lines, within
 
     runs = []
     for s in range(2):
@@ -173,6 +174,12 @@ def test_the_asynchronous_runs_sit_beside_their_synchronous_construction():
     assert entries["scr"]["steps_per_minute"]["mean"] == 10.0
     assert entries["scr_stale1"]["steps_per_minute"]["mean"] == 15.0
     rows = [line for line in stale_lines(entries) if line.startswith("| scr |")]
-    assert rows[0].startswith("| scr | 0 | 0.900") and rows[0].endswith("| 0.00 ± 0.00 | 10.00 ± 0.00 |")
-    assert rows[1].startswith("| scr | 1 | 0.800") and rows[1].endswith("| 0.50 ± 0.00 | 15.00 ± 0.00 |")
+    assert rows[0].startswith("| scr | 0 | 0.900 ± 0.000 |  |") and rows[0].endswith("| 0.00 ± 0.00 | 10.00 ± 0.00 |")
+    assert rows[1].startswith("| scr | 1 | 0.800 ± 0.000 | below |")
+    assert rows[1].endswith("| 0.50 ± 0.00 | 15.00 ± 0.00 |")
+    assert stale_lines(entries)[-1] == ("Final quality outside the k = 0 interval: scr at k = 1 (0.800 ± 0.000, "
+                                        "below 0.900 ± 0.000).")
     assert stale_lines({"scr": entries["scr"]}) == []
+    base = {"mean": 0.9, "ci95": 0.1}
+    assert [within({"mean": m}, base) for m in (0.85, 0.75, 1.01)] == ["yes", "below", "above"]
+    assert within({"mean": 0.9}, {"mean": 0.9, "ci95": float("nan")}) == "n/a"  # one seed: no interval

@@ -195,8 +195,17 @@ def grouped_orderings(orderings: list[str]) -> list[str]:
     return [f"{a} > {', '.join(bs)}" for a, bs in above.items()]
 
 
+def within(m: dict, base: dict) -> str:
+    """Whether mean `m` lies in `base`'s 95% interval: "yes", "below", "above" or "n/a" (no interval)."""
+    if not (math.isfinite(m["mean"]) and math.isfinite(base["mean"]) and math.isfinite(base["ci95"])):
+        return "n/a"
+    lo, hi = base["mean"] - base["ci95"], base["mean"] + base["ci95"]
+    return "yes" if lo <= m["mean"] <= hi else "below" if m["mean"] < lo else "above"
+
+
 def stale_lines(entries: dict) -> list[str]:
-    """The asynchronous step's runs (`<name>_stale<k>`) beside their construction at k = 0."""
+    """The asynchronous step's runs (`<name>_stale<k>`) beside their construction at k = 0, and whether each final
+    quality lies in k = 0's interval."""
     matches = [(m, n) for n in entries if (m := STALE.match(n)) and m.group(1) in entries]
     rows = sorted((m.group(1), int(m.group(2)), n) for m, n in matches)
     if not rows:
@@ -204,13 +213,19 @@ def stale_lines(entries: dict) -> list[str]:
     out = ["", "The asynchronous step (`rl.max_staleness = k`, docs/async.md): each step learns from rollouts sampled "
            "k updates earlier. Steps per minute are this machine's, the judge in the trainer's process on its one "
            "device beside the policy, while the study's other runs shared the cores.", "",
-           "| construction | k | final quality | peak quality | Kendall tau | mean staleness | steps / minute |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+           "| construction | k | final quality | in k = 0's interval | peak quality | Kendall tau | mean staleness | "
+           "steps / minute |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    outside = []
     for base in dict.fromkeys(b for b, _, _ in rows):
         for name, k in [(base, 0)] + [(n, k) for b, k, n in rows if b == base]:
             e = entries[name]
-            out.append(f"| {base} | {k} | {_fmt(e['final'])} | {_fmt(e['peak'])} | {_fmt(e['kendall_tau'])} | "
-                       f"{_fmt(e['staleness'], 2)} | {_fmt(e['steps_per_minute'], 2)} |")
+            inside = "" if k == 0 else within(e["final"], entries[base]["final"])
+            if inside in ("below", "above"):
+                outside.append(f"{base} at k = {k} ({_fmt(e['final'])}, {inside} {_fmt(entries[base]['final'])})")
+            out.append(f"| {base} | {k} | {_fmt(e['final'])} | {inside} | {_fmt(e['peak'])} | "
+                       f"{_fmt(e['kendall_tau'])} | {_fmt(e['staleness'], 2)} | {_fmt(e['steps_per_minute'], 2)} |")
+    out += ["", "Final quality outside the k = 0 interval: " + "; ".join(outside) + "." if outside else
+            "Every final quality at k >= 1 with an interval to compare lies in its construction's k = 0 interval."]
     return out
 
 
