@@ -1,6 +1,7 @@
 """The asynchronous step (`rl.max_staleness`): the behaviour policy carried with sampled groups, the batches in flight
 as a checkpoint keeps them, the schedule's staleness, and exact resume after a SIGKILL in any phase."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -59,6 +60,8 @@ def test_a_batch_in_flight_survives_its_json_record_exactly():
         np.testing.assert_array_equal(a, b)
     assert list(back.groups.truncated) == [False, True] and back.inputs == sampled.inputs
     assert list(back.prompt_index) == [11] and back.sampled_tokens == 3
+    bare = dataclasses.replace(sampled, inputs=None)  # a construction that prepares nothing
+    assert Sampled.of_record(json.loads(json.dumps(bare.record()))).inputs is None
 
 
 def test_the_schedules_staleness():

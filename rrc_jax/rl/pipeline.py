@@ -92,7 +92,8 @@ class Sampled:
         groups = Groups(r["texts"], r["prompt_ids"], [np.asarray(x, np.int32) for x in r["responses"]],
                         np.asarray(r["truncated"], bool), [np.asarray(x, np.float32) for x in r["logprobs"]],
                         np.asarray(r["versions"], np.int64))
-        return Sampled(np.asarray(r["prompt_index"], np.int64), list(r["prompts"]), groups, dict(r["inputs"]),
+        inputs = None if r["inputs"] is None else dict(r["inputs"])
+        return Sampled(np.asarray(r["prompt_index"], np.int64), list(r["prompts"]), groups, inputs,
                        float(r["rollout_seconds"]), int(r["sampled_tokens"]))
 
 
