@@ -29,6 +29,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from statistics import median
 
 from absl import flags
 
@@ -84,11 +85,6 @@ def timed_run(cmd: list[str], metrics: Path) -> dict[int, float]:
     return seen_at
 
 
-def median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
-
-
 def summary(seen_at: dict[int, float], lines: list[dict], seed: int, k: int, steps: int) -> dict:
     """One run's row: its rates over steps 2 .. steps - 1, its quality, and the phases' seconds a step."""
     seconds = seen_at[steps - 1] - seen_at[1]
@@ -98,13 +94,14 @@ def summary(seen_at: dict[int, float], lines: list[dict], seed: int, k: int, ste
     final = next(x["eval/oracle_quality"] for x in reversed(lines) if "eval/oracle_quality" in x)
     policy = median([x["time/rollout"] + x["time/update"] for x in steady])
     judged = [x["time/reward"] for x in steady]  # each batch's judging, at any k
+    judge, step = median(judged), median(intervals)
     row = {"seed": seed, "k": k, "seconds": round(seconds, 2), "steps_per_min": round(60 * (steps - 2) / seconds, 2),
-           "median_step_s": round(median(intervals), 3), "median_steps_per_min": round(60 / median(intervals), 2),
+           "median_step_s": round(step, 3), "median_steps_per_min": round(60 / step, 2),
            "longest_step_s": round(max(intervals), 3), "policy_median_s": round(policy, 3),
-           "judge_median_s": round(median(judged), 3), "judge_max_s": round(max(judged), 3),
+           "judge_median_s": round(judge, 3), "judge_max_s": round(max(judged), 3),
            "train_quality": round(sum(quality) / len(quality), 4), "final_eval_quality": round(final, 4)}
     if k == 0:
-        row["overlap_bound"] = round((policy + median(judged)) / max(policy, median(judged)), 3)
+        row["overlap_bound"] = round((policy + judge) / max(policy, judge), 3)
     else:
         row.update(learner_wait_median_s=round(median([x["time/learner_wait"] for x in steady]), 3),
                    staleness=sum(x["staleness/mean"] for x in steady) / len(steady))

@@ -45,10 +45,6 @@ def test_device_script_passes_shellcheck():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-def _scaling():
-    return _bench("scaling")  # imports no jax at module level
-
-
 def _bench(name: str):
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
@@ -81,7 +77,7 @@ def test_scaling_flags():
     out = run("--meshes=4,4,1")
     assert out.returncode == 1, out.stderr
     assert out.stderr.strip().splitlines()[-1] == "error: --meshes=4,4,1: mesh '4,4,1' needs more than the 8 devices"
-    scaling = _scaling()
+    scaling = _bench("scaling")  # imports no jax at module level
     assert scaling.parse_meshes("1,1,1") == [(1, 1, 1)]
     assert scaling.parse_meshes(scaling.DEFAULT_MESHES) == [(1, 1, 1), (8, 1, 1), (1, 8, 1), (1, 4, 2), (2, 2, 2)]
     assert scaling.parse_meshes("1,1,1/2,2,2") == scaling.parse_meshes("1,1,1 2,2,2")
