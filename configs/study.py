@@ -25,6 +25,7 @@ def get_config(arg: str = ""):
     c.report = True                  # write the report from every summary present once this shard is done
     c.audit_pairs, c.audit_groups = 512, 64  # the toy judge's audit (rrc_jax.data.toy.audit), once per study
     c.overrides = ""                 # "FIELD=VALUE,...": trainer config fields for every run, e.g. toy.cache_dir=DIR
+    c.compilation_cache = True       # keep compiled programs in workdir/xla_cache for the next runs (rrc_jax.study)
     if arg == "quick":
         c = quick(c)
     elif arg:

@@ -1,19 +1,22 @@
 """The reproduction study: statistics over seeds by hand, and a smoke run of the command on the tests' toy world
 (one construction, one seed, two steps) that resumes without repeating a run."""
 
+import dataclasses
 import json
 import math
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
 from conftest import TINY_RUN
+from rrc_jax.config import parse
 from rrc_jax.configs.study import get_config
 from rrc_jax.errors import ConfigError
 from rrc_jax.study.report import aggregate, interval, run_metrics, supported_orderings, write_report
-from rrc_jax.study.runs import run_all
+from rrc_jax.study.runs import StudyConfig, run_all
 
 
 def summary(name, seed, evals, rewards, tau=0.5, tokens=100.0, absolute=True):
@@ -183,3 +186,23 @@ def test_the_asynchronous_runs_sit_beside_their_synchronous_construction():
     base = {"mean": 0.9, "ci95": 0.1}
     assert [within({"mean": m}, base) for m in (0.85, 0.75, 1.01)] == ["yes", "below", "above"]
     assert within({"mean": 0.9}, {"mean": 0.9, "ci95": float("nan")}) == "n/a"  # one seed: no interval
+
+
+def test_the_study_keeps_compiled_programs_in_its_workdir_unless_jax_has_a_cache(tmp_path):
+    from rrc_jax.study.__main__ import compilation_cache
+
+    study = parse(StudyConfig, get_config())
+    configured = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        assert compilation_cache(dataclasses.replace(study, compilation_cache=False)) == ""
+        assert jax.config.jax_compilation_cache_dir is None
+        mine = dataclasses.replace(study, workdir=str(tmp_path / "work"))
+        assert compilation_cache(mine) == str(tmp_path / "work" / "xla_cache") == jax.config.jax_compilation_cache_dir
+        assert (tmp_path / "work" / "xla_cache").is_dir() and jax.config.jax_persistent_cache_min_compile_time_secs == 0
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "users"))  # JAX_COMPILATION_CACHE_DIR's
+        assert compilation_cache(dataclasses.replace(mine, workdir=str(tmp_path / "other"))) == str(tmp_path / "users")
+        assert not (tmp_path / "other").exists()
+    finally:
+        jax.config.update("jax_compilation_cache_dir", configured[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", configured[1])

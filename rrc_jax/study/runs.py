@@ -108,6 +108,7 @@ class StudyConfig:
     audit_pairs: int = 512
     audit_groups: int = 64
     overrides: str = ""
+    compilation_cache: bool = True
 
     def __post_init__(self):
         constructions(self.constructions), parse_shard(self.shard)
