@@ -58,11 +58,14 @@ def test_two_step_run_for_each_reward_kind(kind, finished):
     rows = read_metrics(workdir)
     assert sorted(rows) == [0, 1, 2]
     assert 0 <= rows[0]["eval/oracle_quality"] <= 1 and rows[0]["eval/oracle_quality_se"] >= 0
+    assert all(isinstance(rows[s]["time/compile_programs"], int) and rows[s]["time/compile_programs"] >= 0
+               for s in rows)  # (programs another test compiled in this process are not compiled again)
     if kind not in ("rlvr", "irpo"):  # (20 tokens are too few for the toy judges' reasoning: every pair may be wrong)
         assert rows[0]["eval/oracle_quality_se"] > 0
     for step in (1, 2):
         for key in ("reward/mean", "reward/std", "loss", "kl", "clip_fraction", "entropy", "response_length",
-                    "oracle_quality", "time/rollout", "time/reward", "time/update", "tokens_per_second"):
+                    "oracle_quality", "time/rollout", "time/reward", "time/update", "tokens_per_second",
+                    "time/compile", "time/compile_programs"):
             if key == "oracle_quality" and kind == "irpo":
                 continue  # a score alone is neither right nor wrong: the pairs' accuracy is reward/pair_accuracy
             assert key in rows[step] and np.isfinite(rows[step][key]), (kind, step, key)

@@ -49,6 +49,7 @@ from flax import nnx
 
 from rrc_jax import distributed, fault_points
 from rrc_jax.checkpoint import Checkpointer, CheckpointWriteError, StopSignals, base_hash
+from rrc_jax.compiles import CompileLap
 from rrc_jax.config import TrainerSettings
 from rrc_jax.constructions import RewardContext, make_construction
 from rrc_jax.data.prompts import PromptSet, check_toy_eval_prompts, load_prompts, prompt_batches, prompt_token_limit
@@ -354,9 +355,11 @@ class Trainer:
         logger = MetricsLogger(workdir, resume_step=start, tensorboard=s.metrics.tensorboard, wandb=s.metrics.wandb,
                                wandb_project=s.metrics.wandb_project, record=s.record, name=workdir.name)
         stop = StopSignals()
+        compiles = CompileLap()  # this process's compiles, each step's logged with it (`rrc_jax.compiles`)
         try:
             if start == 0:
-                metrics = {**self.evaluate(0), **self.memory(), **self.system(), **self.data_counts()}
+                metrics = {**self.evaluate(0), **self.memory(), **self.system(), **self.data_counts(),
+                           **compiles.lap()}
                 logger.log(0, metrics)
                 guard.check_requests(0, metrics)
             if self.pipeline is not None:
@@ -368,6 +371,7 @@ class Trainer:
                         if self.pipeline is not None:  # the evaluation asks the judge: nothing else may
                             self.pipeline.drain()
                         metrics.update(self.evaluate(step))
+                    metrics.update(compiles.lap())
                     ckpt.check()  # a save that failed (a full disk) stops the run before this step is logged
                     logger.log(step, metrics)
                     bar.update(1, reward=metrics["reward/mean"], **({"oracle": metrics["oracle_quality"]}
