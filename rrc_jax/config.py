@@ -71,7 +71,7 @@ def config_record(config: ml_collections.ConfigDict) -> dict:
     return json.loads(config.to_json_best_effort())
 
 def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
-    """The GRPO trainer's defaults, rewards of `kind`: the toy world on a laptop CPU (a few minutes); point
+    """The GRPO trainer's defaults, rewards of `kind`: the toy world on a laptop CPU (under 10 minutes); point
     `models.*` and `data.*` at real checkpoints and datasets to scale up."""
     c = ml_collections.ConfigDict()
     c.workdir = f"workdir/{kind}"
