@@ -16,7 +16,7 @@ from rrc_jax.config import parse
 from rrc_jax.configs.study import get_config
 from rrc_jax.errors import ConfigError
 from rrc_jax.study.report import aggregate, interval, run_metrics, supported_orderings, write_report
-from rrc_jax.study.runs import StudyConfig, run_all
+from rrc_jax.study.runs import StudyConfig, compilation_cache, run_all
 
 
 def summary(name, seed, evals, rewards, tau=0.5, tokens=100.0, absolute=True):
@@ -189,8 +189,6 @@ def test_the_asynchronous_runs_sit_beside_their_synchronous_construction():
 
 
 def test_the_study_keeps_compiled_programs_in_its_workdir_unless_jax_has_a_cache(tmp_path):
-    from rrc_jax.study.__main__ import compilation_cache
-
     study = parse(StudyConfig, get_config())
     configured = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
     try:

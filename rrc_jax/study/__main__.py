@@ -13,7 +13,6 @@ import json
 import sys
 from pathlib import Path
 
-import jax
 from absl import flags
 
 from rrc_jax import cli
@@ -24,7 +23,7 @@ from rrc_jax.inference import role_sampler
 from rrc_jax.judge import Judge
 from rrc_jax.rl.roles import Roles
 from rrc_jax.study.report import write_report
-from rrc_jax.study.runs import StudyConfig, plan, run_all, run_settings
+from rrc_jax.study.runs import StudyConfig, compilation_cache, plan, run_all, run_settings
 
 CONFIG = cli.config_flag("study.py", "The study's config")
 QUICK = flags.DEFINE_bool("quick", False, "fewer seeds and steps (study.py:quick's sizes), into out/workdir _quick")
@@ -46,22 +45,6 @@ def audit_judge(study: StudyConfig) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     return result
-
-
-def compilation_cache(study: StudyConfig) -> str:
-    """Turn on JAX's persistent compilation cache in `workdir/xla_cache` (`study.compilation_cache`), unless JAX
-    has one already (`JAX_COMPILATION_CACHE_DIR`, kept as it is). The runs share their programs (one toy world), a
-    run's judge meets new question shapes as its responses change length, and each run drops its programs from
-    memory when it ends (`run_all`): without the cache, most of a run's time is compiling what an earlier run
-    compiled. A cached program is the same executable, so the runs' metrics do not change. Returns the cache's
-    directory ("" when there is none)."""
-    if jax.config.jax_compilation_cache_dir or not study.compilation_cache:
-        return jax.config.jax_compilation_cache_dir or ""
-    path = Path(study.workdir) / "xla_cache"
-    path.mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # every program: most compile in under 1 s
-    return str(path)
 
 
 def run_study(study: StudyConfig) -> Path:

@@ -178,6 +178,22 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+def compilation_cache(study: StudyConfig) -> str:
+    """Turn on JAX's persistent compilation cache in `workdir/xla_cache` (`study.compilation_cache`), unless JAX
+    has one already (`JAX_COMPILATION_CACHE_DIR`, kept as it is). The runs share their programs (one toy world), a
+    run's judge meets new question shapes as its responses change length, and each run drops its programs from
+    memory when it ends (`run_all`): without the cache, most of a run's time is compiling what an earlier run
+    compiled. A cached program is the same executable, so the runs' metrics do not change. Returns the cache's
+    directory ("" when there is none)."""
+    if jax.config.jax_compilation_cache_dir or not study.compilation_cache:
+        return jax.config.jax_compilation_cache_dir or ""
+    path = Path(study.workdir) / "xla_cache"
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # every program: most compile in under 1 s
+    return str(path)
+
+
 def run_all(study: StudyConfig) -> list[Path]:
     """Run this shard's unfinished runs (one after another) and write each summary; returns every summary path of
     the study that exists afterwards."""
