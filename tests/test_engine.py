@@ -37,13 +37,14 @@ def questions(seed=0):
     return prefixes, suffixes
 
 
-@pytest.mark.parametrize("prefix_reuse,max_batch,calls,refills", [(True, 64, 1, 0), (True, 4, 3, 1), (False, 64, 1, 0),
-                                                                   (False, 3, 4, 0)])
+@pytest.mark.parametrize("prefix_reuse,max_batch,calls,refills", [(True, 64, 1, (0, 1, 0)), (True, 4, 3, (1, 2, 0)),
+                                                                   (False, 64, 1, None), (False, 3, 4, None)])
 def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max_batch, calls, refills):
-    """Each question's continuation equals generating its whole text; with reuse, 4 + 5 + 2 questions on three
-    prefixes pack into one chunk of 4 x 8 rows at max_batch 64, and into chunks of 4, 4 and 1 + 2 questions at
-    max_batch 4 (each chunk prefills its own prefixes: prefix 1's questions span two chunks, so it is prefilled
-    twice)."""
+    """Each question's continuation equals generating its whole text; with reuse, the 4 + 5 + 2 questions on three
+    prefixes run in one chunk shape of the least padded work (`question_tree.call_shape`): at max_batch 64 one
+    chunk of 4 x 4 rows, prefix 1's five questions in two parts (its prefix prefilled twice: 16 rows of 16-token
+    questions cost less than 32), at max_batch 4 three chunks of 2 x 2 (prefix 0 prefilled twice, prefix 1 three
+    times); each prefix's other uses are saved."""
     prefixes, suffixes = questions()
     sampler = make_sampler("policy", model, max_batch=max_batch, prefix_reuse=prefix_reuse)
     out = sampler.complete(prefixes, suffixes, GREEDY)
@@ -53,35 +54,62 @@ def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-4)
     assert sampler.stats.calls == calls
     uses = np.bincount([o for o, _ in suffixes], minlength=len(prefixes))
-    saved = sum((k - 1) * len(p) for k, p in zip(uses, prefixes) if k) - refills * len(prefixes[1])
+    saved = sum((k - 1 - r) * len(p) for k, p, r in zip(uses, prefixes, refills or [0] * 3) if k)
     assert sampler.stats.prefill_tokens_saved == (saved if prefix_reuse else 0)
     assert sampler.stats.prefill_tokens == sum(map(len, whole)) - sampler.stats.prefill_tokens_saved
     assert sampler.stats.generated_tokens == int(out.lengths.sum())
 
 
-def test_chunks_pack_prompts_times_rows_within_max_batch(model):
-    """Questions are packed P prefixes x F nodes x S leaves x C copies (powers of two, at most max_batch rows); a
-    prefix with more questions than max_batch spans chunks, and one whose nodes differ in fan-out is cut into
-    pieces of one fan-out each."""
-    sampler = make_sampler("policy", model, max_batch=8)
+def test_a_call_runs_in_one_chunk_shape_within_max_batch():
+    """A call's questions run in chunks of one shape P prefixes x F nodes x S leaves x C copies (powers of two, at
+    most max_batch rows; `question_tree.call_shape`), its parts cut to fit (`fit`, counted by `cut_counts`
+    without cutting): a prefix with more questions than a chunk holds spans chunks, and every question has its
+    own row. A prefix whose nodes differ in fan-out is cut into pieces of one fan-out each."""
     owners = [0] * 4 + [1] * 11 + [2] * 2 + [3]
     suffixes = [(o, [i]) for i, o in enumerate(owners)]  # all different: one leaf each
-    chunks = question_tree.chunks(question_tree.pieces(question_tree.question_tree(suffixes), sampler.host_batch),
-                                  sampler.host_batch)
-    assert [[len(p.nodes[0].leaves) for p in c] for c in chunks] == [[1, 2], [4, 3], [8]]
-    for c in chunks:
-        assert math.prod(question_tree.chunk_shape(c)) <= 8
-    asked = sorted(q for c in chunks for q in question_tree.rows(c, *question_tree.chunk_shape(c)[1:])[0])
-    assert asked == list(range(len(owners)))
+    parts = question_tree.pieces(question_tree.question_tree(suffixes), 8)
+    fans = question_tree.fan_outs(8)
+    assert len(fans) == 20 and all(math.prod(f) <= 8 for f in fans)
+    counts = question_tree.cut_counts(parts, fans)
+    assert list(counts) == [len(question_tree.fit(parts, *f)) for f in fans]
+    shape, n = question_tree.call_shape(fans, counts, (16, 0, 16), 10, 8)
+    chunks = question_tree.uniform_chunks(parts, shape)
+    assert len(chunks) == n and math.prod(shape[:4]) <= 8 and shape[4:] == (16, 0, 16)
+    assert all(len(c) <= shape[0] and all(p.shape <= shape[1:4] for p in c) for c in chunks)
+    placed = [question_tree.rows(c, *shape[1:4]) for c in chunks]
+    assert sorted(q for questions, _ in placed for q in questions) == list(range(len(owners)))
+    assert all(len(set(at)) == len(at) for _, at in placed)
     # AGR's shape: 2 responses before 3 anchors and 3 anchors before 2 responses, 2 votes each (copies)
     tree = question_tree.question_tree([(0, [r, 9, a]) for r in (1, 2) for a in (5, 6, 7) for _ in range(2)]
                                        + [(0, [a, 9, r]) for r in (1, 2) for a in (5, 6, 7) for _ in range(2)],
                                        splits=[1] * 24)
     parts = question_tree.pieces(tree, 64)
     assert sorted(p.shape for p in parts) == [(2, 4, 2), (4, 2, 2)]  # (F, S, C): a piece per fan-out
-    (chunk,) = question_tree.chunks(parts, 64)
-    questions, rows = question_tree.rows(chunk, *question_tree.chunk_shape(chunk)[1:])
-    assert sorted(questions) == list(range(24)) and len(set(rows)) == 24
+    fans = question_tree.fan_outs(64)
+    shape, n = question_tree.call_shape(fans, question_tree.cut_counts(parts, fans), (16, 16, 16), 10, 64)
+    (chunk,) = question_tree.uniform_chunks(parts, shape)
+    questions, rows = question_tree.rows(chunk, *shape[1:4])
+    assert n == 1 and sorted(questions) == list(range(24)) and len(set(rows)) == 24
+
+
+def test_cut_counts_agree_with_fit_and_chunks_stay_within_their_slots():
+    """On random AGR-like calls, the parts counted by `cut_counts` and those `fit` cuts agree for every fan-out, the
+    chosen shape is the same when chosen again, every question has a row, and with a slot budget every chunk but
+    a one-question one stays within it."""
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        suffixes = [(int(rng.integers(0, 4)), [int(rng.integers(0, 3)), 9, int(rng.integers(0, 6))])
+                    for _ in range(int(rng.integers(1, 80)))]
+        parts = question_tree.pieces(question_tree.question_tree(suffixes, [1] * len(suffixes)), 16)
+        fans = question_tree.fan_outs(16)
+        counts = question_tree.cut_counts(parts, fans)
+        assert list(counts) == [len(question_tree.fit(parts, *f)) for f in fans]
+        shape, n = question_tree.call_shape(fans, counts, (16, 16, 16), 8, 16, max_slots=200)
+        assert question_tree.call_shape(fans, counts.copy(), (16, 16, 16), 8, 16, max_slots=200) == (shape, n)
+        assert question_tree.chunk_slots(shape[:4], 16, 8) <= 200 or shape[:4] == (1, 1, 1, 1)
+        chunks = question_tree.uniform_chunks(parts, shape)
+        assert len(chunks) == n
+        assert sorted(q for c in chunks for q in question_tree.rows(c, *shape[1:4])[0]) == list(range(len(suffixes)))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

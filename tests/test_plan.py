@@ -141,30 +141,35 @@ def test_sliding_layers_count_their_window_in_a_long_cache():
     ((5, 5, 5), 40, 100),       # max_batch not a power of two
     ((100, 1, 100), 3, 100),    # one first text before 100 questions: a piece's bucket exceeds max_batch
 ])
-def test_judge_chunk_is_the_engines_largest_chunk(load, prompts, max_batch):
-    """The planner's chunk is the largest the engine packs for that many prompts' questions (`question_tree`, on
-    questions made to share text as the load says)."""
-    from rrc_jax.constructions.base import JudgeLoad
-    from rrc_jax.inference import question_tree
+def test_judge_chunk_is_the_engines_chunk(load, prompts, max_batch):
+    """The planner's chunk is the one shape the engine plans for that many prompts' questions
+    (`JaxSampler.chunk_plan`, on questions made to share text as the load says), with and without a budget of
+    cache slots (questions of 40 own tokens, 24 decoded)."""
+    from flax import nnx
 
+    from rrc_jax.constructions.base import JudgeLoad
+    from rrc_jax.inference import JaxSampler, question_tree
+    from rrc_jax.models import Decoder, DecoderConfig
+
+    cfg = DecoderConfig(model_type="llama", vocab_size=128, hidden_size=16, intermediate_size=32, num_layers=1,
+                        num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=256, bos_token_id=1,
+                        eos_token_ids=(2,), pad_token_id=0)
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
     load = JudgeLoad(load[0], 0, load[1], load[2])
     firsts = max(load.firsts, 1)
     per_first = -(-load.leaves // firsts)
-    suffixes = [(o, [100 + f] * 3 + [k] * 5) for o in range(prompts) for f in range(firsts) for k in range(per_first)
+    prefixes = [[1] + [7] * 20 for _ in range(prompts)]
+    suffixes = [(o, [100 + f] * 3 + [k] * 37) for o in range(prompts) for f in range(firsts) for k in range(per_first)
                 for _ in range(load.questions // load.leaves)]
-    tree = question_tree.question_tree(suffixes, [3 if load.firsts else 0] * len(suffixes))
-    chunks = question_tree.chunks(question_tree.pieces(tree, max_batch), max_batch)
-    shapes = [question_tree.chunk_shape(c) for c in chunks]
-    chunk = plan.judge_chunk(load, prompts, max_batch)
-    assert chunk in shapes and math.prod(chunk) == max(map(math.prod, shapes))
-    # within a budget of cache slots (questions of 40 own tokens, 24 decoded): the engine's packing, and no larger
-    budget = 64 * max_batch
-    most = max(1, min(max_batch, budget // 64))
-    chunks = question_tree.chunks(question_tree.pieces(tree, most), max_batch, budget, 40, 24)
-    shapes = [question_tree.chunk_shape(c) for c in chunks]
-    chunk = plan.judge_chunk(load, prompts, max_batch, budget, 40, 24)
-    assert chunk in shapes and math.prod(chunk) == max(map(math.prod, shapes))
-    assert all(question_tree.chunk_slots(x, 40, 24) <= budget or x[0] == 1 for x in shapes)
+    splits = [3 if load.firsts else 0] * len(suffixes)
+    for budget in (None, 64 * max_batch):
+        sampler = JaxSampler(model, max_batch=max_batch, max_batch_tokens=budget)
+        chunks, shapes = sampler.chunk_plan(prefixes, suffixes, 24, splits)
+        assert len(set(shapes)) == 1 and len(chunks) == len(shapes)
+        assert plan.judge_chunk(load, prompts, max_batch, shapes[0][4:], 24, budget) == shapes[0][:4]
+        assert math.prod(shapes[0][:4]) <= max_batch
+        if budget:
+            assert question_tree.chunk_slots(shapes[0][:4], shapes[0][6], 24) <= budget or shapes[0][0] == 1
 
 
 def paper_recipe():

@@ -9,11 +9,13 @@ copies (the same question asked again: a pair's votes in one order). Each chunk 
 (left-padded, one call), branches from them (`KVCache.branch`: shared, not copied; each row attends to its
 ancestors, each read once per step for the rows under it), appends the next level's right-padded tokens (`extend`,
 `PREFILL_CHUNK` tokens at a time), branches again, and at last decodes or reads the next-token logits; rows
-without a question are padding and dropped. Every level is prefilled once for all the questions under it: what
-the questions would have prefilled on their own beyond that is `stats.prefill_tokens_saved`. Without reuse every
+without a question are padding and dropped. Every level is prefilled once for all the questions under it in a
+chunk (a part of the tree cut off to fit the call's shape prefills its shared tokens again): what the questions
+would have prefilled on their own beyond that is `stats.prefill_tokens_saved`. Without reuse every
 question is prefilled in full, in chunks of `max_batch` (rows padded to multiples of 8). Lengths are padded to
-`length_bucket`s, so compilations are shared across chunks and calls while padding stays small (a server's
-sampler, `reuse_shapes`, pads a chunk further, to a shape it has compiled). A chunk never
+`length_bucket`s (the longest of the call at each level), and every chunk of a call has one shape, the one of least
+padded work (`question_tree.call_shape`), so that a run compiles few shapes (a server's sampler, `reuse_shapes`,
+pads a call further, to a shape it has compiled). A chunk never
 gathers rows of another chunk, so its rows stay where they are on the mesh.
 
 A question draws from its own stream of the call's key (`kernels.row_keys`): the caller's `streams[q]` (default q).
@@ -285,31 +287,38 @@ class JaxSampler:
             seen.add(shapes[-1])
         return local, shapes
 
-    def _tree_caches(self, prefixes, suffixes, extra, splits) -> Iterator[tuple[list[int], np.ndarray, KVCache]]:
-        """The chunks of the question tree (`question_tree`): each level prefilled once and branched to the next."""
+    def chunk_plan(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix], extra: int,
+                   splits: Sequence[int] | None = None) -> tuple[list[list[question_tree.Piece]], list[tuple]]:
+        """The chunks a call of these questions runs (this host's pieces of each) and their shapes `(P, F, S, C,
+        prefix, node, leaf lengths)`, `extra` tokens decoded after them: one shape for the call
+        (`question_tree.call_shape`; on several hosts agreed in one collective), or with `reuse_shapes` one
+        compiled before (`_reuse`). Host code alone: nothing runs on the devices."""
         # on several hosts a chunk's prefixes are over the host's batch shards too: pieces small enough that P
         # fills them (a prefix's copies are the ones its rows' devices need anyway)
         multiple = host_row_multiple(self.mesh)
         tree = question_tree.question_tree(suffixes, splits)
-        most, budget, leaf = max(1, self.host_batch // multiple), None, 0
-        if self.max_batch_tokens is not None:  # this host's share, and a piece's rows within it
-            budget = max(1, self.max_batch_tokens // jax.process_count())
-            leaf = length_bucket(max(len(x) for nodes in tree.values() for leaves in nodes.values() for x in leaves))
-            most = max(1, min(most, budget // max(leaf + extra, 1)))
+        most, budget = max(1, self.host_batch // multiple), None
+        nodes = [node for nodes in tree.values() for node in nodes]
+        leaves = [leaf for nodes in tree.values() for node in nodes.values() for leaf in node]
+        lengths = [length_bucket(max((len(prefixes[o]) for o in tree), default=0)),
+                   length_bucket(max(map(len, nodes), default=0)), length_bucket(max(map(len, leaves), default=0))]
+        fans = question_tree.fan_outs(most)
         parts = question_tree.pieces(tree, most)
-        local = question_tree.chunks(parts, self.host_batch, budget, leaf, extra)
-        longest = lambda chunk, level: max(len(x.tokens) for piece in chunk for node in piece.nodes
-                                           for x in ([node] if level == "node" else node.leaves))
-        plan = distributed.agree([(*question_tree.chunk_shape(chunk),
-                                   length_bucket(max(len(prefixes[piece.owner]) for piece in chunk)),
-                                   length_bucket(longest(chunk, "node")), length_bucket(longest(chunk, "leaf")))
-                                  for chunk in local], 7)
-        # one length per level for the whole call: the levels' shapes are the cache's, and each new one compiles the
-        # kernels again (the chunks' shapes P, F, S, C vary little)
-        lengths = tuple(max((x[i] for x in plan), default=0) for i in (4, 5, 6))
-        plan = [(*shape[:4], *lengths) for shape in plan]
+        # one collective: the hosts' level lengths and, for each fan-out, their number of parts cut to it
+        agreed = distributed.host_max(np.concatenate([lengths, question_tree.cut_counts(parts, fans)]))
+        lengths, counts = tuple(int(x) for x in agreed[:3]), agreed[3:]
+        if self.max_batch_tokens is not None:  # this host's share of the slots
+            budget = max(1, self.max_batch_tokens // jax.process_count())
+        shape, n = question_tree.call_shape(fans, counts, lengths, extra, self.host_batch, multiple, budget)
+        local, plan = question_tree.uniform_chunks(parts, shape), [shape] * n
         if self.reuse_shapes and plan:
             local, plan = self._reuse(parts, local, plan, extra)
+        return local, plan
+
+    def _tree_caches(self, prefixes, suffixes, extra, splits) -> Iterator[tuple[list[int], np.ndarray, KVCache]]:
+        """The chunks of the question tree (`chunk_plan`): each level prefilled once and branched to the next."""
+        multiple = host_row_multiple(self.mesh)
+        local, plan = self.chunk_plan(prefixes, suffixes, extra, splits)
         for k, (p, f, s, c, p_len, n_len, l_len) in enumerate(plan):
             chunk = local[k] if k < len(local) else []
             p = round_up(p, multiple)  # P prefixes (and the rows) a multiple of the host's batch shards

@@ -11,21 +11,26 @@ prefix o may share (a judge question's first response). Its tokens are read in f
 
 and each level is prefilled once for everything under it (`KVCache.branch` at each level, so attention also reads
 it once per step for all its rows). A chunk of one model call is a uniform tree of P prefixes x F nodes x S leaves
-x C copies (powers of two, the most of any of its pieces; padding where a piece has fewer), P * F * S * C rows at
-most `max_rows`. Fixed
-levels, not a radix tree over arbitrary token runs (SGLang's RadixAttention): the judge knows where its questions
-share text, and fixed levels keep the shapes static, one compilation per length bucket, where a radix tree needs
-paged memory. A prefix whose nodes have different fan-outs (AGR: a response before n anchors, an anchor before m
-responses) is cut into pieces of one fan-out each, so that padding stays small; a piece prefills its prefix again.
+x C copies (powers of two), P * F * S * C rows at most `max_rows`, and every chunk of a call has the same shape
+(`call_shape`): of all fan-outs, the one whose chunks run the fewest padded tokens, the tree's parts cut to fit
+(`fit`: a part cut off prefills its shared tokens again). Each new shape compiles every kernel again (seconds on a
+CPU, a minute for a large model on a pod), and a judge's trees change shape with its questions (AGR's responses
+that are copies of each other are one leaf asked several times): a chunk shape per tree shape compiled ~20 shapes
+a step on the toy world, one shape a call compiles a handful in a run. The shape depends on the call's questions
+alone, so a resumed run pads as the uninterrupted one did. Fixed levels, not a radix tree over arbitrary token runs
+(SGLang's RadixAttention): the judge knows where its questions share text, and fixed levels keep the shapes
+static, where a radix tree needs paged memory. A prefix whose nodes have different fan-outs (AGR: a response before
+n anchors, an anchor before m responses) is cut into pieces of one fan-out each.
 
 Pure host code (`JaxSampler` runs the chunks). Shapes: Q questions.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import NamedTuple
+
+import numpy as np
 
 from rrc_jax.models.batches import bucket_length
 
@@ -120,25 +125,76 @@ def chunk_slots(shape: tuple[int, int, int, int], leaf: int, extra: int) -> int:
     return p * f * s * (leaf + c * extra)
 
 
-def chunks(parts: list[Piece], max_rows: int, max_slots: int | None = None, leaf: int = 0, extra: int = 0
-           ) -> list[list[Piece]]:
-    """`parts` packed into chunks of one model call each, in order of their fan-out (S, C, F) so that pieces of one
-    shape share a chunk: as many pieces as keep `chunk_shape`'s P * F * S * C within `max_rows` and, with
-    `max_slots`, `chunk_slots` within it (at least one)."""
-    out: list[list[Piece]] = []
-    for piece in sorted(parts, key=lambda x: (x.shape[1], x.shape[2], x.shape[0])):
-        shape = chunk_shape(out[-1] + [piece]) if out else None
-        if shape and math.prod(shape) <= max_rows and (
-                max_slots is None or chunk_slots(shape, leaf, extra) <= max_slots):
-            out[-1].append(piece)
-        else:
-            out.append([piece])
-    return out
+def fan_outs(most: int) -> list[tuple[int, int, int]]:
+    """Every (F, S, C) of powers of two with F * S * C <= `most`: the fan-outs a call's chunks may take."""
+    powers = [1 << k for k in range(max(1, most).bit_length())]
+    return [(f, s, c) for f in powers for s in powers for c in powers if f * s * c <= most]
 
 
-def chunk_shape(chunk: list[Piece]) -> tuple[int, int, int, int]:
-    """(P, F, S, C) of a chunk: its pieces, and the most nodes, leaves and copies of any, powers of two."""
-    return (bucket_length(len(chunk), 1), *(max(p.shape[i] for p in chunk) for i in range(3)))
+def cut_counts(parts: list[Piece], fans: Sequence[tuple[int, int, int]]) -> np.ndarray:
+    """`len(fit(parts, f, s, c))` `[len(fans)]` for each (F, S, C) of `fans`, counted without cutting."""
+    copies = [len(leaf.questions) for piece in parts for node in piece.nodes for leaf in node.leaves]
+    leaf_node = [n for n, node in enumerate(x for piece in parts for x in piece.nodes) for _ in node.leaves]
+    node_piece = [i for i, piece in enumerate(parts) for _ in piece.nodes]
+    copies, leaf_node, node_piece = (np.asarray(x, np.int64) for x in (copies, leaf_node, node_piece))
+    counts = np.zeros(len(fans), np.int64)
+    if not parts:
+        return counts
+    for k, (f, s, c) in enumerate(fans):
+        leaves = np.bincount(leaf_node, -(-copies // c), minlength=len(node_piece)).astype(np.int64)
+        nodes = np.bincount(node_piece, -(-leaves // s), minlength=len(parts)).astype(np.int64)
+        counts[k] = int((-(-nodes // f)).sum())
+    return counts
+
+
+def chunk_cost(shape: tuple[int, ...], extra: int, max_rows: int) -> int:
+    """What a chunk of `shape` (P, F, S, C, prefix, node, leaf lengths) costs, in tokens run through the model:
+    each level's padded tokens prefilled once per row of it, and `extra` decoding steps, each costing what
+    `max_rows` rows cost (a decoding step reads the weights once whatever its rows: its rows are nearly free
+    up to a full batch)."""
+    p, f, s, c, prefix, node, leaf = shape
+    return p * prefix + p * f * node + p * f * s * leaf + extra * max_rows
+
+
+def call_shape(fans: Sequence[tuple[int, int, int]], counts: Sequence[int], lengths: tuple[int, int, int],
+               extra: int, max_rows: int, multiple: int = 1, max_slots: int | None = None
+               ) -> tuple[tuple[int, ...], int]:
+    """The one chunk shape `(P, F, S, C, prefix, node, leaf lengths)` a whole call runs in, and its number of
+    chunks: of `fans` (each cutting the call's parts into `counts[k]`, `cut_counts`) and P (`multiple` times a
+    power of two) with P * F * S * C <= `max_rows` rows (and, with `max_slots`, `chunk_slots` within it), the
+    least `chunk_cost` over the call, then the fewest rows. One shape a call, chosen from the call's counts and
+    lengths alone: the calls of a run take few shapes (each a compilation of every kernel), and the same
+    questions take the same shape however the run got there (a resumed run compiles and pads as the
+    uninterrupted one did). No chunks when the counts are all 0."""
+    if not max(counts, default=0):
+        return (0, 0, 0, 0, *lengths), 0
+    best = None
+    for (f, s, c), n in zip(fans, counts):
+        p = multiple
+        while True:
+            shape = (p, f, s, c, *lengths)
+            rows, fits = p * f * s * c, max_slots is None or chunk_slots((p, f, s, c), lengths[2], extra) <= max_slots
+            if rows > max_rows or not (fits or (p, f, s, c) == (multiple, 1, 1, 1)):
+                break
+            chunks = -(-int(n) // p)
+            key = (chunks * chunk_cost(shape, extra, max_rows), chunks * rows, shape)
+            if best is None or key < best[0]:
+                best = (key, shape, chunks)
+            if p >= n:
+                break
+            p *= 2
+    if best is None:  # not even one question a chunk fits the slots: one a chunk
+        return (multiple, 1, 1, 1, *lengths), int(counts[fans.index((1, 1, 1))])
+    return best[1], best[2]
+
+
+def uniform_chunks(parts: list[Piece], shape: tuple[int, ...]) -> list[list[Piece]]:
+    """`parts` cut to the F, S, C of `shape` (`fit`) and packed P a chunk (none without parts)."""
+    p, f, s, c = shape[:4]
+    if not parts:
+        return []
+    cut = fit(parts, f, s, c)
+    return [cut[i:i + p] for i in range(0, len(cut), p)]
 
 
 def rows(chunk: list[Piece], f: int, s: int, c: int) -> tuple[list[int], list[int]]:

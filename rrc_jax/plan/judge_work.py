@@ -58,20 +58,22 @@ class JudgeWork(NamedTuple):
         return math.prod(self.chunk)
 
 
-def judge_chunk(load: JudgeLoad, prompts: int, max_batch: int, max_slots: int | None = None, leaf: int = 0,
-                extra: int = 0) -> tuple[int, int, int, int]:
-    """(P, F, S, C) of the largest chunk (by rows) the engine packs `prompts` prompts' questions into, each asking
-    as `load` says: `firsts` responses shown first, each before `distinct / firsts` others, every question asked
-    `questions / distinct` times; packed by the engine's own `question_tree`, as `JaxSampler` packs them with
-    `max_batch_tokens=max_slots` (questions of `leaf` own tokens, `extra` decoded)."""
+def judge_chunk(load: JudgeLoad, prompts: int, max_batch: int, lengths: tuple[int, int, int], extra: int = 0,
+                max_slots: int | None = None) -> tuple[int, int, int, int]:
+    """(P, F, S, C) of the one chunk shape the engine runs `prompts` prompts' questions in, each asking as `load`
+    says: `firsts` responses shown first, each before `distinct / firsts` others, every question asked
+    `questions / distinct` times; chosen by the engine's own `question_tree.call_shape` for level `lengths`
+    (prefix, first, rest: padded), `extra` tokens decoded, as `JaxSampler` chooses it with
+    `max_batch_tokens=max_slots`."""
     firsts = max(load.firsts, 1)
     seconds, copies = -(-load.leaves // firsts), -(-load.questions // load.leaves)
     suffixes = [(o, [f, k]) for o in range(prompts) for f in range(firsts) for k in range(seconds)
                 for _ in range(copies)]
     tree = question_tree.question_tree(suffixes, [1 if load.firsts else 0] * len(suffixes))
-    most = max_batch if max_slots is None else max(1, min(max_batch, max_slots // max(leaf + extra, 1)))
-    chunks = question_tree.chunks(question_tree.pieces(tree, most), max_batch, max_slots, leaf, extra)
-    return max((question_tree.chunk_shape(c) for c in chunks), key=math.prod)
+    fans = question_tree.fan_outs(max_batch)
+    counts = question_tree.cut_counts(question_tree.pieces(tree, max_batch), fans)
+    shape, _ = question_tree.call_shape(fans, counts, lengths, extra, max_batch, 1, max_slots)
+    return shape[:4]
 
 
 def judge_work(s, load: JudgeLoad, prompts: int) -> JudgeWork:
@@ -84,7 +86,8 @@ def judge_work(s, load: JudgeLoad, prompts: int) -> JudgeWork:
     shared = load.firsts and load.leaves > load.firsts  # a first response before several questions: a level
     first, rest = (length_bucket(n_new + head), length_bucket(n_new + tail)) if shared else (0, flat)
     per_prompt = prefix + (load.firsts * first if shared else 0) + load.leaves * rest
-    chunk = judge_chunk(load, prompts, s.judge.max_batch, s.judge.max_batch_tokens, rest, s.judge.max_new_tokens)
+    chunk = judge_chunk(load, prompts, s.judge.max_batch, (prefix, first, rest), s.judge.max_new_tokens,
+                        s.judge.max_batch_tokens)
     return JudgeWork(prompts, load.questions * prompts, chunk, prefix,
                      first, rest, prompts * per_prompt, prompts * (prefix + load.questions * flat),
                      prompts * load.tokens, prompts * early_questions(s, load))
