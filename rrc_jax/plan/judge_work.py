@@ -1,5 +1,5 @@
 """The judge's work in a step (docs/planner.md, "The judge"): the questions a call asks, the tokens it prefills and
-decodes, and the largest chunk the engine packs them into, with the engine's prefix tree (each prompt's prefix
+decodes, and the one chunk shape the engine runs them in, with the engine's prefix tree (each prompt's prefix
 once, each response shown first once, each different question once: `rrc_jax.inference.question_tree`) and, for
 comparison, without it (every vote a question of its own after its prompt's shared prefix, as the engine asked
 before it read questions as a tree)."""
@@ -36,7 +36,7 @@ def template_tokens(s) -> tuple[int, int, int]:
 
 class JudgeWork(NamedTuple):
     """One judge call over `prompts` prompts (a step's rewards, or the judged evaluation): `questions` asked in all,
-    `chunk` (P, F, S, C) the largest the engine packs (prefixes, firsts, questions, votes), the slots of each level
+    `chunk` (P, F, S, C) the engine runs them in (prefixes, firsts, questions, votes), the slots of each level
     (`prefix`, `first` (0: none shared), `rest`: padded to their length buckets), the prefill tokens with the tree
     and without it (`flat`), the tokens decoded at most, and the questions early-stopped voting asks at least
     (every pair decided by its first round; `questions` when the construction votes in full)."""
@@ -54,7 +54,7 @@ class JudgeWork(NamedTuple):
 
     @property
     def rows(self) -> int:
-        """The rows of the largest chunk."""
+        """The rows of a chunk."""
         return math.prod(self.chunk)
 
 
