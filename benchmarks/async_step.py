@@ -13,8 +13,10 @@ against k = 0's, two ways: `steps_per_min` over the whole span, and `median_step
 which a step where the server compiled a new shape (tens of seconds on one core, when new response lengths give
 the judge's questions a shape it has not run) does not move. A row also has the median and longest seconds the
 judge took for a step's batch (`time/reward`), the policy's median (rollout + update), the mean oracle quality of
-the rollouts and the last evaluation's; at k = 0 the bound the phases put on any overlap, (policy + judge) /
-max(policy, judge), at k >= 1 the learner's median wait for rewards and the staleness.
+the rollouts and the last evaluation's, and the median share of a step the server's core was busy (its CPU seconds
+from /proc, read as each step's metrics line appears; Linux); at k = 0 the bounds on any overlap: the phases',
+(policy + judge) / max(policy, judge), and the server's, 1 / busy share (its core at work all of every step); at
+k >= 1 the learner's median wait for rewards and the staleness.
 """
 
 from __future__ import annotations
@@ -69,24 +71,38 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> No
     raise SystemExit(f"the judge server at {url} did not answer within {timeout:.0f} s")
 
 
-def timed_run(cmd: list[str], metrics: Path) -> dict[int, float]:
-    """When each step's metrics line appeared (`time.perf_counter()`, polled every 20 ms), by step."""
+def cpu_seconds(pid: int) -> float | None:
+    """The user + system CPU seconds process `pid` has run so far (Linux's /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_run(cmd: list[str], metrics: Path, server: int) -> tuple[dict[int, float], dict[int, float | None]]:
+    """When each step's metrics line appeared (`time.perf_counter()`, polled every 20 ms), and the CPU seconds the
+    judge's server (process `server`) had run by then, by step."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen_at: dict[int, float] = {}
+    server_cpu: dict[int, float | None] = {}
     while proc.poll() is None:
         if metrics.exists():
             for line in metrics.read_text().splitlines():
-                if line.strip():
-                    seen_at.setdefault(json.loads(line)["step"], time.perf_counter())
+                step = json.loads(line)["step"] if line.strip() else None
+                if step is not None and step not in seen_at:
+                    seen_at[step], server_cpu[step] = time.perf_counter(), cpu_seconds(server)
         time.sleep(0.02)
     err = proc.stderr.read()
     if proc.returncode:
         raise SystemExit(f"the trainer failed ({proc.returncode}):\n{err[-3000:]}")
-    return seen_at
+    return seen_at, server_cpu
 
 
-def summary(seen_at: dict[int, float], lines: list[dict], seed: int, k: int, steps: int) -> dict:
-    """One run's row: its rates over steps 2 .. steps - 1, its quality, and the phases' seconds a step."""
+def summary(seen_at: dict[int, float], lines: list[dict], seed: int, k: int, steps: int,
+            server_cpu: dict[int, float | None] | None = None) -> dict:
+    """One run's row: its rates over steps 2 .. steps - 1, its quality, the phases' seconds a step and, with the
+    server's CPU seconds at each step (`server_cpu`), the median share of a step its core was busy."""
     seconds = seen_at[steps - 1] - seen_at[1]
     intervals = [seen_at[t] - seen_at[t - 1] for t in range(2, steps)]
     steady = [x for x in lines if 2 <= x["step"] <= steps - 1]
@@ -100,8 +116,14 @@ def summary(seen_at: dict[int, float], lines: list[dict], seed: int, k: int, ste
            "longest_step_s": round(max(intervals), 3), "policy_median_s": round(policy, 3),
            "judge_median_s": round(judge, 3), "judge_max_s": round(max(judged), 3),
            "train_quality": round(sum(quality) / len(quality), 4), "final_eval_quality": round(final, 4)}
+    busy = [(server_cpu[t] - server_cpu[t - 1]) / (seen_at[t] - seen_at[t - 1]) for t in range(2, steps)
+            if server_cpu and server_cpu.get(t) is not None and server_cpu.get(t - 1) is not None]
+    if busy:
+        row["server_busy_median"] = round(median(busy), 3)
     if k == 0:
         row["overlap_bound"] = round((policy + judge) / max(policy, judge), 3)
+        if busy:  # the server's core at work all of every step: the most an overlap can gain
+            row["busy_bound"] = round(1 / max(median(busy), 1e-9), 3)
     else:
         row.update(learner_wait_median_s=round(median([x["time/learner_wait"] for x in steady]), 3),
                    staleness=sum(x["staleness/mean"] for x in steady) / len(steady))
@@ -128,14 +150,15 @@ def run() -> None:
     try:
         wait_healthy(url, server)
         warm = Path(tempfile.mkdtemp(prefix="async_warm_"))
-        timed_run(command(warm, args.warm_steps, 0, 0), warm / "metrics.jsonl")
+        timed_run(command(warm, args.warm_steps, 0, 0), warm / "metrics.jsonl", server.pid)
         shutil.rmtree(warm, ignore_errors=True)
         for seed in [int(s) for s in args.seeds.split(",")]:
             for k in [int(k) for k in args.ks.split(",")]:
                 workdir = Path(tempfile.mkdtemp(prefix=f"async_{args.kind}_k{k}_s{seed}_"))
-                seen_at = timed_run(command(workdir, args.steps, seed, k), workdir / "metrics.jsonl")
+                seen_at, server_cpu = timed_run(command(workdir, args.steps, seed, k), workdir / "metrics.jsonl",
+                                                server.pid)
                 lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-                row = summary(seen_at, lines, seed, k, args.steps)
+                row = summary(seen_at, lines, seed, k, args.steps, server_cpu)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 shutil.rmtree(workdir, ignore_errors=True)

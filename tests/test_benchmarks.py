@@ -54,12 +54,15 @@ def _bench(name: str):
 
 def test_async_step_summary_median_rate_ignores_a_compile_step():
     """The asynchronous-step benchmark's row: one step where the judge's server compiled (40 s) drags the span's
-    rate, not the median step's; the phases' medians and the overlap bound come from the metrics."""
+    rate, not the median step's; the phases' medians and the overlap bound come from the metrics, the server's busy
+    share and its bound from its CPU seconds at each step."""
     seen_at = {1: 0.0, 2: 6.0, 3: 12.0, 4: 52.0, 5: 58.0, 6: 64.0, 7: 70.0}  # step 4 waited on a compile
     lines = [{"step": t, "time/rollout": 0.5, "time/update": 0.5, "time/reward": 40.0 if t == 4 else 5.0,
               "oracle_quality": 0.5} for t in range(1, 9)]
     lines[-1]["eval/oracle_quality"] = 0.9  # the last step's evaluation
-    row = _bench("async_step").summary(seen_at, lines, seed=3, k=0, steps=8)
+    server_cpu = {t: 0.9 * at for t, at in seen_at.items()}  # its core busy 90% of every step
+    row = _bench("async_step").summary(seen_at, lines, seed=3, k=0, steps=8, server_cpu=server_cpu)
+    assert row["server_busy_median"] == 0.9 and row["busy_bound"] == round(1 / 0.9, 3)
     assert row["seconds"] == 70.0 and row["steps_per_min"] == round(60 * 6 / 70, 2)
     assert row["median_step_s"] == 6.0 and row["median_steps_per_min"] == 10.0 and row["longest_step_s"] == 40.0
     assert (row["policy_median_s"], row["judge_median_s"], row["judge_max_s"]) == (1.0, 5.0, 40.0)

@@ -183,7 +183,7 @@ def call_shape(fans: Sequence[tuple[int, int, int]], counts: Sequence[int], leng
             if p >= n:
                 break
             p *= 2
-    if best is None:  # not even one question a chunk fits the slots: one a chunk
+    if best is None:  # `multiple` rows already exceed max_rows (several hosts, a small max_batch): the least chunk
         return (multiple, 1, 1, 1, *lengths), int(counts[fans.index((1, 1, 1))])
     return best[1], best[2]
 
