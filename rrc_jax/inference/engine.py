@@ -258,34 +258,31 @@ class JaxSampler:
             yield chunk, np.arange(len(chunk)), prefill(self.model, ids, mask,
                                                         cache_size=round_up(t + max(extra, 1), ATTENTION_BLOCK))
 
-    def _reuse(self, parts: list[question_tree.Piece], local: list[list[question_tree.Piece]],
-               plan: list[tuple[int, ...]], extra: int) -> tuple[list[list[question_tree.Piece]], list[tuple]]:
+    def _reuse(self, parts: list[question_tree.Piece], shape: tuple[int, ...], n: int, extra: int
+               ) -> tuple[list[list[question_tree.Piece]], list[tuple]]:
         """`reuse_shapes`: the call's chunks and their shapes `(P, F, S, C, prefix, node, leaf lengths)` in a shape
-        compiled before when one holds them in at most twice the rows and chunks of the call's own shapes (the
-        pieces cut to its F, S, C: `question_tree.fit`; the cheapest); else each chunk in the smallest compiled
-        shape that holds it, or its own (then remembered). Level lengths are the longest run so far."""
+        compiled before when one holds them in at most twice the rows and chunks of the call's own `n` chunks of
+        `shape` (the parts cut to its F, S, C: `question_tree.uniform_chunks`; the cheapest); else in the smallest
+        compiled shape that holds `shape`, or `shape` itself (then remembered). Level lengths are the longest run so
+        far."""
         seen = self._shapes.setdefault(extra, set())
-        lengths = tuple(max(x[i] for x in (*seen, plan[0])) for i in (4, 5, 6))  # only grow: fewer shapes
-        plan = [(*x[:4], *lengths) for x in plan]
-        rows = sum(math.prod(x[:4]) for x in plan)
+        lengths = tuple(max(x[i] for x in (*seen, shape)) for i in (4, 5, 6))  # only grow: fewer shapes
+        shape = (*shape[:4], *lengths)
+        rows = n * math.prod(shape[:4])
         best = None
-        for shape in seen:
-            if any(a < b for a, b in zip(shape[4:], plan[0][4:])):
+        for old in seen:
+            if any(a < b for a, b in zip(old[4:], lengths)):
                 continue
-            p, f, s, c = shape[:4]
-            cut = question_tree.fit(parts, f, s, c)
-            chunks = [cut[i:i + p] for i in range(0, len(cut), p)]
-            cost = len(chunks) * math.prod(shape[:4])
-            if cost <= 2 * rows and len(chunks) <= 2 * len(plan) and (best is None or cost < best[0]):
-                best = (cost, chunks, shape)
+            chunks = question_tree.uniform_chunks(parts, old)
+            cost = len(chunks) * math.prod(old[:4])
+            if cost <= 2 * rows and len(chunks) <= 2 * n and (best is None or cost < best[0]):
+                best = (cost, chunks, old)
         if best is not None:
             return best[1], [best[2]] * len(best[1])
-        shapes = []
-        for shape in plan:
-            fits = [x for x in seen if all(a >= b for a, b in zip(x, shape))]
-            shapes.append(min(fits, key=lambda x: (math.prod(x[:4]), sum(x[4:]))) if fits else shape)
-            seen.add(shapes[-1])
-        return local, shapes
+        fits = [x for x in seen if all(a >= b for a, b in zip(x, shape))]
+        run = min(fits, key=lambda x: (math.prod(x[:4]), sum(x[4:]))) if fits else shape
+        seen.add(run)
+        return question_tree.uniform_chunks(parts, shape), [run] * n
 
     def chunk_plan(self, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix], extra: int,
                    splits: Sequence[int] | None = None) -> tuple[list[list[question_tree.Piece]], list[tuple]]:
@@ -297,7 +294,7 @@ class JaxSampler:
         # fills them (a prefix's copies are the ones its rows' devices need anyway)
         multiple = host_row_multiple(self.mesh)
         tree = question_tree.question_tree(suffixes, splits)
-        most, budget = max(1, self.host_batch // multiple), None
+        most = max(1, self.host_batch // multiple)
         nodes = [node for nodes in tree.values() for node in nodes]
         leaves = [leaf for nodes in tree.values() for node in nodes.values() for leaf in node]
         lengths = [length_bucket(max((len(prefixes[o]) for o in tree), default=0)),
@@ -307,13 +304,12 @@ class JaxSampler:
         # one collective: the hosts' level lengths and, for each fan-out, their number of parts cut to it
         agreed = distributed.host_max(np.concatenate([lengths, question_tree.cut_counts(parts, fans)]))
         lengths, counts = tuple(int(x) for x in agreed[:3]), agreed[3:]
-        if self.max_batch_tokens is not None:  # this host's share of the slots
-            budget = max(1, self.max_batch_tokens // jax.process_count())
+        # this host's share of the slots
+        budget = None if self.max_batch_tokens is None else max(1, self.max_batch_tokens // jax.process_count())
         shape, n = question_tree.call_shape(fans, counts, lengths, extra, self.host_batch, multiple, budget)
-        local, plan = question_tree.uniform_chunks(parts, shape), [shape] * n
-        if self.reuse_shapes and plan:
-            local, plan = self._reuse(parts, local, plan, extra)
-        return local, plan
+        if self.reuse_shapes and n:
+            return self._reuse(parts, shape, n, extra)
+        return question_tree.uniform_chunks(parts, shape), [shape] * n
 
     def _tree_caches(self, prefixes, suffixes, extra, splits) -> Iterator[tuple[list[int], np.ndarray, KVCache]]:
         """The chunks of the question tree (`chunk_plan`): each level prefilled once and branched to the next."""
