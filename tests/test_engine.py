@@ -163,19 +163,19 @@ def test_a_token_budget_runs_long_questions_in_fewer_rows_a_call(model):
 
 
 def test_a_servers_sampler_runs_new_calls_in_shapes_it_has_compiled(model):
-    """`reuse_shapes`: once calls of two kinds ran (a node of 6 leaves x 3 copies; 2 prefixes x 4 questions),
+    """`reuse_shapes`: once calls of two kinds ran (a node of 6 leaves x 3 copies; 2 prefixes x 8 questions),
     calls of other shapes (fewer prefixes, fewer leaves, 1 copy) run in shapes compiled before (their parts cut to
     fit, `question_tree.fit`), and every question draws what a plain sampler gives it (temperature 1, its stream)
     and generating it alone gives (greedy)."""
     rng = np.random.default_rng(2)
     prefixes = [[1] + list(rng.integers(3, 64, n)) for n in (6, 9, 4)]
-    first = [(o, list(rng.integers(3, 64, 5))) for o in (0, 1) for _ in range(4)]  # 2 prefixes x 4 questions
+    first = [(o, list(rng.integers(3, 64, 5))) for o in (0, 1) for _ in range(8)]  # 2 prefixes x 8 questions
     second = [(2, [7, 8, 9] + [int(x)]) for x in rng.integers(3, 64, 6)] * 3  # 6 leaves under a node, 3 copies
     params = SamplingParams(1.0, max_new_tokens=6, stop_token_ids=())
     server = JaxSampler(model, max_batch=16, reuse_shapes=True)
     plain = JaxSampler(model, max_batch=16)
     calls = [(second, [3] * 18), (first, None), (first[:3], None), (second[:7], [3] * 7), (first[2:] + second[:2],
-                                                                                          [0] * 6 + [3] * 2)]
+                                                                                          [0] * 14 + [3] * 2)]
     for k, (suffixes, splits) in enumerate(calls):
         out = server.complete(prefixes, suffixes, params, rng=4, splits=splits)
         ref = plain.complete(prefixes, suffixes, params, rng=4, splits=splits)
@@ -189,6 +189,30 @@ def test_a_servers_sampler_runs_new_calls_in_shapes_it_has_compiled(model):
     parts = question_tree.fit(question_tree.pieces(question_tree.question_tree(second, [3] * 18), 64), 1, 4, 1)
     assert all(p.shape <= (1, 4, 1) for p in parts)
     assert sorted(q for p in parts for n in p.nodes for leaf in n.leaves for q in leaf.questions) == list(range(18))
+
+
+def test_a_servers_sampler_reuses_the_compiled_shape_that_prefills_least(model):
+    """Of the shapes compiled before, `reuse_shapes` runs a call in the one that runs the fewest tokens
+    (`question_tree.chunk_cost`), not the one of fewest rows: after a shared call (a prefix, 4 nodes x 4 leaves) and a
+    flat one (8 prefixes, a question each), a call of one prefix with 2 nodes x 4 leaves prefills its prefix
+    and nodes once, as a plain sampler does, rather than once a question in the flat shape's 8 rows."""
+    rng = np.random.default_rng(5)
+    prefixes = [[1] + list(rng.integers(3, 64, 12)) for _ in range(8)]
+    flat = [(o, list(rng.integers(3, 64, 4))) for o in range(8)]
+    nodes = [list(rng.integers(3, 64, 6)) for _ in range(4)]
+    shared = [(0, node + list(rng.integers(3, 64, 3))) for node in nodes for _ in range(4)]
+    params = SamplingParams(1.0, max_new_tokens=4, stop_token_ids=())
+    server = JaxSampler(model, max_batch=16, reuse_shapes=True)
+    plain = JaxSampler(model, max_batch=16)
+    server.complete(prefixes, shared, params, splits=[6] * 16)
+    server.complete(prefixes, flat, params)  # compiled with the level lengths of the shared call
+    call = shared[:4] + shared[8:12]
+    before = server.stats.prefill_tokens
+    out = server.complete(prefixes, call, params, rng=7, splits=[6] * 8)
+    ref = plain.complete(prefixes, call, params, rng=7, splits=[6] * 8)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    assert len(server._shapes[4]) == 2  # nothing compiled for the third call
+    assert server.stats.prefill_tokens - before == plain.stats.prefill_tokens == 13 + 2 * 6 + 8 * 3
 
 
 @pytest.mark.parametrize("prefix_reuse", [True, False])
