@@ -261,21 +261,24 @@ class JaxSampler:
     def _reuse(self, parts: list[question_tree.Piece], shape: tuple[int, ...], n: int, extra: int
                ) -> tuple[list[list[question_tree.Piece]], list[tuple]]:
         """`reuse_shapes`: the call's chunks and their shapes `(P, F, S, C, prefix, node, leaf lengths)` in a shape
-        compiled before when one runs them at most twice the tokens (`question_tree.chunk_cost`, the measure the
-        call's own shape is chosen by) and in at most twice the chunks of the call's own `n` chunks of `shape` (the
-        parts cut to its F, S, C: `question_tree.uniform_chunks`; the cheapest); else in the smallest compiled shape
-        that holds `shape`, or `shape` itself (then remembered). Level lengths are the longest run so far."""
+        compiled before when one holds them in at most twice the chunks of the call's own `n` chunks of `shape` and
+        at most twice its rows or its tokens (the parts cut to its F, S, C: `question_tree.uniform_chunks`), the
+        one that runs the fewest tokens (`question_tree.chunk_cost`, the measure the call's own shape is chosen
+        by: the fewest rows would pick a flat shape that prefills every question whole); else in the smallest
+        compiled shape that holds `shape`, or `shape` itself (then remembered). Level lengths are the longest run
+        so far."""
         seen = self._shapes.setdefault(extra, set())
         lengths = tuple(max(x[i] for x in (*seen, shape)) for i in (4, 5, 6))  # only grow: fewer shapes
         shape = (*shape[:4], *lengths)
-        own = n * question_tree.chunk_cost(shape, extra, self.host_batch)
+        rows, tokens = n * math.prod(shape[:4]), n * question_tree.chunk_cost(shape, extra, self.host_batch)
         best = None
         for old in sorted(seen):
             if any(a < b for a, b in zip(old[4:], lengths)):
                 continue
             chunks = question_tree.uniform_chunks(parts, old)
             cost = len(chunks) * question_tree.chunk_cost(old, extra, self.host_batch)
-            if cost <= 2 * own and len(chunks) <= 2 * n and (best is None or cost < best[0]):
+            near = len(chunks) * math.prod(old[:4]) <= 2 * rows or cost <= 2 * tokens
+            if near and len(chunks) <= 2 * n and (best is None or cost < best[0]):
                 best = (cost, chunks, old)
         if best is not None:
             return best[1], [best[2]] * len(best[1])
