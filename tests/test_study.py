@@ -4,6 +4,7 @@
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -138,6 +139,11 @@ def test_study_command_runs_reports_and_resumes(tmp_path, toy_cache):
     assert 0 <= result["audit"]["error_rate"] <= 1 and 0 <= result["audit"]["intransitive_triad_rate"] <= 1
     drm = json.loads((out / "runs" / "drm-seed0.json").read_text())
     assert drm["kind"] == "drm" and drm["beta"] == 0.0  # TINY_RUN's override
+    # the summary keeps its run's trainer fields and the study's overrides, but no path of this machine
+    assert drm["config"]["rl.beta"] == 0.0 and drm["config"]["steps"] == 2 and "workdir" not in drm["config"]
+    assert drm["overrides"]["rl.group_size"] == 4 and "toy.cache_dir" not in drm["overrides"]
+    assert "Every run also sets " in (out / "report.md").read_text() and "`rl.group_size=4`" in (
+        out / "report.md").read_text()
     assert set(drm["series"]["eval/oracle_quality"]) == {"0", "2"} and "fidelity/advantage_error" in drm["series"]
     assert "| drm |" in (out / "report.md").read_text()
     for png in ("quality_vs_step.png", "fidelity.png", "frontier.png"):
@@ -145,11 +151,59 @@ def test_study_command_runs_reports_and_resumes(tmp_path, toy_cache):
     stamp = (out / "runs" / "drm-seed0.json").stat().st_mtime_ns
     study = get_config()  # again, in process: every run has its summary, so none is repeated
     study.update_from_flattened_dict({"out": str(out), "workdir": str(tmp_path / "work"), "seeds": 1,
-                                      "constructions": "drm", "overrides": overrides})
+                                      "steps": 2, "eval_every": 2, "eval_prompts": 16, "constructions": "drm",
+                                      "overrides": overrides})
     assert len(run_all(study)) == 1 and (out / "runs" / "drm-seed0.json").stat().st_mtime_ns == stamp
+    study.overrides = overrides.replace("rl.group_size=4", "rl.group_size=2")  # another run than the summary's
+    with pytest.raises(ConfigError, match=r"drm-seed0.json was made by another run.*rl.group_size: 4 -> 2"):
+        run_all(study)
+    study.overrides = overrides
     study.constructions = "agr,nope"
     with pytest.raises(ConfigError, match="nope"):
         run_all(study)
+
+
+def test_a_summary_is_reused_only_for_the_run_that_made_it(tmp_path):
+    """A study reuses a summary in its `out` only when the run that made it had the trainer fields this study's run
+    would have (its paths and what a resume may change aside); one made before summaries kept their fields is
+    compared on those it kept. Otherwise it stops before running anything and names the field."""
+    from rrc_jax.study.runs import run_fields, run_settings, summary_changes
+
+    study = parse(StudyConfig, get_config().copy_and_resolve_references())
+    study = dataclasses.replace(study, out=str(tmp_path / "out"), workdir=str(tmp_path / "work"),
+                                constructions="scr", seeds=1)
+    settings = run_settings(study, "scr", 0)
+    same = {**summary("scr", 0, {0: 0.5}, [0]), "config": {**run_fields(settings), "log.samples_every": 7,
+                                                           "rl.remat": True, "a field of a later rrc-jax": 1}}
+    assert summary_changes(same, settings) == [] and "toy.cache_dir" not in same["config"]
+    path = tmp_path / "out" / "runs" / "scr-seed0.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(same))
+    assert run_all(study) == [path]  # reused: no trainer run (no toy world is built here)
+    for field, value, said in (("rl.learning_rate", 1e-4, "rl.learning_rate: 0.0001 -> 0.0002"),
+                               ("eval.every", 10, "eval.every: 10 -> 5"), ("steps", 20, "steps: 20 -> 40")):
+        path.write_text(json.dumps({**same, "config": {**same["config"], field: value}}))
+        with pytest.raises(ConfigError, match=f"scr-seed0.json was made by another run.*{re.escape(said)}.*config.out"):
+            run_all(study)
+    legacy = {k: v for k, v in summary("scr", 0, {0: 0.5}, [0]).items() if k != "config"}
+    legacy.update(kind="scr", steps=40, votes=1, beta=settings.grpo.beta, judge_temperature=1.0)
+    assert summary_changes(legacy, settings) == []
+    assert summary_changes({**legacy, "votes": 4}, settings) == ["votes: 4 -> 1"]
+
+
+def test_the_report_says_which_trainer_fields_the_study_set():
+    from rrc_jax.study.report import overrides_lines, study_overrides
+
+    runs = [summary(n, s, {0: 0.5}, [0]) for n in ("agr", "scr") for s in range(2)]
+    assert overrides_lines(study_overrides(runs)) == []  # summaries from before they kept them: nothing to say
+    for r in runs:
+        r["overrides"] = {"rl.learning_rate": 1e-4, "toy.train_prompts": 256}
+    assert overrides_lines(study_overrides(runs)) == [
+        "", "Every run also sets `rl.learning_rate=0.0001`, `toy.train_prompts=256` (the study's `overrides`)."]
+    runs[2]["overrides"] = runs[3]["overrides"] = {}
+    assert overrides_lines(study_overrides(runs))[1] == (
+        "The runs differ in the study's `overrides`: `rl.learning_rate=0.0001`, `toy.train_prompts=256` (agr); "
+        "none (scr).")
 
 
 def test_quick_is_fewer_seeds_and_steps_in_folders_of_its_own():

@@ -229,13 +229,45 @@ def stale_lines(entries: dict) -> list[str]:
     return out
 
 
+def study_overrides(summaries: list[dict]) -> list[tuple[dict | None, list[str]]]:
+    """The trainer fields the study set for every run (a summary's `overrides`), each distinct set with the
+    constructions whose runs had it, in the order they first appear (None: summaries written before they kept
+    them)."""
+    groups: dict[str, tuple[dict | None, list[str]]] = {}
+    for summary in summaries:
+        given = summary.get("overrides")
+        names = groups.setdefault(json.dumps(given, sort_keys=True), (given, []))[1]
+        if summary["construction"] not in names:
+            names.append(summary["construction"])
+    return list(groups.values())
+
+
+def overrides_lines(groups: list) -> list[str]:
+    """What the report says of `study_overrides`: nothing when no run had any (or its summary predates them), the
+    fields when every run had the same, and each set with its constructions when they differ."""
+    def fields(given):
+        return "none" if not given else ", ".join(f"`{k}={v}`" for k, v in sorted(given.items()))
+
+    if all(not given for given, _ in groups):
+        return []
+    if len(groups) == 1:
+        return ["", f"Every run also sets {fields(groups[0][0])} (the study's `overrides`)."]
+    return ["", "The runs differ in the study's `overrides`: " + "; ".join(
+        f"{'not recorded' if given is None else fields(given)} ({', '.join(names)})" for given, names in groups) + "."]
+
+
+def _steps_apart(result: dict) -> str:
+    least = result.get("least_steps", result["steps"])
+    return f"; some runs have only {least}" if least != result["steps"] else ""
+
+
 def markdown(result: dict, plots: list[str]) -> str:
     """The report: the quality and fidelity table, the cost table, PRC saturation, the supported orderings, the
     judge audit when present, and the plots."""
     entries = result["constructions"]
     lines = ["# Reproduction study", "", f"Runs: {result['runs']} ({result['seeds_per_construction']} seeds per "
-             f"construction, {result['steps']} steps). Mean ± 95% interval over seeds. Definitions: "
-             "`rrc_jax/study/report.py`.", "",
+             f"construction, {result['steps']} steps{_steps_apart(result)}). Mean ± 95% interval over seeds. "
+             "Definitions: `rrc_jax/study/report.py`.", *overrides_lines(result.get("overrides", [])), "",
              "| construction | final quality | peak quality | peak step | fell after peak | hacked | length gain | "
              "Kendall tau | tau, last quarter | advantage error |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -387,7 +419,9 @@ def write_report(summary_paths: list[Path], out: Path, audit: dict | None = None
     result = aggregate(summaries)
     per = {n: len(e["seeds"]) for n, e in result["constructions"].items()}
     result.update(runs=len(summaries), seeds_per_construction=min(per.values()) if per else 0,
-                  steps=max((s["steps"] for s in summaries), default=0), audit=audit)
+                  steps=max((s["steps"] for s in summaries), default=0),
+                  least_steps=min((s["steps"] for s in summaries), default=0),
+                  overrides=study_overrides(summaries), audit=audit)
     out.mkdir(parents=True, exist_ok=True)
     plots = plot(result, out) if summaries else []
     (out / "study.json").write_text(json.dumps(result, indent=1, default=float) + "\n")

@@ -3,7 +3,8 @@ the per-run summary the report is built from.
 
 A run is `(construction, seed)`; its trainer workdir is `workdir/<construction>/seed<k>` (checkpoints: an
 interrupted run resumes) and its summary `out/runs/<construction>-seed<k>.json` (small; a run with a summary is
-never repeated, so a study resumes where it stopped, in a later invocation). Runs are split across processes by
+never repeated, so a study resumes where it stopped, in a later invocation; a summary made with other trainer
+fields than the study's run would have is refused, `summary_changes`). Runs are split across processes by
 `shard = INDEX/COUNT`: run i belongs to shard i % COUNT.
 
 Every run uses the trainer's defaults (the toy world, KL on) with the judge asked once per question (`votes=1`, the
@@ -25,6 +26,7 @@ from rrc_jax.config import TrainerSettings, base_config, config_record, validate
 from rrc_jax.errors import ConfigError
 from rrc_jax.rl.trainer import run
 from rrc_jax.settings import flat_fields
+from rrc_jax.workdir import RESUMABLE_CHANGES
 
 # name -> (reward kind, trainer overrides)
 RUNS: dict[str, tuple[str, dict]] = {
@@ -66,6 +68,16 @@ SERIES = ("reward/mean", "oracle_quality", "fidelity/kendall_tau", "fidelity/adv
           "reward/prc_saturation", "kl",
           "response_length", "eval/oracle_quality", "eval/oracle_quality_se",
           *(f"prc/p_bin{k}" for k in range(10)))
+
+
+# Trainer fields in which two runs may differ and still be one run of the study: where they write and find the toy
+# world, and what a resume may change (`RESUMABLE_CHANGES`: it does not alter the optimization) but the length and
+# the evaluations, which a summary holds. Paths are machine-specific: a summary does not keep these two.
+PLACES = ("workdir", "toy.cache_dir")
+SAME_RUN = (*PLACES, *(p for p in RESUMABLE_CHANGES if p not in ("steps", "eval.")))
+# what a summary written before it held its run's trainer fields (`config`) can be compared on
+_LEGACY = {"kind": lambda s: s.reward_kind, "steps": lambda s: s.steps, "votes": lambda s: s.judge.votes,
+           "beta": lambda s: s.grpo.beta, "judge_temperature": lambda s: s.judge.temperature}
 
 
 def constructions(spec: str) -> list[str]:
@@ -162,8 +174,27 @@ def summary_path(study: StudyConfig, name: str, seed: int) -> Path:
     return Path(study.out) / "runs" / f"{name}-seed{seed}.json"
 
 
-def summarize(workdir: Path, name: str, seed: int, s: TrainerSettings) -> dict:
-    """A finished run's summary: its construction, seed, the fields that define it, and `SERIES` by step."""
+def run_fields(s: TrainerSettings) -> dict:
+    """A run's trainer config as flat fields (`flat_fields` of its record), less `PLACES`: what its summary keeps."""
+    return {k: v for k, v in flat_fields(s.record).items() if k not in PLACES}
+
+
+def summary_changes(summary: dict, s: TrainerSettings) -> list[str]:
+    """`FIELD: SUMMARY'S -> NOW` for each trainer field (but `SAME_RUN`'s) in which the run that made `summary`
+    differs from the run `s` the study would make now. A summary written before summaries kept their run's fields
+    is compared on the ones it kept (`_LEGACY`); a field only one side has (added or removed by an upgrade of
+    rrc-jax) is not a change."""
+    if "config" in summary:
+        then, now = summary["config"], run_fields(s)
+    else:
+        then, now = summary, {k: read(s) for k, read in _LEGACY.items()}
+    return [f"{k}: {then[k]!r} -> {now[k]!r}" for k in sorted(then.keys() & now.keys())
+            if then[k] != now[k] and not k.startswith(SAME_RUN)]
+
+
+def summarize(workdir: Path, name: str, seed: int, s: TrainerSettings, overrides: dict | None = None) -> dict:
+    """A finished run's summary: its construction, seed, the fields that define it (`config`: all of its trainer
+    config's, less `PLACES`; `overrides`: those the study set for every run), and `SERIES` by step."""
     rows: dict[int, dict] = {}
     for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -171,6 +202,7 @@ def summarize(workdir: Path, name: str, seed: int, s: TrainerSettings) -> dict:
     series = {k: {str(s): r[k] for s, r in sorted(rows.items()) if k in r and _finite(r[k])} for k in SERIES}
     return {"construction": name, "seed": seed, "kind": s.reward_kind, "steps": s.steps, "votes": s.judge.votes,
             "beta": s.grpo.beta, "judge_temperature": s.judge.temperature, "absolute_reward": absolute_reward(s),
+            "overrides": {k: v for k, v in (overrides or {}).items() if k not in PLACES}, "config": run_fields(s),
             "series": {k: v for k, v in series.items() if v}}
 
 
@@ -196,19 +228,29 @@ def compilation_cache(study: StudyConfig) -> str:
 
 def run_all(study: StudyConfig) -> list[Path]:
     """Run this shard's unfinished runs (one after another) and write each summary; returns every summary path of
-    the study that exists afterwards."""
+    the study that exists afterwards. A `ConfigError` names a summary already in `out` that another run made
+    (`summary_changes`) before any run starts."""
     index, count = parse_shard(study.shard)
     runs = plan(study)
-    mine = [r for i, r in enumerate(runs) if i % count == index]
-    for k, (name, seed) in enumerate(mine):
+    mine = [(name, seed, run_settings(study, name, seed)) for i, (name, seed) in enumerate(runs) if i % count == index]
+    for name, seed, settings in mine:
+        path = summary_path(study, name, seed)
+        changes = summary_changes(json.loads(path.read_text()), settings) if path.is_file() else []
+        if changes:
+            raise ConfigError(f"study: {path} was made by another run than this study's {name}, seed {seed} "
+                              f"({'; '.join(changes[:4])}{'; ...' if len(changes) > 4 else ''}): give this study an "
+                              "out and a workdir of its own (--config.out, --config.workdir), or delete that summary "
+                              "to run it again")
+    flat = flat_fields(config_record(base_config()))
+    for k, (name, seed, settings) in enumerate(mine):
         path = summary_path(study, name, seed)
         if path.is_file():
             continue
         print(f"study: run {k + 1}/{len(mine)} of shard {index}/{count}: {name}, seed {seed}", file=sys.stderr)
-        settings = run_settings(study, name, seed)
         workdir = run(settings)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(summarize(Path(workdir), name, seed, settings)) + "\n")
+        summary = summarize(Path(workdir), name, seed, settings, parse_overrides(study.overrides, flat))
+        path.write_text(json.dumps(summary) + "\n")
         # the run's compiled programs go with it: XLA:CPU keeps each one's code mapped while JAX caches it, and a
         # process of dozens of runs would reach the kernel's limit of memory mappings (vm.max_map_count)
         jax.clear_caches()
