@@ -152,8 +152,16 @@ def test_study_command_runs_reports_and_resumes(tmp_path, toy_cache):
     study = get_config()  # again, in process: every run has its summary, so none is repeated
     study.update_from_flattened_dict({"out": str(out), "workdir": str(tmp_path / "work"), "seeds": 1,
                                       "steps": 2, "eval_every": 2, "eval_prompts": 16, "constructions": "drm",
-                                      "overrides": overrides})
+                                      "audit_pairs": 8, "audit_groups": 2, "overrides": overrides})
     assert len(run_all(study)) == 1 and (out / "runs" / "drm-seed0.json").stat().st_mtime_ns == stamp
+    # the judge's audit is made again only for other sizes or another judge
+    from rrc_jax.study.__main__ import audit_judge
+
+    audit_stamp = (out / "audit.json").stat().st_mtime_ns
+    assert audit_judge(parse(StudyConfig, study))["made_with"]["pairs"] == 8
+    assert (out / "audit.json").stat().st_mtime_ns == audit_stamp
+    study.audit_pairs = 4
+    assert audit_judge(parse(StudyConfig, study))["pairs"] == 4.0
     study.overrides = overrides.replace("rl.group_size=4", "rl.group_size=2")  # another run than the summary's
     with pytest.raises(ConfigError, match=r"drm-seed0.json was made by another run.*rl.group_size: 4 -> 2"):
         run_all(study)

@@ -23,7 +23,7 @@ from rrc_jax.inference import role_sampler
 from rrc_jax.judge import Judge
 from rrc_jax.rl.roles import Roles
 from rrc_jax.study.report import write_report
-from rrc_jax.study.runs import StudyConfig, compilation_cache, plan, run_all, run_settings
+from rrc_jax.study.runs import StudyConfig, compilation_cache, plan, run_all, run_fields, run_settings
 
 CONFIG = cli.config_flag("study.py", "The study's config")
 QUICK = flags.DEFINE_bool("quick", False, "fewer seeds and steps (study.py:quick's sizes), into out/workdir _quick")
@@ -31,17 +31,21 @@ QUICK = flags.DEFINE_bool("quick", False, "fewer seeds and steps (study.py:quick
 
 def audit_judge(study: StudyConfig) -> dict:
     """The toy GRM's imperfection (`rrc_jax.data.toy.audit`) as the study's runs ask it, cached in
-    `out/audit.json`."""
+    `out/audit.json` with what it was made with (`made_with`: the audit's sizes and the run's `reward.judge`,
+    `toy` and `models` fields); a cached audit made with anything else is made again."""
     path = Path(study.out) / "audit.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-
     s = run_settings(study, *plan(study)[0])
+    made_with = {"pairs": study.audit_pairs, "groups": study.audit_groups,
+                 **{k: v for k, v in run_fields(s).items() if k.startswith(("reward.judge.", "toy.", "models."))}}
+    if path.is_file():
+        cached = json.loads(path.read_text())
+        if cached.get("made_with") == made_with:
+            return cached
     roles, j, task = Roles.of_run(s), s.judge, s.toy.task.task
     sampler = role_sampler(roles, "grm", engine=s.inference)
     judge = Judge(sampler, roles.tokenizer("grm"), dataclasses.replace(j, seed=0))
     result = {"temperature": j.temperature, **audit(judge, task, pairs=study.audit_pairs,
-                                                    groups=study.audit_groups)}
+                                                    groups=study.audit_groups), "made_with": made_with}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     return result
