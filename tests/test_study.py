@@ -155,7 +155,7 @@ def test_study_command_runs_reports_and_resumes(tmp_path, toy_cache):
                                       "audit_pairs": 8, "audit_groups": 2, "overrides": overrides})
     assert len(run_all(study)) == 1 and (out / "runs" / "drm-seed0.json").stat().st_mtime_ns == stamp
     # the judge's audit is made again only for other sizes or another judge
-    from rrc_jax.study.__main__ import audit_judge
+    from rrc_jax.study.runs import audit_judge
 
     audit_stamp = (out / "audit.json").stat().st_mtime_ns
     assert audit_judge(parse(StudyConfig, study))["made_with"]["pairs"] == 8

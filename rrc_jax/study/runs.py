@@ -1,5 +1,5 @@
 """The study's runs: every reward construction (`RUNS`) x seeds, each a trainer run on the toy world, and
-the per-run summary the report is built from.
+the per-run summary the report is built from, and the audit of the toy judge the runs ask (`audit_judge`).
 
 A run is `(construction, seed)`; its trainer workdir is `workdir/<construction>/seed<k>` (checkpoints: an
 interrupted run resumes) and its summary `out/runs/<construction>-seed<k>.json` (small; a run with a summary is
@@ -23,7 +23,11 @@ from pathlib import Path
 import jax
 
 from rrc_jax.config import TrainerSettings, base_config, config_record, validate
+from rrc_jax.data.toy.audit import audit
 from rrc_jax.errors import ConfigError
+from rrc_jax.inference import role_sampler
+from rrc_jax.judge import Judge
+from rrc_jax.rl.roles import Roles
 from rrc_jax.rl.trainer import run
 from rrc_jax.settings import flat_fields
 from rrc_jax.workdir import RESUMABLE_CHANGES
@@ -208,6 +212,28 @@ def summarize(workdir: Path, name: str, seed: int, s: TrainerSettings, overrides
 
 def _finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def audit_judge(study: StudyConfig) -> dict:
+    """The toy GRM's imperfection (`rrc_jax.data.toy.audit`) as the study's runs ask it, cached in
+    `out/audit.json` with what it was made with (`made_with`: the audit's sizes and the run's `reward.judge`,
+    `toy` and `models` fields); a cached audit made with anything else is made again."""
+    path = Path(study.out) / "audit.json"
+    s = run_settings(study, *plan(study)[0])
+    made_with = {"pairs": study.audit_pairs, "groups": study.audit_groups,
+                 **{k: v for k, v in run_fields(s).items() if k.startswith(("reward.judge.", "toy.", "models."))}}
+    if path.is_file():
+        cached = json.loads(path.read_text())
+        if cached.get("made_with") == made_with:
+            return cached
+    roles, j, task = Roles.of_run(s), s.judge, s.toy.task.task
+    sampler = role_sampler(roles, "grm", engine=s.inference)
+    judge = Judge(sampler, roles.tokenizer("grm"), dataclasses.replace(j, seed=0))
+    result = {"temperature": j.temperature, **audit(judge, task, pairs=study.audit_pairs,
+                                                    groups=study.audit_groups), "made_with": made_with}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return result
 
 
 def compilation_cache(study: StudyConfig) -> str:
