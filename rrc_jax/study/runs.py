@@ -1,5 +1,5 @@
-"""The study's runs: every reward construction (`RUNS`) x seeds, each a trainer run on the toy world, and
-the per-run summary the report is built from, and the audit of the toy judge the runs ask (`audit_judge`).
+"""The study's runs: every reward construction (`RUNS`) x seeds, each a trainer run on the toy world; the per-run
+summary the report is built from; and the audit of the toy judge the runs ask (`audit_judge`).
 
 A run is `(construction, seed)`; its trainer workdir is `workdir/<construction>/seed<k>` (checkpoints: an
 interrupted run resumes) and its summary `out/runs/<construction>-seed<k>.json` (small; a run with a summary is
