@@ -267,7 +267,6 @@ def run_all(study: StudyConfig) -> list[Path]:
                               f"({'; '.join(changes[:4])}{'; ...' if len(changes) > 4 else ''}): give this study an "
                               "out and a workdir of its own (--config.out, --config.workdir), or delete that summary "
                               "to run it again")
-    flat = flat_fields(config_record(base_config()))
     for k, (name, seed, settings) in enumerate(mine):
         path = summary_path(study, name, seed)
         if path.is_file():
@@ -275,7 +274,8 @@ def run_all(study: StudyConfig) -> list[Path]:
         print(f"study: run {k + 1}/{len(mine)} of shard {index}/{count}: {name}, seed {seed}", file=sys.stderr)
         workdir = run(settings)
         path.parent.mkdir(parents=True, exist_ok=True)
-        summary = summarize(Path(workdir), name, seed, settings, parse_overrides(study.overrides, flat))
+        summary = summarize(Path(workdir), name, seed, settings,
+                            parse_overrides(study.overrides, flat_fields(settings.record)))
         path.write_text(json.dumps(summary) + "\n")
         # the run's compiled programs go with it: XLA:CPU keeps each one's code mapped while JAX caches it, and a
         # process of dozens of runs would reach the kernel's limit of memory mappings (vm.max_map_count)
