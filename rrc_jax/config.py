@@ -50,7 +50,7 @@ from rrc_jax.rl.rollout import RolloutConfig
 from rrc_jax.rl.samples import SamplesConfig
 from rrc_jax.rm.recipes import PreferenceDataConfig, RMJudgeConfig, RMModelConfig, RMTrainConfig, ToyPairsConfig
 from rrc_jax.settings import config_fields, defaults, flat_fields
-from rrc_jax.sharding import MeshConfig
+from rrc_jax.sharding import REWARD_ROLES, MeshConfig
 from rrc_jax.workdir import ResumeConfig
 
 # The top-level configs/, installed as rrc_jax.configs: found, not imported (its recipes import this module).
@@ -202,6 +202,7 @@ class TrainerSettings:
     seed: int = 0
     init_from: str = ""
     record: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the config as run (`config_record`)
+    reward_service_wait_s: float = 60.0  # `reward.service_wait_s`: how long a run waits for its reward service
 
     @property
     def reward_settings(self):
@@ -227,7 +228,9 @@ def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
                                   f"{rollout.rows}")
     reward = construction_class(c.reward.kind)  # every construction's own group is checked, the run's or not
     kinds = {**CONSTRUCTIONS, reward.kind: reward}
-    service = c.reward.get("service_url", "")
+    service, wait_s = c.reward.get("service_url", ""), c.reward.get("service_wait_s", 60.0)
+    if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not 0 <= wait_s < float("inf"):
+        _bad("reward.service_wait_s", f"{wait_s!r} must be a finite number of seconds >= 0")
     if service:
         service, reward = check_url(service, "config.reward.service_url"), served(reward)
     constructions = {kind: parse(cls.Settings, c, f"reward.{kind}") for kind, cls in kinds.items()
@@ -239,9 +242,26 @@ def validate(c: ml_collections.ConfigDict) -> TrainerSettings:
         parse(SamplesConfig, c), parse(AlarmConfig, c), parse(MetricsConfig, c), parse(ModelsConfig, c),
         parse(InferenceConfig, c), ToyWorldConfig(toy_task, parse(ToyBuildConfig, c)), parse(DistributedConfig, c),
         parse(ResumeConfig, c), parse(LoraConfig, c), pipeline=parse(PipelineConfig, c), workdir=c.workdir,
-        steps=c.steps, seed=c.seed, init_from=c.init_from, record=record)
+        steps=c.steps, seed=c.seed, init_from=c.init_from, record=record, reward_service_wait_s=float(wait_s))
     check_reward(settings)
+    check_judge_devices(settings)
     return settings
+
+
+def check_judge_devices(s: TrainerSettings) -> None:
+    """`mesh.judge_devices` only for a run whose reward runs a model in this process (a GRM or a DRM the JAX
+    engine runs, `REWARD_ROLES`): set aside for nothing, those devices would sit idle all run."""
+    n = s.mesh.judge_devices
+    if not n or any(s.inference.engine_for(role) == "jax" for role in s.reward_roles & set(REWARD_ROLES)):
+        return
+    if s.reward_service:
+        why = "the reward service at reward.service_url judges"
+    elif "grm" in s.reward_roles:
+        why = f"inference.engine={s.inference.engine!r}: its server judges"
+    else:
+        why = f"reward.kind={s.reward_kind!r} loads no GRM or DRM"
+    raise ConfigError(f"config.mesh.judge_devices={n}: no reward model runs in this trainer ({why}), so the devices "
+                      "set aside for it would sit idle; set mesh.judge_devices=0")
 
 
 @dataclasses.dataclass(frozen=True)

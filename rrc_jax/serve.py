@@ -1,7 +1,7 @@
 """Serve a local Hugging Face checkpoint (a judge) through an OpenAI-compatible `/v1/completions` endpoint.
 
     python -m rrc_jax.serve --model=DIR [--host=127.0.0.1 --port=8000 --served_name=NAME --max_batch=64
-                                         --batch_wait_ms=5 --dtype=bfloat16 --mesh=auto]
+                                         --batch_wait_ms=5 --max_body_mb=16 --dtype=bfloat16 --mesh=auto]
 
 A trainer then asks it with `--config.inference.engine=openai --config.inference.url=http://HOST:PORT`
 (`rrc_jax.inference.openai_engine`), and so can any OpenAI client. Concurrent requests are batched into the engine
@@ -30,12 +30,14 @@ _NAME = flags.DEFINE_string("served_name", "", "The model name requests may give
 _MAX_BATCH = flags.DEFINE_integer("max_batch", 64, "Most rows (prompts x n) of one engine call; a larger request runs "
                                   "as several, taking turns with the others.")
 _WAIT = flags.DEFINE_float("batch_wait_ms", 5.0, "How long a batch waits for more requests after its first.")
+_MAX_BODY = flags.DEFINE_integer("max_body_mb", 16, "Largest request body in MiB; a larger one is a 413, read no "
+                                 "further than this.")
 
 
 def serve() -> None:
     """Check the flags, take the port, load the checkpoint and serve it until interrupted (a user's mistake raises
     `ConfigError`)."""
-    cli.check_at_least(1, "max_batch")
+    cli.check_at_least(1, "max_batch", "max_body_mb")
     if not (math.isfinite(_WAIT.value) and _WAIT.value >= 0):
         raise cli.flag_error("batch_wait_ms", "must be a finite number >= 0")
     if not 1 <= _PORT.value <= 65535:
@@ -55,7 +57,8 @@ def serve() -> None:
         name = _NAME.value or Path(_MODEL.model.value).name
         sampler = make_sampler("grm", model, tokenizer, max_batch=_MAX_BATCH.value, reuse_shapes=True)
         app = make_app(sampler, tokenizer, served_name=name, max_batch=_MAX_BATCH.value,
-                       batch_wait_s=_WAIT.value / 1000, vocab_size=model.cfg.vocab_size)
+                       batch_wait_s=_WAIT.value / 1000, vocab_size=model.cfg.vocab_size,
+                       max_body_bytes=_MAX_BODY.value << 20)
         say(f"serving {name} ({_MODEL.model.value}) on http://{_HOST.value}:{_PORT.value}/v1/completions")
         uvicorn_server(app).run(sockets=[sock])
 

@@ -45,7 +45,12 @@ RESUMABLE_CHANGES = ("steps", "workdir", "eval.", "log.", "checkpoint.", "distri
                      "toy.cache_dir", "reward.drm.max_batch", "rl.micro_batch_size", "rl.remat", "rl.logprob_chunk",
                      "rl.max_skipped_fraction", "rl.guard_window", "rl.max_param_growth",
                      # the judge's servers moved; its requests in flight; when a server of a pool is left out
-                     "inference.url", "inference.concurrency", "inference.bench_after", "inference.bench_s")
+                     "inference.url", "inference.concurrency", "inference.bench_after", "inference.bench_s",
+                     # the reward service moved (its kind, judge and GRM are the service's config); set or cleared,
+                     # it moves the judge into or out of this process, a change (`MOVES_ONLY`); how long a run
+                     # waits for it
+                     "reward.service_url", "reward.service_wait_s")
+MOVES_ONLY = ("reward.service_url",)  # resumable from one address to another, not between set and empty
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,12 +86,12 @@ def config_hash(record: Mapping) -> str:
 
 def config_changes(saved: dict, new: dict) -> list[str]:
     """`KEY: OLD -> NEW` for every field of two trainer configs (as JSON dicts) that differs and is not `resumable`
-    (by the saved config's schedule). A field only one of them has (added or removed by an upgrade of rrc-jax) is
-    not a change."""
+    (by the saved config's schedule), or is one of `MOVES_ONLY` set or cleared. A field only one of them has (added
+    or removed by an upgrade of rrc-jax) is not a change."""
     a, b = flat_fields(saved), flat_fields(new)
     exempt = resumable(a)
     return [f"{k}: {a[k]!r} -> {b[k]!r}" for k in sorted(a.keys() & b.keys())
-            if a[k] != b[k] and not k.startswith(exempt)]
+            if a[k] != b[k] and (not k.startswith(exempt) or (k in MOVES_ONLY and not (a[k] and b[k])))]
 
 
 class WorkdirLock:

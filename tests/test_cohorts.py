@@ -103,8 +103,10 @@ def test_a_cohort_that_never_completes_expires_after_its_timeout():
     with pytest.raises(ValueError, match="1 answers for the 2 rollouts"):
         cohorts.settle(late, [Answer(reward=1.0)])
     cohorts.settle(late_b, [Answer(error="group 'b': 1 of its 4 rollouts arrived within 10 s")])
-    assert cohorts.add(rollout("b", 0)) == (Place(late_b.serial, 0), None)  # a retry after the answer
-    assert cohorts.answer("b.0").error.startswith("group 'b'") and cohorts.stats.retries == 1
+    # a failure is not kept: the retry of an expired rollout is a new rollout of a new cohort (judged this time)
+    assert cohorts.answer("b.0") is None
+    place, whole = cohorts.add(rollout("b", 0))
+    assert place.cohort > late_b.serial and whole is None and cohorts.stats.retries == 0
 
 
 def test_answers_are_kept_for_the_last_remember_request_ids():

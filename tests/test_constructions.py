@@ -2,6 +2,7 @@
 the DRM's own tokenizer, PRC without thinking, templates from files, needed roles only, prompt files."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -240,9 +241,6 @@ class Shaped:
 
     def __call__(self, prompts, responses, prompt_index, step):
         return np.zeros((len(prompts), len(responses[0]))), {}
-
-def wrong(prompts, responses):
-    return [1.0, 2.0]
 ''')
     monkeypatch.syspath_prepend(str(tmp_path))
     config = base_config("agr")
@@ -251,12 +249,59 @@ def wrong(prompts, responses):
         config.reward.kind = f"plug:{name}"
         r = make_construction(validate(config), None)(prompts, responses, np.arange(2), 5).rewards
         np.testing.assert_array_equal(np.asarray(r), np.full((2, 3), want))
-    config.reward.kind = "plug:wrong"
-    with pytest.raises(ValueError, match=r"plug:wrong returned shape \(2,\)"):
-        make_construction(validate(config), None)(prompts, responses, np.arange(2), 1)
     config.reward.kind = "no_such_module:f"
     with pytest.raises(ConfigError, match="cannot import 'no_such_module'"):
         validate(config)
+
+
+WRONG_SHAPES = '''
+import numpy as np
+
+from rrc_jax.constructions import Construction, RewardResult
+
+
+def short(prompts, responses):
+    return [1.0, 2.0]
+
+
+def ragged(prompts, responses, prompt_index, step):
+    return [[1.0] * (i + 1) for i in range(len(prompts))], {"mine/step": step}
+
+
+class Transposed(Construction):
+    def construct(self, prompts, responses, prompt_index, step):
+        return RewardResult(np.zeros((len(responses[0]), len(prompts))))
+'''
+
+
+def test_a_plug_in_reward_of_the_wrong_shape_is_one_line(tmp_path, monkeypatch, toy_cache):
+    """A plug-in function, or a user's `Construction`, returning rewards that are not `[B, m]` is a one-line
+    `ConfigError` naming it, what it returned and the shape expected; the trainer's command line prints it and
+    exits 1."""
+    import subprocess
+
+    from conftest import cli_args
+
+    (tmp_path / "wrong_shapes.py").write_text(WRONG_SHAPES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = base_config("drm")
+    prompts, responses = groups(2, 3)
+    for name, got in [("short", "shape (2,)"), ("ragged", "a list that is no array of numbers"),
+                      ("Transposed", "shape (3, 2)")]:
+        config.reward.kind = f"wrong_shapes:{name}"
+        with pytest.raises(ConfigError) as e:
+            make_construction(validate(config), None)(prompts, responses, np.arange(2), 1)
+        assert str(e.value) == (f"config.reward.kind='wrong_shapes:{name}': the plug-in returned rewards of {got}; "
+                                "it must return [B, m] = (2, 3) (B prompts, m responses each)")
+
+    out = subprocess.run(cli_args(tmp_path / "run", toy_cache, kind="drm", **{"reward.kind": "wrong_shapes:short"}),
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])})
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        "error: config.reward.kind='wrong_shapes:short': the plug-in returned rewards of shape (2,); it must "
+        "return [B, m] = (4, 4) (B prompts, m responses each)")
 
 
 def write_prompts(path, n):

@@ -133,6 +133,29 @@ def test_steps_may_change_on_resume_only_under_a_constant_schedule():
     assert config_changes(config_record(constant), config_record(judge)) == ["reward.judge.max_batch: 256 -> 64"]
 
 
+def test_a_moved_reward_service_may_change_on_resume(tmp_path):
+    """A served reward's `reward.service_url` changed from one address to another passes the resume check (the
+    service moved, as `inference.url` may); set or cleared, it moves the judge into or out of the trainer and is
+    refused, as other changes are."""
+    from etils import epath
+
+    from rrc_jax.config import base_config, config_record
+    from rrc_jax.workdir import ResumeConfig, check_resume
+
+    (tmp_path / "checkpoints" / "3").mkdir(parents=True)  # (written without a manifest: config.json is compared)
+    config = base_config("agr")
+    config.reward.service_url = "http://10.0.0.2:8000"
+    (tmp_path / "config.json").write_text(json.dumps(config_record(config)))
+    config.reward.service_url = "http://10.0.0.3:8000"
+    check_resume(config_record(config), epath.Path(tmp_path), ResumeConfig())
+    config.reward.service_url = ""
+    with pytest.raises(ConfigError, match=r"changed: reward.service_url: 'http://10.0.0.2:8000' -> ''\. "):
+        check_resume(config_record(config), epath.Path(tmp_path), ResumeConfig())
+    config.reward.service_url, config.rl.learning_rate = "http://10.0.0.3:8000", 0.1
+    with pytest.raises(ConfigError, match=r"changed: rl.learning_rate: 0.0002 -> 0.1\. "):
+        check_resume(config_record(config), epath.Path(tmp_path), ResumeConfig())
+
+
 def test_every_setting_a_resume_may_change_leaves_the_run_as_it_was(tmp_path, toy_cache):
     """3 steps straight, and 2 steps resumed for a third with every field of `RESUMABLE_CHANGES` that one
     device can change set otherwise (the length, micro-batches, remat, log-prob chunks, the guard, checkpointing,

@@ -63,8 +63,9 @@ def test_attempts_go_to_the_least_loaded_server_and_a_failing_one_is_benched_the
 
 
 def _judge(urls, tokenizer, **kw):
-    sampler = OpenAISampler(None, tokenizer, role="grm", url=urls, api_model="scripted", timeout_s=5.0, retries=2,
-                            backoff_s=0.01, concurrency=4, prompts_per_request=1, bench_after=2, bench_s=600.0, **kw)
+    sampler = OpenAISampler(None, tokenizer, role="grm", url=urls, api_model="scripted", **{
+        "timeout_s": 5.0, "retries": 2, "backoff_s": 0.01, "concurrency": 4, "prompts_per_request": 1,
+        "bench_after": 2, "bench_s": 600.0, **kw})
     return Judge(sampler, tokenizer, JudgeConfig(template="toy_pairwise_cot", max_new_tokens=32, temperature=0.0))
 
 
@@ -94,6 +95,23 @@ def test_two_servers_answer_as_one_and_one_dying_halfway_loses_nothing():
     assert judge.sampler.stats.retries == s2["endpoint1_failed"]
     assert all(verdict_of(list(ids)) for ids, _ in a.log)
     assert judge.sampler.pool.health()[1]["benched"]
+
+
+def test_a_server_answering_too_few_choices_is_a_failed_attempt_retried_on_the_other():
+    """A pool of two scripted servers, one answering each request of two questions with one choice: each such
+    answer is a garbled attempt counted against it, the server is benched after two in a row, and every request is
+    answered by the other server, no question left unanswered."""
+    tokenizer = make_char_tokenizer()
+    pairs = _pairs(n=8)
+    with Server() as a, Server(mode="short") as b:
+        judge = _judge(f"{a.url},{b.url}", tokenizer, prompts_per_request=2)
+        votes, log = judge.explain(*pairs, votes=2, swap=True)
+        s = judge.summary()
+    assert s["failed_requests"] == s["garbled"] == 0 and judge.metrics.abstains == 0
+    assert s["endpoint1_failed"] == s["endpoint1_attempts"] >= 2 and s["endpoint1_benched"] == 1
+    assert s["endpoint0_failed"] == 0 and s["endpoint0_attempts"] == s["requests"] == len(a.kinds)
+    assert judge.sampler.stats.retries == s["endpoint1_failed"]
+    assert len(log) == 16 and all(v.text in ("looks right [[A]]", "[[B]]") for v in log)  # the server's answers
 
 
 def test_the_config_takes_a_pool_and_the_probe_names_the_server_that_is_down():

@@ -75,6 +75,21 @@ def test_split_is_exact(tokenizer_kind):
             assert q.reusable and q.prefix + q.suffix == q.full, (name, prompt)
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_texts_are_inserted_verbatim_whatever_they_hold(chat):
+    """A response that reads like a placeholder (`{b}`), or holds the split marker, is shown to the judge as it is:
+    never substituted by the other response, never a failed split."""
+    from rrc_jax.judge.templates import _MARK
+    tok, t = char_tokenizer(chat), get_template("rrc_pairwise_cot")
+    for prompt, a, b in [("Q {a}", "{b}", "1234"), ("Q", "{response}{prompt}", "{a}"),
+                         ("Q" + _MARK, "1168" + _MARK, _MARK + "1"), ("Q", "x", "{b}" + _MARK + "1\u241e")]:
+        pre, suf = render_parts(tok, t, prompt, a=a, b=b)
+        user = t.context.replace("{prompt}", prompt) + t.item.replace("{a}", "\0A\0").replace("{b}", "\0B\0")
+        user = user.replace("\0A\0", a).replace("\0B\0", b)
+        assert pre + suf == format_prompt(tok, user, t.system), (prompt, a, b)
+        assert suf.count(a) >= 1 and suf.index(a) < suf.rindex(b)
+
+
 def test_split_that_a_tokenizer_merges_is_detected():
     """A template whose context ends inside a word: BPE merges across the boundary, so it is not reusable."""
     tok = bpe_tokenizer()

@@ -209,6 +209,21 @@ def test_a_request_carries_many_questions_and_an_incomplete_answer_fails_them_al
     assert (s.failed, s.garbled, s.unanswered) == (3, 3, 14) and (votes.abstains == 2).all()
 
 
+def test_complete_marks_the_questions_it_left_unanswered(tokenizer):
+    """`last_failed` marks, in question order, the questions of the last `complete` call whose request failed after
+    its retries (a question asked twice: both askings), greedy or sampled; a call answered whole marks none."""
+    with Server(mode="short") as short:  # a one-token prompt answered whole, any other short of a choice
+        sampler = OpenAISampler(None, tokenizer, url=short.url, timeout_s=5.0, retries=1, backoff_s=0.01,
+                                prompts_per_request=1)
+        prefixes, suffixes = [[], [7]], [(0, [5]), (0, [5, 6]), (1, []), (0, [5, 6])]
+        for temperature in (0.0, 1.0):
+            out = sampler.complete(prefixes, suffixes, SamplingParams(temperature, max_new_tokens=16))
+            assert sampler.last_failed.tolist() == [False, True, False, True]
+            assert (out.lengths > 0).tolist() == [True, False, True, False]
+        sampler.complete(prefixes, [(1, []), (0, [9])], SamplingParams(0.0, max_new_tokens=16))
+    assert sampler.last_failed.tolist() == [False, False]
+
+
 def test_generate_keeps_groups_and_marks_what_the_server_cut(tokenizer):
     """`generate` asks once per prompt with `n` = the group size; a row the server finished ends with the stop
     token, one cut at `max_tokens` is truncated; a failed prompt leaves its G rows empty."""

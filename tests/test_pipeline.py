@@ -15,7 +15,7 @@ import pytest
 from conftest import cli_args, read_metrics, tiny_config
 from rrc_jax.config import validate
 from rrc_jax.fault_points import ENV
-from rrc_jax.rl.pipeline import Sampled, in_flight_steps, staleness_metrics
+from rrc_jax.rl.pipeline import Pipeline, Sampled, in_flight_steps, staleness_metrics
 from rrc_jax.rl.rollout import Groups
 from rrc_jax.rl.trainer import run
 from test_faults import assert_same_metrics
@@ -68,6 +68,62 @@ def test_the_schedules_staleness():
     assert list(in_flight_steps(0, 2, 10)) == [1, 2] and list(in_flight_steps(9, 2, 10)) == [10]
     behaved = groups_of_two().with_behaviour(np.zeros((2, 8), np.float32), np.ones((2, 8)), version=4)
     assert staleness_metrics(behaved, step=6) == {"staleness/mean": 1.0, "staleness/max": 1.0}
+
+
+def test_a_checkpoints_batches_in_flight_restore_at_any_staleness():
+    """The data item of a checkpoint written at k = 1 (the prompt pipeline and batch 2 in flight), restored at k = 0
+    (`Backlog`): the pipeline where it was and batch 2 ahead, kept in the checkpoints written until its step takes
+    it, the pipeline's state alone after. A k = 0 checkpoint's item restored at k = 1: the pipeline, nothing in
+    flight."""
+    from rrc_jax.data.prompts import prompt_batches
+    from rrc_jax.rl.pipeline import Backlog
+
+    groups = groups_of_two()
+    batch = groups.batch(pad_id=0)
+    ahead = Sampled(np.array([7]), ["p"], groups.with_behaviour(np.ones(batch["ids"].shape, np.float32),
+                                                                batch["loss_mask"], 0), None, 0.1, 3)
+    batches = prompt_batches(4, 0, 64)
+    async_run = Pipeline(1, batches, lambda *a: None, inline="a test")
+    next(batches), next(batches)  # batches 1 and 2
+    async_run.sampled[2] = ahead
+    state = json.loads(json.dumps(async_run.get_state()))  # as a checkpoint holds it
+    later = next(batches)
+
+    sync = Backlog(prompt_batches(4, 0, 64))
+    sync.set_state(state)
+    assert sorted(sync.ahead) == [2] and sync.ahead[2].record() == ahead.record()
+    assert json.loads(json.dumps(sync.get_state())) == state  # kept while it is ahead
+    np.testing.assert_array_equal(next(sync.batches), later)  # the pipeline gave batch 2 already
+    assert sync.take(1) is None and sync.take(2).record() == ahead.record() and sync.take(2) is None
+    assert sync.get_state() == sync.batches.get_state()  # a synchronous run's own state once none is ahead
+
+    plain = Backlog(prompt_batches(4, 0, 64))
+    next(plain.batches)
+    resumed = Pipeline(1, prompt_batches(4, 0, 64), lambda *a: None, inline="a test")
+    resumed.set_state(json.loads(json.dumps(plain.get_state())))
+    assert resumed.restored == {}
+    np.testing.assert_array_equal(next(resumed.batches), next(plain.batches))
+
+
+@pytest.mark.parametrize("before, after", [(1, 0), (2, 1)])
+def test_batches_in_flight_are_learned_from_when_a_resume_lowers_max_staleness(before, after, tmp_path, toy_cache,
+                                                                              capfd):
+    """A DRM run at k = `before` checkpointed after step 1 (batches 2..1 + k in flight), resumed at a smaller k with
+    `resume.allow_changes`: steps 2..1 + k learn from the batches the checkpoint held (none sampled again, none
+    dropped), so every step's metrics are the uninterrupted run's."""
+    import shutil
+
+    overrides = {"steps": 1 + before, "rl.max_staleness": before, "checkpoint.save_every": 1, "checkpoint.keep": 3,
+                 "eval.every": 0}
+    workdir = tmp_path / "run"
+    straight = read_metrics(run(validate(tiny_config("drm", workdir, toy_cache, **overrides))))
+    for step in range(2, 2 + before):
+        shutil.rmtree(workdir / "checkpoints" / str(step))
+    rows = read_metrics(run(validate(tiny_config("drm", workdir, toy_cache, **{
+        **overrides, "rl.max_staleness": after, "resume.allow_changes": True}))))
+    assert "resumed from the checkpoint of step 1" in capfd.readouterr().err
+    assert_same_metrics(straight, rows)
+    assert rows[1 + before]["staleness/max"] == before
 
 
 STALE_RUN = {"steps": 5, "rl.max_staleness": 1, "checkpoint.save_every": 2, "eval.every": 2,
@@ -163,6 +219,30 @@ def test_the_judge_on_its_own_devices_judges_while_the_policy_samples(tmp_path, 
         beside = [(phase, s) for phase, s, edge in got["timeline"] if edge == "start" and phase != "judge"
                   and span(phase, s)[0] < end and span(phase, s)[1] > start]
         assert beside, (step, got["timeline"])
+
+
+def test_judge_devices_without_a_reward_model_in_the_trainer_are_refused():
+    """`mesh.judge_devices` for a reward that loads no GRM or DRM in this process (a served reward, a served judge,
+    a plug-in function) is one line naming why and the fix; a judge or a DRM in process keeps them."""
+    from rrc_jax.config import base_config
+    from rrc_jax.errors import ConfigError
+
+    def settings(kind, **overrides):
+        config = base_config(kind)
+        config.update_from_flattened_dict({"mesh.judge_devices": 2, **overrides})
+        return validate(config)
+
+    assert settings("agr").mesh.judge_devices == 2 and settings("drm").mesh.judge_devices == 2
+    served = {"reward.service_url": "http://127.0.0.1:9", "eval.judge_votes": 0, "reward.agr.refresh_every": 0}
+    for kind, overrides, why in [
+            ("agr", served, "the reward service at reward.service_url judges"),
+            ("scr", {"inference.engine": "openai", "inference.url": "http://127.0.0.1:9"},
+             "inference.engine='openai': its server judges"),
+            ("rlvr", {"data.format": "pairs"}, "reward.kind='rlvr' loads no GRM or DRM")]:
+        with pytest.raises(ConfigError) as e:
+            settings(kind, **overrides)
+        assert str(e.value) == (f"config.mesh.judge_devices=2: no reward model runs in this trainer ({why}), so the "
+                                "devices set aside for it would sit idle; set mesh.judge_devices=0")
 
 
 @pytest.mark.slow

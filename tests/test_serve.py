@@ -4,6 +4,7 @@ engine on the loopback address: at temperature 0 its verdicts are the in-process
 stops when the server dies, then resumes to an uninterrupted run's metrics once it is back; the server holds its
 own limits (what a request may ask, a large request taking turns with the others, a client that went away)."""
 
+import asyncio
 import dataclasses
 import json
 import socket
@@ -14,10 +15,11 @@ import time
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 
 from rrc_jax.config import validate
-from rrc_jax.inference import make_sampler
+from rrc_jax.inference import SampleOutput, make_sampler
 from rrc_jax.inference.server import bind, make_app, serving, uvicorn_server
 from rrc_jax.judge import Judge, JudgeConfig
 from rrc_jax.models import load_hf, load_tokenizer
@@ -131,8 +133,8 @@ def test_the_main_job_with_the_served_judge_or_the_reward_service_gives_the_in_p
     """AGR, 2 steps, the judge greedy, three ways: in process; `inference.engine=openai` pointed at the served toy
     judge; `reward.service_url` pointed at the reward service of the same recipe (`recipe_app`, the command's app,
     on the loopback), AGR's anchors the run's own sent with each rollout. The served judge gives the in-process
-    run's judge counts and series; the service every metric both runs log (times aside: it keeps the judge's own
-    metrics), judging each rollout once. Neither trainer loads the judge's weights."""
+    run's judge counts and series; the service every metric both runs log (times and its prefill counts aside; the
+    judge's counters come back with each request), judging each rollout once. Neither trainer loads the judge's weights."""
     from conftest import read_metrics, tiny_config
 
     import rrc_jax.rl.roles
@@ -164,11 +166,12 @@ def test_the_main_job_with_the_served_judge_or_the_reward_service_gives_the_in_p
     assert any(here[s]["reward/std"] > 0 for s in (1, 2))  # verdicts that rank
     assert all(there[s]["judge/failed_requests"] == 0 for s in (1, 2))
     for step in here:
+        # (the service judges a rollout as it arrives: its engine shares fewer prefixes, so it prefills otherwise)
         shared = {k for k in set(here[step]) & set(rewarded[step])
-                  if not k.startswith(("time/", "memory/", "system/")) and k != "tokens_per_second"}
-        assert {"reward/mean", "loss", "kl", "oracle_quality"} <= shared or step == 0
+                  if not k.startswith(("time/", "memory/", "system/", "judge/prefill_")) and k != "tokens_per_second"}
+        assert {"reward/mean", "loss", "kl", "oracle_quality", "judge/questions", "judge/abstain_rate"} <= shared \
+            or step == 0
         assert {k: rewarded[step][k] for k in shared} == {k: here[step][k] for k in shared}, step
-        assert not any(k.startswith("judge/") for k in rewarded[step])
     stats = app.state.service.stats
     assert (stats.judged, stats.failed, app.state.service.cohorts.stats.retries) == (2 * 4 * 4, 0, 0)  # per rollout
 
@@ -212,6 +215,7 @@ def test_the_serve_command_serves_a_checkpoint(grm, tmp_path):
                  for flag, args in (("max_batch", [f"--model={path}", "--max_batch=0"]),
                                     ("port", [f"--model={path}", "--port=70000"]),
                                     ("batch_wait_ms", [f"--model={path}", "--batch_wait_ms=nan"]),
+                                    ("max_body_mb", [f"--model={path}", "--max_body_mb=0"]),
                                     ("busy", [f"--model={tmp_path / 'absent'}", f"--port={taken}"]))}
         for flag, p in procs.items():
             _, err = p.communicate(timeout=300)
@@ -220,6 +224,7 @@ def test_the_serve_command_serves_a_checkpoint(grm, tmp_path):
     assert lines["max_batch"] == "error: --max_batch=0: must be >= 1"
     assert lines["port"] == "error: --port=70000: must be in 1-65535"
     assert lines["batch_wait_ms"] == "error: --batch_wait_ms=nan: must be a finite number >= 0"
+    assert lines["max_body_mb"] == "error: --max_body_mb=0: must be >= 1"
     assert lines["busy"].startswith(f"error: --host=127.0.0.1 --port={taken}: cannot listen there (")
 
 
@@ -391,3 +396,140 @@ def test_a_run_stops_when_its_judge_server_dies_and_resumes_to_the_uninterrupted
     with serving(app(), port=port):
         run(validate(config(workdir, url)))
     assert_same_metrics(straight, read_metrics(workdir))
+
+
+class Canned:
+    """A fake engine of a 64-token context answering every question with the text `7`, then its stop token (2)."""
+
+    stop_token_ids, context_length = (2,), 64
+
+    def __init__(self, tokenizer):
+        self.seven = tokenizer.convert_tokens_to_ids("7")
+
+    def complete(self, prefixes, suffixes, params, rng=0, **kw):
+        rows, cap = len(suffixes), params.max_new_tokens
+        tokens = np.zeros((rows, cap), np.int32)
+        tokens[:, 0], tokens[:, 1] = self.seven, 2
+        return SampleOutput(tokens, np.zeros((rows, cap), np.float32), np.full(rows, 2, np.int32),
+                            np.zeros(rows, bool))
+
+
+class Counting:
+    """The char tokenizer (its longest token: `<pad>`, 5 characters), keeping the length of each text it
+    tokenizes (`texts`)."""
+
+    def __init__(self):
+        from rrc_jax.models.char_tokenizer import make_char_tokenizer
+
+        self.inner, self.texts = make_char_tokenizer(), []
+
+    def __call__(self, text, **kw):
+        self.texts.append(len(text))
+        return self.inner(text, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def asgi_posts(app, bodies, content_length: bool = True) -> list[tuple[int, dict, int]]:
+    """(status, JSON answer, body chunks the app read) of each POST to `/v1/completions` of `bodies` (each bytes, or
+    a list of chunks), made straight to the ASGI `app` in turn, with a Content-Length or streamed without one."""
+    async def post(chunks):
+        left, read, sent, done = list(chunks), 0, [], asyncio.Event()
+
+        async def receive():
+            nonlocal read
+            if left:
+                read += 1
+                return {"type": "http.request", "body": left.pop(0), "more_body": bool(left)}
+            await done.wait()  # (the app watches for a disconnect while its request runs)
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                done.set()
+
+        headers = [(b"content-type", b"application/json")]
+        if content_length:
+            headers.append((b"content-length", str(sum(map(len, chunks))).encode()))
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+                 "root_path": "", "headers": headers, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 80)}
+        try:
+            await app(scope, receive, send)
+        except Exception:  # noqa: BLE001 - a 500 was sent first: its status is what is checked
+            pass
+        body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            answer = {"error": {"message": body.decode(errors="replace")}}
+        return sent[0]["status"], answer, read
+
+    async def all_of():
+        return [await post([b] if isinstance(b, bytes) else b) for b in bodies]
+
+    try:
+        return asyncio.run(all_of())
+    finally:
+        app.state.batcher.close()
+
+
+def test_a_body_over_the_limit_is_refused_without_being_read_whole():
+    """A body over `max_body_bytes` is a 413 naming the limit and the flag: one whose Content-Length says so before
+    any of it is read, one streamed without it once the limit is passed; a body within it is answered."""
+    tokenizer = Counting()
+    app = lambda: make_app(Canned(tokenizer), tokenizer, max_body_bytes=1000)  # noqa: E731
+    big = [b" " * 100] * 30
+    small = json.dumps({"prompt": "3+4=", "max_tokens": 4}).encode()
+    (told, told_answer, told_read), (fine, answer, _) = asgi_posts(app(), [big, small])
+    (streamed, streamed_answer, streamed_read), = asgi_posts(app(), [big], content_length=False)
+    assert (told, told_read) == (413, 0)
+    assert told_answer["error"]["message"] == (
+        "the body (3000 bytes or more) exceeds the server's limit of 1000 bytes (rrc_jax.serve --max_body_mb); send "
+        "fewer or shorter prompts a request")
+    assert streamed == 413 and streamed_read == 11  # 1100 bytes: no chunk after the one past the limit
+    assert "limit of 1000 bytes (rrc_jax.serve --max_body_mb)" in streamed_answer["error"]["message"]
+    assert fine == 200 and [c["text"] for c in answer["choices"]] == ["7"]
+
+
+def test_a_text_prompt_the_context_cannot_hold_is_refused_before_it_is_tokenized():
+    """A context of 64 tokens of at most 5 characters holds at most 320 characters: a longer text prompt is a 400
+    naming it and the limit, and nothing of the request is tokenized."""
+    tokenizer = Counting()
+    (status, answer, _), = asgi_posts(make_app(Canned(tokenizer), tokenizer),
+                                      [json.dumps({"prompt": ["1+1=", "9" * 321]}).encode()])
+    assert status == 400 and answer["error"]["message"] == (
+        "'prompt'[1] holds 321 characters, more than the model's context of 64 tokens can hold (320 characters: 5 a "
+        "token at most); shorten it")
+    assert tokenizer.texts == []
+
+
+def test_malformed_json_is_a_400_naming_what_is_wrong_never_a_500():
+    """JSON nested too deeply, a lone surrogate (a JSON escape) in a prompt, a stop string, a field's name or a
+    value quoted back, a number past a float's range: each a 400 (the wrong model a 404) naming it, in a message
+    that can be sent and stays short."""
+    tokenizer = Counting()
+    cases = (
+        (b"[" * 100_000, "the body's JSON is nested too deeply"),
+        (b"[" * 100_000 + b"]" * 100_000, "the body's JSON is nested too deeply"),
+        (rb'{"prompt": "\ud800"}', "'prompt' is not valid Unicode: it holds a lone surrogate, '\\ud800' at "
+                                    "character 0; send UTF-8 text"),
+        (rb'{"prompt": ["1", "ab\udfff"]}', "'prompt'[1] is not valid Unicode: it holds a lone surrogate, "
+                                             "'\\udfff' at character 2"),
+        (rb'{"prompt": "1", "stop": ["\ud800"]}', "'stop' is not valid Unicode"),
+        (rb'{"prompt": "1", "\ud800": 1}', "'\\ud800' is not a parameter this server knows"),
+        (rb'{"prompt": "1", "stop_token_ids": "\ud800"}', "'stop_token_ids' must be a list of token ids (integers), "
+                                                           "got '\\ud800'"),
+        (rb'{"prompt": "1", "model": "\ud800"}', "the model '\\ud800' is not served here"),
+        (b'{"prompt": "1", "n": 1' + b"0" * 400 + b"}", "exceeds the 16777216 tokens one request may ask for"),
+        (b'{"prompt": "1", "temperature": 1' + b"0" * 400 + b"}", "'temperature' is out of range, got 1000"),
+        (json.dumps({"prompt": "1", "echo": "x" * 10_000}).encode(), "'echo' is not applied by this server (got "
+                                                                      "'xxx"))
+    answers = asgi_posts(make_app(Canned(tokenizer), tokenizer), [body for body, _ in cases])
+    for (body, message), (status, answer, _) in zip(cases, answers):
+        text = answer["error"]["message"]
+        assert status == (404 if b"model" in body else 400) and message in text and len(text) < 300, (body[:60],
+                                                                                                     answer)
+    assert tokenizer.texts == []

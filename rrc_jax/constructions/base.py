@@ -32,6 +32,7 @@ import numpy as np
 
 from rrc_jax import distributed
 from rrc_jax.data.prompts import PromptSet
+from rrc_jax.errors import ConfigError
 from rrc_jax.judge.judge import check_groups
 
 
@@ -127,6 +128,11 @@ class Construction:
         return None
 
     @classmethod
+    def preflight(cls, s) -> None:
+        """What it checks outside this process before any model loads (a reward service answering with the run's
+        recipe: `rrc_jax.constructions.served`); a one-line `ConfigError` when it fails. Default: nothing."""
+
+    @classmethod
     def from_settings(cls, s, ctx) -> Construction:
         """The construction of a run (`s`: its settings; `ctx`: its `RewardContext`)."""
         return cls()
@@ -157,11 +163,23 @@ class Construction:
         b, m = group_sizes(prompts, responses)
         inputs = self.prepare(prompts, prompt_index, step) if inputs is None else inputs
         result = self.construct(prompts, responses, prompt_index, step, **inputs)
-        rewards = np.asarray(result.rewards, np.float32)
-        if rewards.shape != (b, m):
-            raise ValueError(f"reward {self.kind or type(self).__name__} returned shape {rewards.shape}; it must "
-                             f"return [B, m] = {(b, m)} rewards, one per response")
+        try:
+            rewards = np.asarray(result.rewards, np.float32)
+            got = f"shape {rewards.shape}"
+        except (TypeError, ValueError):  # ragged rows, or not numbers
+            rewards, got = None, f"a {type(result.rewards).__name__} that is no array of numbers"
+        if rewards is None or rewards.shape != (b, m):
+            wrong = f"returned rewards of {got}; it must return [B, m] = {(b, m)} (B prompts, m responses each)"
+            if self.plugin_kind():  # the user's mistake, not a bug of rrc-jax's
+                raise ConfigError(f"config.reward.kind={self.plugin_kind()!r}: the plug-in {wrong}")
+            raise ValueError(f"reward {self.kind or type(self).__name__} {wrong}")
         return dataclasses.replace(result, rewards=rewards)
+
+    def plugin_kind(self) -> str:
+        """`reward.kind`'s MODULE:NAME of a user's construction (its class's, defined outside rrc_jax), "" for one
+        of rrc-jax's: what a user's construction returns wrong is a one-line `ConfigError` naming it."""
+        cls = type(self)
+        return "" if cls.__module__.partition(".")[0] == "rrc_jax" else f"{cls.__module__}:{cls.__qualname__}"
 
     def evaluate(self, held_out: PromptSet, index: np.ndarray, prompts: Sequence[str], texts: Sequence[str],
                  step: int) -> dict[str, float]:

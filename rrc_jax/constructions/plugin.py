@@ -9,15 +9,16 @@
   `rrc_jax.config.TrainerSettings` and its `RewardContext`), else `NAME()`,
   and called as such a function.
 
-Anything but a `Construction` subclass loads no model beyond the policy and gets the base class's evaluation.
+Anything but a `Construction` subclass loads no model beyond the policy and gets the base class's evaluation. Rewards
+that are not `[B, m]` numbers, from any of them, stop the run with one line naming the plug-in (a `ConfigError`,
+`Construction.__call__`).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-
-import numpy as np
+from collections.abc import Mapping
 
 from rrc_jax.constructions.base import Construction, RewardResult
 from rrc_jax.errors import ConfigError
@@ -58,10 +59,14 @@ class PluginReward(Construction):
         except (TypeError, ValueError):
             self.full = True
 
+    def plugin_kind(self) -> str:
+        return self.kind  # MODULE:NAME as given
+
     def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
         args = (prompts, responses, prompt_index, step) if self.full else (list(prompts), [list(g) for g in responses])
         out = self.function(*args)
         if isinstance(out, RewardResult):
             return out
-        rewards, metrics = out if isinstance(out, tuple) else (out, {})
-        return RewardResult(np.asarray(rewards, np.float32), dict(metrics))
+        paired = isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping)
+        rewards, metrics = out if paired else (out, {})
+        return RewardResult(rewards, dict(metrics))  # (its shape and numbers checked by `Construction.__call__`)

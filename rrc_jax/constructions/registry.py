@@ -50,8 +50,9 @@ def construction_class(kind: str) -> type[Construction]:
 
 def reward_defaults() -> dict:
     """The `reward` config group's defaults: the judge's settings, a reward service's URL (`service_url`: empty, the
-    judge in this process; `rrc_jax.constructions.served`) and each construction's own group."""
-    return {"judge": defaults(JudgeSettings), "service_url": "",
+    judge in this process; `rrc_jax.constructions.served`) and how long a run waits for it to answer at its start
+    (`service_wait_s`), and each construction's own group."""
+    return {"judge": defaults(JudgeSettings), "service_url": "", "service_wait_s": 60.0,
             **{kind: dataclasses.asdict(cls.Settings()) for kind, cls in CONSTRUCTIONS.items() if cls.Settings}}
 
 

@@ -25,9 +25,10 @@ retried `retries` times (on another server when there is one; on the same one af
 whose every attempt failed, or that outlived `timeout_s` (each attempt's limit), gives an empty continuation (length
 0), in which the judge's parser finds no verdict and counts an abstention. `stats` counts the requests sent, those
 left unanswered (`failed`) and each by the kind of its last failure (`FAILURES`: refused, timed out, dropped, 404,
-another HTTP error, garbled), which the judge logs as `judge/requests`, `judge/failed_requests`, `judge/timeouts`,
-...; `stats.retries` counts the attempts made again. A run stops when more than `inference.max_failed_fraction` of a
-step's requests failed (`rrc_jax.rl.guard`), naming the kinds (`failure_text`).
+another HTTP error, garbled: not JSON, not a completion, or not as many choices as asked), which the judge logs as
+`judge/requests`, `judge/failed_requests`, `judge/timeouts`, ...; `stats.retries` counts the attempts made again,
+and `last_failed` the questions of the last `complete` call left unanswered. A run stops when more than
+`inference.max_failed_fraction` of a step's requests failed (`rrc_jax.rl.guard`), naming the kinds (`failure_text`).
 
 The texts that come back are tokenized with the sampler's tokenizer (`SampleOutput.tokens`, cut at
 `max_new_tokens`; a row the server finished, `finish_reason` "stop", ends with the first stop token as the JAX
@@ -168,6 +169,10 @@ class OpenAISampler:
       bench_after, bench_s: a server whose `bench_after` attempts in a row failed is left out for `bench_s` s.
       context_length: the most tokens a row may hold on the server (default: the model's positions; None when
         unknown: nothing is checked here).
+
+    After each `complete` call, `last_failed` `[Q]` (bool, in the order of its suffixes) marks the questions left
+    unanswered: their request failed after every retry (an empty row, an abstention). A caller that caches
+    judgments caches the others only.
     """
 
     def __init__(self, model=None, tokenizer=None, *, role: str = "grm", url: str | Sequence[str] = "",
@@ -201,6 +206,7 @@ class OpenAISampler:
             context_length = int(cfg.max_position_embeddings)
         self.context_length = context_length
         self.stats = HttpStats(endpoints=[[0, 0, 0] for _ in self.pool.endpoints])
+        self.last_failed = np.zeros(0, bool)
 
     def update_weights(self, params) -> int:
         """The server holds its own weights: nothing is synced here (a judge's weights do not change)."""
@@ -235,13 +241,16 @@ class OpenAISampler:
         except ValueError:
             raise RequestFailed(f"a body that is not JSON: {_snippet(raw)}", "garbled") from None
 
-    def _post(self, url: str, body: dict) -> dict:
-        """One attempt at a completion from the server at `url`: the parsed answer, or `RequestFailed`."""
+    def _post(self, url: str, body: dict, expected: int) -> dict:
+        """One attempt at a completion of `expected` choices (prompts x n) from the server at `url`: the parsed
+        answer, or `RequestFailed` (an answer of another number of choices is garbled: the attempt failed)."""
         answer = self._request(url, "/v1/completions", body)
         choices = answer.get("choices") if isinstance(answer, dict) else None
         if not isinstance(choices, list) or not choices or not all(
                 isinstance(c, dict) and isinstance(c.get("text"), str) for c in choices):
             raise RequestFailed(f"not a completion: {_snippet(json.dumps(answer))}", "garbled")
+        if len(choices) != expected:
+            raise RequestFailed(f"{len(choices)} choices for the {expected} asked (prompts x n)", "garbled")
         return answer
 
     def _attempts(self, attempt, pinned: str = ""):
@@ -275,10 +284,10 @@ class OpenAISampler:
         counts[1] += not ok
         counts[2] += benched
 
-    def _ask(self, body: dict) -> tuple[list[dict] | RequestFailed, int]:
-        """A request with its retries: the answer's choices (sorted by index), or the last attempt's failure; and
-        the attempts made again."""
-        answer, retries = self._attempts(lambda url: self._post(url, body))
+    def _ask(self, body: dict, expected: int) -> tuple[list[dict] | RequestFailed, int]:
+        """A request of `expected` choices with its retries: the answer's choices (sorted by index), or the last
+        attempt's failure; and the attempts made again."""
+        answer, retries = self._attempts(lambda url: self._post(url, body, expected))
         if isinstance(answer, RequestFailed):
             return answer, retries
         return sorted(answer["choices"], key=lambda c: c.get("index", 0)), retries
@@ -314,7 +323,7 @@ class OpenAISampler:
         if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
             self.context_length = min(self.context_length or limit, limit)
         body = {"model": self.api_model, "prompt": [self.pad_id], "n": 1, "max_tokens": 1, "temperature": 0.0}
-        answer, _ = self._attempts(lambda url: self._post(url, body), pinned=url)
+        answer, _ = self._attempts(lambda url: self._post(url, body, 1), pinned=url)
         if isinstance(answer, RequestFailed):
             raise ConfigError(f"{where}: a one-token completion (POST /v1/completions): {answer}; {fix(answer)}")
 
@@ -344,7 +353,7 @@ class OpenAISampler:
                    "top_k": params.top_k or -1, "seed": (base + int(streams[ask[0]])) % (1 << 31),
                    "stop_token_ids": list(stops), "skip_special_tokens": True} for ask in requests]
         with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
-            answers = list(pool.map(self._ask, bodies))
+            answers = list(pool.map(self._ask, bodies, [len(ask) * ns[ask[0]] for ask in requests]))
         rows, cap = int(start[-1]), params.max_new_tokens
         tokens = np.full((rows, cap), self.pad_id, np.int32)
         lengths, truncated = np.zeros(rows, np.int32), np.zeros(rows, bool)
@@ -354,8 +363,6 @@ class OpenAISampler:
             self.stats.calls += 1
             self.stats.retries += retries
             self.stats.prefill_tokens += sum(len(prompts[i]) for i in ask)
-            if not isinstance(answer, RequestFailed) and len(answer) != len(ask) * k:
-                answer = RequestFailed(f"{len(answer)} choices for {len(ask)} prompts x n={k}", "garbled")
             if isinstance(answer, RequestFailed):
                 self.stats.failed += 1
                 self.stats.unanswered += len(ask) * k
@@ -398,6 +405,9 @@ class OpenAISampler:
         out, failed = self._run([list(k) for k in asked], 1 if greedy else [len(v) for v in groups], params, rng,
                                 [streams[v[0]] for v in groups])
         row = np.empty(len(suffixes), np.int64)
+        self.last_failed = np.zeros(len(suffixes), bool)
+        for g, questions in enumerate(groups):
+            self.last_failed[questions] = failed[g]
         if greedy:
             for g, questions in enumerate(groups):
                 row[questions] = g

@@ -19,12 +19,15 @@ is not counted as answered (`ServerStats.disconnected`).
 The request: `prompt` (a string, a list of strings, a list of token ids or a list of such lists: one prompt each),
 `n`, `max_tokens`, `temperature`, `top_p`, `top_k` (-1 or 0: off), `seed`, `stop` (strings: the text is cut at the
 first), `stop_token_ids` (default: the model's stop tokens), `skip_special_tokens` (default true), `model` (empty or
-the served name), `user`. A field of the wrong type or out of range is a 400 naming it. OpenAI parameters the server
-does not apply (`echo`, `best_of`, `presence_penalty`, `frequency_penalty`, `suffix`, `logit_bias`, `logprobs`,
-`stream`, ...) are a 400 naming them unless they hold their neutral value (`echo: false`, `presence_penalty: 0`,
-...); any other field is a 400 too: nothing a client asks for is silently ignored. The answer: one choice per prompt
-and sample, `index` = prompt x n + sample, `text` without the stop token, `finish_reason` `stop` or `length`, and
-the `usage` counts (`completion_tokens`: the tokens of the texts returned).
+the served name), `user`. A field of the wrong type or out of range is a 400 naming it, and so is a text that is not
+valid Unicode (a lone surrogate) or a text prompt longer than the model's context could hold in characters (refused
+before it is tokenized); JSON nested too deeply is a 400 too, a body over `max_body_bytes` a 413 (read no further
+than the limit: `read_body`). OpenAI parameters the server does not apply (`echo`, `best_of`, `presence_penalty`,
+`frequency_penalty`, `suffix`, `logit_bias`, `logprobs`, `stream`, ...) are a 400 naming them unless they hold their
+neutral value (`echo: false`, `presence_penalty: 0`, ...); any other field is a 400 too: nothing a client asks for
+is silently ignored. The answer: one choice per prompt and sample, `index` = prompt x n + sample, `text` without the
+stop token, `finish_reason` `stop` or `length`, and the `usage` counts (`completion_tokens`: the tokens of the texts
+returned).
 
 At temperature 0 a continuation is the greedy one whatever it is batched with. At a temperature > 0 sample j of
 a chunk's prompt k draws from its own stream of the chunk's seed (a request's seed, plus the chunk's index within
@@ -40,6 +43,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import json
 import math
 import socket
 import threading
@@ -67,6 +71,51 @@ class BadRequest(ValueError):
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status
+
+
+class BodyTooLarge(ValueError):
+    """A request body over `limit` bytes: `size` its bytes as far as they were read (its Content-Length when it gave
+    one, else those read when the limit was passed: a lower bound)."""
+
+    def __init__(self, size: int, limit: int):
+        super().__init__(f"the body holds at least {size} bytes, more than the {limit} taken")
+        self.size, self.limit = size, limit
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The body of `request`, read as it streams in: `BodyTooLarge` once it passes `max_bytes`, reading nothing more
+    (nothing at all when its Content-Length does). A client gone mid-body raises Starlette's `ClientDisconnect`."""
+    size = request.headers.get("content-length", "")
+    if size.isdigit() and int(size) > max_bytes:
+        raise BodyTooLarge(int(size), max_bytes)
+    chunks, seen = [], 0
+    async for chunk in request.stream():
+        seen += len(chunk)
+        if seen > max_bytes:
+            raise BodyTooLarge(seen, max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def quoted(value, limit: int = 80) -> str:
+    """A client's `value` quoted for a message: its `ascii()` (nothing that cannot be encoded), at most `limit`
+    characters of it."""
+    try:
+        text = ascii(value)
+    except (RecursionError, ValueError):  # nested too deeply; an int too long to print
+        return f"<a {type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def longest_token_chars(tokenizer) -> int | None:
+    """The most characters of text one token of `tokenizer` stands for: its vocabulary's longest entry (a byte-level
+    entry spells a byte a character, so it is never shorter than the text it covers); None when the vocabulary is
+    unknown."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
+    return max(map(len, vocab), default=0) or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,12 +153,15 @@ def _number(body: dict, name: str, default, kind, least=None):
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
-            kind is int and value != int(value)):
-        raise BadRequest(f"'{name}' must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or isinstance(value, float) and (
+            not math.isfinite(value) or kind is int and not value.is_integer()):
+        raise BadRequest(f"'{name}' must be {'an integer' if kind is int else 'a number'}, got {quoted(value)}")
     if least is not None and value < least:
-        raise BadRequest(f"'{name}' must be >= {least}, got {value!r}")
-    return kind(value)
+        raise BadRequest(f"'{name}' must be >= {least}, got {quoted(value)}")
+    try:
+        return kind(value)
+    except OverflowError:  # an integer past a float's range
+        raise BadRequest(f"'{name}' is out of range, got {quoted(value)}") from None
 
 
 def _check_fields(body: dict) -> None:
@@ -119,60 +171,86 @@ def _check_fields(body: dict) -> None:
         if name in APPLIED:
             continue
         if name not in NOT_APPLIED:
-            raise BadRequest(f"'{name}' is not a parameter this server knows; remove it (it applies "
+            raise BadRequest(f"{quoted(name)} is not a parameter this server knows; remove it (it applies "
                              f"{', '.join(APPLIED)})")
         neutral = value is None or any(value == v and isinstance(value, bool) == isinstance(v, bool)
                                        for v in NOT_APPLIED[name]) or (
             name == "best_of" and value == body.get("n", 1) and not isinstance(value, bool))
         if not neutral:
-            raise BadRequest(f"'{name}' is not applied by this server (got {value!r}); remove it")
+            raise BadRequest(f"'{name}' is not applied by this server (got {quoted(value)}); remove it")
 
 
 def _token_ids(value, name: str, vocab_size: int | None) -> list[int]:
     """A list of token ids in `[0, vocab_size)`, or a 400 naming `name`."""
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        raise BadRequest(f"'{name}' must be a list of token ids (integers), got {str(value)[:80]}")
+        raise BadRequest(f"'{name}' must be a list of token ids (integers), got {quoted(value)}")
     top = vocab_size if vocab_size is not None else 1 << 31
     bad = [t for t in value if not 0 <= t < top]
     if bad:
-        raise BadRequest(f"'{name}' holds token ids outside the vocabulary [0, {top}): {bad[:4]}")
+        raise BadRequest(f"'{name}' holds token ids outside the vocabulary [0, {top}): {quoted(bad[:4])}")
     return value
 
 
-def _prompts(prompt, tokenizer, vocab_size: int | None) -> list[list[int]]:
-    """The prompts of a request's `prompt` field, as token ids (`add_special_tokens=False`: a string is tokenized
-    as it is, as a template already rendered it)."""
-    def ids(p) -> list[int]:
-        if isinstance(p, str):
-            return tokenizer(p, add_special_tokens=False).input_ids
-        if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-            return _token_ids(p, "prompt", vocab_size)
-        raise BadRequest("'prompt' must be a string, a list of token ids, or a list of either")
+def _text(value: str, name: str) -> str:
+    """`value`, or a 400 naming `name` unless it is valid Unicode (no lone surrogate: a JSON escape can send one)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadRequest(f"{name} is not valid Unicode: it holds a lone surrogate, {quoted(value[e.start:e.end])} at "
+                         f"character {e.start}; send UTF-8 text") from None
+    return value
 
+
+def _prompt_list(prompt) -> list:
+    """The prompts of a request's `prompt` field, as sent (strings and lists of token ids): one prompt or a list."""
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
         prompt = [prompt]
     if not isinstance(prompt, list) or not prompt:
         raise BadRequest("'prompt' is missing or empty")
-    out = [ids(p) for p in prompt]
+    return prompt
+
+
+def _prompts(prompts: list, tokenizer, vocab_size: int | None, max_chars: int | None = None,
+             context_length: int | None = None) -> list[list[int]]:
+    """`_prompt_list`'s prompts as token ids (`add_special_tokens=False`: a string is tokenized as it is, as a
+    template already rendered it). A string over `max_chars` characters cannot fit the context (`context_length`
+    tokens): a 400 naming it, before anything is tokenized."""
+    def name(i: int) -> str:
+        return "'prompt'" if len(prompts) == 1 else f"'prompt'[{i}]"
+
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            _text(p, name(i))
+            if max_chars is not None and len(p) > max_chars:
+                raise BadRequest(f"{name(i)} holds {len(p)} characters, more than the model's context of "
+                                 f"{context_length} tokens can hold ({max_chars} characters: "
+                                 f"{max_chars // context_length} a token at most); shorten it")
+        elif not (isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)):
+            raise BadRequest("'prompt' must be a string, a list of token ids, or a list of either")
+    out = [tokenizer(p, add_special_tokens=False).input_ids if isinstance(p, str)
+           else _token_ids(p, "prompt", vocab_size) for p in prompts]
     if not all(out):
         raise BadRequest("a prompt is empty (it needs at least one token)")
     return out
 
 
 def parse_completion(body, tokenizer, *, served_name: str, stop_token_ids: Sequence[int],
-                     context_length: int | None, vocab_size: int | None = None) -> Completion:
-    """A `/v1/completions` body as a `Completion`, or `BadRequest` naming the field (the module docstring)."""
+                     context_length: int | None, vocab_size: int | None = None,
+                     max_token_chars: int | None = None) -> Completion:
+    """A `/v1/completions` body as a `Completion`, or `BadRequest` naming the field (the module docstring). Its text
+    prompts are tokenized last, after every other check; one of more than `context_length` x `max_token_chars`
+    characters (`longest_token_chars`; None: unknown) is refused before."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     _check_fields(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise BadRequest(f"'model' must be a string, got {model!r}")
+        raise BadRequest(f"'model' must be a string, got {quoted(model)}")
     if model not in (None, "", served_name):
-        raise BadRequest(f"the model {body['model']!r} is not served here; this server serves {served_name!r}", 404)
+        raise BadRequest(f"the model {quoted(model)} is not served here; this server serves {served_name!r}", 404)
     if body.get("user") is not None and not isinstance(body["user"], str):
-        raise BadRequest(f"'user' must be a string, got {body['user']!r}")
-    prompts = _prompts(body.get("prompt"), tokenizer, vocab_size)
+        raise BadRequest(f"'user' must be a string, got {quoted(body['user'])}")
+    prompts = _prompt_list(body.get("prompt"))
     n, max_tokens = _number(body, "n", 1, int, least=1), _number(body, "max_tokens", 16, int, least=1)
     top_k = _number(body, "top_k", 0, int, least=-1)
     stops = body.get("stop_token_ids")
@@ -181,12 +259,15 @@ def parse_completion(body, tokenizer, *, served_name: str, stop_token_ids: Seque
     stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
         raise BadRequest("'stop' must be a string or a list of non-empty strings")
+    for s in stop:
+        _text(s, "'stop'")
     skip = body.get("skip_special_tokens", True)
     if not isinstance(skip, bool):
-        raise BadRequest(f"'skip_special_tokens' must be true or false, got {skip!r}")
+        raise BadRequest(f"'skip_special_tokens' must be true or false, got {quoted(skip)}")
     if n * len(prompts) * max_tokens > MAX_REQUEST_TOKENS:
-        raise BadRequest(f"'n' x prompts x 'max_tokens' = {n} x {len(prompts)} x {max_tokens} exceeds the "
-                         f"{MAX_REQUEST_TOKENS} tokens one request may ask for; split it into several requests")
+        raise BadRequest(f"'n' x prompts x 'max_tokens' = {quoted(n)} x {len(prompts)} x {quoted(max_tokens)} "
+                         f"exceeds the {MAX_REQUEST_TOKENS} tokens one request may ask for; split it into several "
+                         "requests")
     try:
         params = SamplingParams(temperature=_number(body, "temperature", 1.0, float),
                                 top_k=max(top_k, 0), top_p=_number(body, "top_p", 1.0, float),
@@ -194,6 +275,8 @@ def parse_completion(body, tokenizer, *, served_name: str, stop_token_ids: Seque
                                 stop_token_ids=tuple(stops) if stops is not None else tuple(stop_token_ids))
     except ValueError as e:
         raise BadRequest(str(e)) from None
+    max_chars = context_length * max_token_chars if context_length is not None and max_token_chars else None
+    prompts = _prompts(prompts, tokenizer, vocab_size, max_chars, context_length)
     for p in prompts:
         if context_length is not None and len(p) + max_tokens > context_length:
             raise BadRequest(f"a prompt of {len(p)} tokens plus max_tokens={max_tokens} exceeds the model's "
@@ -409,26 +492,40 @@ async def _disconnected(receive) -> None:
 
 
 def _error(message: str, status: int, kind: str = "invalid_request_error") -> JSONResponse:
+    message = message.encode("utf-8", "backslashreplace").decode()  # (a lone surrogate cannot be sent)
     return JSONResponse({"error": {"message": message, "type": kind}}, status)
 
 
 def make_app(sampler: Sampler, tokenizer, *, served_name: str = "rrc-jax", max_batch: int = 64,
-             batch_wait_s: float = 0.005, vocab_size: int | None = None) -> Starlette:
+             batch_wait_s: float = 0.005, vocab_size: int | None = None, max_body_bytes: int = 16 << 20) -> Starlette:
     """The ASGI app serving `sampler` (its `tokenizer` turns texts to ids and back): `POST /v1/completions`,
-    `GET /v1/models`, `GET /health` (with the `ServerStats`). `app.state.batcher` is its `Batcher`."""
-    if max_batch < 1 or not batch_wait_s >= 0:
-        raise ValueError(f"make_app: need max_batch >= 1 and batch_wait_s >= 0, got {max_batch}, {batch_wait_s}")
+    `GET /v1/models`, `GET /health` (with the `ServerStats`). A body over `max_body_bytes` is a 413, read no
+    further (`read_body`). `app.state.batcher` is its `Batcher`."""
+    if max_batch < 1 or not batch_wait_s >= 0 or max_body_bytes < 1:
+        raise ValueError(f"make_app: need max_batch >= 1, batch_wait_s >= 0 and max_body_bytes >= 1, got "
+                         f"{max_batch}, {batch_wait_s}, {max_body_bytes}")
     batcher = Batcher(sampler, max_batch=max_batch, batch_wait_s=batch_wait_s)
+    token_chars = longest_token_chars(tokenizer)  # (a text prompt's most characters: context x this)
 
     async def completions(request: Request) -> Response:
         try:
             try:
-                body = await request.json()
+                body = json.loads(await read_body(request, max_body_bytes))
+            except BodyTooLarge as e:
+                raise BadRequest(f"the body ({e.size} bytes or more) exceeds the server's limit of {e.limit} bytes "
+                                 "(rrc_jax.serve --max_body_mb); send fewer or shorter prompts a request",
+                                 413) from None
+            except RecursionError:
+                raise BadRequest("the body's JSON is nested too deeply") from None
             except ValueError:
                 raise BadRequest("the body is not JSON") from None
-            completion = parse_completion(body, tokenizer, served_name=served_name,
-                                          stop_token_ids=sampler.stop_token_ids,
-                                          context_length=sampler.context_length, vocab_size=vocab_size)
+            try:
+                completion = parse_completion(body, tokenizer, served_name=served_name,
+                                              stop_token_ids=sampler.stop_token_ids,
+                                              context_length=sampler.context_length, vocab_size=vocab_size,
+                                              max_token_chars=token_chars)
+            except RecursionError:  # (a field nested too deeply to compare or quote)
+                raise BadRequest("the body's JSON is nested too deeply") from None
         except BadRequest as e:
             return _error(str(e), e.status)
         except ClientDisconnect:  # the client went away mid-body: nothing to answer, nothing to log

@@ -145,15 +145,17 @@ class GroupRewards:
         self.group_size, self.votes, self.swap, self.seed, self.calls = group_size, votes, swap, seed, 0
         self.last_metrics: dict[str, float] = {}
 
-    def __call__(self, rows: Sequence[Row], step: int | None = None, *, group_size: int | None = None) -> np.ndarray:
+    def __call__(self, rows: Sequence[Row], step: int | None = None, *, group_size: int | None = None,
+                 seed: int | None = None) -> np.ndarray:
         """Rewards `[len(rows)]` float32 of whole groups (`check_groups`) of `group_size` (default G), the judge
-        reseeded from `step` (default: the call's number)."""
+        reseeded from `step` (default: the call's number) as the trainer's constructions are, or with `seed` as
+        it is (the caller's own: a reward service's request carries it)."""
         g = self.group_size if group_size is None else group_size
         check_groups(rows, g)
         step = self.calls if step is None else step
         self.calls += 1
         self.judge.reset_metrics()
-        self.judge.reseed(step_seed(self.seed, step))  # as the trainer's constructions do
+        self.judge.reseed(step_seed(self.seed, step) if seed is None else seed)
         groups = [rows[i:i + g] for i in range(0, len(rows), g)]
         prompts, responses = [x[0].prompt for x in groups], [[r.completion for r in x] for x in groups]
         result = self.reward(prompts, responses, self._columns(groups))

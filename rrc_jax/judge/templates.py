@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import NamedTuple
 
 from rrc_jax.errors import ConfigError
 
-_MARK = "\u241eRRC_SPLIT\u241e"  # never in real text; removed before tokenizing
+_MARK = "\u241eRRC_SPLIT\u241e"  # the split marker; a longer one where a text holds it (`_split_marker`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,26 +287,45 @@ def _has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
+def fill(text: str, **values: str) -> str:
+    """`text` with each `{name}` of `values` replaced by its value, verbatim and in one pass: a value that holds
+    `{b}` (a response quoting a format string) is inserted as it is, never substituted in turn."""
+    if not values:
+        return text
+    pattern = "|".join(re.escape("{" + name + "}") for name in values)
+    return re.sub(pattern, lambda m: values[m.group()[1:-1]], text)
+
+
+def _split_marker(texts, attempt: int) -> str:
+    """A marker that none of `texts` holds: `_MARK`, else `_MARK` numbered `attempt` and on until none does."""
+    k = attempt
+    while True:
+        mark = _MARK if k == 0 else f"{_MARK}{k}\u241e"
+        if not any(mark in t for t in texts if t):
+            return mark
+        k += 1
+
+
 def render_parts(tokenizer, template: JudgeTemplate, prompt: str, **item: str) -> tuple[str, str]:
     """(prefix text, suffix text) of one question: prefix = instruction + context (shared by every question about
     `prompt`), suffix = the item (responses, closing instruction) and, under a chat template, the end of the user
-    turn and the generation prompt. `prefix + suffix` is exactly the rendered conversation."""
-    context = template.context.replace("{prompt}", prompt)
-    body = template.item
-    for key, value in item.items():
-        body = body.replace("{" + key + "}", value)
-    user = context + _MARK + body
-    if _has_chat_template(tokenizer):
-        messages = ([{"role": "system", "content": template.system}] if template.system else []) + [
-            {"role": "user", "content": user}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    else:
-        text = f"{template.system}\n\n{user}" if template.system else user
-    if text.count(_MARK) != 1:
-        raise ValueError(f"the tokenizer's chat template altered the split marker of judge template "
-                         f"{template.name!r}; use prefix_reuse=False")
-    prefix, suffix = text.split(_MARK)
-    return prefix, suffix
+    turn and the generation prompt. `prefix + suffix` is exactly the rendered conversation; the prompt and the
+    responses are inserted verbatim (`fill`), whatever they hold (placeholders, the split marker)."""
+    context, body = fill(template.context, prompt=prompt), fill(template.item, **item)
+    for attempt in range(8):  # the marker is absent from every text; a chat template could still make one up
+        mark = _split_marker((template.system, context, body), attempt)
+        user = context + mark + body
+        if _has_chat_template(tokenizer):
+            messages = ([{"role": "system", "content": template.system}] if template.system else []) + [
+                {"role": "user", "content": user}]
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:
+            text = f"{template.system}\n\n{user}" if template.system else user
+        if text.count(mark) == 1:
+            prefix, suffix = text.split(mark)
+            return prefix, suffix
+    raise ValueError(f"the tokenizer's chat template altered the split marker of judge template "
+                     f"{template.name!r}; use prefix_reuse=False")
 
 
 def first_segment(template: JudgeTemplate, **item: str) -> str:
@@ -317,10 +337,7 @@ def first_segment(template: JudgeTemplate, **item: str) -> str:
         return ""
     body = template.item
     first = min(("{a}", "{b}"), key=body.index)
-    head = body[:body.index(first) + len(first)]
-    for key, value in item.items():
-        head = head.replace("{" + key + "}", value)
-    return head
+    return fill(body[:body.index(first) + len(first)], **item)
 
 
 class EncodedQuestion(NamedTuple):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import math
 import os
@@ -205,6 +206,30 @@ def _tensor_files(path: Path) -> dict[str, Path]:
             return dict.fromkeys(f.keys(), single)
     raise FileNotFoundError(f"{path} has no model.safetensors or model.safetensors.index.json; "
                             "convert the checkpoint to safetensors (transformers: save_pretrained(...))")
+
+
+def checkpoint_identity(path: str | os.PathLike, sample_bytes: int = 1 << 20) -> dict[str, str]:
+    """Short fingerprints of the Hugging Face checkpoint in `path`, the same wherever it is copied: `config`, a
+    SHA-256 of its `config.json`, and `weights`, one over each safetensors file (in name order) of its size, its
+    header (every tensor's name, dtype, shape and offsets) and its first and last `sample_bytes` bytes ("" without
+    weight files: a served judge's directory holds its config and tokenizer only). Cheap on any checkpoint (the
+    weights are not read whole); two checkpoints pass for one only when their configs and headers agree and their
+    weights differ only away from each file's ends."""
+    path = Path(path)
+    config = hashlib.sha256(json.dumps(read_hf_config(path), sort_keys=True).encode()).hexdigest()[:16]
+    files = sorted(path.glob("*.safetensors"))
+    weights = hashlib.sha256()
+    for file in files:
+        size = file.stat().st_size
+        with file.open("rb") as f:
+            head = f.read(8)
+            header = f.read(int.from_bytes(head, "little")) if len(head) == 8 else b""
+            first = f.read(sample_bytes)
+            f.seek(max(size - sample_bytes, f.tell()))
+            last = f.read(sample_bytes)
+        for part in (file.name.encode(), str(size).encode(), header, first, last):
+            weights.update(len(part).to_bytes(8, "little") + part)
+    return {"config": config, "weights": weights.hexdigest()[:16] if files else ""}
 
 
 def decoder_config(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str | None = None,

@@ -26,6 +26,13 @@ versions and prepared reward inputs (`Pipeline.get_state`, in the checkpoint's d
 state, every host's rows). A resume hands them to the judge again: a reward is a function of the responses, the
 prepared inputs and the step (its judge reseeded per step), so it is judged again to what it was.
 
+k may change on resume (`resume.allow_changes`). The batches a checkpoint holds in flight are learned from at their
+steps whatever the resumed k: a larger k samples the further ones, a smaller k samples no batch already in flight,
+and k = 0 learns from them before its steps sample their own (`Backlog`). So no batch sampled is dropped, and the
+prompt pipeline, which gave them already, is neither rewound nor skipped. A checkpoint of a synchronous run (its
+data item the prompt pipeline's state alone) resumes at k >= 1 with nothing in flight: the first k batches are
+sampled then, as a new run's are.
+
 Dynamic sampling: the step's first batch is the pipelined one; the batches drawn to fill it are sampled when the step
 waits for its rewards, with that moment's weights (staleness 0), and judged before the step learns. Evaluation waits
 until the judge has nothing in flight (it asks the same judge), then runs on the trainer's thread.
@@ -200,14 +207,61 @@ class Pipeline(Generic[Result]):
 
     def get_state(self) -> dict:
         """The prompt pipeline's state and every host's batches in flight (collective)."""
-        mine = json.dumps({str(s): x.record() for s, x in sorted(self.sampled.items())}, allow_nan=False)
-        return {"batches": self.batches.get_state(), "in_flight": distributed.gather_texts([mine])}
+        return in_flight_state(self.batches, self.sampled)
 
     def set_state(self, state: dict) -> None:
-        """Restore `get_state()`'s: the prompt pipeline, and this host's batches in flight into `restored`."""
-        self.batches.set_state(state["batches"])
-        mine = json.loads(state["in_flight"][jax.process_index()])
-        self.restored = {int(s): Sampled.of_record(r) for s, r in mine.items()}
+        """Restore `get_state()`'s: the prompt pipeline, and this host's batches in flight into `restored`; or a
+        synchronous run's state (the prompt pipeline's alone), with nothing in flight (module docstring)."""
+        self.restored = restore_in_flight(self.batches, state)
+
+
+class Backlog:
+    """The checkpointable data iterator of a synchronous run (k = 0): the prompt pipeline (`batches`), and the
+    batches that a checkpoint written at k >= 1 held in flight (`ahead`, by the step that learns from them).
+
+    Resumed at k = 0 from such a checkpoint, a run learns from those batches at their steps as the asynchronous run
+    would have: judged then, learned from against their behaviour policy, their staleness logged (dynamic sampling's
+    further draws are sampled at the step, as the asynchronous step's are). The prompt pipeline, which gave them
+    already, then gives the batches after them: nothing sampled is dropped, no prompt skipped or repeated. From the
+    step after the last of them every step samples its own batch. While some remain, a checkpoint keeps them as
+    the asynchronous run's does (`Pipeline.get_state`), so that a later resume at any k finds them; without any,
+    its state is the prompt pipeline's alone, as ever at k = 0.
+    """
+
+    def __init__(self, batches):
+        self.batches = batches
+        self.ahead: dict[int, Sampled] = {}
+
+    def take(self, step: int) -> Sampled | None:
+        """Batch `step` when the checkpoint held it in flight (it leaves the backlog), else None."""
+        return self.ahead.pop(step, None)
+
+    def get_state(self) -> dict:
+        """The prompt pipeline's state, with every host's batches still ahead while there are some (collective)."""
+        return in_flight_state(self.batches, self.ahead) if self.ahead else self.batches.get_state()
+
+    def set_state(self, state: dict) -> None:
+        """Restore a synchronous run's state or an asynchronous run's (`Pipeline.get_state`), this host's batches
+        in flight then `ahead`."""
+        self.ahead = restore_in_flight(self.batches, state)
+
+
+def in_flight_state(batches, sampled: dict[int, Sampled]) -> dict:
+    """The checkpoint state of the prompt pipeline `batches` and of every host's batches `sampled` ahead, by the
+    step that learns from them (collective: every host gives the same steps)."""
+    mine = json.dumps({str(s): x.record() for s, x in sorted(sampled.items())}, allow_nan=False)
+    return {"batches": batches.get_state(), "in_flight": distributed.gather_texts([mine])}
+
+
+def restore_in_flight(batches, state: dict) -> dict[int, Sampled]:
+    """Restore the prompt pipeline `batches` from a checkpoint state, an asynchronous run's (`in_flight_state`) or
+    a synchronous run's (the pipeline's own); returns this host's batches in flight by step (none for the latter)."""
+    if not (isinstance(state, dict) and state.keys() == {"batches", "in_flight"}):
+        batches.set_state(state)
+        return {}
+    batches.set_state(state["batches"])
+    mine = json.loads(state["in_flight"][jax.process_index()])
+    return {int(s): Sampled.of_record(r) for s, r in mine.items()}
 
 
 def in_flight_steps(step: int, k: int, steps: int) -> range:

@@ -68,7 +68,7 @@ from rrc_jax.rl.dynamic_sampling import Draw, fill
 from rrc_jax.rl.grpo import group_advantages, grpo_objective, overlong_penalty
 from rrc_jax.rl.guard import DivergenceGuard
 from rrc_jax.rl.learner import Learner, learning_rate_schedule, make_optimizer, token_logprobs
-from rrc_jax.rl.pipeline import Pipeline, Sampled, in_flight_steps, overlap_refusal, staleness_metrics
+from rrc_jax.rl.pipeline import Backlog, Pipeline, Sampled, in_flight_steps, overlap_refusal, staleness_metrics
 from rrc_jax.rl.rollout import Groups, sample_groups
 from rrc_jax.rl.roles import Roles
 from rrc_jax.rl.samples import sample_records, samples_due, write_samples
@@ -101,6 +101,7 @@ class Trainer:
         s = self.settings
         rollout, learner, grpo = s.rollout, s.learner, s.grpo
         self.workdir = epath.Path(s.workdir).expanduser()
+        s.reward.preflight(s)  # (a reward service answering with the run's recipe) before any model loads
         self.roles = Roles.of_run(s, self.mesh)
         self.policy = self.roles.model("policy")
         self.tokenizer = self.roles.tokenizer("policy")
@@ -135,6 +136,7 @@ class Trainer:
                               "on its devices); change rl.prompts_per_step or the mesh")
         self.alarms = Alarms(s.alarms.abstain_alarm, s.alarms.flat_alarm_steps, str(self.workdir))
         self.pipeline, k = None, s.pipeline.max_staleness
+        self.backlog = None if k else Backlog(self.batches)  # (a checkpoint's batches sampled ahead at k >= 1)
         if k:
             inline = overlap_refusal(s, self.mesh)
             if inline:
@@ -263,7 +265,7 @@ class Trainer:
         handed to the judge, then batch `step`'s rewards (dynamic sampling: drawn further now); its staleness and
         the phases' seconds."""
         p, rollout = self.pipeline, self.settings.rollout
-        if step + p.k <= self.settings.steps:
+        if step + p.k <= self.settings.steps and step + p.k not in p.sampled:  # (in flight: a resume at a smaller k)
             self.launch(step + p.k, version=step - 1)
         t0 = time.perf_counter()
         first = p.take(step)
@@ -276,14 +278,29 @@ class Trainer:
         return drawn, {**counts, **staleness_metrics(drawn.groups, step), "time/learner_wait": time.perf_counter() - t0,
                        "time/judge_busy": judge_busy}
 
+    def caught_up(self, step: int, sampled: Sampled, dump: bool) -> tuple[Draw, dict[str, float]]:
+        """Step `step`'s batch at k = 0 when the checkpoint it resumed, written at k >= 1, held it in flight
+        (`sampled`, `rrc_jax.rl.pipeline.Backlog`): its rewards (dynamic sampling: drawn further now, with their
+        behaviour policy, as the asynchronous step draws) and its staleness."""
+        rollout, first = self.settings.rollout, self.rewarded(sampled, step, dump)
+        if rollout.dynamic_sampling:
+            drawn, counts = fill(lambda i: first if i == 0 else self.rewarded(
+                self.sample(step, self.draw_key(step, i), version=step - 1), step, dump), rollout.max_draws)
+        else:
+            drawn, counts = first, {}
+        return drawn, {**counts, **staleness_metrics(drawn.groups, step)}
+
     def step(self, step: int) -> dict[str, float]:
         """One GRPO step (module docstring); returns its metrics, reduced across hosts."""
         started = time.perf_counter()
         key = self.step_key(step)
         rollout = self.settings.rollout
         dump = self.dumps(step)
+        ahead = self.backlog.take(step) if self.backlog is not None else None
         if self.pipeline is not None:
             drawn, counts = self.pipelined(step, dump)
+        elif ahead is not None:
+            drawn, counts = self.caught_up(step, ahead, dump)
         elif rollout.dynamic_sampling:  # draw i > 0 samples from its own key
             drawn, counts = fill(lambda i: self.draw(step, self.draw_key(step, i), dump), rollout.max_draws)
         else:
@@ -344,10 +361,14 @@ class Trainer:
         ckpt = Checkpointer(workdir / "checkpoints", save_every=s.checkpoint.save_every, keep=s.checkpoint.keep,
                             record=s.record, config_hash=config_hash(s.record),
                             model_hash=base_hash(self.policy) if s.lora.enabled else "")
-        data = self.batches if self.pipeline is None else self.pipeline  # the latter: with the batches in flight
+        data = self.backlog if self.pipeline is None else self.pipeline  # the prompts, and the batches in flight
         start = ckpt.resume(self.learner, data)
         if start:
             self.sampler.update_weights(self.learner.params)  # the rollout copy of the restored policy
+        if self.backlog is not None and self.backlog.ahead:
+            held = ", ".join(str(t) for t in sorted(self.backlog.ahead))
+            say(f"rl.max_staleness=0: the checkpoint of step {start} held batches {held} in flight (sampled ahead at "
+                "rl.max_staleness >= 1); their steps learn from them, later steps sample their own")
         save_config(workdir, s.record)
         guard = DivergenceGuard(s.guard, s.learner.updates(s.rollout.rows), s.steps, self.policy,
                                 abstain_abort=s.alarms.abstain_abort, abstain_steps=s.alarms.flat_alarm_steps,

@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import hmac
 import json
+import math
 from collections.abc import Callable, Sequence
 
 from rrc_jax.service.cohorts import Answer, Cohort, CohortError, Cohorts, Rollout
@@ -52,12 +53,51 @@ except ImportError as e:  # pragma: no cover - the optional extra
 # cohorts -> one list of answers per cohort, one answer per rollout in order
 RewardCohorts = Callable[[list[Cohort]], Sequence[Sequence[Answer]]]
 
-FIELDS = {"prompt": str, "completion": str, "group_size": int, "group": str, "request_id": str, "anchors": list}
+FIELDS = {"prompt": str, "completion": str, "group_size": int, "group": str, "request_id": str, "anchors": list,
+          "seed": int}
 REQUIRED = ("prompt", "completion", "group_size")
 UNAUTHORIZED = "Authorization: a bearer token is required (the service's --api_key)"
 
 
-def parse_rollouts(body, max_rollouts: int) -> list[Rollout]:
+def find_surrogate(body, where: str = "body") -> str | None:
+    """Where in a parsed JSON `body` a text (a value or a key) holds a lone surrogate (`"\ud800"`, which no
+    encoding can write: not text a judge can read), e.g. `rollouts[3].completion`; None when nowhere."""
+    stack = [(body, where)]
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    return at
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                name = key.encode("utf-8", "backslashreplace").decode()
+                if name != key:
+                    return f"{at} (a key)"
+                stack.append((item, f"{at}.{key}"))
+        elif isinstance(value, list):
+            stack.extend((item, f"{at}[{i}]") for i, item in enumerate(value))
+    return None
+
+
+def parse_json(body: bytes):
+    """A request's JSON body, or `BadRequest` naming what is wrong with it (not JSON, nested too deeply, a text
+    holding a lone surrogate)."""
+    try:
+        parsed = json.loads(body)
+    except RecursionError:
+        raise BadRequest("the body's JSON is nested too deeply") from None
+    except ValueError:
+        raise BadRequest("the body is not JSON") from None
+    bad = find_surrogate(parsed, "the body")
+    if bad is not None:
+        raise BadRequest(f"{bad}: a text holding a lone surrogate (not valid Unicode); send UTF-8 text")
+    return parsed
+
+
+def parse_rollouts(body, max_rollouts: int, max_group_size: int = 1 << 30) -> list[Rollout]:
     """The rollouts of a request's JSON `body`, checked field by field (`BadRequest` naming the first bad one)."""
     if not isinstance(body, dict):
         raise BadRequest("the body is not a JSON object")
@@ -74,16 +114,23 @@ def parse_rollouts(body, max_rollouts: int) -> list[Rollout]:
             raise BadRequest(f"{where}: an object with {', '.join(FIELDS)}")
         unknown = sorted(set(item) - set(FIELDS))
         if unknown:
-            raise BadRequest(f"{where}.{unknown[0]}: not a field of a rollout (it has: {', '.join(FIELDS)})")
+            raise BadRequest(f"{where}.{unknown[0][:80]}: not a field of a rollout (it has: {', '.join(FIELDS)})")
         for name in REQUIRED:
             if name not in item:
                 raise BadRequest(f"{where}.{name}: missing")
         for name, kind in FIELDS.items():
             value = item.get(name, kind())
+            if name == "seed" and value is None:
+                continue
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise BadRequest(f"{where}.{name}: {type(value).__name__}, not {kind.__name__}")
         if item["group_size"] < 2:
             raise BadRequest(f"{where}.group_size: {item['group_size']}, a group has at least 2 rollouts")
+        if item["group_size"] > max_group_size:
+            raise BadRequest(f"{where}.group_size: {item['group_size']}, more than the service's largest group "
+                             f"(--max_group_size={max_group_size})")
+        if not 0 <= (item.get("seed") or 0) < 1 << 32:
+            raise BadRequest(f"{where}.seed: {item['seed']}, a seed is an integer in [0, 2^32)")
         anchors = item.get("anchors", [])
         if not all(isinstance(a, str) for a in anchors):
             raise BadRequest(f"{where}.anchors: a list of texts")
@@ -95,7 +142,8 @@ def parse_rollouts(body, max_rollouts: int) -> list[Rollout]:
 class ServiceStats:
     """Counts since the start: requests answered, requests refused (4xx), judge calls (and those that asked
     unfinished cohorts' questions early), cohorts judged (whole or expired with two rollouts or more), rollouts
-    failed (expired alone, or the judge's error)."""
+    failed (expired alone, or the judge's error) and, of those, the cohorts failed by the judge (its error, or its
+    servers' failed requests beyond `max_failed_fraction`: `rrc_jax.service.rewards`)."""
 
     requests: int = 0
     bad_requests: int = 0
@@ -103,16 +151,45 @@ class ServiceStats:
     early_calls: int = 0
     judged: int = 0
     failed: int = 0
+    judge_failures: int = 0
+
+
+def turns(ready: Sequence[Cohort], max_rollouts: int) -> tuple[list[Cohort], list[Cohort]]:
+    """The cohorts of `ready` (in the order they became ready) for the next judge call, and those left for later.
+
+    A unit is what one construction call judges together: the ready cohorts of one `seed` (a request's groups,
+    judged as the requester's in-process call would), or an unseeded cohort alone. The call takes units in turns
+    among the clients that sent them (each client's oldest first, one a client a round) until it holds
+    `max_rollouts` rollouts; a unit is never split and the first is always taken. So one client's many or large
+    cohorts share the judge with the others' instead of holding it."""
+    units: dict[tuple, list[Cohort]] = {}
+    for c in ready:
+        units.setdefault(("seed", c.seed) if c.seed is not None else ("cohort", c.serial), []).append(c)
+    by_client: dict[str, list[list[Cohort]]] = {}
+    for unit in units.values():
+        by_client.setdefault(unit[0].client, []).append(unit)
+    queues = list(by_client.values())
+    taken, size = [], 0
+    while any(queues) and (not taken or size < max_rollouts):
+        for queue in queues:
+            if queue and (not taken or size < max_rollouts):
+                unit = queue.pop(0)
+                taken += unit
+                size += sum(len(c.rollouts) for c in unit)
+    chosen = {c.serial for c in taken}
+    return taken, [c for c in ready if c.serial not in chosen]
 
 
 class RewardService:
     """`Cohorts` and the worker that judges them (the module docstring). Create and use it on one event loop."""
 
-    def __init__(self, reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, poll_s: float = 0.5,
-                 remember: int = 100_000, per_rollout: bool = False, early: bool = False):
+    def __init__(self, reward_cohorts: RewardCohorts, *, timeout_s: float = 120.0, poll_s: float = 0.5,
+                 remember: int = 100_000, per_rollout: bool = False, early: bool = False,
+                 max_open_cohorts: int = 1 << 30, max_call_rollouts: int = 1024):
         self.reward_cohorts, self.poll_s, self.per_rollout, self.early = reward_cohorts, poll_s, per_rollout, early
+        self.max_call_rollouts = max_call_rollouts
         self._asked: dict[int, int] = {}  # cohort serial -> its rollouts whose questions were asked early
-        self.cohorts = Cohorts(timeout_s=timeout_s, remember=remember)
+        self.cohorts = Cohorts(timeout_s=timeout_s, remember=remember, max_open=max_open_cohorts)
         self.stats = ServiceStats()
         self._futures: dict[int, asyncio.Future] = {}  # cohort serial -> its answers
         self._ready: list[Cohort] = []
@@ -140,9 +217,9 @@ class RewardService:
         if self._task is not None:
             self._event_loop.call_soon_threadsafe(self._wake.set)
 
-    async def reward(self, rollouts: Sequence[Rollout]) -> tuple[list[Answer], list[int]]:
-        """Count `rollouts` and wait for their answers; returns them and each one's cohort serial. A
-        `CohortError` when the cohorts refuse one (nothing of the request counted)."""
+    async def reward(self, rollouts: Sequence[Rollout], client: str = "") -> tuple[list[Answer], list[int]]:
+        """Count `rollouts` (sent by `client`) and wait for their answers; returns them and each one's cohort
+        serial. A `CohortError` when the cohorts refuse one (nothing of the request counted)."""
         self._start()
         if self.draining:
             raise BadRequest("the service is stopping: send the rollouts to another", 503)
@@ -152,7 +229,7 @@ class RewardService:
             self.cohorts.check(r, rollouts[:k])
         places = []
         for r in rollouts:
-            place, whole = self.cohorts.add(r)
+            place, whole = self.cohorts.add(r, client)
             places.append(place)
             if whole is not None:
                 self._ready.append(whole)
@@ -166,40 +243,55 @@ class RewardService:
         return answers, [p.cohort for p in places]
 
     async def _loop(self) -> None:
-        """Expire late cohorts, and judge the ready ones, all of them in one call, until cancelled."""
+        """Expire late cohorts, and judge the ready ones in turns (`turns`), until cancelled."""
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_s)
-            self._wake.clear()
+            if not self._ready:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.poll_s)
+                self._wake.clear()
             for late in self.cohorts.expire(every=self.draining):
                 if len(late.rollouts) >= 2:
                     self._ready.append(late)
                 else:
                     why = "the service stopped" if self.draining else f"{self.cohorts.timeout_s:g} s passed"
-                    error = (f"group {late.key!r}: {len(late.rollouts)} of its {late.size} rollouts had arrived when "
-                             f"{why}; a group needs at least 2 to be judged")
+                    error = (f"group {late.key[:80]!a}: {len(late.rollouts)} of its {late.size} rollouts had arrived "
+                             f"when {why}; a group needs at least 2 to be judged")
                     self._settle(late, [Answer(error=error)] * len(late.rollouts))
                     self.stats.failed += len(late.rollouts)
             if not self._ready:
                 await self._ask_early()
                 continue
-            batch, self._ready = self._ready, []
+            batch, self._ready = turns(self._ready, self.max_call_rollouts)
             self._judging = len(batch)
             try:
-                answers = await asyncio.get_running_loop().run_in_executor(self._pool, self.reward_cohorts, batch)
-                if len(answers) != len(batch) or any(len(a) != len(c.rollouts) for a, c in zip(answers, batch)):
-                    raise RuntimeError(f"reward_cohorts answered {[len(a) for a in answers]} rollouts for cohorts of "
-                                       f"{[len(c.rollouts) for c in batch]}")
-            except Exception as e:  # the judge's failure: every rollout of the call is answered with it
-                answers = [[Answer(error=f"{type(e).__name__}: {e}")] * len(c.rollouts) for c in batch]
-                self.stats.failed += sum(len(c.rollouts) for c in batch)
-            else:
-                self.stats.judged += len(batch)
+                answers = await self._judge(batch)
             finally:
                 self._judging = 0
             self.stats.judge_calls += 1
             for cohort, answer in zip(batch, answers):
+                failed = sum(bool(a.error) for a in answer)
+                self.stats.failed += failed
+                self.stats.judge_failures += bool(failed)
+                self.stats.judged += not failed
                 self._settle(cohort, list(answer))
+
+    async def _judge(self, batch: list[Cohort]) -> list[list[Answer]]:
+        """`reward_cohorts(batch)` on the judge's thread, checked; when it raises, each cohort again alone, so that
+        a cohort's failure (its error named) stays its own."""
+        def call(cohorts: list[Cohort]) -> list[list[Answer]]:
+            answers = self.reward_cohorts(cohorts)
+            if len(answers) != len(cohorts) or any(len(a) != len(c.rollouts) for a, c in zip(answers, cohorts)):
+                raise RuntimeError(f"reward_cohorts answered {[len(a) for a in answers]} rollouts for cohorts of "
+                                   f"{[len(c.rollouts) for c in cohorts]}")
+            return [list(a) for a in answers]
+
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, call, batch)
+        except Exception as e:  # noqa: BLE001 - the judge's failure is reported to the rollouts it concerns
+            if len(batch) == 1:
+                return [[Answer(error=f"{type(e).__name__}: {e}")] * len(batch[0].rollouts)]
+        return [answer for c in batch for answer in await self._judge([c])]
 
     async def _ask_early(self) -> None:
         """With `early`: the questions of the unfinished cohorts of two rollouts or more that grew since theirs were
@@ -234,26 +326,54 @@ class RewardService:
 
 
 def _error(message: str, status: int) -> JSONResponse:
+    message = message.encode("utf-8", "backslashreplace").decode()  # (a client's text may hold a lone surrogate)
     return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status)
 
 
-def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rollouts: int = 4096,
+def _same_token(given: str, expected: str) -> bool:
+    """`given == expected` in constant time, whatever characters `given` holds."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
+
+
+def judge_metrics(answers: Sequence[Answer]) -> dict[str, float]:
+    """The judge's counters behind `answers` (`Answer.metrics`, one dict a construction call): summed over the
+    calls, each counted once; rates (`_rate`, `position_consistency`) averaged; None where undefined (JSON has no
+    NaN)."""
+    calls = list({id(a.metrics): a.metrics for a in answers if a.metrics}.values())
+    out: dict[str, float] = {}
+    for name in dict.fromkeys(k for m in calls for k in m):
+        values = [float(m[name]) for m in calls if name in m]
+        rate = name.endswith("_rate") or name.endswith("consistency")
+        finite = [v for v in values if math.isfinite(v)]
+        out[name] = (sum(finite) / len(finite) if finite else None) if rate else sum(values)
+        if out[name] is not None and not math.isfinite(out[name]):
+            out[name] = None
+    return out
+
+
+def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 120.0, max_rollouts: int = 4096,
              poll_s: float = 0.5, api_key: str = "", max_body_bytes: int = 64 << 20,
              max_client_requests: int = 8192, group_size: int = 0,
-             judge_health: Callable[[], list[dict]] | None = None, per_rollout: bool = False,
-             early: bool = False) -> Starlette:
+             judge_health: Callable[[], dict] | None = None, per_rollout: bool = False,
+             early: bool = False, max_group_size: int = 64, max_open_cohorts: int = 1024,
+             max_call_rollouts: int = 1024, recipe: dict | None = None) -> Starlette:
     """The ASGI app of a `RewardService` over `reward_cohorts`: `POST /v1/rewards`, the peers' endpoints
     (`POST /openrlhf`, `/slime`, NeMo Gym's `/verify` with its `/seed_session` and `/close_session`:
-    `rrc_jax.service.protocols`, their groups of `group_size`) and `GET /health`. `app.state.service` is the
-    service.
+    `rrc_jax.service.protocols`, their groups of `group_size`), `GET /health` and `GET /v1/recipe` (`recipe`: what
+    the rewards are, for a trainer to check against its own). `app.state.service` is the service.
 
     With `api_key`, every request carries `Authorization: Bearer <api_key>` (else 401; the peers' endpoints take
-    it as the URL's `key` parameter too). A body over
-    `max_body_bytes` is a 413; a client (by address) with `max_client_requests` requests in flight gets a 429 for
-    the next (a trainer sends each rollout of a step at once: the limit bounds one client's share, not a step).
+    it as the URL's `key` parameter too), `/health` and `/v1/recipe` included. A body over `max_body_bytes` is a
+    413 (reading stops there); a client (by address) with `max_client_requests` requests in flight gets a 429 for
+    the next (a trainer sends each rollout of a step at once: the limit bounds one client's share, not a step); a
+    group over `max_group_size` rollouts a 400; a rollout that would open a cohort beyond `max_open_cohorts` a
+    429. A judge call holds up to `max_call_rollouts` rollouts, taken in turns among clients (`turns`).
     `judge_health()`, when given, is the judge's state in `GET /health` (`judge`); `per_rollout`: each rollout
     judged as it arrives; `early`: unfinished cohorts' questions asked while the judge is idle (`RewardService`)."""
-    service = RewardService(reward_cohorts, timeout_s=timeout_s, poll_s=poll_s, per_rollout=per_rollout, early=early)
+    from rrc_jax.inference.server import BodyTooLarge, read_body  # (the same limit as the judge server's)
+
+    service = RewardService(reward_cohorts, timeout_s=timeout_s, poll_s=poll_s, per_rollout=per_rollout, early=early,
+                            max_open_cohorts=max_open_cohorts, max_call_rollouts=max_call_rollouts)
     in_flight: collections.Counter[str] = collections.Counter()
 
     def authorized(request: Request) -> bool:
@@ -261,18 +381,14 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
         `key` parameter (`http://host:8100/openrlhf?key=TOKEN`)."""
         if not api_key:
             return True
-        if request.url.path != "/v1/rewards" and "key" in request.query_params:
-            return hmac.compare_digest(request.query_params["key"], api_key)
-        return hmac.compare_digest(request.headers.get("authorization", ""), f"Bearer {api_key}")
+        if request.url.path not in ("/v1/rewards", "/health", "/v1/recipe") and "key" in request.query_params:
+            return _same_token(request.query_params["key"], api_key)
+        return _same_token(request.headers.get("authorization", ""), f"Bearer {api_key}")
 
     def refusal(request: Request, client: str) -> BadRequest | None:
         """The 4xx a request from `client` gets before its body is read, or None."""
         if not authorized(request):
             return BadRequest(UNAUTHORIZED, 401)
-        size = request.headers.get("content-length", "")
-        if size.isdigit() and int(size) > max_body_bytes:
-            return BadRequest(f"the body's {int(size)} bytes exceed the service's {max_body_bytes} (--max_body_bytes)"
-                              ": send fewer rollouts a request", 413)
         if in_flight[client] >= max_client_requests:
             return BadRequest(f"{in_flight[client]} requests of this client are in flight, the service's most "
                               f"(--max_client_requests={max_client_requests}); wait for their answers", 429)
@@ -288,15 +404,13 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
                 raise refused
             in_flight[client] += 1
             try:
-                body = await request.body()
-                if len(body) > max_body_bytes:
-                    raise BadRequest(f"the body's {len(body)} bytes exceed the service's {max_body_bytes} "
-                                     "(--max_body_bytes): send fewer rollouts a request", 413)
                 try:
-                    parsed = json.loads(body)
-                except ValueError:
-                    raise BadRequest("the body is not JSON") from None
-                return (parsed, *await service.reward(parse(parsed)))
+                    body = await read_body(request, max_bytes=max_body_bytes)
+                except BodyTooLarge as e:
+                    raise BadRequest(f"the body's {e.size} bytes or more exceed the service's {max_body_bytes} "
+                                     "(--max_body_mb): send fewer rollouts a request", 413) from None
+                parsed = parse_json(body)
+                return (parsed, *await service.reward(parse(parsed), client))
             finally:
                 in_flight[client] -= 1
         except (BadRequest, CohortError) as e:
@@ -306,12 +420,15 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
             return Response(status_code=400)
 
     async def rewards(request: Request) -> Response:
-        out = await judged(request, lambda body: parse_rollouts(body, max_rollouts))
+        out = await judged(request, lambda body: parse_rollouts(body, max_rollouts, max_group_size))
         if isinstance(out, Response):
             return out
         _, answers, cohorts = out
         service.stats.requests += 1
         body = {"rewards": [a.reward for a in answers], "cohorts": cohorts}
+        judge = judge_metrics(answers)
+        if judge:
+            body["judge"] = judge
         if any(a.error for a in answers):
             body["errors"] = [a.error or None for a in answers]
         return JSONResponse(body)
@@ -337,15 +454,22 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
         """NeMo Gym's `/seed_session` and `/close_session`: no state; the session id given is the answer."""
         if not authorized(request):
             return _error(UNAUTHORIZED, 401)
-        with contextlib.suppress(ValueError, ClientDisconnect):
-            body = json.loads(await request.body() or b"{}")
+        with contextlib.suppress(ValueError, BadRequest, ClientDisconnect):
+            body = parse_json(await read_body(request, max_bytes=1 << 16) or b"{}")
             if isinstance(body, dict) and "resources_session_id" in body:
                 return JSONResponse({"resources_session_id": body["resources_session_id"]})
         return JSONResponse({})
 
     async def health(request: Request) -> JSONResponse:
+        if not authorized(request):
+            return _error(UNAUTHORIZED, 401)
         extra = {"judge": judge_health()} if judge_health is not None else {}
         return JSONResponse({**service.health(), **extra})
+
+    async def recipe_endpoint(request: Request) -> JSONResponse:
+        if not authorized(request):
+            return _error(UNAUTHORIZED, 401)
+        return JSONResponse(recipe or {})
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -355,7 +479,7 @@ def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 600.0, max_rol
     peers = [Route(PATHS[name], peer(name, protocol), methods=["POST"]) for name, protocol in PROTOCOLS.items()]
     sessions = [Route(path, session, methods=["POST"]) for path in ("/seed_session", "/close_session")]
     app = Starlette(routes=[Route("/v1/rewards", rewards, methods=["POST"]), *peers, *sessions,
-                            Route("/health", health)], lifespan=lifespan)
+                            Route("/health", health), Route("/v1/recipe", recipe_endpoint)], lifespan=lifespan)
     app.state.service = service
     return app
 

@@ -33,16 +33,19 @@ _WAITING = concurrent.futures.ThreadPoolExecutor(4096, thread_name_prefix="rrc-r
 
 
 def post_rewards(url: str, rollouts: Sequence[dict], *, api_key: str = "", timeout_s: float = 900.0,
-                 retries: int = 3) -> dict:
-    """`{"rewards", "cohorts", "errors"?}` of the service at `url` (`http://host:port`) for `rollouts` (R dicts
-    of the request's fields). Retries the same request `retries` times on a connection error or a 5xx (waiting
-    1, 2, 4... s, at most 10); a `RuntimeError` naming the service and its answer otherwise."""
+                 retries: int = 3, wait_s: float = 0.0, progress=None) -> dict:
+    """`{"rewards", "cohorts", "errors"?, "judge"?}` of the service at `url` (`http://host:port`) for `rollouts` (R
+    dicts of the request's fields). Retries the same request `retries` times on a connection error or a 5xx
+    (waiting 1, 2, 4... s, at most 10), and on a connection error for `wait_s` seconds at least (a service
+    restarting), telling `progress(line)` (when given) each time it waits; a `RuntimeError` naming the service and
+    its answer otherwise."""
     data = json.dumps({"rollouts": list(rollouts)}).encode()
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     url = url.rstrip("/")
-    for attempt in range(retries + 1):
+    deadline, attempt = time.monotonic() + wait_s, 0
+    while True:
         request = urllib.request.Request(url + "/v1/rewards", data=data, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
@@ -52,13 +55,19 @@ def post_rewards(url: str, rollouts: Sequence[dict], *, api_key: str = "", timeo
                 message = json.loads(e.read() or b"{}").get("error", {}).get("message", "")
             except ValueError:
                 message = ""
-            if e.code < 500 or attempt == retries:
+            if e.code < 500 or attempt >= retries:
                 raise RuntimeError(f"the reward service at {url} answered {e.code}: {message}") from None
+            why = f"it answered {e.code}"
         except (urllib.error.URLError, OSError) as e:
-            if attempt == retries:
+            left = deadline - time.monotonic()
+            if attempt >= retries and left <= 0:
                 raise RuntimeError(f"the reward service at {url} did not answer: {e}") from None
-        time.sleep(min(2 ** attempt, 10))  # the same request again: its rollouts are counted once
-    raise AssertionError("unreachable")
+            why = f"it did not answer ({getattr(e, 'reason', e)}); waiting up to {max(left, 0):.0f} s more"
+        pause = min(2 ** attempt, 10)
+        if progress is not None:
+            progress(f"the reward service at {url}: {why}; asking again in {pause} s")
+        time.sleep(pause)  # the same request again: its rollouts are counted once
+        attempt += 1
 
 
 async def compute_score(data_source: str, solution_str: str, ground_truth=None, extra_info: dict | None = None, *,

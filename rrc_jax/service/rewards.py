@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from rrc_jax.inference.openai_engine import failure_text
 from rrc_jax.inference.sampler import SampleOutput, SamplingParams
 from rrc_jax.integrations.groups import GroupRewards, Row, judge_for
 from rrc_jax.rl.roles import Roles
@@ -33,7 +34,8 @@ class Remembered:
     questions). A reward service asks an unfinished cohort's questions while the judge is idle (SCR: the pairs of
     the rollouts in so far) and the whole cohort's later; the questions asked already then cost nothing, and the
     judgments are the ones a greedy engine gives every time. At temperature > 0 it asks everything (a question's
-    draw depends on its call's key and stream). `hits` counts the questions answered from memory."""
+    draw depends on its call's key and stream). Only answers are remembered: a question whose request failed (the
+    engine's `last_failed`) is asked again next time. `hits` counts the questions answered from memory."""
 
     def __init__(self, sampler, capacity: int = 200_000):
         self.inner, self.capacity, self.hits = sampler, capacity, 0
@@ -56,58 +58,83 @@ class Remembered:
                                       [(where[suffixes[q][0]], suffixes[q][1]) for q in ask], params, rng,
                                       streams=[streams[q] if streams is not None else q for q in ask],
                                       splits=[splits[q] for q in ask] if splits is not None else None)
-            for j, q in enumerate(ask):
-                self._rows[keys[q]] = tuple(x[j] for x in out)
+        failed = getattr(self.inner, "last_failed", None)  # (a served engine's unanswered questions)
+        fresh = {}
+        for j, q in enumerate(ask):
+            fresh[keys[q]] = tuple(x[j] for x in out)
+            if failed is None or not failed[j]:  # an answer is remembered; a failed request's empty row is not
+                self._rows[keys[q]] = fresh[keys[q]]
         self.hits += len(keys) - len(ask)
+        rows = [fresh.get(k) or self._rows[k] for k in keys]
         for k in keys:
-            self._rows.move_to_end(k)
+            if k in self._rows:
+                self._rows.move_to_end(k)
         while len(self._rows) > self.capacity:
             self._rows.popitem(last=False)
-        return SampleOutput(*(np.stack([self._rows[k][f] for k in keys]) for f in range(4)))
+        return SampleOutput(*(np.stack([row[f] for row in rows]) for f in range(4)))
 
 
 def cohort_rewards(rewards: GroupRewards, *, anchors: Mapping[str, Sequence[str]] | None = None,
-                   references: Mapping[str, str] | None = None):
-    """`reward_cohorts(cohorts) -> answers` (`rrc_jax.service.app.RewardCohorts`) over `rewards`."""
+                   references: Mapping[str, str] | None = None, max_failed_fraction: float = 1.0):
+    """`reward_cohorts(cohorts) -> answers` (`rrc_jax.service.app.RewardCohorts`) over `rewards`.
+
+    One construction call judges the cohorts of one size and one seed (a request's groups, `Cohort.seed`, in the
+    order they were counted, the judge seeded with it: the same request gets the same rewards whatever else the
+    service judges, before or after a restart); the unseeded cohorts of one size share a call on the service's own
+    stream. A cohort's own fault (a prompt without anchors, a text the judge cannot take) fails it alone, its cause
+    named; a call whose judge requests failed beyond `max_failed_fraction` (a judge pool's servers down) fails its
+    cohorts, naming the failures, rather than answering the abstentions' zeros as rewards."""
     anchors, references = anchors or {}, references or {}
 
     def row(r: Rollout) -> Row:
         given = r.anchors or tuple(anchors.get(r.prompt, ()))
         if "anchors" in rewards.columns and not given:
-            raise KeyError(f"no anchors for prompt {r.prompt[:80]!r}: {rewards.kind} needs each prompt's anchors")
+            raise KeyError(f"no anchors for prompt {r.prompt[:80]!a}: {rewards.kind} needs each prompt's anchors")
         if "reference" in rewards.columns and not references.get(r.prompt):
-            raise KeyError(f"no reference for prompt {r.prompt[:80]!r}: {rewards.kind} needs each prompt's o_ref")
+            raise KeyError(f"no reference for prompt {r.prompt[:80]!a}: {rewards.kind} needs each prompt's o_ref")
         return Row(r.prompt, r.completion, given, references.get(r.prompt, ""))
 
+    def judged(cohorts: list[Cohort], k: int, seed: int | None) -> list[list[Answer]]:
+        """The answers of `cohorts` (each of k rollouts) judged in one call, or each alone when that call raises."""
+        try:
+            values = rewards([row(r) for c in cohorts for r in c.rollouts], group_size=k, seed=seed)
+        except Exception as e:  # noqa: BLE001 - the cause is the cohort's answer
+            if len(cohorts) > 1:
+                return [a for c in cohorts for a in judged([c], k, seed)]
+            cause = e.args[0] if isinstance(e, KeyError) and e.args else f"{type(e).__name__}: {e}"
+            return [[Answer(error=f"group {cohorts[0].key[:80]!a}: {cause}")] * k]
+        metrics = dict(rewards.last_metrics)
+        asked, failed = metrics.get("judge/requests", 0), metrics.get("judge/failed_requests", 0)
+        if asked and failed / asked > max_failed_fraction:
+            counts = {k[len("judge/"):]: v for k, v in metrics.items() if k.startswith("judge/")}
+            error = (f"the judge failed {int(failed)} of {int(asked)} requests ({failure_text(counts)}), more than "
+                     f"the service's --max_failed_fraction={max_failed_fraction:g}: its servers are down or failing")
+            return [[Answer(error=error, metrics=metrics)] * k for _ in cohorts]
+        return [[Answer(reward=float(v), metrics=metrics) for v in values[j * k:(j + 1) * k]]
+                for j in range(len(cohorts))]
+
     def reward_cohorts(cohorts: list[Cohort]) -> list[list[Answer]]:
-        answers: list[list[Answer]] = [[] for _ in cohorts]
-        by_size: dict[int, list[int]] = {}
+        calls: dict[tuple, list[int]] = {}
         for i, c in enumerate(cohorts):
-            by_size.setdefault(len(c.rollouts), []).append(i)
-        for k, members in by_size.items():
-            ready, rows = [], []
-            for i in members:
-                try:
-                    rows += [row(r) for r in cohorts[i].rollouts]
-                    ready.append(i)
-                except KeyError as e:  # this cohort fails; the others of its size are judged
-                    answers[i] = [Answer(error=str(e.args[0]))] * k
-                    del rows[len(ready) * k:]
-            if not ready:
-                continue
-            values = rewards(rows, group_size=k)
-            for j, i in enumerate(ready):
-                answers[i] = [Answer(reward=float(v)) for v in values[j * k:(j + 1) * k]]
+            calls.setdefault((len(c.rollouts), c.seed), []).append(i)
+        answers: list[list[Answer]] = [[] for _ in cohorts]
+        for (k, seed), members in calls.items():
+            members.sort(key=lambda i: cohorts[i].serial)
+            for i, answer in zip(members, judged([cohorts[i] for i in members], k, seed)):
+                answers[i] = answer
         return answers
 
     return reward_cohorts
 
 
-def recipe_app(s, columns: dict | None = None, **limits):
+def recipe_app(s, columns: dict | None = None, *, max_failed_fraction: float | None = None, **limits):
     """The reward service's app (`make_app`, with `limits`) for a recipe (`s`: a trainer config's settings): its
     GRM as a judge (in this process, or asked of `inference.url`'s servers with `inference.engine=openai`), its
     construction and settings as `GroupRewards`, `columns` from `read_columns`; a greedy SCR round robin asks its
-    unfinished cohorts' pairs early (`Remembered`). `app.state.grm` names the GRM."""
+    unfinished cohorts' pairs early (`Remembered`). A call whose judge requests failed beyond `max_failed_fraction`
+    (default: the recipe's `inference.max_failed_fraction`) fails its cohorts. `GET /v1/recipe` answers the
+    recipe (`rrc_jax.constructions.served.recipe`); `app.state.grm` names the GRM."""
+    from rrc_jax.constructions.served import recipe
     from rrc_jax.service.app import make_app  # the serve extra (starlette)
 
     kind, j = s.reward_kind, s.judge
@@ -127,7 +154,10 @@ def recipe_app(s, columns: dict | None = None, **limits):
 
     rewards = GroupRewards(judge, kind, group_size=s.rollout.group_size, votes=j.votes, swap=j.swap, seed=s.seed,
                            **(dataclasses.asdict(settings) if settings is not None else {}))
-    app = make_app(cohort_rewards(rewards, **(columns or {})), group_size=s.rollout.group_size, judge_health=health,
-                   per_rollout=s.reward.per_response, early=early, **limits)
+    if max_failed_fraction is None:
+        max_failed_fraction = s.inference.max_failed_fraction
+    app = make_app(cohort_rewards(rewards, max_failed_fraction=max_failed_fraction, **(columns or {})),
+                   group_size=s.rollout.group_size, judge_health=health, per_rollout=s.reward.per_response,
+                   early=early, recipe=recipe(s), **limits)
     app.state.grm = grm
     return app
