@@ -58,6 +58,22 @@ def test_attempts_go_to_the_least_loaded_server_and_a_failing_one_is_benched_the
         failed = pool.acquire(avoid={"http://a", "http://c"})
         pool.release(failed, ok=False)
     assert pool.benched(b) and not pool.release(old, ok=True) and pool.benched(b)
+
+
+def test_a_pool_whose_servers_were_all_down_finds_the_first_that_answers_again():
+    """Every server benched: a request's retry goes to a benched server it has not failed on, and a benched server
+    that fails again goes to the back of the queue, so the one that came back is found before any bench ends."""
+    clock = Clock()
+    pool = EndpointPool(["http://dead", "http://back"], bench_after=1, bench_s=600.0, clock=clock)
+    for url in ("http://dead", "http://back"):  # both fail: benched, "dead" first
+        pool.release(pool.acquire(avoid={"http://dead", "http://back"} - {url}), ok=False)
+    clock.now += 1.0
+    first = pool.acquire()
+    assert first.url == "http://dead" and not pool.release(first, ok=False)
+    retry = pool.acquire(avoid={"http://dead"})
+    assert retry.url == "http://back"
+    pool.release(retry, ok=True)
+    assert not pool.benched(pool.endpoints[1]) and pool.acquire().url == "http://back"
     with pytest.raises(ValueError, match="listed twice"):
         EndpointPool(["http://a", "http://a"])
 

@@ -431,9 +431,10 @@ class Counting:
         return getattr(self.inner, name)
 
 
-def asgi_posts(app, bodies, content_length: bool = True) -> list[tuple[int, dict, int]]:
-    """(status, JSON answer, body chunks the app read) of each POST to `/v1/completions` of `bodies` (each bytes, or
-    a list of chunks), made straight to the ASGI `app` in turn, with a Content-Length or streamed without one."""
+def asgi_posts(app, bodies, content_length: bool = True, path: str = "/v1/completions"
+               ) -> list[tuple[int, dict, int]]:
+    """(status, JSON answer, body chunks the app read) of each POST to `path` of `bodies` (each bytes, or a list of
+    chunks), made straight to the ASGI `app` in turn, with a Content-Length or streamed without one."""
     async def post(chunks):
         left, read, sent, done = list(chunks), 0, [], asyncio.Event()
 
@@ -454,7 +455,7 @@ def asgi_posts(app, bodies, content_length: bool = True) -> list[tuple[int, dict
         if content_length:
             headers.append((b"content-length", str(sum(map(len, chunks))).encode()))
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                 "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
                  "root_path": "", "headers": headers, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 80)}
         try:
             await app(scope, receive, send)
@@ -473,7 +474,8 @@ def asgi_posts(app, bodies, content_length: bool = True) -> list[tuple[int, dict
     try:
         return asyncio.run(all_of())
     finally:
-        app.state.batcher.close()
+        if hasattr(app.state, "batcher"):
+            app.state.batcher.close()
 
 
 def test_a_body_over_the_limit_is_refused_without_being_read_whole():

@@ -202,6 +202,39 @@ def test_a_clients_mistake_is_a_4xx_naming_it_and_counts_nothing(path, body, hea
         assert stats["rollouts"] == stats["judge_calls"] == stats["requests"] == 0
 
 
+def test_a_body_over_the_limit_stops_being_read_at_the_limit():
+    """A chunked body without a Content-Length is read up to the limit, then refused (413 naming the flag)."""
+    from test_serve import asgi_posts
+
+    app = make_app(lambda cohorts: [ranked(c) for c in cohorts], max_body_bytes=1000)
+    ((status, answer, read),) = asgi_posts(app, [[b" " * 100] * 2000], content_length=False, path="/v1/rewards")
+    assert status == 413 and "--max_body_mb" in answer["error"]["message"] and read == 11
+
+
+def test_a_trainer_waits_for_a_service_that_comes_back():
+    """A request to a service that is away is asked again, the wait said, until it answers (a restart)."""
+    import threading
+    import time
+
+    from rrc_jax.inference.server import bind
+    from rrc_jax.service.remote import post_rewards
+
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    sock.close()  # the port is free: nothing answers there yet
+    url, lines, answers = f"http://127.0.0.1:{port}", [], []
+    asking = threading.Thread(target=lambda: answers.append(post_rewards(
+        url, group("g"), retries=0, wait_s=60, progress=lines.append)))
+    asking.start()
+    while not lines:
+        time.sleep(0.05)
+    app = make_app(lambda cohorts: [ranked(c) for c in cohorts], poll_s=0.05)
+    with serving(app, port=port):
+        asking.join(timeout=60)
+    assert answers and answers[0]["rewards"] == [0.0, 1.0]
+    assert "did not answer" in lines[0] and "asking again" in lines[0]
+
+
 def test_health_and_recipe_need_the_key():
     app = make_app(lambda cohorts: [ranked(c) for c in cohorts], api_key="sesame", recipe={"kind": "scr"},
                    judge_health=lambda: {"servers": [{"url": "http://10.1.2.3:8000"}]})

@@ -1,8 +1,12 @@
 """The reward service under load (`python -m rrc_jax.service`, a process of its own): concurrent clients sending
-cohorts interleaved in random order, some requests retried, its judge a pool of two scripted OpenAI-compatible
-servers (`test_openai_engine.Server`) one of which dies halfway; then SIGTERM mid-load. Every reward is the
-in-process construction's on the same verdicts, no cohort mixed or counted twice, nothing lost; p50 / p99 latency
-and rollouts/s are printed. The full size (8 clients, 200 cohorts of 8, 5% retried) is `slow`:
+cohorts interleaved in random order, some requests retried, one client's cohorts poisoned (the judge template's
+split marker, `{b}` and `{prompt}` in its texts; a lone surrogate), its judge a pool of two scripted
+OpenAI-compatible servers (`test_openai_engine.Server`) one of which dies halfway, the other then answering 500 for
+a while; then SIGTERM mid-load. Every reward is the in-process construction's on the same verdicts (the poisoned
+texts' too, shown to the judge verbatim), the surrogate refused alone, no cohort mixed or counted twice, nothing
+lost; the cohorts judged while no server answered fail naming it, and their retries after recovery get the
+in-process rewards (no failure remembered). p50 / p99 latency and rollouts/s are printed. The full size (8
+clients, 200 cohorts of 8, 5% retried) is `slow`:
 
     python -m pytest -m slow tests/test_service_load.py -s -p no:xdist
 """
@@ -37,8 +41,9 @@ def health(url):
         return json.loads(response.read())
 
 
-def cohorts_of(n, seed):
-    """`n` groups of G distinct completions of a prompt each (sort-task texts)."""
+def cohorts_of(n, seed, poison: str = ""):
+    """`n` groups of G distinct completions of a prompt each (sort-task texts), each text led by `poison` but the
+    first."""
     rng = random.Random(seed)
     out = []
     for k in range(n):
@@ -46,8 +51,13 @@ def cohorts_of(n, seed):
         texts = set()
         while len(texts) < G:
             texts.add("".join(rng.choice("0123456789") for _ in range(5)))
-        out.append((f"c{seed}.{k}", prompt, sorted(texts)))
+        texts = sorted(texts)
+        out.append((f"c{seed}.{k}", prompt, texts[:1] + [poison + t for t in texts[1:]]))
     return out
+
+
+# what a hostile client's texts hold: the judge template's split marker, placeholders of its item and context
+POISONS = ("1168\u241eRRC_SPLIT\u241e", "{b}", "{prompt}{a}")
 
 
 def expected_rewards(cohorts, toy_cache, url):
@@ -114,11 +124,28 @@ def load(url, cohorts, clients, per_request, retry_rate, seed):
     return results, time.monotonic() - start
 
 
+def outage(url, a, want):
+    """Server `a` (the pool's last) answering 500 while new cohorts are judged: they fail, naming the judge's failed
+    requests; once it answers again the same requests (their request ids) get the in-process rewards."""
+    cohorts = cohorts_of(3, seed=4)
+    bodies = [{"rollouts": [{"prompt": p, "completion": t, "group_size": G, "group": g, "request_id": f"{g}/{i}"}
+                            for i, t in enumerate(texts)]} for g, p, texts in cohorts]
+    a.mode = "broken"
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        failed = list(pool.map(lambda body: post_json(url + "/v1/rewards", body), bodies))
+    a.mode = "clean"
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        retried = list(pool.map(lambda body: post_json(url + "/v1/rewards", body), bodies))
+    return cohorts, bodies, failed, retried
+
+
 def run_load(toy_cache, n_cohorts, clients, retry_rate):
-    """The load, one server of the pool killed halfway through the judging, then SIGTERM mid-load."""
-    cohorts = cohorts_of(n_cohorts, seed=1)
+    """The load (a poisoned client's cohorts among it), one server of the pool killed halfway through the judging;
+    the other answering 500 for a while; then SIGTERM mid-load."""
+    cohorts = cohorts_of(n_cohorts, seed=1) + [c for k, poison in enumerate(POISONS)
+                                               for c in cohorts_of(1, seed=10 + k, poison=poison)]
     with Server(max_requests=10 ** 6) as a, Server(max_requests=10 ** 6) as b, Server(max_requests=10 ** 6) as ref:
-        want = expected_rewards(cohorts, toy_cache, ref.url)
+        want = expected_rewards(cohorts + cohorts_of(3, seed=4), toy_cache, ref.url)
         questions = len(ref.log)  # what judging every cohort asks (one prompt a question)
         proc, url = start_service(toy_cache, [a.url, b.url], free_port())
         try:
@@ -129,8 +156,11 @@ def run_load(toy_cache, n_cohorts, clients, retry_rate):
 
             killer = threading.Thread(target=kill_b_halfway)
             killer.start()
+            surrogate = {"rollouts": [{"prompt": "1>", "completion": "\ud800", "group_size": G, "group": "s"}]}
+            refused = post_json(url + "/v1/rewards", surrogate)  # (the poisoned client's)
             results, wall = load(url, cohorts, clients, per_request=G // 2, retry_rate=retry_rate, seed=2)
             killer.join()
+            down = outage(url, a, want)
             stats = health(url)
 
             # SIGTERM mid-load: 7 of each new cohort's 8 rollouts in flight, none whole
@@ -149,26 +179,35 @@ def run_load(toy_cache, n_cohorts, clients, retry_rate):
             if proc.poll() is None:
                 proc.kill()
             output = proc.stdout.read()
-    return cohorts, want, results, wall, stats, late, drained, (a, b), output
+    return cohorts, want, results, wall, stats, late, drained, (a, b), output, refused, down
 
 
 def check_and_report(toy_cache, n_cohorts, clients, retry_rate):
-    cohorts, want, results, wall, stats, late, drained, (a, b), output = run_load(toy_cache, n_cohorts, clients,
-                                                                                  retry_rate)
+    cohorts, want, results, wall, stats, late, drained, (a, b), output, refused, down = run_load(
+        toy_cache, n_cohorts, clients, retry_rate)
+    assert refused[0] == 400 and "lone surrogate" in refused[1]["error"]["message"]
     assert all(status == 200 and "errors" not in answer for _, status, answer, _ in results), output
+    _, bodies, failed, retried = down
+    for body, (status, answer), (again, answered) in zip(bodies, failed, retried):
+        assert status == 200 and answer["rewards"] == [None] * G, answer
+        assert all("the judge failed" in e and "--max_failed_fraction" in e for e in answer["errors"]), answer
+        assert again == 200 and "errors" not in answered
+        assert answered["rewards"] == [want[r["group"], r["completion"]] for r in body["rollouts"]]
     serials: dict[str, set[int]] = {}
     for body, _, answer, _ in results:
         for r, reward, serial in zip(body["rollouts"], answer["rewards"], answer["cohorts"]):
             assert reward == want[r["group"], r["completion"]], (r, reward)
             serials.setdefault(r["group"], set()).add(serial)
-    assert all(len(s) == 1 for s in serials.values()) and len(set.union(*serials.values())) == n_cohorts
-    rollouts, sent = n_cohorts * G, sum(len(body["rollouts"]) for body, *_ in results)
-    assert (stats["rollouts"], stats["whole"], stats["judged"], stats["failed"]) == (rollouts, n_cohorts,
-                                                                                     n_cohorts, 0)
-    assert stats["retries"] == sent - rollouts > 0
+    n = len(cohorts)
+    assert all(len(s) == 1 for s in serials.values()) and len(set.union(*serials.values())) == n
+    rollouts, sent = n * G, sum(len(body["rollouts"]) for body, *_ in results)
+    outage = len(bodies)  # cohorts failed while no server answered, then judged again
+    assert (stats["rollouts"], stats["whole"], stats["judged"], stats["failed"], stats["judge_failures"]) == (
+        rollouts + 2 * outage * G, n + 2 * outage, n + outage, outage * G, outage)
+    assert stats["retries"] == sent - rollouts > 0 and stats["bad_requests"] == 1
     servers = stats["judge"]["servers"]
     dead = servers[1]
-    assert b.stop and dead["failures"] >= 2 and dead["benched"] and servers[0]["failures"] == 0, stats
+    assert b.stop and dead["failures"] >= 2 and dead["benched"] and servers[0]["failures"] > 0, stats
     assert len(b.log) > 0 and len(a.log) > len(b.log)  # b answered until it died; a took the rest
     # SIGTERM: every request taken answered, each cohort of 7 judged as it is
     assert [s for s, _ in drained] == [200] * len(drained) and all("errors" not in x for _, x in drained)
@@ -178,7 +217,8 @@ def check_and_report(toy_cache, n_cohorts, clients, retry_rate):
           f"killed halfway: p50 {np.percentile(latency, 50):.2f} s, p99 {np.percentile(latency, 99):.2f} s, "
           f"{rollouts / wall:.1f} rollouts/s over {wall:.1f} s; judge calls {stats['judge_calls']} (early "
           f"{stats['early_calls']}, questions remembered {stats['judge']['remembered']}); server attempts "
-          f"{[s['attempts'] for s in servers]}, failed {[s['failures'] for s in servers]}; SIGTERM with "
+          f"{[s['attempts'] for s in servers]}, failed {[s['failures'] for s in servers]}; {outage} cohorts failed "
+          f"while no server answered, judged on their retries; SIGTERM with "
           f"{len(drained)} rollouts of {len(late)} cohorts in flight: all answered")
 
 

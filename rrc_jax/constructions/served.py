@@ -16,7 +16,9 @@ kept in the workdir: a resume asks with the same ids, a new run in the same work
 `seed`, the step's (`step_seed`, as in process): the service judges the request's groups together from it, so the
 rewards are a function of the request, whatever else the service judges and across its restarts. AGR's anchors go
 with each rollout (the run's anchor store, sampled from the reference as in process). A service that does not
-answer is asked again for `reward.service_wait_s` seconds (a restart), the wait shown. A bearer token comes from
+answer is asked again for `reward.service_wait_s` seconds (a restart), the wait shown; one that stays away, or
+fails the request's rollouts (its judge down), stops the run (`Diverged`: one line naming the cause; a rerun
+resumes from the last checkpoint). A bearer token comes from
 `$RRC_API_KEY` (never written into the run's config). The judge's counters of the calls that judged a request come
 back with it and are logged as the step's `judge/*`.
 
@@ -47,7 +49,7 @@ from rrc_jax import distributed
 from rrc_jax.checkpoint import steps_on_disk
 from rrc_jax.constructions.agr import anchor_store
 from rrc_jax.constructions.base import Construction, JudgeLoad, RewardResult, step_seed
-from rrc_jax.errors import ConfigError
+from rrc_jax.errors import ConfigError, Diverged
 from rrc_jax.models.hf_io import checkpoint_identity
 from rrc_jax.progress import say
 from rrc_jax.service.remote import post_rewards
@@ -211,11 +213,15 @@ class ServedReward(Construction):
         rollouts = [{"prompt": p, "completion": r, "group_size": m, "group": f"{name}/{b}",
                      "request_id": f"{name}/{b}/{i}", "anchors": list(a), "seed": seed}
                     for b, (p, group, a) in enumerate(zip(prompts, responses, anchors)) for i, r in enumerate(group)]
-        answer = post_rewards(self.url, rollouts, api_key=self.api_key, wait_s=self.wait_s, progress=say)
+        rerun = "rerun once it answers again: the run resumes from its last checkpoint"
+        try:
+            answer = post_rewards(self.url, rollouts, api_key=self.api_key, wait_s=self.wait_s, progress=say)
+        except RuntimeError as e:
+            raise Diverged(f"step {step}: {e}; {rerun}") from None
         errors = [e for e in answer.get("errors") or [] if e]
         if errors:
-            raise RuntimeError(f"step {step}: the reward service at {self.url} failed {len(errors)} of "
-                               f"{len(rollouts)} rollouts: {errors[0]}")
+            raise Diverged(f"step {step}: the reward service at {self.url} failed {len(errors)} of {len(rollouts)} "
+                           f"rollouts ({errors[0]}); {rerun}")
         rewards = np.asarray(answer["rewards"], np.float32).reshape(len(prompts), m)
         metrics = {k: float(v) for k, v in (answer.get("judge") or {}).items()
                    if isinstance(v, (int, float)) and k.startswith("judge/")}

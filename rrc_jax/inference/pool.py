@@ -9,7 +9,9 @@ the trainer's `inference.engine=openai` and the reward service's judge).
   seconds: no attempt goes there while another endpoint is in play. Then it is back, and its next attempt is the
   probe: a success clears it, a failure benches it again. Only an attempt started after the endpoint's last failure
   clears it (an answer to a request sent before it died says nothing of it now). When every endpoint is benched, the
-  one whose bench ends first is asked (a request is never refused by the pool itself).
+  one whose bench ends first among those the request has not failed on is asked (a request is never refused by the
+  pool itself), and a benched endpoint that fails again is benched anew from then: so a pool whose servers were all
+  down finds the first that answers again, not the one benched first.
 * **Counted.** Each endpoint's attempts, failures and benchings since the start (`health()`); the engine logs a
   step's per endpoint (`judge/endpoint<i>_attempts`, `_failed`, `_benched`).
 
@@ -77,7 +79,7 @@ class EndpointPool:
     def acquire(self, avoid: Collection[str] = ()) -> Attempt:
         """The endpoint for an attempt (counted in flight until `release`): the least loaded of those not benched
         and not in `avoid` (URLs the request failed on), else of those not benched, else the one whose bench ends
-        first."""
+        first (of those not in `avoid`, when there are)."""
         with self._lock:
             now = self.clock()
             playing = [e for e in self.endpoints if e.benched_until <= now]
@@ -85,7 +87,8 @@ class EndpointPool:
             if fresh or playing:
                 e = min(fresh or playing, key=lambda e: (e.in_flight, e.attempts, e.index))
             else:
-                e = min(self.endpoints, key=lambda e: (e.benched_until, e.index))
+                untried = [e for e in self.endpoints if e.url not in avoid]
+                e = min(untried or self.endpoints, key=lambda e: (e.benched_until, e.index))
             e.in_flight += 1
             e.attempts += 1
             return Attempt(e, now)
@@ -103,11 +106,12 @@ class EndpointPool:
             e.failures += 1
             e.failed_in_a_row += 1
             e.last_failure = now
-            if e.failed_in_a_row >= self.bench_after and e.benched_until <= now:
-                e.benched_until = now + self.bench_s
-                e.benchings += 1
-                return True
-            return False
+            if e.failed_in_a_row < self.bench_after:
+                return False
+            newly = e.benched_until <= now
+            e.benched_until = now + self.bench_s  # (benched again from now: a dead server goes to the back)
+            e.benchings += newly
+            return newly
 
     def health(self) -> list[dict]:
         """Each endpoint's state and totals, in the order given."""

@@ -372,7 +372,8 @@ class Trainer:
         save_config(workdir, s.record)
         guard = DivergenceGuard(s.guard, s.learner.updates(s.rollout.rows), s.steps, self.policy,
                                 abstain_abort=s.alarms.abstain_abort, abstain_steps=s.alarms.flat_alarm_steps,
-                                server=s.inference.url, max_failed_fraction=s.inference.max_failed_fraction)
+                                server=s.reward_service or s.inference.url,  # (a service reports its judge's)
+                                max_failed_fraction=s.inference.max_failed_fraction)
         logger = MetricsLogger(workdir, resume_step=start, tensorboard=s.metrics.tensorboard, wandb=s.metrics.wandb,
                                wandb_project=s.metrics.wandb_project, record=s.record, name=workdir.name)
         stop = StopSignals()
