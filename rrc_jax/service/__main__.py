@@ -1,7 +1,7 @@
 """Serve a reward recipe: rewards relative to a group for rollouts any trainer sends (`POST /v1/rewards`).
 
     python -m rrc_jax.service --config=scr.py [--anchors=FILE.json --host=127.0.0.1 --port=8100
-                                               --cohort_timeout_s=120 --max_rollouts=4096 --api_key=TOKEN
+                                               --cohort_timeout_s=100 --max_rollouts=4096 --api_key=TOKEN
                                                --max_body_mb=64 --max_client_requests=8192 --max_group_size=64
                                                --max_open_cohorts=1024 --max_call_rollouts=1024
                                                --max_failed_fraction=F --config.FIELD=VALUE]
@@ -37,7 +37,7 @@ CONFIG = cli.config_flag("scr.py, agr.py", "Reward recipe (a trainer config)")
 _ANCHORS = flags.DEFINE_string("anchors", "", "JSON file: prompt -> its anchors (AGR) or its reference (PRC).")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
 _PORT = flags.DEFINE_integer("port", 8100, "Port to listen on.")
-_TIMEOUT = flags.DEFINE_float("cohort_timeout_s", 120.0, "Seconds a cohort may stay incomplete after its first "
+_TIMEOUT = flags.DEFINE_float("cohort_timeout_s", 100.0, "Seconds a cohort may stay incomplete after its first "
                               "rollout; then it is judged as it is (two rollouts or more) or failed (below the "
                               "clients' own timeouts: OpenRLHF's 180 s, slime's 120 s).")
 _MAX_ROLLOUTS = flags.DEFINE_integer("max_rollouts", 4096, "Most rollouts of one request.")

@@ -1,28 +1,34 @@
 """The reward service's HTTP endpoint: `POST /v1/rewards` (Starlette, run by uvicorn), rewards relative to a group
 for rollouts that arrive one at a time or in any batches, from any trainer.
 
-The request: `{"rollouts": [{"prompt", "completion", "group_size", "group", "request_id", "anchors"}, ...]}` (1
-to `max_rollouts` of them; `group` defaults to the prompt, `request_id` to none, `anchors`, AGR's for the prompt,
-to the service's table). Each rollout joins its group's cohort
+The request: `{"rollouts": [{"prompt", "completion", "group_size", "group", "request_id", "anchors", "seed"},
+...]}` (1 to `max_rollouts` of them; `group` defaults to the prompt, `request_id` to none, `anchors`, AGR's for the
+prompt, to the service's table, `seed` to the service's own stream). Each rollout joins its group's cohort
 (`rrc_jax.service.cohorts`); the request is answered once every one of its rollouts' cohorts has been judged:
-`{"rewards": [...], "cohorts": [...]}` in the request's order (the cohort each rollout was counted in), and
-`"errors"` beside them (null where rewarded) when a cohort failed. A field missing, of the wrong type or unknown is
-a 400 naming it (`rollouts[3].group_size`), a rollout its cohort refuses a 409, and nothing of such a request is
-counted. With an API key a request without its bearer token is a 401; a body too large a 413; a client with too
-many requests in flight a 429 (`make_app`).
+`{"rewards": [...], "cohorts": [...], "judge": {...}}` in the request's order (the cohort each rollout was counted
+in; the judge's counters of the calls that judged them), and `"errors"` beside them (null where rewarded) when a
+cohort failed. A field missing, of the wrong type or unknown, a body that is not JSON, nested too deeply or holding
+a lone surrogate, or a group over `max_group_size` is a 400 naming it (`rollouts[3].group_size`), a rollout its
+cohort refuses a 409, one that would open a cohort beyond `max_open_cohorts` a 429, and nothing of such a request is
+counted. With an API key a request without its bearer token is a 401; a body too large a 413 (read no further);
+a client with too many requests in flight a 429 (`make_app`).
 
 Judging: `reward_cohorts(cohorts)` (blocking: a judge model) runs on one worker thread; the cohorts completed while
-it runs are handed to its next call together, so that concurrent cohorts share the judge's calls. With `per_rollout`
-(a construction whose reward of a rollout does not depend on its group: AGR, PRC) a rollout does not wait for its
-group: it is a cohort of one, judged in the next call with every rollout that arrived meanwhile. With `early` (a
-greedy round robin behind a judge that remembers its judgments: `rrc_jax.service.rewards.Remembered`) the judge,
-when idle, asks the unfinished cohorts' questions so far (the pairs of the rollouts in), whose answers the whole
-cohort's call then reads back; those calls' rewards are dropped (`ServiceStats.early_calls`). A cohort open
-`timeout_s` after its first rollout is judged as it is when it holds two rollouts or more, else each of its rollouts
-is answered with an error naming the group (`CohortStats.expired`; `ServiceStats.failed`). A retried request (the
-same `request_id`s) waits for, or gets, the first one's answers: no cohort counts a rollout twice.
+it runs are handed to its next call together, in turns among the clients (`turns`), so that concurrent cohorts
+share the judge's calls and none holds them. When a call raises, each of its cohorts is judged again alone: a
+cohort's failure stays its own, its cause named. With `per_rollout` (a construction whose reward of a rollout does
+not depend on its group: AGR, PRC) a rollout does not wait for its group: it is a cohort of one, judged in the next
+call with every rollout that arrived meanwhile. With `early` (a greedy round robin behind a judge that remembers
+its judgments: `rrc_jax.service.rewards.Remembered`) the judge, when idle, asks the unfinished cohorts' questions
+so far (the pairs of the rollouts in), whose answers the whole cohort's call then reads back; those calls' rewards
+are dropped (`ServiceStats.early_calls`). A cohort open `timeout_s` after its first rollout is judged as it is when
+it holds two rollouts or more, else each of its rollouts is answered with an error naming the group
+(`CohortStats.expired`; `ServiceStats.failed`). A retried request (the same `request_id`s) waits for, or gets, the
+first one's rewards: no cohort counts a rollout twice; a failure is never kept, so the retry of a failed rollout is
+judged again.
 
-`GET /health` returns the counts (`ServiceStats`, `CohortStats`) and the cohorts open and being judged.
+`GET /health` returns the counts (`ServiceStats`, `CohortStats`) and the cohorts open and being judged;
+`GET /v1/recipe` what the rewards are (a trainer checks it is its own). Both need the API key when there is one.
 
 Shapes: R rollouts a request, G a group's size.
 """
@@ -183,7 +189,7 @@ def turns(ready: Sequence[Cohort], max_rollouts: int) -> tuple[list[Cohort], lis
 class RewardService:
     """`Cohorts` and the worker that judges them (the module docstring). Create and use it on one event loop."""
 
-    def __init__(self, reward_cohorts: RewardCohorts, *, timeout_s: float = 120.0, poll_s: float = 0.5,
+    def __init__(self, reward_cohorts: RewardCohorts, *, timeout_s: float = 100.0, poll_s: float = 0.5,
                  remember: int = 100_000, per_rollout: bool = False, early: bool = False,
                  max_open_cohorts: int = 1 << 30, max_call_rollouts: int = 1024):
         self.reward_cohorts, self.poll_s, self.per_rollout, self.early = reward_cohorts, poll_s, per_rollout, early
@@ -351,7 +357,7 @@ def judge_metrics(answers: Sequence[Answer]) -> dict[str, float]:
     return out
 
 
-def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 120.0, max_rollouts: int = 4096,
+def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 100.0, max_rollouts: int = 4096,
              poll_s: float = 0.5, api_key: str = "", max_body_bytes: int = 64 << 20,
              max_client_requests: int = 8192, group_size: int = 0,
              judge_health: Callable[[], dict] | None = None, per_rollout: bool = False,
