@@ -134,7 +134,8 @@ def test_the_main_job_with_the_served_judge_or_the_reward_service_gives_the_in_p
     judge; `reward.service_url` pointed at the reward service of the same recipe (`recipe_app`, the command's app,
     on the loopback), AGR's anchors the run's own sent with each rollout. The served judge gives the in-process
     run's judge counts and series; the service every metric both runs log (times and its prefill counts aside; the
-    judge's counters come back with each request), judging each rollout once. Neither trainer loads the judge's weights."""
+    judge's counters come back with each request), judging each rollout once. Neither trainer loads the judge's
+    weights."""
     from conftest import read_metrics, tiny_config
 
     import rrc_jax.rl.roles

@@ -21,24 +21,23 @@ is (or failed, a single rollout) and every request taken answered before it stop
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from pathlib import Path
 
 from absl import flags
 
 from rrc_jax import cli
 from rrc_jax.errors import ConfigError
 from rrc_jax.progress import say
-from rrc_jax.service.rewards import recipe_app
+from rrc_jax.service.cohorts import COHORT_TIMEOUT_S
+from rrc_jax.service.rewards import read_columns, recipe_app
 
 CONFIG = cli.config_flag("scr.py, agr.py", "Reward recipe (a trainer config)")
 _ANCHORS = flags.DEFINE_string("anchors", "", "JSON file: prompt -> its anchors (AGR) or its reference (PRC).")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
 _PORT = flags.DEFINE_integer("port", 8100, "Port to listen on.")
-_TIMEOUT = flags.DEFINE_float("cohort_timeout_s", 100.0, "Seconds a cohort may stay incomplete after its first "
-                              "rollout; then it is judged as it is (two rollouts or more) or failed (below the "
+_TIMEOUT = flags.DEFINE_float("cohort_timeout_s", COHORT_TIMEOUT_S, "Seconds a cohort may stay incomplete after "
+                              "its first rollout; then it is judged as it is (two rollouts or more) or failed (below the "
                               "clients' own timeouts: OpenRLHF's 180 s, slime's 120 s).")
 _MAX_ROLLOUTS = flags.DEFINE_integer("max_rollouts", 4096, "Most rollouts of one request.")
 _API_KEY = flags.DEFINE_string("api_key", "", "Bearer token every request must carry (required to listen beyond "
@@ -54,42 +53,6 @@ _MAX_CALL = flags.DEFINE_integer("max_call_rollouts", 1024, "Most rollouts of on
 _MAX_FAILED = flags.DEFINE_float("max_failed_fraction", None, "A judge call whose judge requests failed beyond this "
                                  "share fails its cohorts (default: the recipe's inference.max_failed_fraction).")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def read_columns(path: str, kind: str, columns: tuple[str, ...]) -> dict:
-    """`cohort_rewards`' keyword arguments from the `--anchors` file, for a kind reading `columns`."""
-    if not columns:
-        if path:
-            raise cli.flag_error("anchors", f"reward.kind={kind} reads no anchors or references; drop the flag")
-        return {}
-    if not path:
-        if columns == ("anchors",):  # then each request brings its prompts' anchors (a trainer's own samples)
-            say(f"no --anchors: every rollout of reward.kind={kind} must bring its prompt's anchors")
-            return {}
-        raise cli.flag_error("anchors", f"reward.kind={kind} needs each prompt's {' and '.join(columns)}: a JSON "
-                             "file mapping each prompt to them")
-    try:
-        table = json.loads(Path(path).expanduser().read_text())
-    except (OSError, ValueError) as e:
-        raise cli.flag_error("anchors", str(e)) from None
-    if not isinstance(table, dict):
-        raise cli.flag_error("anchors", f"a JSON object mapping prompts, not a {type(table).__name__}")
-    if "anchors" in columns:
-        bad = next((p for p, a in table.items() if not (isinstance(a, list) and a and
-                                                        all(isinstance(x, str) for x in a))), None)
-        if bad is not None:
-            raise cli.flag_error("anchors", f"prompt {bad[:60]!r} maps to {str(table[bad])[:60]!r}, not a list of "
-                                 "texts")
-        sizes = {len(a) for a in table.values()}
-        if len(sizes) > 1:  # (AGR's rewards count anchors beaten: every prompt is judged against as many)
-            first = {n: p for p, a in table.items() for n in [len(a)]}
-            raise cli.flag_error("anchors", "every prompt needs the same number of anchors; "
-                                 + ", ".join(f"prompt {first[n][:40]!r} has {n}" for n in sorted(sizes)))
-        return {"anchors": table}
-    bad = next((p for p, r in table.items() if not (isinstance(r, str) and r)), None)
-    if bad is not None:
-        raise cli.flag_error("anchors", f"prompt {bad[:60]!r} maps to {table[bad]!r}, not a reference text")
-    return {"references": table}
 
 
 def serve(s) -> None:

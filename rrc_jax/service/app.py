@@ -45,7 +45,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 
-from rrc_jax.service.cohorts import Answer, Cohort, CohortError, Cohorts, Rollout
+from rrc_jax.service.cohorts import COHORT_TIMEOUT_S, Answer, Cohort, CohortError, Cohorts, Rollout
 from rrc_jax.service.protocols import PATHS, PROTOCOLS, BadRequest
 
 try:
@@ -189,7 +189,7 @@ def turns(ready: Sequence[Cohort], max_rollouts: int) -> tuple[list[Cohort], lis
 class RewardService:
     """`Cohorts` and the worker that judges them (the module docstring). Create and use it on one event loop."""
 
-    def __init__(self, reward_cohorts: RewardCohorts, *, timeout_s: float = 100.0, poll_s: float = 0.5,
+    def __init__(self, reward_cohorts: RewardCohorts, *, timeout_s: float = COHORT_TIMEOUT_S, poll_s: float = 0.5,
                  remember: int = 100_000, per_rollout: bool = False, early: bool = False,
                  max_open_cohorts: int = 1 << 30, max_call_rollouts: int = 1024):
         self.reward_cohorts, self.poll_s, self.per_rollout, self.early = reward_cohorts, poll_s, per_rollout, early
@@ -357,7 +357,7 @@ def judge_metrics(answers: Sequence[Answer]) -> dict[str, float]:
     return out
 
 
-def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = 100.0, max_rollouts: int = 4096,
+def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = COHORT_TIMEOUT_S, max_rollouts: int = 4096,
              poll_s: float = 0.5, api_key: str = "", max_body_bytes: int = 64 << 20,
              max_client_requests: int = 8192, group_size: int = 0,
              judge_health: Callable[[], dict] | None = None, per_rollout: bool = False,

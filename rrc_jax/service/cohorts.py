@@ -29,6 +29,9 @@ import time
 from collections.abc import Callable, Sequence
 
 
+COHORT_TIMEOUT_S = 100.0  # a service's default: below its clients' own timeouts (OpenRLHF's 180 s, slime's 120 s)
+
+
 class CohortError(ValueError):
     """A rollout the cohorts refuse; the message names the field and the group. `status`: the HTTP status a service
     answers with (409: it contradicts its cohort; 429: too many cohorts open)."""

@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
+from rrc_jax.constructions.served import recipe
+from rrc_jax.errors import ConfigError
 from rrc_jax.inference.openai_engine import failure_text
 from rrc_jax.inference.sampler import SampleOutput, SamplingParams
 from rrc_jax.integrations.groups import GroupRewards, Row, judge_for
+from rrc_jax.progress import say
 from rrc_jax.rl.roles import Roles
 from rrc_jax.service.cohorts import Answer, Cohort, Rollout
 
@@ -127,6 +132,45 @@ def cohort_rewards(rewards: GroupRewards, *, anchors: Mapping[str, Sequence[str]
     return reward_cohorts
 
 
+def read_columns(path: str, kind: str, columns: tuple[str, ...]) -> dict:
+    """`cohort_rewards`' keyword arguments from the `--anchors` file at `path`, for a kind reading `columns` (a
+    one-line `ConfigError` naming the flag)."""
+    def refuse(message: str) -> ConfigError:
+        return ConfigError(f"--anchors={path}: {message}")
+
+    if not columns:
+        if path:
+            raise refuse(f"reward.kind={kind} reads no anchors or references; drop the flag")
+        return {}
+    if not path:
+        if columns == ("anchors",):  # then each request brings its prompts' anchors (a trainer's own samples)
+            say(f"no --anchors: every rollout of reward.kind={kind} must bring its prompt's anchors")
+            return {}
+        raise refuse(f"reward.kind={kind} needs each prompt's {' and '.join(columns)}: a JSON file mapping each "
+                     "prompt to them")
+    try:
+        table = json.loads(Path(path).expanduser().read_text())
+    except (OSError, ValueError) as e:
+        raise refuse(str(e)) from None
+    if not isinstance(table, dict):
+        raise refuse(f"a JSON object mapping prompts, not a {type(table).__name__}")
+    if "anchors" in columns:
+        bad = next((p for p, a in table.items() if not (isinstance(a, list) and a and
+                                                        all(isinstance(x, str) for x in a))), None)
+        if bad is not None:
+            raise refuse(f"prompt {bad[:60]!r} maps to {str(table[bad])[:60]!r}, not a list of texts")
+        sizes = {len(a) for a in table.values()}
+        if len(sizes) > 1:  # (AGR's rewards count anchors beaten: every prompt is judged against as many)
+            first = {n: p for p, a in table.items() for n in [len(a)]}
+            raise refuse("every prompt needs the same number of anchors; "
+                         + ", ".join(f"prompt {first[n][:40]!r} has {n}" for n in sorted(sizes)))
+        return {"anchors": table}
+    bad = next((p for p, r in table.items() if not (isinstance(r, str) and r)), None)
+    if bad is not None:
+        raise refuse(f"prompt {bad[:60]!r} maps to {table[bad]!r}, not a reference text")
+    return {"references": table}
+
+
 def recipe_app(s, columns: dict | None = None, *, max_failed_fraction: float | None = None, **limits):
     """The reward service's app (`make_app`, with `limits`) for a recipe (`s`: a trainer config's settings): its
     GRM as a judge (in this process, or asked of `inference.url`'s servers with `inference.engine=openai`), its
@@ -134,7 +178,6 @@ def recipe_app(s, columns: dict | None = None, *, max_failed_fraction: float | N
     unfinished cohorts' pairs early (`Remembered`). A call whose judge requests failed beyond `max_failed_fraction`
     (default: the recipe's `inference.max_failed_fraction`) fails its cohorts. `GET /v1/recipe` answers the
     recipe (`rrc_jax.constructions.served.recipe`); `app.state.grm` names the GRM."""
-    from rrc_jax.constructions.served import recipe
     from rrc_jax.service.app import make_app  # the serve extra (starlette)
 
     kind, j = s.reward_kind, s.judge
