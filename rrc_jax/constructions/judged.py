@@ -67,7 +67,8 @@ def judge_metrics(judge: Judge) -> dict[str, float]:
         per_vote = s["judge_tokens"] / s["questions"] if s["questions"] else 0.0
         skipped = {"judge/vote_rounds": s["vote_rounds"], "judge/votes_skipped": s["votes_skipped"],
                    "judge/tokens_saved_estimate": s["votes_skipped"] * per_vote}
-    return {**skipped, "judge/questions": s["questions"], "judge/tokens": s["judge_tokens"],
+    forced = {"judge/forced_verdicts": s["forced_verdicts"]} if judge.config.force_verdicts else {}
+    return {**skipped, **forced, "judge/questions": s["questions"], "judge/tokens": s["judge_tokens"],
             "judge/abstain_rate": s["abstain_rate"], "judge/position_consistency": s["position_consistency"],
             "judge/prefill_tokens": s["prefill_tokens"], "judge/prefill_tokens_saved": s["prefill_tokens_saved"],
             "judge/too_long": s["too_long"],

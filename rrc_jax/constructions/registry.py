@@ -70,6 +70,10 @@ def check_reward(s) -> None:
                           f"reward.kind={kind!r} does not score; leave data.format empty for a prompt "
                           "file (reward kinds that train a judge: "
                           f"{', '.join(k for k, c in CONSTRUCTIONS.items() if c.questions)} or a plug-in)")
+    if s.judge.force_verdicts and "grm" in cls.roles(s) and s.inference.engine != "jax":
+        raise ConfigError(f"config.reward.judge.force_verdicts: a forced verdict is read from the judge's next-token "
+                          f"log-probs, which inference.engine={s.inference.engine!r} (a completions server) does not "
+                          "return; use inference.engine='jax' or set force_verdicts=False")
     cls.check(s)
 
 

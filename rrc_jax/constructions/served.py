@@ -67,7 +67,7 @@ def recipe(s, kind: str | None = None) -> dict:
     settings = s.constructions.get(kind)
     j = s.judge
     judge = {"template": str(j.template), "max_new_tokens": j.max_new_tokens, "temperature": j.temperature,
-             "top_p": j.top_p, "top_k": j.top_k, "votes": j.votes, "swap": j.swap}
+             "top_p": j.top_p, "top_k": j.top_k, "votes": j.votes, "swap": j.swap, "force_verdicts": j.force_verdicts}
     return json.loads(json.dumps({
         "kind": kind, "settings": dataclasses.asdict(settings) if settings is not None else {},
         "group_size": s.rollout.group_size, "judge": judge,

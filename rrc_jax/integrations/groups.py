@@ -208,13 +208,17 @@ def rows_of(prompts: Sequence, completions: Sequence, anchors: Sequence | None =
 
 
 def judge_for(model: str, *, url: str = "", template: str = "rrc_pairwise_cot", max_new_tokens: int = 512,
-              temperature: float = 1.0, seed: int = 0, max_batch: int = 256, **engine_options) -> Judge:
+              temperature: float = 1.0, seed: int = 0, max_batch: int = 256, force_verdicts: bool = False,
+              **engine_options) -> Judge:
     """The GRM in the Hugging Face directory `model` as a `Judge`: in this process on the JAX engine, or, with
     `url`, asked over HTTP (`inference.engine=openai`: `python -m rrc_jax.serve --model=DIR` or vLLM serving it;
     the directory then needs only its config.json and tokenizer: no weight is read; the server is asked once here
     whether it answers, `OpenAISampler.probe`). `engine_options` go to the HTTP engine (`api_model`,
     `concurrency`, `prompts_per_request`, `timeout_s`, `retries`)."""
     tokenizer = load_tokenizer(model)
+    if url and force_verdicts:
+        raise ValueError("judge_for: force_verdicts reads the judge's next-token log-probs, which a served judge "
+                         "(url) does not return; judge in this process")
     if url:
         sampler = make_sampler("grm", decoder_config(model), tokenizer,
                                engine={"engine": "openai", "url": url, **engine_options})
@@ -224,4 +228,4 @@ def judge_for(model: str, *, url: str = "", template: str = "rrc_pairwise_cot", 
             raise TypeError(f"judge_for: {', '.join(engine_options)} are options of a served judge (give url=...)")
         sampler = make_sampler("grm", load_hf(model), tokenizer, max_batch=max_batch)
     return Judge(sampler, tokenizer, JudgeConfig(template=template, max_new_tokens=max_new_tokens,
-                                                 temperature=temperature, seed=seed))
+                                                 temperature=temperature, seed=seed, force_verdicts=force_verdicts))

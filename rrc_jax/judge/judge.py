@@ -20,6 +20,12 @@ appends one record: `prompt` (the caller's prompt index), the caller's `tags` of
 as shown and `winner` in the caller's order for pairwise votes; `p_a` for PRC; `score` for pointwise questions);
 an over-long question's record also says `too_long: True`.
 
+Forced verdicts (`JudgeConfig.force_verdicts`, off by default; a small judge that writes prose and no `[[A]]`): a
+pairwise judgment that ends without a verdict is read once more with the template's `verdict_prefix` appended, and
+its verdict is the likelier of the "A" and "B" tokens at the next position (`verdict_token_ids`), counted in
+`forced_verdicts` (its trace record says `forced: True`). Only a question too long for that read stays an
+abstention. The read needs the next token's log-probs: an in-process judge.
+
 A/B swapping (beyond the paper, against position bias): with `swap=True` the V votes of a pair alternate between
 the two orders. Which order vote 0 uses alternates across pairs (`orders`): for SCR by the parity of
 `b + i + j`, for AGR of `b + i + k`. With odd V one order gets the extra vote, and this choice keeps it from
@@ -61,8 +67,9 @@ class JudgeConfig:
     defaults; `evaluate_rm`, `judge` and `integrations.judge_for` make one from their arguments). `template`: a
     name, a `.json` / `.yaml` file or a `JudgeTemplate`; `direct_template` (PRC without thinking) defaults to the
     template's own direct variant. `temperature=0` is greedy; `max_new_tokens` bounds the reasoning plus the verdict
-    (a judgment cut off before its verdict abstains). `seed` starts the stream of its draws (a run's judge: the
-    run's seed, reseeded every step); neither it nor `direct_template` is a config field."""
+    (a judgment cut off before its verdict abstains, unless `force_verdicts` reads one: the module docstring).
+    `seed` starts the stream of its draws (a run's judge: the run's seed, reseeded every step); neither it nor
+    `direct_template` is a config field."""
 
     template: str | JudgeTemplate = "rrc_pairwise_cot"
     direct_template: str | JudgeTemplate | None = not_in_config(None)
@@ -70,6 +77,7 @@ class JudgeConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    force_verdicts: bool = False
     seed: int = not_in_config(0)
 
     def __post_init__(self):
@@ -97,7 +105,7 @@ class JudgeMetrics:
     truncated: int = 0            # judgments cut off at max_new_tokens
     swap_couples: int = 0         # (original, swapped) vote couples where both verdicts parsed
     swap_consistent: int = 0      # ... and agreed once the swapped one was flipped back
-    forced_verdicts: int = 0      # preference_prob: no verdict in the reasoning, verdict prefix appended
+    forced_verdicts: int = 0      # no verdict in the judgment: the verdict prefix appended and read (module docstring)
     vote_rounds: int = 0          # early-stopped voting: rounds asked (0: every vote asked at once)
     votes_skipped: int = 0        # ... and votes not asked, their pair's outcome already decided
     seconds: float = 0.0
@@ -313,7 +321,8 @@ class Judge:
         asked = np.zeros(k, np.int64)
         want = np.full(k, votes, np.int64) if outcome is None else votes_to_decide(wins, losses, asked + votes,
                                                                                    outcome)
-        ballots: list[tuple] = []  # (pair, vote, swapped, text, verdict, first wins, too long) of every vote asked
+        # (pair, vote, swapped, text, verdict, first wins, too long, forced) of every vote asked
+        ballots: list[tuple] = []
         while True:
             todo = [(p, v) for p in range(k) for v in range(asked[p], asked[p] + want[p])]
             swapped = [swap and (v + orders[p]) % 2 == 1 for p, v in todo]
@@ -321,10 +330,12 @@ class Judge:
                      for (p, _), s in zip(todo, swapped)]
             texts, questions = self._complete(template, prompts, [owners[p] for p, _ in todo], items,
                                               streams=[p * votes + v for p, v in todo], key=key)
-            for (p, v), s, t, long in zip(todo, swapped, texts, questions.too_long):
-                verdict = None if long else parse_verdict(t)
+            verdicts = [None if long else parse_verdict(t) for t, long in zip(texts, questions.too_long)]
+            forced = self._forced(template, questions, texts, verdicts) if self.config.force_verdicts else set()
+            for q, ((p, v), s, t, long) in enumerate(zip(todo, swapped, texts, questions.too_long)):
+                verdict = verdicts[q]
                 first = (verdict == "B") if s else (verdict == "A")
-                ballots.append((p, v, s, t, verdict, first, bool(long)))
+                ballots.append((p, v, s, t, verdict, first, bool(long), q in forced))
                 counter = abstains if verdict is None else (wins if first else losses)
                 counter[p] += 1
             asked += want
@@ -339,17 +350,36 @@ class Judge:
         ballots.sort(key=lambda x: (x[0], x[1]))  # full voting's order
         self._swap_couples(ballots)
         log = [Vote(p, v, s, t, verdict, None if verdict is None else ("a" if first else "b"))
-               for p, v, s, t, verdict, first, _ in ballots]
+               for p, v, s, t, verdict, first, *_ in ballots]
         tags = [{"pair": p} for p in range(k)] if tags is None else tags
         self._record([owners[x.pair] for x in log], [tags[x.pair] for x in log], [
             {"vote": x.vote, "swapped": x.swapped, "text": x.text, "verdict": x.verdict, "winner": x.winner}
-            | _too_long_mark(b[-1]) for x, b in zip(log, ballots)])
+            | _too_long_mark(b[6]) | ({"forced": True} if b[7] else {}) for x, b in zip(log, ballots)])
         return PairVotes(wins, losses, abstains), log
+
+    def _forced(self, template: JudgeTemplate, questions: Questions, texts: Sequence[str],
+                verdicts: list[str | None]) -> set[int]:
+        """Read a verdict where a judgment wrote none (module docstring, "Forced verdicts"): `verdicts` filled in
+        place; returns the questions forced. Every host reads (a collective call), with or without questions."""
+        token_a, token_b = self.verdict_token_ids(template.verdict_prefix)
+        todo = [q for q, (v, long) in enumerate(zip(verdicts, questions.too_long)) if v is None and not long]
+        reads = [(questions.suffixes[q][0], list(questions.suffixes[q][1]) + encode_text(
+            self.tokenizer, texts[q].rstrip() + "\n" + template.verdict_prefix, first=False)) for q in todo]
+        fits = ~self._too_long(questions.prefixes, reads, 1)
+        todo, reads = [q for q, ok in zip(todo, fits) if ok], [r for r, ok in zip(reads, fits) if ok]
+        t0 = time.perf_counter()
+        logp = self.sampler.next_token_logprobs(questions.prefixes, reads, [token_a, token_b],
+                                                splits=[questions.splits[q] for q in todo])
+        self.metrics.seconds += time.perf_counter() - t0
+        for q, (a, b) in zip(todo, np.asarray(logp).reshape(len(todo), 2)):
+            verdicts[q] = "A" if a >= b else "B"
+        self.metrics.forced_verdicts += len(todo)
+        return set(todo)
 
     def _swap_couples(self, ballots: list[tuple]) -> None:
         """Count the couples (vote 2t, vote 2t + 1) of a pair, one in each order, both asked and parsed, and
         those that agree once the swapped one is flipped back (`position_consistency`)."""
-        by_vote = {(p, v): (s, verdict, first) for p, v, s, _, verdict, first, _ in ballots}
+        by_vote = {(p, v): (s, verdict, first) for p, v, s, _, verdict, first, *_ in ballots}
         for (p, v), (s, verdict, first) in by_vote.items():
             other = by_vote.get((p, v + 1)) if v % 2 == 0 else None
             if other is None or other[0] == s or verdict is None or other[1] is None:

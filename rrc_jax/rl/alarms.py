@@ -99,7 +99,10 @@ class Alarms:
                                   f"{self.abstain_alarm}); abstentions score as ties, so these rewards carry little "
                                   f"signal. Read the judgments in {self.workdir}/samples/: check that "
                                   "reward.judge.template is the format the GRM was trained on and that "
-                                  "reward.judge.max_new_tokens leaves room for the verdict")
+                                  "reward.judge.max_new_tokens leaves room for the verdict"
+                                  + ("" if metrics.get("judge/forced_verdicts") is not None else
+                                     "; a judge that writes no verdict can be read one: "
+                                     "reward.judge.force_verdicts=True"))
         self.flat_run = self.flat_run + [step] if metrics.get("reward/zero_signal") == 1.0 else []
         if self.flat_steps and len(self.flat_run) >= self.flat_steps:
             self._warn("flat", f"every group's reward was flat for {len(self.flat_run)} steps in a row (steps "

@@ -184,8 +184,12 @@ def recipe_app(s, columns: dict | None = None, *, max_failed_fraction: float | N
     settings = s.constructions.get(kind)
     grm = Roles.of_run(s).path("grm")
     served = s.inference.options("grm")  # the judge's servers (a pool), or none: the judge in this process
+    if served and j.force_verdicts:
+        raise ConfigError("config.reward.judge.force_verdicts: a forced verdict is read from the judge's next-token "
+                          "log-probs, which its servers (inference.engine='openai') do not return; judge in this "
+                          "process or set force_verdicts=False")
     judge = judge_for(str(grm), template=j.template, max_new_tokens=j.max_new_tokens, temperature=j.temperature,
-                      seed=s.seed, **(served or {"max_batch": j.max_batch}))
+                      seed=s.seed, force_verdicts=j.force_verdicts, **(served or {"max_batch": j.max_batch}))
     # a greedy round robin's unfinished cohorts are asked early: their pairs' judgments are remembered
     early = kind == "scr" and settings.ordering == "round_robin" and j.temperature == 0
     if early:

