@@ -45,6 +45,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 
+from rrc_jax.rl.dynamic_sampling import merge_metrics
 from rrc_jax.service.cohorts import COHORT_TIMEOUT_S, Answer, Cohort, CohortError, Cohorts, Rollout
 from rrc_jax.service.protocols import PATHS, PROTOCOLS, BadRequest
 
@@ -341,20 +342,16 @@ def _same_token(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
 
 
-def judge_metrics(answers: Sequence[Answer]) -> dict[str, float]:
-    """The judge's counters behind `answers` (`Answer.metrics`, one dict a construction call): summed over the
-    calls, each counted once; rates (`_rate`, `position_consistency`) averaged; None where undefined (JSON has no
-    NaN)."""
+def judge_metrics(answers: Sequence[Answer]) -> dict[str, float | None]:
+    """The judge's counters behind `answers` (`Answer.metrics`, one dict a construction call, each counted once),
+    merged as a step's draws are (`rrc_jax.rl.dynamic_sampling.merge_metrics`: totals summed, the rest averaged);
+    None where undefined (JSON has no NaN)."""
     calls = list({id(a.metrics): a.metrics for a in answers if a.metrics}.values())
-    out: dict[str, float] = {}
-    for name in dict.fromkeys(k for m in calls for k in m):
-        values = [float(m[name]) for m in calls if name in m]
-        rate = name.endswith("_rate") or name.endswith("consistency")
-        finite = [v for v in values if math.isfinite(v)]
-        out[name] = (sum(finite) / len(finite) if finite else None) if rate else sum(values)
-        if out[name] is not None and not math.isfinite(out[name]):
-            out[name] = None
-    return out
+    if not calls:
+        return {}
+    keys = dict.fromkeys(k for m in calls for k in m)
+    merged = merge_metrics([{k: m.get(k, math.nan) for k in keys} for m in calls])
+    return {k: v if math.isfinite(v) else None for k, v in merged.items()}
 
 
 def make_app(reward_cohorts: RewardCohorts, *, timeout_s: float = COHORT_TIMEOUT_S, max_rollouts: int = 4096,
