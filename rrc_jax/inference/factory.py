@@ -7,7 +7,8 @@ policy's rollout, the reference's anchors, the GRM's judge) with the engine the 
   `layout`): every role.
 - `openai` (`rrc_jax.inference.openai_engine.OpenAISampler`): the judge asks an OpenAI-compatible server, or a
   pool of them (`inference.url`, comma-separated; `api_model`, `concurrency`, `prompts_per_request`, `timeout_s`,
-  `retries`, `bench_after`, `bench_s`: `rrc_jax.inference.pool`; a run stops when
+  `retries`, `bench_after`, `bench_s`: `rrc_jax.inference.pool`; `prompt_format`, `extra_body` for servers that
+  take text prompts only, such as `transformers serve`; a run stops when
   more than `max_failed_fraction` of a step's requests fail). It serves the `grm` role only
   (`ENGINE_ROLES`); the rollout and the reference's anchors stay on the JAX engine, which they need (the learner
   reads the rollout's log-probs, and the rollout follows the policy's every update).
@@ -22,14 +23,15 @@ attaches (docs/design.md, section 2, "Samplers, one per role").
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference.engine import JaxSampler
-from rrc_jax.inference.openai_engine import OpenAISampler, check_urls
+from rrc_jax.inference.openai_engine import PROMPT_FORMATS, OpenAISampler, check_urls
 from rrc_jax.inference.sampler import Sampler
-from rrc_jax.settings import at_least, field_error
+from rrc_jax.settings import at_least, field_error, one_of
 from rrc_jax.sharding import ROLES
 
 ENGINES: dict[str, Callable[..., Sampler]] = {"jax": JaxSampler, "openai": OpenAISampler}
@@ -44,7 +46,8 @@ class InferenceConfig:
     carries (`prompts_per_request`), each attempt's limit (`timeout_s`), the attempts after the first (`retries`,
     on another server of a pool where there is one), how many failed attempts in a row bench a server of a pool
     (`bench_after`) and for how long (`bench_s`), and the share of a step's requests that may fail before the run
-    stops (`max_failed_fraction`; 1: never, `rrc_jax.rl.guard`)."""
+    stops (`max_failed_fraction`; 1: never, `rrc_jax.rl.guard`); whether prompts go as token ids or text
+    (`prompt_format`; "auto": the probe's choice) and a request's further fields (`extra_body`, a JSON object)."""
 
     GROUP: ClassVar[str] = "inference"
     engine: str = "jax"
@@ -57,6 +60,8 @@ class InferenceConfig:
     bench_after: int = 3
     bench_s: float = 30.0
     max_failed_fraction: float = 0.5
+    prompt_format: str = "auto"  # "ids", "text" (servers that take strings only), "auto": the probe's choice
+    extra_body: str = ""  # a JSON object added to every request (a server's own fields)
 
     def __post_init__(self):
         check_engine(self.engine)
@@ -75,9 +80,23 @@ class InferenceConfig:
             raise field_error("inference", "bench_s", f"{self.bench_s} must be >= 0")
         if not self.timeout_s > 0:
             raise field_error("inference", "timeout_s", f"{self.timeout_s} must be > 0")
+        one_of("inference", "prompt_format", self.prompt_format, PROMPT_FORMATS)
+        self.body()
         if not 0 <= self.max_failed_fraction <= 1:
             raise field_error("inference", "max_failed_fraction", f"{self.max_failed_fraction} must be in [0, 1] (a "
                               "share of a step's requests; 1: never stop)")
+
+    def body(self) -> dict:
+        """`extra_body` as a dict; a one-line `ConfigError` unless it is a JSON object."""
+        try:
+            body = json.loads(self.extra_body) if self.extra_body else {}
+        except ValueError as e:
+            raise field_error("inference", "extra_body", f"{self.extra_body!r} is not JSON ({e})") from None
+        if not isinstance(body, dict):
+            raise field_error("inference", "extra_body", f"{self.extra_body!r} is not a JSON object of a "
+                              "request's fields, e.g. {\"generation_config\": \"{\\\"do_sample\\\": true}\"} "
+                              "(transformers serve)")
+        return body
 
     def engine_for(self, role: str) -> str:
         """The engine that builds `role`'s sampler: `engine` where it serves the role, else `jax`."""
@@ -90,7 +109,7 @@ class InferenceConfig:
         return {"url": self.url, "api_model": self.api_model, "concurrency": self.concurrency,
                 "prompts_per_request": self.prompts_per_request,
                 "timeout_s": self.timeout_s, "retries": self.retries, "bench_after": self.bench_after,
-                "bench_s": self.bench_s}
+                "bench_s": self.bench_s, "prompt_format": self.prompt_format, "extra_body": self.body()}
 
 
 def check_engine(engine: str) -> None:

@@ -6,7 +6,18 @@ Each different question of `complete` (a pair's votes in one order are one quest
 prompt of `generate` (`n` = the group size), is a prompt of a request: its token ids, which vLLM and SGLang take as
 they are (nothing is tokenized again on the server). A request carries up to `prompts_per_request` consecutive
 prompts with the same `n` (the completions API's list `prompt`), so that a server batches a call's questions as
-the in-process engine does instead of a few at a time; `concurrency` threads send them. Reusing the prefix many
+the in-process engine does instead of a few at a time; `concurrency` threads send them.
+
+Servers that take text only (`transformers serve`, Ollama, many hosted endpoints) are sent text (`prompt_format`
+"text"; "auto", the default, lets the probe choose from the server's answer): a prompt's ids decoded with their
+special tokens, one prompt and one sample a request (such servers ignore `n` and refuse a list of prompts), sample
+j of a prompt with its stream's seed + j, and only the legacy completions API's own fields (`model`, `prompt`,
+`max_tokens`, `temperature`, `top_p`, `seed`; a row ends where the model's own end tokens end it, as the server's
+generation config says: a stop string in `stop` is matched on text, which tokenizers of special tokens only break)
+plus `extra_body` (a server's own fields: for
+`transformers serve`, which samples only where `do_sample` is set, `{"generation_config": "{\"do_sample\":
+true}"}`). The server tokenizes the text again: a prompt whose text does not tokenize back to its ids with the
+judge's tokenizer is counted (`stats.retokenized`, `judge/retokenized_prompts`), never silently sent as another. Reusing the prefix many
 questions share (the judge's `[instruction, prompt]`) is the server's business: vLLM's automatic prefix caching
 does it, `rrc_jax.serve` prefills a batch's shared prefixes once, and so this engine has no `prefix_reuse`.
 
@@ -18,7 +29,10 @@ per server are counted (`judge/endpoint<i>_attempts`, `_failed`, `_benched`).
 Before a run asks anything, `probe()` checks every server once (`rrc_jax.inference.factory.role_sampler` calls it):
 `GET /v1/models` must list `api_model` and a one-token completion must come back as a completion; a server that is
 down, serves another model or is not a completions server (an HTML page with status 200) is a one-line
-`ConfigError` naming the URL, the model and what came back.
+`ConfigError` naming the URL, the model and what came back. With `prompt_format` "auto" a server that refuses the
+token-id completion (an HTTP error: `400 prompt must be a string`) is asked again in text; the sampler sends text
+when every server took it, and says so in one log line naming the refusal; a server that refuses both is a
+`ConfigError` naming both refusals.
 
 During a run a failed request is an abstention, never a crash and never a silent zero. A request that fails is
 retried `retries` times (on another server when there is one; on the same one after `backoff_s`, doubling); one
@@ -59,10 +73,14 @@ from rrc_jax.errors import ConfigError
 from rrc_jax.inference.pool import Attempt, EndpointPool
 from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix
 from rrc_jax.models import stop_tokens
+from rrc_jax.progress import say
 
 # Options the callers pass to every engine that only the JAX engine uses: the server batches, places and reuses
 # prefixes itself.
 JAX_ENGINE_OPTIONS = ("max_batch", "max_batch_tokens", "prefix_reuse", "layout")
+
+
+PROMPT_FORMATS = ("auto", "ids", "text")  # `prompt_format`: chosen by the probe, token ids, or text
 
 
 # How a request failed, by its last attempt: the `HttpStats` counter (and `judge/<counter>` metric) of each kind, and
@@ -89,18 +107,21 @@ class HttpStats(SamplerStats):
     http_errors: int = 0
     garbled: int = 0
     retries: int = 0
+    retokenized: int | None = None  # text prompts that do not tokenize back to their ids (None: ids are sent)
     endpoints: list[list[int]] = dataclasses.field(default_factory=list)
 
     def reset(self) -> None:
-        servers = len(self.endpoints)
+        servers, text = len(self.endpoints), self.retokenized is not None
         super().reset()
         self.endpoints = [[0, 0, 0] for _ in range(servers)]
+        self.retokenized = 0 if text else None
 
     def failures(self) -> dict[str, int]:
         per_server = {f"endpoint{i}_{name}": n for i, counts in enumerate(self.endpoints)
                       for name, n in zip(("attempts", "failed", "benched"), counts)} if len(self.endpoints) > 1 else {}
+        text = {} if self.retokenized is None else {"retokenized_prompts": self.retokenized}
         return {"requests": self.calls, "failed_requests": self.failed, "unanswered_questions": self.unanswered,
-                **{counter: getattr(self, counter) for counter, _ in FAILURES.values()}, **per_server}
+                **{counter: getattr(self, counter) for counter, _ in FAILURES.values()}, **per_server, **text}
 
 
 def failure_text(counts: Mapping[str, float]) -> str:
@@ -169,6 +190,9 @@ class OpenAISampler:
       bench_after, bench_s: a server whose `bench_after` attempts in a row failed is left out for `bench_s` s.
       context_length: the most tokens a row may hold on the server (default: the model's positions; None when
         unknown: nothing is checked here).
+      prompt_format: `PROMPT_FORMATS`: "ids" (token ids, a list of prompts and `n` a request), "text" (a string
+        and one sample a request; the module docstring), or "auto": what the probe finds (ids until it runs).
+      extra_body: fields added to every request's body (a server's own settings).
 
     After each `complete` call, `last_failed` `[Q]` (bool, in the order of its suffixes) marks the questions left
     unanswered: their request failed after every retry (an empty row, an abstention). A caller that caches
@@ -179,7 +203,8 @@ class OpenAISampler:
                  api_model: str = "", concurrency: int = 16, prompts_per_request: int = 32, timeout_s: float = 60.0,
                  retries: int = 2, backoff_s: float = 0.5, bench_after: int = 3, bench_s: float = 30.0,
                  stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None,
-                 context_length: int | None = None, **jax_engine_options):
+                 context_length: int | None = None, prompt_format: str = "auto",
+                 extra_body: Mapping | None = None, **jax_engine_options):
         unknown = sorted(set(jax_engine_options) - set(JAX_ENGINE_OPTIONS))
         if unknown:
             raise TypeError(f"OpenAISampler: unknown options {', '.join(unknown)}")
@@ -193,7 +218,11 @@ class OpenAISampler:
             raise ValueError(f"OpenAISampler: need concurrency >= 1, prompts_per_request >= 1, timeout_s > 0, "
                              f"retries >= 0, backoff_s >= 0; got {concurrency}, {prompts_per_request}, {timeout_s}, "
                              f"{retries}, {backoff_s}")
+        if prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"OpenAISampler: prompt_format {prompt_format!r} is not one of "
+                             f"{', '.join(PROMPT_FORMATS)}")
         self.tokenizer, self.role = tokenizer, role
+        self.prompt_format, self.extra_body = prompt_format, dict(extra_body or {})
         self.api_model = api_model
         self.concurrency, self.prompts_per_request = concurrency, prompts_per_request
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
@@ -205,7 +234,8 @@ class OpenAISampler:
         if context_length is None and cfg is not None:
             context_length = int(cfg.max_position_embeddings)
         self.context_length = context_length
-        self.stats = HttpStats(endpoints=[[0, 0, 0] for _ in self.pool.endpoints])
+        self.stats = HttpStats(endpoints=[[0, 0, 0] for _ in self.pool.endpoints],
+                               retokenized=0 if prompt_format == "text" else None)
         self.last_failed = np.zeros(0, bool)
 
     def update_weights(self, params) -> int:
@@ -294,17 +324,33 @@ class OpenAISampler:
 
     def probe(self) -> None:
         """Ask each server once (the module docstring): a `ConfigError` naming the URL, the model and what came
-        back unless it lists `api_model` and answers a one-token completion. A server's `max_model_len` lowers
-        `context_length` to it (a question that does not fit is then not sent: `rrc_jax.judge`)."""
-        for server in self.pool.endpoints:
-            self._probe(server.url)
+        back unless it lists `api_model` and answers a one-token completion in the prompt format the sampler sends
+        (with "auto": token ids, else text where some server refused ids and every one takes text). A server's
+        `max_model_len` lowers `context_length` to it (a question that does not fit is then not sent:
+        `rrc_jax.judge`)."""
+        formats = ["ids", "text"] if self.prompt_format == "auto" else [self.prompt_format]
+        refused = {url: self._probe(url, formats) for url in (server.url for server in self.pool.endpoints)}
+        text = next((f"{url} refused token ids ({failure})" for url, failure in refused.items() if failure), "")
+        if text:
+            say(f"the judge server {text}; sending text prompts (config.inference.prompt_format=text)")
+        self._use_format("text" if text or formats == ["text"] else "ids")
 
-    def _probe(self, url: str) -> None:
+    def _use_format(self, prompt_format: str) -> None:
+        self.prompt_format = prompt_format
+        self.stats.retokenized = 0 if prompt_format == "text" else None
+
+    def _probe(self, url: str, formats: list[str]) -> RequestFailed | None:
+        """Check the server at `url` in the first of `formats` it takes: None when it took the first, else the first's
+        refusal (an HTTP error: the server answered)."""
         where = f"the judge server {url} (model {self.api_model or '(the server default)'!r})"
 
         def fix(failure: RequestFailed) -> str:
             if failure.kind in ("garbled", "not_found"):  # something answers there, not a completions server
                 return "is config.inference.url the base URL of an OpenAI-compatible server?"
+            if failure.kind == "http_error":  # it answered, and refused what was asked
+                other = {"ids": "text", "text": "ids"}.get(self.prompt_format)
+                return ("the server is up but refused the request; check config.inference.api_model and extra_body"
+                        + (f", or set config.inference.prompt_format={other}" if other else ""))
             return "start the server (python -m rrc_jax.serve --model=DIR, or vLLM) or fix config.inference.url"
 
         listed, _ = self._attempts(lambda url: self._request(url, "/v1/models"), pinned=url)
@@ -316,16 +362,53 @@ class OpenAISampler:
             raise ConfigError(f"{where}: GET /v1/models answered {_snippet(json.dumps(listed))}, not a list of "
                               "models; is config.inference.url the base URL of an OpenAI-compatible server?")
         served = {m["id"]: m for m in models}
+        if not self.api_model and len(served) == 1:  # the server's one model (some servers refuse a request
+            self.api_model = next(iter(served))  # naming none)
         if self.api_model and self.api_model not in served:
             raise ConfigError(f"{where}: the server serves {', '.join(map(repr, served)) or 'no model'}, not "
                               f"{self.api_model!r}; set config.inference.api_model to one of them")
         limit = served.get(self.api_model, next(iter(served.values()), {})).get("max_model_len")
         if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
             self.context_length = min(self.context_length or limit, limit)
-        body = {"model": self.api_model, "prompt": [self.pad_id], "n": 1, "max_tokens": 1, "temperature": 0.0}
-        answer, _ = self._attempts(lambda url: self._post(url, body, 1), pinned=url)
-        if isinstance(answer, RequestFailed):
-            raise ConfigError(f"{where}: a one-token completion (POST /v1/completions): {answer}; {fix(answer)}")
+        failures = []
+        for prompt_format in formats:
+            body = self._body(prompt_format, [[self.pad_id]], SamplingParams(max_new_tokens=1), seed=0)
+            answer, _ = self._attempts(lambda url: self._post(url, body, 1), pinned=url)
+            if not isinstance(answer, RequestFailed):
+                return failures[0] if failures else None
+            failures.append(answer)
+            if answer.kind != "http_error":  # not a refusal of the format: asking in text will not help
+                break
+        said = "; in text: ".join(str(f) for f in failures)
+        raise ConfigError(f"{where}: a one-token completion (POST /v1/completions) in "
+                          f"{' then '.join(formats[:len(failures)])}: {said}; {fix(failures[-1])}")
+
+    def _body(self, prompt_format: str, prompts: list[list[int]], params: SamplingParams, seed: int, n: int = 1,
+              stops: Sequence[int] = ()) -> dict:
+        """A request's body: `n` samples of each of `prompts` (token ids) as token ids with the server's sampling
+        fields (vLLM's and SGLang's), or of the one prompt as text with the legacy completions API's own fields
+        (the module docstring); and `extra_body`."""
+        if prompt_format == "ids":
+            return {"model": self.api_model, "prompt": prompts, "n": n, "max_tokens": params.max_new_tokens,
+                    "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or -1,
+                    "seed": seed, "stop_token_ids": list(stops), "skip_special_tokens": True, **self.extra_body}
+        if params.top_k:
+            raise ValueError(f"top_k={params.top_k}: a server sent text prompts takes the legacy completions "
+                             "API's fields only, which have no top_k; set the judge's top_k to 0")
+        (prompt,) = prompts
+        return {"model": self.api_model, "prompt": self._text(prompt), "n": 1, "max_tokens": params.max_new_tokens,
+                "temperature": params.temperature, "top_p": params.top_p, "seed": seed, **self.extra_body}
+
+    def _text(self, ids: list[int]) -> str:
+        """Prompt `ids` as the text the server tokenizes back (special tokens written out; a leading BOS left to the
+        server's tokenizer where it adds one); a text that does not tokenize back to `ids` here is counted."""
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        adds_bos = bos is not None and self.tokenizer("").input_ids[:1] == [bos]
+        body = ids[1:] if adds_bos and ids[:1] == [bos] else ids
+        text = self.tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        if self.tokenizer(text).input_ids != ids and self.stats.retokenized is not None:
+            self.stats.retokenized += 1
+        return text
 
     def _requests(self, ns: list[int]) -> list[list[int]]:
         """The prompts of each request: prompts asking the same `n` (a request has one), in order, at most
@@ -347,35 +430,39 @@ class OpenAISampler:
         ns = [n] * len(prompts) if isinstance(n, int) else [int(k) for k in n]
         start = np.concatenate([[0], np.cumsum(ns)]).astype(int)
         stops = params.stop_token_ids if params.stop_token_ids is not None else self.stop_token_ids
-        requests = self._requests(ns)
-        bodies = [{"model": self.api_model, "prompt": [prompts[i] for i in ask], "n": ns[ask[0]],
-                   "max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
-                   "top_k": params.top_k or -1, "seed": (base + int(streams[ask[0]])) % (1 << 31),
-                   "stop_token_ids": list(stops), "skip_special_tokens": True} for ask in requests]
+        if self.prompt_format == "text":  # a prompt and a sample a request: sample j seeded with its stream + j
+            requests = [[i] for i, k in enumerate(ns) for _ in range(k)]
+            seeds = [base + int(streams[i]) + j for i, k in enumerate(ns) for j in range(k)]
+            bodies = [self._body("text", [prompts[i]], params, seed % (1 << 31), stops=stops)
+                      for (i,), seed in zip(requests, seeds)]
+            filled = [[start[i] + j] for i, k in enumerate(ns) for j in range(k)]
+        else:
+            requests = self._requests(ns)
+            bodies = [self._body("ids", [prompts[i] for i in ask], params, (base + int(streams[ask[0]])) % (1 << 31),
+                                 ns[ask[0]], stops) for ask in requests]
+            filled = [[start[i] + j for i in ask for j in range(ns[i])] for ask in requests]  # choice k x n + j
         with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
-            answers = list(pool.map(self._ask, bodies, [len(ask) * ns[ask[0]] for ask in requests]))
+            answers = list(pool.map(self._ask, bodies, map(len, filled)))
         rows, cap = int(start[-1]), params.max_new_tokens
         tokens = np.full((rows, cap), self.pad_id, np.int32)
         lengths, truncated = np.zeros(rows, np.int32), np.zeros(rows, bool)
         failed = np.zeros(len(prompts), bool)
-        for ask, (answer, retries) in zip(requests, answers):
-            k = ns[ask[0]]
+        for ask, rows_asked, (answer, retries) in zip(requests, filled, answers):
             self.stats.calls += 1
             self.stats.retries += retries
             self.stats.prefill_tokens += sum(len(prompts[i]) for i in ask)
             if isinstance(answer, RequestFailed):
                 self.stats.failed += 1
-                self.stats.unanswered += len(ask) * k
+                self.stats.unanswered += len(rows_asked)
                 failed[ask] = True
                 counter = FAILURES[answer.kind][0]
                 setattr(self.stats, counter, getattr(self.stats, counter) + 1)
                 continue
-            for c, choice in enumerate(answer):
+            for row, choice in zip(rows_asked, answer):
                 ids = self.tokenizer(choice["text"], add_special_tokens=False).input_ids[:cap]
                 stopped = choice.get("finish_reason") == "stop" and len(ids) < cap
                 if stopped:  # a finished row ends with its stop token, as the JAX engine's do
                     ids = [*ids, stops[0] if stops else self.pad_id]
-                row = start[ask[c // k]] + c % k
                 tokens[row, :len(ids)], lengths[row] = ids, len(ids)
                 truncated[row] = not stopped
                 self.stats.generated_tokens += len(ids)
