@@ -45,3 +45,18 @@ def test_every_command_line_is_listed_and_starts_through_cli_with_absl_flags():
     for name, text in found.items():
         assert "cli.start(" in text.split('if __name__ == "__main__":')[-1], name
         assert "argparse" not in text and "sys.argv" not in text, name
+
+
+def test_importing_the_package_without_torch_prints_no_advice_about_torch():
+    """The first command installs no torch (the models run in JAX): transformers' "PyTorch was not found" advice, which
+    a user cannot act on, is dropped; its other warnings still show."""
+    import subprocess
+    import sys
+
+    hide_torch = ("import importlib.util as u; real = u.find_spec; "
+                  "u.find_spec = lambda n, *a, **k: None if n.split('.')[0] == 'torch' else real(n, *a, **k); ")
+    said = lambda code: subprocess.run([sys.executable, "-c", hide_torch + code], capture_output=True,  # noqa: E731
+                                       text=True, check=True).stderr
+    assert "PyTorch was not found" in said("import transformers")  # what the package's import drops
+    err = said("import rrc_jax, transformers; transformers.logging.get_logger('transformers').warning('shown')")
+    assert "PyTorch" not in err and "shown" in err
