@@ -46,6 +46,8 @@ COMMANDS = {
     "benchmarks/learner_work.py": "the GRPO update's and log-prob pass's matmul FLOPs against the model's minimum",
     "benchmarks/matmul_rows.py": "the CPU's matmul time against the rows of a product",
     "benchmarks/peers.py": "rollout and GRPO update against tunix and TRL on one checkpoint",
+    "benchmarks/real_judge.py": "the real model judging its own responses to the chat prompts: abstentions, "
+                                "position consistency, agreement with the answers",
     "benchmarks/rewards.py": "win counting and CARA against literal Python, greedy against exact Kemeny",
     "benchmarks/sampler.py": "decode throughput against transformers' generate",
     "benchmarks/scaling.py": "meshes and layouts: memory per device, collectives, compile time",

@@ -79,15 +79,17 @@ def base_config(kind: str = "agr") -> ml_collections.ConfigDict:
     c.seed = 0
     c.init_from = ""  # another run's checkpoint directory (workdir/checkpoints): the policy and the reference
 
-    # The model of each role, its dtype (`rrc_jax.rl.roles.ModelsConfig`): Hugging Face directories, or "toy".
+    # The model of each role, its dtype (`rrc_jax.rl.roles.ModelsConfig`): Hugging Face directories, "toy", or
+    # "real" (SmolLM2-135M-Instruct, built on first use: `rrc_jax.models.real_model`).
     c.models = ml_collections.ConfigDict(defaults(ModelsConfig))
     # LoRA on the policy (`rrc_jax.models.lora.LoraConfig`; rank 0, the default, is a full fine-tune): adapters on
     # a frozen base (int8 / nf4 with `weight_qtype`), the reference that base with the initial adapters.
     c.policy = ml_collections.ConfigDict(dict(lora=ml_collections.ConfigDict(defaults(LoraConfig))))
 
-    # Prompts (`rrc_jax.data.prompts.DataConfig`): "toy" or a source with one prompt per row in `field`. With a
-    # preference `format` every preference becomes a judge question in `reward.judge.template` whose correct verdict
-    # is known: the prompts of RLVR and IRPO, which train the policy as a judge.
+    # Prompts (`rrc_jax.data.prompts.DataConfig`): "toy", "chat" (the packaged chat set, `rrc_jax.data.chat`) or a
+    # source with one prompt per row in `field`. With a preference `format` every preference becomes a judge
+    # question in `reward.judge.template` whose correct verdict is known: the prompts of RLVR and IRPO, which train
+    # the policy as a judge.
     c.data = ml_collections.ConfigDict(defaults(DataConfig))
 
     # The toy world (`rrc_jax.data.toy.world.ToyWorldConfig`): its task's prompts (`rrc_jax.data.toy.task.

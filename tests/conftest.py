@@ -9,10 +9,13 @@ import pytest
 
 from rrc_jax.models.families import FAMILIES
 
-# The tests' programs are tiny, so compiling them is most of the suite's time, and LLVM's optimisations do not pay
-# for themselves on them. Set before any test starts a backend; every subprocess inherits it (`cpu_devices_env`
-# keeps it). XLA's HLO passes, and so buffer assignment and the collectives the mesh tests read, are unaffected.
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+# The tests' programs are tiny, so compiling them is most of the suite's time, and neither LLVM's optimisations nor
+# XLA:CPU's MLIR fusion emitters (it compiles a fusion's kernel through MLIR) pay for themselves on them: the
+# classic emitters, one LLVM module a program (not split for parallel codegen: two cores, three workers), compile
+# a tiny AGR run in under half the CPU time. Set before any test starts a backend; every subprocess inherits it
+# (`cpu_devices_env` keeps it).
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
+                  "--xla_cpu_parallel_codegen_split_count=1")
 if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 

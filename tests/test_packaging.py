@@ -1,8 +1,11 @@
 """The recipes live in the top-level `configs/` and install as `rrc_jax.configs` (one copy), so
-`--config=agr.py` resolves from any directory; `pyproject.toml` lists every package of the tree."""
+`--config=agr.py` resolves from any directory; `pyproject.toml` lists every package of the tree; the chat prompt set
+(`data.path="chat"`) ships with the package, and the real-model recipe that uses it validates."""
 
 import tomllib
 from pathlib import Path
+
+import pytest
 
 from rrc_jax import config as config_lib
 
@@ -60,3 +63,40 @@ def test_importing_the_package_without_torch_prints_no_advice_about_torch():
     assert "PyTorch was not found" in said("import transformers")  # what the package's import drops
     err = said("import rrc_jax, transformers; transformers.logging.get_logger('transformers').warning('shown')")
     assert "PyTorch" not in err and "shown" in err
+
+
+def test_the_real_recipe_loads_and_validates_without_a_model():
+    """`configs/real.py`: the real model as policy and judge (forced verdicts), the packaged chat prompts; validating
+    resolves no model (nothing is built or loaded)."""
+    from rrc_jax.configs.real import get_config
+
+    s = config_lib.validate(get_config())
+    assert (s.models.policy, s.models.grm, s.prompts.data.path, s.reward_kind) == ("real", "real", "chat", "scr")
+    assert s.judge.force_verdicts and s.judge.template == "rrc_pairwise_cot"
+    assert s.rollout.rows == 8 and s.steps == 4
+
+
+def test_the_chat_prompts_ship_with_the_package_and_hold_out_their_tail_with_an_answer_oracle():
+    """`data.path="chat"`: 96 rows in the package (`rrc_jax.data.chat`), each category in the held-out tail, no
+    answer in its own prompt; the oracle is 1 when a response holds its prompt's answer."""
+    from rrc_jax.data.chat import PATH, chat_rows, contains_answer
+    from rrc_jax.data.prompts import DataConfig, PromptSource, load_prompts
+    from rrc_jax.data.toy.task import ToyTaskConfig
+    from rrc_jax.errors import ConfigError
+
+    rows = chat_rows()
+    assert PATH.parent == REPO / "rrc_jax" / "data" / "chat" and len(rows) == 96
+    assert len({r["id"] for r in rows}) == len({r["prompt"] for r in rows}) == 96
+    assert not any(contains_answer(r["prompt"], r["answer"]) for r in rows)
+    train, held = load_prompts(PromptSource(DataConfig(path="chat"), ToyTaskConfig(), "rrc_pairwise_cot", 0))
+    assert (len(train.texts), len(held.texts)) == (87, 9) and held.texts[0] == rows[87]["prompt"]
+    assert {rows[r]["id"].split("-")[0] for r in held.rows} == {"arith", "units", "capital", "spell", "order", "fact"}
+    answer = rows[87]["answer"]
+    assert held.oracle(0, f"It is {answer}.") == 1.0 and held.oracle(0, "I do not know.") == 0.0
+    assert train.oracle(0, "7 + 8 = fifteen") == 1.0  # rows[0]: "What is 7 + 8?", number words read as digits
+    for response, answer, holds in [("5,000 grams", "5000", True), ("14", "4", False), ("4.5", "4", False),
+                                    ("PARIS.", "Paris", True), ("Parisian", "Paris", False),
+                                    ("2,4,7,9", "2, 4, 7, 9", True), ("twenty-four", "24", True)]:
+        assert contains_answer(response, answer) == holds, (response, answer)
+    with pytest.raises(ConfigError, match="unset data.eval_path"):
+        DataConfig(path="chat", eval_path="held.jsonl")

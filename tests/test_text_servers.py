@@ -4,6 +4,7 @@ The probe chooses text from the server's refusal of token ids and names the refu
 through it are the in-process judge's, every prompt tokenizing back to its ids; a two-step AGR run with the judge
 served there gives the in-process run's series. Against `rrc_jax.serve` token ids are still sent."""
 
+import contextlib
 import socket
 import subprocess
 import time
@@ -37,29 +38,36 @@ def toy_grm(toy_cache):
     return path, load_hf(path), load_tokenizer(path)
 
 
+@contextlib.contextmanager
+def serve_with_transformers(model_dir, log_path):
+    """The base URL of `transformers serve` (continuous batching, on the CPU) serving `model_dir` on the loopback
+    until the block ends; its output in `log_path`."""
+    url = f"http://127.0.0.1:{free_port()}"
+    with open(log_path, "w") as log:
+        server = subprocess.Popen([console_tool("transformers"), "serve", str(model_dir), "--host", "127.0.0.1",
+                                   "--port", url.rsplit(":", 1)[1], "--device", "cpu", "--continuous-batching"],
+                                  stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                assert server.poll() is None, f"transformers serve exited: see {log_path}"
+                try:
+                    urllib.request.urlopen(url + "/v1/models", timeout=5).read()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, f"transformers serve did not start in 180 s: see {log_path}"
+                    time.sleep(0.5)
+            yield url
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def transformers_serve(toy_grm, tmp_path_factory):
-    """The base URL of `transformers serve` serving the toy judge on the loopback (stopped with the module)."""
-    url = f"http://127.0.0.1:{free_port()}"
-    log = (tmp_path_factory.mktemp("serve") / "transformers_serve.log").open("w")
-    server = subprocess.Popen([console_tool("transformers"), "serve", str(toy_grm[0]), "--host", "127.0.0.1",
-                               "--port", url.rsplit(":", 1)[1], "--device", "cpu", "--continuous-batching"],
-                              stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert server.poll() is None, f"transformers serve exited: see {log.name}"
-            try:
-                urllib.request.urlopen(url + "/v1/models", timeout=5).read()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, f"transformers serve did not start in 180 s: see {log.name}"
-                time.sleep(0.5)
+    """`transformers serve` serving the toy judge for the module."""
+    with serve_with_transformers(toy_grm[0], tmp_path_factory.mktemp("serve") / "transformers_serve.log") as url:
         yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
 
 
 def test_the_probe_sends_text_where_ids_are_refused_and_names_what_was_refused(toy_grm, transformers_serve, capsys):

