@@ -1,11 +1,13 @@
 """This project, tunix and TRL side by side: the same checkpoint, prompts, group size and lengths, in one run.
 
     python benchmarks/peers.py [--prompts=8 --group=8 --prompt_len=64 --new_tokens=128 --repeats=3 --seed=0
-                               --frameworks=rrc_jax,tunix,trl --out=FILE]
+                               --frameworks=rrc_jax,tunix,trl --model=DIR|real --out=FILE]
 
 A Llama-architecture checkpoint every framework loads (transformers' `LlamaForCausalLM`, random weights, RoPE theta
-1e6 and tied embeddings, which tunix's Llama assumes; a character tokenizer) is written once; then each framework
-runs in a process of its own, float32 on the CPU:
+1e6 and tied embeddings, which tunix's Llama assumes; a character tokenizer) is written once, or `--model` names a
+Hugging Face Llama directory (`real`: SmolLM2-135M-Instruct, `rrc_jax.models.real_model`; its RoPE theta is 1e5, so
+tunix's numerics differ from the checkpoint's, not its cost); then each framework runs in a process of its own,
+float32 on the CPU:
 
 - rollout: `--prompts` prompts of `--prompt_len` token ids x `--group` samples x exactly `--new_tokens` new tokens
   (temperature 1, no stop token), the way each framework's GRPO samples: ours `JaxSampler.generate` (a group
@@ -81,6 +83,21 @@ def build_checkpoint(path: Path) -> int:
     LlamaForCausalLM(LlamaConfig(**MODEL, initializer_range=0.2)).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return len(tokenizer)
+
+
+def given_checkpoint(model: str) -> tuple[Path, int]:
+    """(`--model`'s directory, its tokenizer's size): `real` is the real model (built on first use); a directory
+    must hold a Hugging Face Llama checkpoint, the families all three frameworks load."""
+    from rrc_jax.models import load_tokenizer
+    from rrc_jax.models.hf_io import read_hf_config
+    from rrc_jax.models.real_model import real_model_dir
+
+    path = real_model_dir() if model == "real" else Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        raise cli.flag_error("model", "not a Hugging Face model directory (no config.json); give one, or 'real'")
+    if read_hf_config(path).get("model_type") != "llama":
+        raise cli.flag_error("model", "not a Llama checkpoint: tunix's and this benchmark's shared model is Llama")
+    return path, len(load_tokenizer(path))
 
 
 def workload(args: dict) -> dict:
@@ -633,6 +650,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("repeats", 3, "Timed calls of each measurement after a warm-up (the best counts).")
     flags.DEFINE_integer("seed", 0, "PRNG seed of the workload.")
     flags.DEFINE_string("frameworks", ",".join(FRAMEWORKS), f"Comma-separated, of {', '.join(FRAMEWORKS)}.")
+    flags.DEFINE_string("model", "", "A Hugging Face Llama directory, or `real` (the real model); empty: a random "
+                        "checkpoint of the module's shape.")
     flags.DEFINE_string("out", str(REPO / "benchmarks" / "results" / "peers.json"), "JSON path.")
     flags.DEFINE_enum("part", None, FRAMEWORKS, "Internal: measure this one framework in this process (with --spec).")
     flags.DEFINE_string("spec", None, "Internal: the JSON file of --part's workload.")
@@ -653,21 +672,24 @@ def run() -> None:
     if unknown:
         raise cli.flag_error("frameworks", f"unknown {', '.join(sorted(unknown))}; known: {', '.join(FRAMEWORKS)}")
     frameworks = ["rrc_jax"] + [f for f in a.frameworks.split(",") if f != "rrc_jax"]
+    given = given_checkpoint(a.model) if a.model else None
     settings = dict(prompts_n=a.prompts, group=a.group, prompt_len=a.prompt_len, new_tokens=a.new_tokens,
-                    repeats=a.repeats, seed=a.seed, frameworks=a.frameworks)
+                    repeats=a.repeats, seed=a.seed, frameworks=a.frameworks, model=a.model or "random")
     t = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        args = dict(settings, out=a.out, part=None, spec=None, ckpt=str(scratch / "ckpt"),
-                    ids=build_checkpoint(scratch / "ckpt"))
+        ckpt, ids = given or (scratch / "ckpt", build_checkpoint(scratch / "ckpt"))
+        args = dict(settings, out=a.out, part=None, spec=None, ckpt=str(ckpt), ids=ids)
         args.update(workload(args))
         results = [run_part(f, args, scratch) for f in frameworks]
     print(table(results))
-    print(f"\n{a.prompts} prompts x {a.group} samples, prompt {a.prompt_len} + {a.new_tokens} new tokens, float32 "
-          f"on the CPU, best of {a.repeats}; {time.perf_counter() - t:.0f} s in all")
+    print(f"\n{ckpt.name if given else 'random'} checkpoint, {a.prompts} prompts x {a.group} samples, prompt "
+          f"{a.prompt_len} + {a.new_tokens} new tokens, float32 on the CPU, best of {a.repeats}; "
+          f"{time.perf_counter() - t:.0f} s in all")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(settings=settings, model=MODEL, results=results), indent=1) + "\n")
+    model = json.loads((ckpt / "config.json").read_text()) if given else MODEL
+    out.write_text(json.dumps(dict(settings=settings, model=model, results=results), indent=1) + "\n")
 
 
 PARTS = {"rrc_jax": part_rrc_jax, "tunix": part_tunix, "trl": part_trl}

@@ -107,9 +107,9 @@ def test_scaling_runs_one_mesh(tmp_path, toy_cache):
 @pytest.mark.parametrize("frameworks", ["rrc_jax,trl", pytest.param("rrc_jax,tunix", marks=pytest.mark.slow)])
 def test_peers_prints_each_frameworks_figures_as_ratios(tmp_path, frameworks):
     """`benchmarks/peers.py` at tiny sizes: this project and a peer measured, the table's ratios against this
-    project, the JSON written; an unknown framework is one `error:` line naming the flag. (tunix's part runs with
-    `-m slow`, in the environment `.ci/tunix_env` makes: its reward function's test already runs tunix in the
-    suite.)"""
+    project, the JSON written; an unknown framework or a `--model` that is no checkpoint is one `error:` line naming
+    the flag. (tunix's part runs with `-m slow`, in the environment `.ci/tunix_env` makes: its reward function's
+    test already runs tunix in the suite.)"""
     out_json = tmp_path / "peers.json"
     out = subprocess.run([sys.executable, str(BENCH / "peers.py"), "--prompts=2", "--group=2", "--prompt_len=8",
                           "--new_tokens=8", "--repeats=1", f"--frameworks={frameworks}", f"--out={out_json}"],
@@ -129,3 +129,7 @@ def test_peers_prints_each_frameworks_figures_as_ratios(tmp_path, frameworks):
     assert bad.returncode == 1, bad.stderr
     assert bad.stderr.strip().splitlines()[-1] == ("error: --frameworks=rrc_jax,vllm: unknown vllm; known: rrc_jax, "
                                                    "tunix, trl")
+    bad = subprocess.run([sys.executable, str(BENCH / "peers.py"), f"--model={tmp_path}"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.stderr.strip().splitlines()[-1] == (f"error: --model={tmp_path}: not a Hugging Face model directory (no "
+                                                   "config.json); give one, or 'real'")

@@ -1,8 +1,9 @@
 """The real model (SmolLM2-135M-Instruct) end to end, as policy and judge on the packaged chat prompts
 (`--config=real.py`): two steps of each judged construction (SCR, AGR with anchors from the reference, PRC), each
-SIGKILLed as it judges its second step and resumed to the uninterrupted run's metrics; the exported policy
-reloaded by transformers and generating as this project does; LoRA on it, its PEFT adapter applied by PEFT; and the
-judge served by `transformers serve` (text prompts) for a two-step run. Minutes each on 2 cores: `slow`.
+SIGKILLed as its second step's update starts (the batch judged) and resumed to the uninterrupted run's metrics; the
+exported policy reloaded by transformers and generating as this project does; LoRA on it, its PEFT adapter applied
+by PEFT; and the judge served by `transformers serve` (text prompts) for a two-step run. Minutes each on 2 cores:
+`slow`.
 
     pip install -e '.[test,real]' && python -m pytest -m slow tests/test_real_runs.py -n0
 """
@@ -14,15 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import read_metrics
+from conftest import TEST_XLA_FLAGS, read_metrics
 from test_faults import assert_same_metrics
 from test_text_servers import serve_with_transformers
 
-from rrc_jax.config import load_config_file, validate
 from rrc_jax.fault_points import ENV as KILL_AT
 from rrc_jax.inference import SamplingParams, make_sampler
 from rrc_jax.models import load_hf, load_tokenizer, prompt_ids
-from rrc_jax.rl.trainer import run
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -30,38 +29,40 @@ REPO = Path(__file__).resolve().parents[1]
 # held-out evaluation's oracle quality only (no judged win rate): the machinery at real scale, in minutes
 TWO_STEPS = {"steps": 2, "checkpoint.save_every": 1, "eval.every": 2, "eval.judge_votes": 0,
              "rl.max_new_tokens": 32, "reward.judge.max_new_tokens": 32}
+# runs in subprocesses without the suite's compile flags (conftest.TEST_XLA_FLAGS): unoptimized kernels would
+# double a real model's decode time
+ENV = {**os.environ, "XLA_FLAGS": os.environ.get("XLA_FLAGS", "").replace(TEST_XLA_FLAGS, "").strip()}
 
 
-def real_config(workdir, **overrides):
-    config = load_config_file("real.py")
-    config.update_from_flattened_dict({**TWO_STEPS, "workdir": str(workdir), **overrides})
-    return config
-
-
-def command(workdir, **overrides) -> list[str]:
+def train(workdir, kill_at: str | None = None, **overrides) -> subprocess.CompletedProcess:
+    """`python -m rrc_jax.train --config=real.py` for two steps (`TWO_STEPS`) into `workdir`, with `overrides`;
+    SIGKILLed at `kill_at` (`rrc_jax.fault_points`) when given."""
     items = {**TWO_STEPS, "workdir": str(workdir), **overrides}
-    return [sys.executable, "-m", "rrc_jax.train", "--config=real.py", *(f"--config.{k}={v}" for k, v in items.items())]
+    cmd = [sys.executable, "-m", "rrc_jax.train", "--config=real.py", *(f"--config.{k}={v}" for k, v in items.items())]
+    env = ENV if kill_at is None else {**ENV, KILL_AT: kill_at}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
 
 
-def killed_while_judging_and_resumed(workdir, step: int, **overrides) -> dict:
-    """The run SIGKILLed as it starts judging `step` (`rrc_jax.fault_points`), then rerun to the end: its metrics."""
-    cmd = command(workdir, **overrides)
-    killed = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={**os.environ, KILL_AT: f"judge:{step}"})
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    resumed = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resumed from the checkpoint of step {step - 1}" in resumed.stderr
+def trained(workdir, **overrides) -> dict:
+    """The metrics of a two-step run (`train`) that ended well."""
+    done = train(workdir, **overrides)
+    assert done.returncode == 0, done.stderr[-3000:]
     return read_metrics(workdir)
 
 
 @pytest.mark.parametrize("kind", ["scr", "agr", "prc"])
 def test_two_steps_of_each_judged_construction_resume_exactly_after_a_sigkill(tmp_path, real_model, kind):
-    straight = read_metrics(run(validate(real_config(tmp_path / "straight", **{"reward.kind": kind}))))
+    straight = trained(tmp_path / "straight", **{"reward.kind": kind})
     assert sorted(straight) == [0, 1, 2]
     for step in (1, 2):
         assert straight[step]["judge/questions"] > 0 and straight[step]["reward/std"] >= 0
         assert straight[step]["judge/abstain_rate"] < 0.1  # forced verdicts (the recipe's)
-    assert_same_metrics(straight, killed_while_judging_and_resumed(tmp_path / "killed", 2, **{"reward.kind": kind}))
+    killed = train(tmp_path / "killed", "update:2", **{"reward.kind": kind})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    resumed = train(tmp_path / "killed", **{"reward.kind": kind})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from the checkpoint of step 1" in resumed.stderr
+    assert_same_metrics(straight, read_metrics(tmp_path / "killed"))
     if kind == "scr":  # the exported policy: transformers loads it and generates what this project does
         exported = tmp_path / "straight" / "hf_export"
         greedy_equal(exported, exported)
@@ -90,10 +91,10 @@ def greedy_equal(ours_dir, transformers_dir, adapter=None, tokens: int = 16) -> 
 
 
 def test_lora_on_the_real_model_trains_and_its_adapter_is_peft_s(tmp_path, real_model):
-    """AGR through rank-8 adapters for two steps: the merged export and the PEFT adapter on the real base generate
+    """The recipe (SCR) through rank-8 adapters for two steps: the merged export and the PEFT adapter on the real base generate
     alike."""
-    workdir = run(validate(real_config(tmp_path / "lora", **{"policy.lora.rank": 8, "policy.lora.alpha": 16.0})))
-    rows = read_metrics(workdir)
+    workdir = tmp_path / "lora"
+    rows = trained(workdir, **{"policy.lora.rank": 8, "policy.lora.alpha": 16.0})
     assert sorted(rows) == [0, 1, 2] and all(rows[s]["loss"] == rows[s]["loss"] for s in (1, 2))
     greedy_equal(workdir / "hf_export", real_model, adapter=workdir / "adapter")
 
@@ -103,10 +104,9 @@ def test_a_two_step_run_judged_by_transformers_serve(tmp_path, real_model):
     `generation_config`; no forced verdicts, which need the judge's log-probs): two steps, every request answered,
     every prompt tokenizing back to its ids."""
     with serve_with_transformers(real_model, tmp_path / "serve.log") as url:
-        rows = read_metrics(run(validate(real_config(
-            tmp_path / "served", **{"reward.kind": "scr", "inference.engine": "openai", "inference.url": url,
-                                    "inference.extra_body": '{"generation_config": "{\\"do_sample\\": true}"}',
-                                    "reward.judge.force_verdicts": False}))))  # (a served judge reads no log-probs)
+        sampled = '{"generation_config": "{\\"do_sample\\": true}"}'
+        rows = trained(tmp_path / "served", **{"inference.engine": "openai", "inference.url": url,
+                                               "inference.extra_body": sampled, "reward.judge.force_verdicts": False})
     for step in (1, 2):
         assert rows[step]["judge/failed_requests"] == 0 and rows[step]["judge/retokenized_prompts"] == 0
         assert rows[step]["judge/questions"] > 0
