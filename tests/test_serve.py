@@ -133,7 +133,7 @@ def test_the_main_job_with_the_served_judge_or_the_reward_service_gives_the_in_p
     """AGR, 2 steps, the judge greedy, three ways: in process; `inference.engine=openai` pointed at the served toy
     judge; `reward.service_url` pointed at the reward service of the same recipe (`recipe_app`, the command's app,
     on the loopback), AGR's anchors the run's own sent with each rollout. The served judge gives the in-process
-    run's judge counts and series; the service every metric both runs log (times and its prefill counts aside; the
+    run's judge counts and series, the prompts sent as token ids; the service every metric both runs log (times and its prefill counts aside; the
     judge's counters come back with each request), judging each rollout once. Neither trainer loads the judge's
     weights."""
     from conftest import read_metrics, tiny_config
@@ -166,6 +166,8 @@ def test_the_main_job_with_the_served_judge_or_the_reward_service_gives_the_in_p
         assert series(here, key) == series(there, key), key
     assert any(here[s]["reward/std"] > 0 for s in (1, 2))  # verdicts that rank
     assert all(there[s]["judge/failed_requests"] == 0 for s in (1, 2))
+    # token ids sent (this server takes them): no prompt went as text, so none was retokenized or counted
+    assert not any("judge/retokenized_prompts" in there[s] for s in there)
     for step in here:
         # (the service judges a rollout as it arrives: its engine shares fewer prefixes, so it prefills otherwise)
         shared = {k for k in set(here[step]) & set(rewarded[step])

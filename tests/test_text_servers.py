@@ -41,11 +41,14 @@ def toy_grm(toy_cache):
 @contextlib.contextmanager
 def serve_with_transformers(model_dir, log_path):
     """The base URL of `transformers serve` (continuous batching, on the CPU) serving `model_dir` on the loopback
-    until the block ends; its output in `log_path`."""
+    until the block ends; its output in `log_path`. Its paged cache is sized here (16,384 tokens in blocks of 32):
+    left to itself it takes a share of the machine's free memory (14 GB of 24 here), and the out-of-memory killer
+    ends its model's process while the suite's other workers run."""
     url = f"http://127.0.0.1:{free_port()}"
     with open(log_path, "w") as log:
         server = subprocess.Popen([console_tool("transformers"), "serve", str(model_dir), "--host", "127.0.0.1",
-                                   "--port", url.rsplit(":", 1)[1], "--device", "cpu", "--continuous-batching"],
+                                   "--port", url.rsplit(":", 1)[1], "--device", "cpu", "--continuous-batching",
+                                   "--cb-block-size", "32", "--cb-num-blocks", "512", "--cb-max-batch-tokens", "2048"],
                                   stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 180
