@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rrc_jax.errors import ConfigError
-from rrc_jax.inference import make_sampler
+from rrc_jax.inference import SamplingParams, make_sampler
 from rrc_jax.judge import Judge
 from rrc_jax.models import format_prompt, load_hf, load_tokenizer, prompt_ids
 from rrc_jax.models import real_model as real_model_lib
@@ -63,8 +63,6 @@ def test_logits_and_greedy_text_are_transformers(real_model, loaded):
     assert np.abs(got - want).max() < 5e-4, np.abs(got - want).max()
     with torch.no_grad():
         greedy = ref.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
-    from rrc_jax.inference import SamplingParams
-
     out = make_sampler("policy", model, tok).generate([ids], 1, SamplingParams(temperature=0.0, max_new_tokens=12))
     assert out.tokens[0, :int(out.lengths[0])].tolist() == greedy
 
@@ -72,7 +70,9 @@ def test_logits_and_greedy_text_are_transformers(real_model, loaded):
 def test_bfloat16_logits_are_as_close_to_float32_as_transformers_bfloat16(real_model):
     """bfloat16 (weights and compute) cannot match float32 to 5e-4: on the chat prompt our bfloat16 logits are within
     1.25x (plus 0.1) of the largest and the mean difference transformers' own bfloat16 run has from float32 (1.59
-    and 1.56 seen, logits up to about 30), and pick the same next token as often as it does."""
+    and 1.56 seen, logits up to about 30), and pick the same next token as often as it does. Greedy text is not
+    compared: on this prompt the 6th token is a near-tie that bfloat16 rounding decides (transformers' bfloat16
+    and ours compiled as a run compiles agree on it; ours under the suite's compile flags takes float32's)."""
     tok = load_tokenizer(real_model)
     ids = prompt_ids(tok, "Write one sentence about the sea.")
     with torch.no_grad():
