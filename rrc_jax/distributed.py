@@ -197,7 +197,8 @@ def host_block(n: int) -> np.ndarray:
 
 
 # metrics that are totals over the hosts' work; every other metric is a mean over hosts (NaN left out)
-SUMMED_METRICS = ("judge/questions", "judge/tokens", "judge/prefill_tokens_saved", "tokens_per_second",
+SUMMED_METRICS = ("judge/questions", "judge/tokens", "judge/prefill_tokens_saved", "judge/decode_row_steps",
+                  "tokens_per_second",
                   "data/filtered_groups", "data/surplus_groups", "data/unfilled_groups",
                   # a served judge's requests and failures (`rrc_jax.inference.openai_engine.HttpStats`)
                   "judge/requests", "judge/failed_requests", "judge/unanswered_questions", "judge/refused",

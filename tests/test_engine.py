@@ -37,14 +37,15 @@ def questions(seed=0):
     return prefixes, suffixes
 
 
-@pytest.mark.parametrize("prefix_reuse,max_batch,calls,refills", [(True, 64, 1, (0, 1, 0)), (True, 4, 3, (1, 2, 0)),
-                                                                   (False, 64, 1, None), (False, 3, 4, None)])
-def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max_batch, calls, refills):
+@pytest.mark.parametrize("prefix_reuse,max_batch,calls,refills,row_steps", [
+    (True, 64, 1, (0, 1, 0), 16 * 10), (True, 4, 3, (1, 2, 0), 3 * 4 * 10), (False, 64, 1, None, 16 * 10),
+    (False, 3, 4, None, 4 * 3 * 10)])
+def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max_batch, calls, refills, row_steps):
     """Each question's continuation equals generating its whole text; with reuse, the 4 + 5 + 2 questions on three
     prefixes run in one chunk shape of the least padded work (`question_tree.call_shape`): at max_batch 64 one
     chunk of 4 x 4 rows, prefix 1's five questions in two parts (its prefix prefilled twice: 16 rows of 16-token
     questions cost less than 32), at max_batch 4 three chunks of 2 x 2 (prefix 0 prefilled twice, prefix 1 three
-    times); each prefix's other uses are saved."""
+    times); each prefix's other uses are saved; the decode's row-steps count the chunks' rows, padding included."""
     prefixes, suffixes = questions()
     sampler = make_sampler("policy", model, max_batch=max_batch, prefix_reuse=prefix_reuse)
     out = sampler.complete(prefixes, suffixes, GREEDY)
@@ -58,6 +59,9 @@ def test_complete_equals_generating_each_whole_question(model, prefix_reuse, max
     assert sampler.stats.prefill_tokens_saved == (saved if prefix_reuse else 0)
     assert sampler.stats.prefill_tokens == sum(map(len, whole)) - sampler.stats.prefill_tokens_saved
     assert sampler.stats.generated_tokens == int(out.lengths.sum())
+    # no stop token: every row of every chunk, padding included (11 questions in 16 rows, or in 4 + 4 + 4, or
+    # 3 + 3 + 3 + 3), decodes all 10 steps
+    assert sampler.stats.decode_row_steps == row_steps
 
 
 def test_a_call_runs_in_one_chunk_shape_within_max_batch():

@@ -60,7 +60,8 @@ def make_judge(s, roles) -> Judge:
 def judge_metrics(judge: Judge) -> dict[str, float]:
     """The `judge/*` metrics of what `judge` did since its last `reset_metrics` (a step's, or a reward call's);
     with early-stopped voting, the votes not asked and an estimate of the judge tokens they would have cost (at
-    the mean of the votes asked)."""
+    the mean of the votes asked); where the judge decoded in this process, its row-steps and their ratio to the
+    tokens decoded."""
     s = judge.summary()
     skipped = {}
     if s["vote_rounds"]:
@@ -68,7 +69,12 @@ def judge_metrics(judge: Judge) -> dict[str, float]:
         skipped = {"judge/vote_rounds": s["vote_rounds"], "judge/votes_skipped": s["votes_skipped"],
                    "judge/tokens_saved_estimate": s["votes_skipped"] * per_vote}
     forced = {"judge/forced_verdicts": s["forced_verdicts"]} if judge.config.force_verdicts else {}
-    return {**skipped, **forced, "judge/questions": s["questions"], "judge/tokens": s["judge_tokens"],
+    # decode waste, where this process decoded: row-steps run per judgment token (1.0: none; each chunk decodes
+    # until its longest judgment ends, its shorter and padding rows idle)
+    decode = {"judge/decode_row_steps": s["decode_row_steps"],
+              "judge/row_steps_per_token": s["decode_row_steps"] / s["decoded_tokens"]} if s["decoded_tokens"] and \
+        s["decode_row_steps"] else {}
+    return {**skipped, **forced, **decode, "judge/questions": s["questions"], "judge/tokens": s["judge_tokens"],
             "judge/abstain_rate": s["abstain_rate"], "judge/position_consistency": s["position_consistency"],
             "judge/prefill_tokens": s["prefill_tokens"], "judge/prefill_tokens_saved": s["prefill_tokens_saved"],
             "judge/too_long": s["too_long"],

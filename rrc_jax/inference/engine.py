@@ -213,6 +213,8 @@ class JaxSampler:
             tokens[chunk], logprobs[chunk] = out.tokens[rows], out.logprobs[rows]
             lengths[chunk], truncated[chunk] = out.lengths[rows], out.truncated[rows]
             self.stats.generated_tokens += int(out.lengths[rows].sum())
+            # the decode loop runs until its last active row stops: as many steps as the longest row's length
+            self.stats.decode_row_steps += int(out.lengths.size) * int(out.lengths.max(initial=0))
         return SampleOutput(tokens, logprobs, lengths, truncated)
 
     def _greedy_once(self, prefixes, suffixes, params, key, splits) -> SampleOutput:

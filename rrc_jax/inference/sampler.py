@@ -67,13 +67,16 @@ class SampleOutput(NamedTuple):
 @dataclasses.dataclass
 class SamplerStats:
     """What a sampler did since its last `reset()`: calls into the model (`calls`), prompt tokens run through it
-    (`prefill_tokens`), prefix tokens it did not run again thanks to prefix reuse (`prefill_tokens_saved`) and
-    tokens generated (`generated_tokens`)."""
+    (`prefill_tokens`), prefix tokens it did not run again thanks to prefix reuse (`prefill_tokens_saved`), tokens
+    generated (`generated_tokens`) and, for the questions of `complete`, the rows its decode steps advanced
+    (`decode_row_steps`: a chunk's rows, padding included, times the steps it ran until its longest judgment
+    ended; `decode_row_steps / generated_tokens` is 1.0 when no row-step is wasted)."""
 
     calls: int = 0
     prefill_tokens: int = 0
     prefill_tokens_saved: int = 0
     generated_tokens: int = 0
+    decode_row_steps: int = 0
 
     def reset(self) -> None:
         for field in dataclasses.fields(self):

@@ -202,13 +202,14 @@ class Judge:
         self.sampler.stats.reset()
 
     def summary(self) -> dict[str, float]:
-        """The counters, the sampler's (`sampler_calls`, `prefill_tokens`, `prefill_tokens_saved`; from an engine
+        """The counters, the sampler's (`sampler_calls`, `prefill_tokens`, `prefill_tokens_saved`, `decode_row_steps`,
+        `decoded_tokens`: `SamplerStats`; from an engine
         over a network, its `requests`, the `failed_requests` left unanswered and so abstentions, and those by kind:
         `openai_engine.HttpStats`), and the rates `abstain_rate` and `position_consistency` (NaN when undefined)."""
         m, s = self.metrics, self.sampler.stats
         out = dataclasses.asdict(m)
         out.update(sampler_calls=s.calls, prefill_tokens=s.prefill_tokens, prefill_tokens_saved=s.prefill_tokens_saved,
-                   **s.failures())
+                   decode_row_steps=s.decode_row_steps, decoded_tokens=s.generated_tokens, **s.failures())
         out["abstain_rate"] = m.abstains / m.questions if m.questions else float("nan")
         out["position_consistency"] = m.swap_consistent / m.swap_couples if m.swap_couples else float("nan")
         return out
