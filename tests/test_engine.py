@@ -310,3 +310,22 @@ def test_a_server_finds_what_its_prompts_share():
     tree = question_tree.question_tree(suffixes, splits)
     leaves = [leaf for owner in tree.values() for node in owner.values() for leaf in node.values()]
     assert sorted(map(len, leaves)) == [1] + [2] * 24  # each question twice; the unrelated prompt once
+
+
+def test_padding_rows_never_keep_a_chunk_decoding(model):
+    """A chunk of 3 questions in 8 rows stops when its questions' judgments end (here by their 3rd token): the
+    padding rows end before the first step (without that, their own continuations ran the loop on to the limit of
+    10), and the questions' continuations are unchanged."""
+    prefixes, suffixes = questions()
+    suffixes = suffixes[:3]
+    first = make_sampler("policy", model, max_batch=64, prefix_reuse=False).complete(prefixes, suffixes, GREEDY)
+    stop = tuple(int(t) for t in first.tokens[:, 2])  # each question stops by its 3rd token
+    params = SamplingParams(0.0, max_new_tokens=10, stop_token_ids=stop)
+    sampler = make_sampler("policy", model, max_batch=64, prefix_reuse=False)
+    out = sampler.complete(prefixes, suffixes, params)
+    steps = int(out.lengths.max())
+    assert steps <= 3
+    for q in range(3):
+        n = int(out.lengths[q])
+        np.testing.assert_array_equal(out.tokens[q, :n], first.tokens[q, :n])
+    assert sampler.stats.decode_row_steps == 8 * steps  # the chunk's rows, padding included, for its steps only

@@ -180,7 +180,7 @@ class JaxSampler:
             size = round_up(min(per_chunk, most - start), host_row_multiple(self.mesh))  # the same on every host
             chunk += [[self.pad_id]] * (size - real)  # padding prompts: a host with fewer prompts
             out = generate(self.model, chunk, params, rng=jax.random.fold_in(self._call_key(rng, local=False), c),
-                           pad_id=self.pad_id, group_size=group_size)
+                           pad_id=self.pad_id, group_size=group_size, live=np.arange(size) < real)
             out = SampleOutput(*(x[:real * group_size] for x in out))
             self.stats.calls += 1
             self.stats.prefill_tokens += sum(map(len, chunk[:real]))
@@ -209,7 +209,9 @@ class JaxSampler:
         for chunk, rows, cache in self._caches(prefixes, suffixes, n, splits):
             row_streams = np.zeros(cache.batch_size // jax.process_count(), np.int64)  # padding rows: stream 0
             row_streams[rows] = streams[chunk]
-            out = decode(self.model, cache, params, rng=key, streams=row_streams, pad_id=self.pad_id)
+            live = np.zeros(len(row_streams), bool)
+            live[rows] = True
+            out = decode(self.model, cache, params, rng=key, streams=row_streams, pad_id=self.pad_id, live=live)
             tokens[chunk], logprobs[chunk] = out.tokens[rows], out.logprobs[rows]
             lengths[chunk], truncated[chunk] = out.lengths[rows], out.truncated[rows]
             self.stats.generated_tokens += int(out.lengths[rows].sum())

@@ -93,7 +93,7 @@ def _extend(graphdef, state, cache, ids, mask):
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("params", "stop_ids", "pad_id", "impl"),
                    donate_argnums=(2,))
-def _decode(graphdef, state, cache, keys, *, params, stop_ids, pad_id, impl):
+def _decode(graphdef, state, cache, keys, live=None, *, params, stop_ids, pad_id, impl):
     model = nnx.merge(graphdef, state)
     keys = jax.random.wrap_key_data(keys, impl=impl)  # [] the batch's key, or [B] each row's own stream
     b, n = cache.batch_size, params.max_new_tokens
@@ -117,7 +117,8 @@ def _decode(graphdef, state, cache, keys, *, params, stop_ids, pad_id, impl):
         return i + 1, cache, tokens, logprobs, done, lengths + active
 
     init = (jnp.zeros((), jnp.int32), cache, jnp.full((b, n), pad_id, jnp.int32), jnp.zeros((b, n), jnp.float32),
-            jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32))
+            jnp.zeros((b,), bool) if live is None else ~live,  # `live [B]`: padding rows end before step 0
+            jnp.zeros((b,), jnp.int32))
     _, cache, tokens, logprobs, done, lengths = jax.lax.while_loop(cond, body, init)
     return (tokens, logprobs, lengths, ~done), cache  # the cache returned: its buffers are the donated input's
 
@@ -166,13 +167,16 @@ def extend(model: Decoder, cache: KVCache, ids, mask=None) -> KVCache:
 
 
 def decode(model: Decoder, cache: KVCache, params: SamplingParams, *, rng: jax.Array | int = 0,
-           streams: Sequence[int] | None = None, pad_id: int | None = None) -> SampleOutput:
+           streams: Sequence[int] | None = None, pad_id: int | None = None,
+           live: Sequence[bool] | None = None) -> SampleOutput:
     """Sample up to `params.max_new_tokens` after the cache's contents; see `SampleOutput`.
 
     `params.stop_token_ids=None` stops at the model's EOS ids; `pad_id` defaults to the model's pad id (else 0).
     `rng` is a PRNG key or an int seed. Without `streams` the batch draws with it together (a row's draws depend
     on its place: the rollouts' groups); with `streams [B]` (this host's rows) row b draws from its own stream
-    `streams[b]` of it (`row_keys`), so its continuation depends on its stream and its cache alone.
+    `streams[b]` of it (`row_keys`), so its continuation depends on its stream and its cache alone. `live [B]`
+    (this host's rows; default all): the rows to decode; the others, a chunk's padding, end before the first step
+    (no tokens, length 0) and so never keep the loop running. The live rows' continuations do not depend on it.
     """
     n = params.max_new_tokens
     end = int(cache.end)
@@ -184,14 +188,16 @@ def decode(model: Decoder, cache: KVCache, params: SamplingParams, *, rng: jax.A
     mesh = mesh_of(model)
     keys = jax.random.key_data(key) if streams is None else put_rows(row_keys(key, streams), mesh)
     graphdef, state = nnx.split(model)
-    out, _ = _decode(graphdef, state, cache, keys, params=params, stop_ids=tuple(stop),
+    live = np.ones(cache.batch_size // jax.process_count(), bool) if live is None else np.asarray(live, bool)
+    out, _ = _decode(graphdef, state, cache, keys, put_rows(live, mesh), params=params, stop_ids=tuple(stop),
                      pad_id=_pad_id(model, pad_id), impl=str(jax.random.key_impl(key)))
     return SampleOutput(*(host_rows(x, mesh) for x in out))
 
 
 def generate(model: Decoder, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
              rng: jax.Array | int = 0, pad_id: int | None = None, cache_size: int | None = None,
-             group_size: int = 1, streams: Sequence[int] | None = None) -> SampleOutput:
+             group_size: int = 1, streams: Sequence[int] | None = None,
+             live: Sequence[bool] | None = None) -> SampleOutput:
     """Sample continuations of a batch of token-id prompts of any lengths.
 
     Args:
@@ -205,6 +211,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], params: SamplingP
       group_size: G continuations of every prompt (a GRPO group). Each prompt is prefilled once and shared by its
         G rows (`KVCache.branch`): attention reads it once per step for the whole group.
       streams: `[B * G]` each row's own random stream (`decode`; default: the batch draws together).
+      live: `[B]` the prompts to continue (default all); the others are padding, their rows not decoded (`decode`).
     Returns:
       `SampleOutput` of numpy arrays: tokens `[B*G, N]`, logprobs `[B*G, N]`, lengths `[B*G]`, truncated `[B*G]`;
       prompt b's continuations are rows `b*G ... b*G + G - 1`.
@@ -230,4 +237,5 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], params: SamplingP
     else:
         own = cache_size - bucket if cache_size else round_up(n, ATTENTION_BLOCK)
         cache = prefill(model, ids, mask, cache_size=bucket, ring=False).branch(group_size, size=own)
-    return decode(model, cache, params, rng=rng, streams=streams, pad_id=pad)
+    live = None if live is None else np.repeat(np.asarray(live, bool), group_size)
+    return decode(model, cache, params, rng=rng, streams=streams, pad_id=pad, live=live)
