@@ -688,7 +688,9 @@ def run() -> None:
           f"{time.perf_counter() - t:.0f} s in all")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    model = json.loads((ckpt / "config.json").read_text()) if given else MODEL
+    from rrc_jax.models.hf_io import read_hf_config  # (here: each framework's process imports this module)
+
+    model = read_hf_config(ckpt) if given else MODEL
     out.write_text(json.dumps(dict(settings=settings, model=model, results=results), indent=1) + "\n")
 
 

@@ -75,8 +75,8 @@ def greedy_equal(ours_dir, transformers_dir, adapter=None, tokens: int = 16) -> 
 
     tok = load_tokenizer(ours_dir)
     ids = prompt_ids(tok, "Name a colour of the sky.")
-    out = make_sampler("policy", load_hf(ours_dir), tok).generate(
-        [ids], 1, SamplingParams(temperature=0.0, max_new_tokens=tokens))
+    sampler = make_sampler("policy", load_hf(ours_dir), tok)
+    out = sampler.generate([ids], 1, SamplingParams(temperature=0.0, max_new_tokens=tokens))
     ref = AutoModelForCausalLM.from_pretrained(transformers_dir, dtype=torch.float32)
     if adapter is not None:
         from peft import PeftModel
@@ -84,7 +84,7 @@ def greedy_equal(ours_dir, transformers_dir, adapter=None, tokens: int = 16) -> 
         ref = PeftModel.from_pretrained(ref, adapter)
     with torch.no_grad():
         want = ref.generate(torch.tensor([ids]), max_new_tokens=tokens, do_sample=False)[0, len(ids):].tolist()
-    stop = set(make_sampler("policy", load_hf(ours_dir), tok).stop_token_ids)
+    stop = set(sampler.stop_token_ids)
     got = out.tokens[0, :int(out.lengths[0])].tolist()
     want = want[:next((i + 1 for i, t in enumerate(want) if t in stop), len(want))]
     assert got == want
