@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from rrc_jax.inference import SamplingParams, make_sampler
-from rrc_jax.inference.kernels import _decode, prefill, row_keys
+from rrc_jax.inference.kernels import _decode, prefill, row_keys, to_the_end
 from rrc_jax.judge import Judge
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, save_hf
 from rrc_jax.models.char_tokenizer import make_char_tokenizer
@@ -64,7 +64,8 @@ def gathers(sampler, group: bool, rows: int) -> list[tuple[int, ...]]:
             cache = cache.branch(2, size=64)  # `rows` rows continuing rows / 2 shared prefixes (judge questions)
         graphdef, state = nnx.split(model)
         keys = row_keys(0, range(rows))
-        text = _decode.lower(graphdef, state, cache, keys, params=GREEDY, stop_ids=(2,), pad_id=0,
+        text = _decode.lower(graphdef, state, cache, keys, *to_the_end(np.ones(rows, bool), GREEDY.max_new_tokens, 0),
+                             params=GREEDY, stop_ids=(2,), pad_id=0,
                              impl="threefry2x32").compile().as_text()
     return [tuple(int(d) for d in shape.split(",") if d)
             for shape in re.findall(r"= \w+\[([\d,]*)\][^=]*? all-(?:gather|reduce)(?:-start)?\(", text)]

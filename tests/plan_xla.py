@@ -111,7 +111,9 @@ def decode_case(shape, dtype, layout: str = "train", branched: bool = False) -> 
         else:  # placed as a prefill leaves it: rows over data x fsdp, kv heads over tensor
             cache = jax.jit(lambda: init_cache(cfg, CACHE_ROWS, CACHE_SLOTS))()
         keys = kernels.row_keys(0, range(CACHE_ROWS))  # each row's stream
-        compiled = kernels._decode.lower(graphdef, state, cache, keys, params=SamplingParams(1.0, max_new_tokens=8),
+        compiled = kernels._decode.lower(graphdef, state, cache, keys,
+                                          *kernels.to_the_end(np.ones(CACHE_ROWS, bool), 8, 0),
+                                          params=SamplingParams(1.0, max_new_tokens=8),
                                           stop_ids=(2,), pad_id=0, impl="threefry2x32").compile()
     parts = {"parameters": plan.param_bytes(cfg, dtype, shape, layout),
              "cache": plan.kv_cache_bytes(cfg, CACHE_ROWS, CACHE_SLOTS, shape, dtype),  # donated

@@ -357,7 +357,8 @@ def test_ring_buffers_are_updated_in_place():
     stacks = {str(list(x.shape)).replace(" ", "") for x in (*cache.k, *cache.v, cache.ring_k, cache.ring_v)}
     graphdef, state = nnx.split(model)
     programs = {"extend": _extend.lower(graphdef, state, cache, jnp.ones((2, 8), jnp.int32), jnp.ones((2, 8), bool)),
-                "decode": _decode.lower(graphdef, state, cache, kernels.row_keys(0, range(2)), params=params(4, 0.0),
+                "decode": _decode.lower(graphdef, state, cache, kernels.row_keys(0, range(2)),
+                                        *kernels.to_the_end(np.ones(2, bool), 4, 0), params=params(4, 0.0),
                                         stop_ids=(2,), pad_id=0, impl="threefry2x32")}
     for name, lowered in programs.items():
         copied = set(re.findall(r"= \w+(\[[\d,]*\])[^=\n]*? copy\(", lowered.compile().as_text()))

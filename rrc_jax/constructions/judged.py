@@ -34,6 +34,9 @@ class JudgeSettings(JudgeConfig):
     votes: int = 2  # V judgments per pair (voting@V)
     swap: bool = True  # alternate the A/B order across votes (beyond the paper: position bias)
     early_stop: bool = False  # ask votes in rounds, stop a pair once its majority is decided (same rewards)
+    # decode in lanes that take the next waiting question when a judgment ends, not in chunks that wait for their
+    # longest (rrc_jax.inference.lanes; the same judgments; one process)
+    continuous: bool = False
 
     def __post_init__(self):
         if self.votes < 1:
@@ -53,7 +56,7 @@ class JudgeSettings(JudgeConfig):
 def make_judge(s, roles) -> Judge:
     """The GRM of `roles` as a `Judge` asking per the run's `s.judge` (`reward.judge`), seeded from `s.seed`."""
     sampler = role_sampler(roles, "grm", engine=s.inference, max_batch=s.judge.max_batch,
-                           max_batch_tokens=s.judge.max_batch_tokens)
+                           max_batch_tokens=s.judge.max_batch_tokens, continuous=s.judge.continuous)
     return Judge(sampler, roles.tokenizer("grm"), dataclasses.replace(s.judge, seed=s.seed))
 
 

@@ -50,7 +50,7 @@ import numpy as np
 from flax import nnx
 
 from rrc_jax import distributed
-from rrc_jax.inference import question_tree
+from rrc_jax.inference import lanes, question_tree
 from rrc_jax.inference.kernels import decode, extend, generate, prefill
 from rrc_jax.inference.rollout_copy import RolloutCopy
 from rrc_jax.inference.sampler import SampleOutput, SamplerStats, SamplingParams, Suffix
@@ -91,16 +91,24 @@ class JaxSampler:
         tree's parts cut to fit, `_reuse`) rather than compiling shapes of their own: for a server, whose batches of
         unrelated requests take ever new shapes. Decoding reads the weights once a step whatever the rows, so
         padding costs little; a new compilation costs seconds (minutes for a large model on a pod). One process.
+      continuous: `complete` decodes in lanes that take the next waiting question when a judgment ends
+        (`rrc_jax.inference.lanes`) rather than in chunks that decode until their longest judgment ends; the same
+        continuations. One process.
     """
 
     def __init__(self, model: Decoder, tokenizer=None, *, max_batch: int = 256, prefix_reuse: bool = True,
                  stop_token_ids: Sequence[int] | None = None, pad_id: int | None = None, role: str = "policy",
-                 layout: Layout | None = None, reuse_shapes: bool = False, max_batch_tokens: int | None = None):
+                 layout: Layout | None = None, reuse_shapes: bool = False, max_batch_tokens: int | None = None,
+                 continuous: bool = False):
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch} must be >= 1")
         if max_batch_tokens is not None and max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens={max_batch_tokens} must be >= 1 (or None: rows alone bound a call)")
         self.max_batch_tokens = max_batch_tokens
+        if continuous and jax.process_count() > 1:
+            raise ValueError("continuous=True: continuous batching runs in one process; on several hosts leave it "
+                             "off (the judge decodes in chunks)")
+        self.continuous = continuous
         if reuse_shapes and jax.process_count() > 1:
             raise ValueError("reuse_shapes: one process only (the hosts would have to agree on the shapes they keep)")
         self.copy = RolloutCopy(model, layout, model.cfg.dtype) if layout is not None and layout.devices > 1 else None
@@ -201,6 +209,9 @@ class JaxSampler:
         if params.temperature == 0 and len({(o, tuple(s)) for o, s in suffixes}) < len(suffixes):
             return self._greedy_once(prefixes, suffixes, params, key, splits)
         streams = np.arange(len(suffixes)) if streams is None else np.asarray(streams, np.int64)
+        if self.continuous:
+            self._check_prefixes(prefixes, suffixes)
+            return lanes.complete(self, prefixes, suffixes, params, key, streams)
         n, q = params.max_new_tokens, len(suffixes)
         tokens = np.full((q, n), self.pad_id, np.int32)
         logprobs = np.zeros((q, n), np.float32)
@@ -246,10 +257,7 @@ class JaxSampler:
                 splits: Sequence[int] | None) -> Iterator[tuple[list[int], np.ndarray, KVCache]]:
         """(question indices of a chunk, the cache row of each, the chunk's cache with room for `extra` more
         tokens); the other rows of the cache are padding."""
-        for i, (owner, _) in enumerate(suffixes):
-            if not 0 <= owner < len(prefixes) or not prefixes[owner]:
-                raise ValueError(f"question {i}: prefix index {owner} is out of range or its prefix is empty (every "
-                                 "question needs at least one prefix token, e.g. BOS)")
+        self._check_prefixes(prefixes, suffixes)
         if self.prefix_reuse:
             yield from self._tree_caches(prefixes, suffixes, extra, splits)
             return
@@ -261,6 +269,13 @@ class JaxSampler:
             self.stats.prefill_tokens += sum(len(full[i]) for i in chunk)
             yield chunk, np.arange(len(chunk)), prefill(self.model, ids, mask,
                                                         cache_size=round_up(t + max(extra, 1), ATTENTION_BLOCK))
+
+    @staticmethod
+    def _check_prefixes(prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suffix]) -> None:
+        for i, (owner, _) in enumerate(suffixes):
+            if not 0 <= owner < len(prefixes) or not prefixes[owner]:
+                raise ValueError(f"question {i}: prefix index {owner} is out of range or its prefix is empty (every "
+                                 "question needs at least one prefix token, e.g. BOS)")
 
     def _reuse(self, parts: list[question_tree.Piece], shape: tuple[int, ...], n: int, extra: int
                ) -> tuple[list[list[question_tree.Piece]], list[tuple]]:

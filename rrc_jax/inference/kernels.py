@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -91,36 +92,59 @@ def _extend(graphdef, state, cache, ids, mask):
     return nnx.merge(graphdef, state).extend(cache, ids, mask)
 
 
+class Run(NamedTuple):
+    """The decoding state of a batch's rows: tokens `[B, N]` (pad after each row's end), logprobs `[B, N]`, lengths
+    `[B]` (tokens generated), stopped `[B]` (a stop token emitted), done `[B]` (stopped, N tokens, or no row to
+    decode: padding, a lane waiting for a question)."""
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    lengths: jax.Array
+    stopped: jax.Array
+    done: jax.Array
+
+
+def new_run(live: np.ndarray, n: int, pad_id: int) -> Run:
+    """The `Run` of rows about to decode up to `n` tokens, `live [B]` the ones to decode (the others done)."""
+    b = len(live)
+    return Run(np.full((b, n), pad_id, np.int32), np.zeros((b, n), np.float32), np.zeros(b, np.int32),
+               np.zeros(b, bool), ~np.asarray(live, bool))
+
+
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("params", "stop_ids", "pad_id", "impl"),
-                   donate_argnums=(2,))
-def _decode(graphdef, state, cache, keys, live=None, *, params, stop_ids, pad_id, impl):
+                   donate_argnums=(2, 4))
+def _decode(graphdef, state, cache, keys, run, waiting, refill_at, *, params, stop_ids, pad_id, impl):
+    """Decode until every row is done, or until `refill_at` of the rows marked `waiting [B]` are done (a lane with
+    a question to take: `rrc_jax.inference.lanes`). Row b's token t draws with `fold_in(keys[b], t)` (its own
+    stream, `keys [B]`) or, with one key for the batch, `fold_in(keys, step)`."""
     model = nnx.merge(graphdef, state)
     keys = jax.random.wrap_key_data(keys, impl=impl)  # [] the batch's key, or [B] each row's own stream
     b, n = cache.batch_size, params.max_new_tokens
     stop = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
+    rows = jnp.arange(b)
 
     def cond(carry):
-        i, _, _, _, done, _ = carry
-        return (i < n) & ~jnp.all(done)
+        _, _, run = carry
+        return ~jnp.all(run.done) & (jnp.sum(run.done & waiting) < refill_at)
 
     def body(carry):
-        i, cache, tokens, logprobs, done, lengths = carry
-        step_keys = jax.random.fold_in(keys, i) if keys.ndim == 0 else jax.vmap(jax.random.fold_in, (0, None))(keys, i)
+        i, cache, (tokens, logprobs, lengths, stopped, done) = carry
+        step_keys = (jax.random.fold_in(keys, i) if keys.ndim == 0
+                     else jax.vmap(jax.random.fold_in)(keys, lengths))  # a row's t-th token: its own t-th draw
         tok = sample_token(cache.logits, step_keys, params)
         lp = jnp.take_along_axis(jax.nn.log_softmax(cache.logits, axis=-1), tok[:, None], axis=-1)[:, 0]
         active = ~done
         tok = jnp.where(active, tok, pad_id)
-        tokens = tokens.at[:, i].set(tok)
-        logprobs = logprobs.at[:, i].set(jnp.where(active, lp, 0.0))
+        column = jnp.where(active, lengths, n)  # (n: out of bounds, dropped)
+        tokens = tokens.at[rows, column].set(tok, mode="drop")
+        logprobs = logprobs.at[rows, column].set(lp, mode="drop")
         cache = model.extend(cache, tok[:, None], active[:, None])
-        done = done | (active & jnp.isin(tok, stop))
-        return i + 1, cache, tokens, logprobs, done, lengths + active
+        ends = active & jnp.isin(tok, stop)
+        lengths = lengths + active
+        return i + 1, cache, Run(tokens, logprobs, lengths, stopped | ends, done | ends | (lengths >= n))
 
-    init = (jnp.zeros((), jnp.int32), cache, jnp.full((b, n), pad_id, jnp.int32), jnp.zeros((b, n), jnp.float32),
-            jnp.zeros((b,), bool) if live is None else ~live,  # `live [B]`: padding rows end before step 0
-            jnp.zeros((b,), jnp.int32))
-    _, cache, tokens, logprobs, done, lengths = jax.lax.while_loop(cond, body, init)
-    return (tokens, logprobs, lengths, ~done), cache  # the cache returned: its buffers are the donated input's
+    steps, cache, run = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), cache, Run(*run)))
+    return run, cache, steps  # the cache returned: its buffers are the donated input's
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -183,15 +207,39 @@ def decode(model: Decoder, cache: KVCache, params: SamplingParams, *, rng: jax.A
     if end + n > cache.size:
         raise ValueError(f"prompt ({end} slots) plus max_new_tokens={n} does not fit the cache of "
                          f"{cache.size} slots; prefill with cache_size >= {end + n}")
-    stop = model.cfg.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
     key = jax.random.key(rng) if isinstance(rng, int) else rng
     mesh = mesh_of(model)
     keys = jax.random.key_data(key) if streams is None else put_rows(row_keys(key, streams), mesh)
-    graphdef, state = nnx.split(model)
     live = np.ones(cache.batch_size // jax.process_count(), bool) if live is None else np.asarray(live, bool)
-    out, _ = _decode(graphdef, state, cache, keys, put_rows(live, mesh), params=params, stop_ids=tuple(stop),
-                     pad_id=_pad_id(model, pad_id), impl=str(jax.random.key_impl(key)))
-    return SampleOutput(*(host_rows(x, mesh) for x in out))
+    pad_id = _pad_id(model, pad_id)
+    run, _, _ = decode_rows(model, cache, put_rows(new_run(live, n, pad_id), mesh), keys, params, pad_id=pad_id,
+                         impl=str(jax.random.key_impl(key)))
+    return SampleOutput(*(host_rows(x, mesh) for x in run_output(run)))
+
+
+def to_the_end(live: np.ndarray, n: int, pad_id: int) -> tuple[Run, np.ndarray, np.ndarray]:
+    """`_decode`'s run, waiting rows and refill count for rows `live [B]` decoding up to `n` tokens to the end."""
+    return new_run(live, n, pad_id), np.zeros(len(live), bool), np.int32(len(live) + 1)
+
+
+def run_output(run: Run) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """tokens, logprobs, lengths and truncated (N tokens without a stop token) of a `Run` (`SampleOutput`)."""
+    return run.tokens, run.logprobs, run.lengths, (run.lengths >= run.tokens.shape[1]) & ~run.stopped
+
+
+def decode_rows(model: Decoder, cache: KVCache, run: Run, keys: jax.Array, params: SamplingParams, *,
+                pad_id: int, impl: str, waiting: jax.Array | None = None, refill_at: int = 0
+                ) -> tuple[Run, KVCache, jax.Array]:
+    """Continue `run` (consumed) over `cache` (consumed) until every row is done or, with `waiting [B]`, until
+    `refill_at` of the waiting rows are done; returns the run, the cache and the steps decoded (`_decode`). `keys`: key data, one
+    key for the batch or one per row (`row_keys`); `impl` its PRNG implementation."""
+    stop = model.cfg.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
+    if waiting is None:  # no lane waits: decode to the end
+        waiting, refill_at = put_rows(np.zeros(cache.batch_size // jax.process_count(), bool), mesh_of(model)), \
+            cache.batch_size + 1
+    graphdef, state = nnx.split(model)
+    return _decode(graphdef, state, cache, keys, run, waiting, jnp.int32(refill_at), params=params,
+                   stop_ids=tuple(stop), pad_id=pad_id, impl=impl)
 
 
 def generate(model: Decoder, prompts: Sequence[Sequence[int]], params: SamplingParams, *,

@@ -77,7 +77,7 @@ from rrc_jax.progress import say
 
 # Options the callers pass to every engine that only the JAX engine uses: the server batches, places and reuses
 # prefixes itself.
-JAX_ENGINE_OPTIONS = ("max_batch", "max_batch_tokens", "prefix_reuse", "layout")
+JAX_ENGINE_OPTIONS = ("max_batch", "max_batch_tokens", "prefix_reuse", "layout", "continuous")
 
 
 PROMPT_FORMATS = ("auto", "ids", "text")  # `prompt_format`: chosen by the probe, token ids, or text

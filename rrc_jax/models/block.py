@@ -160,7 +160,8 @@ class Attention(nnx.Module):
                 n_new = k.shape[3]
                 kv_cache = (tuple(sharding.constrain(x, KV_K) for x in write_blocks(kv_cache[0], k, end, 3, layer)),
                             tuple(sharding.constrain(x, KV_V) for x in write_blocks(kv_cache[1], v, end, 2, layer)))
-                carry = cache_attention(carry, q, *kv_cache, mask, n_slots=end + n_new, layer=layer, scoring=scoring)
+                carry = cache_attention(carry, q, *kv_cache, mask, n_slots=jnp.max(end) + n_new, layer=layer,
+                                        scoring=scoring)
             else:
                 carry, kv_cache = ring_attention(carry, q, k, v, ring, query_index, scoring)
             out = normalize_carry(carry)

@@ -288,7 +288,8 @@ class Decoder(nnx.Module):
         return (fix(tok), fix(ent)) if return_entropy else fix(tok)
 
     def extend(self, cache: KVCache, input_ids: jax.Array, attention_mask: jax.Array | None = None) -> KVCache:
-        """Append `input_ids [B, T]` (real where `attention_mask`) to `cache` at slots `[end, end + T)`.
+        """Append `input_ids [B, T]` (real where `attention_mask`) to `cache` at slots `[end, end + T)` (a cache of
+        lanes, `KVCache.lanes`: each row at its own `end[b]`, right-padded, advancing by its real tokens).
 
         Returns the updated cache whose `logits` are the next-token logits after each row's last real token
         (unchanged for a row with no real token in this chunk). The caller keeps `end + T <= cache.size`
@@ -298,9 +299,15 @@ class Decoder(nnx.Module):
             attention_mask = jnp.ones(input_ids.shape, bool)
         new = attention_mask.astype(bool)
         t, s = input_ids.shape[1], cache.size
-        valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, new, cache.end, axis=1)
-        slot_q = cache.end + jnp.arange(t)
-        mask = valid[:, None, :] & (jnp.arange(s)[None, None, :] <= slot_q[None, :, None])
+        if cache.lanes:  # each row's tokens at its own cursor; it advances by its real ones
+            idx = jnp.arange(s)[None] - cache.end[:, None]  # [B, S] the new token landing in each slot
+            hit = (idx >= 0) & (idx < t)
+            valid = jnp.where(hit, jnp.take_along_axis(new, jnp.clip(idx, 0, t - 1), axis=1), cache.valid)
+            slot_q, end = cache.end[:, None] + jnp.arange(t), cache.end + new.sum(axis=1, dtype=jnp.int32)
+        else:
+            valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, new, cache.end, axis=1)
+            slot_q, end = jnp.broadcast_to(cache.end + jnp.arange(t), new.shape), cache.end + t
+        mask = valid[:, None, :] & (jnp.arange(s)[None, None, :] <= slot_q[:, :, None])
         positions = cache.positions[:, None] + jnp.maximum(jnp.cumsum(new.astype(jnp.int32), axis=1) - 1, 0)
         key_positions = None
         if self.cfg.windows is not None:  # a slot's position: the row's tokens before it (its prefix's included)
@@ -315,5 +322,5 @@ class Decoder(nnx.Module):
         last = h[:, 0]
         logits = jnp.where(new.any(axis=1)[:, None], self.logits_from_hidden(last), cache.logits)
         return cache.replace(k=k, v=v, ring_k=ring_k, ring_v=ring_v, ring_positions=ring_positions, valid=valid,
-                             positions=cache.positions + new.sum(axis=1, dtype=jnp.int32), end=cache.end + t,
+                             positions=cache.positions + new.sum(axis=1, dtype=jnp.int32), end=end,
                              logits=logits)

@@ -45,7 +45,7 @@ class KVCache:
     `p [G*T, S_j] x v [S_j, D]`.
 
     valid `[B, S]` bool; positions `[B]` int32, the RoPE position of each row's next token (= its number of valid
-    tokens); end `[]` int32, the next slot to write; logits `[B, V]` float32, the next-token logits after each
+    tokens); end `[]` int32, the next slot to write (`[B]`, each row's own, in a cache of lanes: `as_lanes`); logits `[B, V]` float32, the next-token logits after each
     row's last valid token.
 
     A cache made by `branch(group, size)` also holds read-only prefixes, attended before the rows' own slots, in
@@ -95,6 +95,17 @@ class KVCache:
         return bool(self.shared_mask)
 
     @property
+    def lanes(self) -> bool:
+        """Whether each row writes at a cursor of its own (`end [B]`, `as_lanes`): a decoding lane that takes a new
+        question when its judgment ends (`rrc_jax.inference.lanes`)."""
+        return self.end.ndim == 1
+
+    def as_lanes(self) -> KVCache:
+        """This cache with a cursor per row (`end [B]`, each at the shared `end`): rows then advance by their own
+        real tokens, and `reset_lanes` empties a row's own slots for a new question."""
+        return self if self.lanes else self.replace(end=jnp.full((self.batch_size,), self.end, jnp.int32))
+
+    @property
     def ring(self) -> bool:
         """Whether the sliding layers keep only their window (ring buffers; see the class docstring)."""
         return self.ring_positions is not None
@@ -140,6 +151,43 @@ def _branch(cache: KVCache, group: int, size: int, ring: bool) -> KVCache:
                        shared_mask=cache.shared_mask + (mask,))
 
 
+def fresh_rows(cache: KVCache, n: int) -> KVCache:
+    """An empty cache of `n` rows laid out as `cache`'s own slots (size, dtype, rings), without shared prefixes."""
+    kh, d = (cache.k[0].shape[2], cache.k[0].shape[3]) if cache.k else (cache.ring_k.shape[2], cache.ring_k.shape[3])
+    dtype = cache.k[0].dtype if cache.k else cache.ring_k.dtype
+    return _empty_cache(cache.sliding, cache.window, n, kh, cache.size, d, dtype, cache.logits.shape[1],
+                        ring=cache.ring)
+
+
+def put_rows_of(cache: KVCache, rows: jax.Array, new: KVCache, ends: jax.Array) -> KVCache:
+    """`cache` (of lanes, `KVCache.lanes`) with its rows `rows [n]` (an index >= B: none, dropped) replaced by the
+    own slots of `new` (`n` rows, `fresh_rows`' layout, filled by `extend`), their cursors at `ends [n]`."""
+    put = lambda x, y, axis: x.at[(slice(None),) * axis + (rows,)].set(y, mode="drop")
+    slots = lambda blocks, axis: jnp.concatenate(blocks, axis=axis) if blocks else None
+    out = []
+    for blocks, new_blocks, axis in ((cache.k, new.k, 4), (cache.v, new.v, 3)):
+        whole, start, mine = slots(new_blocks, axis), 0, []
+        for block in blocks:  # the new rows' slots cut to this cache's blocks
+            n = block.shape[axis]
+            mine.append(put(block, jax.lax.slice_in_dim(whole, start, start + n, axis=axis), 1))
+            start += n
+        out.append(tuple(mine))
+    ring = {} if not cache.ring else dict(ring_k=put(cache.ring_k, new.ring_k, 1), ring_v=put(cache.ring_v, new.ring_v, 1),
+                                          ring_positions=put(cache.ring_positions, new.ring_positions, 0))
+    return cache.replace(k=out[0], v=out[1], valid=put(cache.valid, new.valid, 0),
+                         positions=put(cache.positions, new.positions, 0), logits=put(cache.logits, new.logits, 0),
+                         end=put(cache.end, ends, 0), **ring)
+
+
+def put_prefix(cache: KVCache, one: KVCache, slot: jax.Array) -> KVCache:
+    """`cache` (branched once) with its prefix `slot` replaced by the one row of `one` (prefilled, `ring=False`,
+    as many slots as the prefixes hold): a lane group's next prompt."""
+    k, v, mask = prefix_blocks(jnp.concatenate(one.k, axis=4), jnp.concatenate(one.v, axis=3), one.valid)
+    return cache.replace(shared_k=(cache.shared_k[0].at[:, :, slot].set(k[:, :, 0]),),
+                         shared_v=(cache.shared_v[0].at[:, :, slot].set(v[:, :, 0]),),
+                         shared_mask=(cache.shared_mask[0].at[:, slot].set(mask[:, 0]),))
+
+
 def prefix_blocks(k: jax.Array, v: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Every layer's prefixes k `[L, P, K, D, N]`, v `[L, P, K, N, D]`, mask `[P, N]` stored block-major for
     `shared_attention`: `[L, J, P, K, D, N_b]`, `[L, J, P, K, N_b, D]`, `[J, P, N_b]`, J blocks of
@@ -183,12 +231,15 @@ def _empty_kv(layers: int, b: int, kh: int, s: int, d: int, dtype) -> tuple[tupl
 def write_blocks(blocks: tuple[jax.Array, ...], new: jax.Array, end: jax.Array, axis: int, layer: jax.Array
                  ) -> tuple[jax.Array, ...]:
     """`blocks` (every layer's, stacked: `[L, ...]`, consecutive slots along the per-layer `axis`) with layer
-    `layer`'s `new` (T slots along `axis`) written at slots `[end, end + T)`; the caller keeps `end + T <= S`.
+    `layer`'s `new` (`[B, ...]`, T slots along `axis`) written at slots `[end, end + T)`; the caller keeps
+    `end + T <= S`. `end [B]` (a cache of lanes, `KVCache.lanes`): each row at its own slots, those past S dropped.
 
     One block, or one new token: an in-place update of each block (a block that does not hold the slot rewrites
     its own value there, so decoding touches one slot per block). Several tokens over several blocks (prefill,
     extend): the layer's part of each block is rebuilt from a gather of the tokens that land in it.
     """
+    if end.ndim:
+        return _write_rows(blocks, new, end, axis, layer)
     axis += 1  # in the stacked block
     t, upd, out, start = new.shape[axis - 1], new.astype(blocks[0].dtype)[None], [], 0
 
@@ -215,6 +266,33 @@ def write_blocks(blocks: tuple[jax.Array, ...], new: jax.Array, end: jax.Array, 
             hit = ((idx >= 0) & (idx < t)).reshape(shape)
             mine = jax.lax.dynamic_index_in_dim(block, layer, 0, keepdims=True)
             block = put(block, jnp.where(hit, jnp.take(upd, jnp.clip(idx, 0, t - 1), axis=axis), mine), 0)
+        out.append(block)
+        start += n
+    return tuple(out)
+
+
+def _write_rows(blocks: tuple[jax.Array, ...], new: jax.Array, end: jax.Array, axis: int, layer: jax.Array
+                ) -> tuple[jax.Array, ...]:
+    """`write_blocks` with a slot of its own per row, `end [B]`: one new token is scattered (one slot per row, in
+    place); several are placed by a gather per row, as `write_blocks` places them in a block."""
+    t, upd, out, start = new.shape[axis], new.astype(blocks[0].dtype), [], 0
+    b = new.shape[0]
+    for block in blocks:
+        n = block.shape[axis + 1]
+        if t == 1:  # [L, B, ..., S_j, ...]: row r's token at slot end[r] - start of layer `layer`, when inside
+            local = end - start
+            local = jnp.where((local >= 0) & (local < n), local, n)  # n: out of bounds, dropped
+            index = [layer, jnp.arange(b)] + [slice(None)] * (block.ndim - 2)
+            index[axis + 1] = local
+            block = block.at[tuple(index)].set(jnp.squeeze(upd, axis), mode="drop")
+        else:
+            idx = start + jnp.arange(n)[None] - end[:, None]  # [B, n] which new token lands in each slot
+            shape = [b] + [1] * (new.ndim - 1)
+            shape[axis] = n
+            hit = ((idx >= 0) & (idx < t)).reshape(shape)
+            taken = jnp.take_along_axis(upd, jnp.clip(idx, 0, t - 1).reshape(shape), axis=axis)
+            mine = jax.lax.dynamic_index_in_dim(block, layer, 0, keepdims=False)
+            block = jax.lax.dynamic_update_index_in_dim(block, jnp.where(hit, taken, mine), layer, 0)
         out.append(block)
         start += n
     return tuple(out)
