@@ -44,14 +44,15 @@ REFILL_FRACTION = 8  # a segment of decoding ends once 1/8 of the lanes with wor
 
 class LanePlan(NamedTuple):
     """The lanes of a call: `slots` prefix slots (P) of `lanes` rows each (M), prefixes padded to `prefix` slots,
-    questions below them to `question` tokens, each lane `own` slots (its question and its judgment), refilled
-    `refill` rows at a time."""
+    questions below them to `question` tokens, each lane `own` slots (its question and its judgment); decoding
+    stops for refills once `refill_at` lanes wait, which are prefilled `refill` rows at a time."""
 
     slots: int
     lanes: int
     prefix: int
     question: int
     own: int
+    refill_at: int
     refill: int
 
     @property
@@ -72,7 +73,8 @@ def lane_plan(prefix_lengths: Sequence[int], questions: Sequence[int], question_
     while max_slots is not None and lanes * slots * own + slots * prefix > max_slots and lanes * slots > 1:
         lanes, slots = (lanes - 1, slots) if lanes > 1 else (lanes, slots - 1)
     rows = slots * lanes
-    return LanePlan(slots, lanes, prefix, question, own, min(rows, max(1, round_up(-(-rows // REFILL_FRACTION), 8))))
+    refill_at = -(-rows // REFILL_FRACTION)
+    return LanePlan(slots, lanes, prefix, question, own, refill_at, min(rows, round_up(refill_at, 8)))
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
@@ -163,7 +165,7 @@ def complete(sampler, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suff
                                                      if slot_owner[b // m] >= 0 else False for b in range(r)])
         run, cache, steps = decode_rows(model, cache, put_rows(run, mesh), put_rows(lane_keys, mesh), params,
                                         pad_id=pad, impl=str(jax.random.key_impl(key)),
-                                        waiting=put_rows(waiting, mesh), refill_at=plan.refill)
+                                        waiting=put_rows(waiting, mesh), refill_at=plan.refill_at)
         run = Run(*(host_rows(x, mesh) for x in run))
         stats.decode_row_steps += r * int(steps)
     stats.generated_tokens += int(out.lengths.sum())
