@@ -509,3 +509,35 @@ def test_the_planner_predicts_time_per_phase():
     assert plan.judge_chips(times, 64) == 144 and plan.judge_chips(times[:1] + times[3:], 64) == 0
     assert plan.judge_chips([plan.PhaseTime("judge decode", 4.0, "HBM"), plan.PhaseTime("update", 4.0, "x")], 16) == 16
     assert "judge chips to keep pace: " in out
+
+
+def test_continuous_batching_decodes_the_expected_tokens_and_prefills_each_question():
+    """With `reward.judge.continuous` the judge's decode runs the engine's own lanes (`lanes.lane_plan`) for the
+    expected judgment length, each question prefilled below its prompt; the report prints the judge chips to keep
+    pace with each lever in turn and what bounds the decode step."""
+    from rrc_jax.plan.step_time import judge_lanes, judge_phases, question_tokens
+
+    config = paper_recipe()
+    config.reward.judge.max_new_tokens = 1024
+    chunked = validate(config)
+    p = plan.plan(chunked, "v5e-64")
+    config.reward.judge.continuous = True
+    lanes = {}
+    for expected in (1024, 512):
+        config.reward.judge.expected_tokens = expected
+        s = validate(config)
+        prefill, decode = judge_phases(s, p)
+        lanes[expected] = decode.seconds
+        work = plan.judge_work(s, s.reward.judge_load(s), 32)
+        plan_ = judge_lanes(s, work)
+        assert plan_.rows * plan_.own + plan_.slots * plan_.prefix <= s.judge.max_batch_tokens
+        assert f"{work.questions * expected // plan_.rows + 1:,} steps" in decode.detail
+        assert f"{32 * work.prefix + work.questions * question_tokens(s):,} tokens" in prefill.detail
+    assert lanes[512] < 0.6 * lanes[1024]  # half the tokens, and each step reads a shorter cache
+    out = plan.report(s, "v5e-64")
+    assert "judge chips to keep pace, chunks decoding to their longest judgment: 1,782" in out, out
+    assert "+ continuous batching, judgments of 512 tokens expected" in out
+    assert "rows a replica" in out and "bound by its weights" in out
+    config.reward.judge.expected_tokens = 2048
+    with pytest.raises(Exception, match="expected_tokens"):
+        validate(config)

@@ -37,6 +37,9 @@ class JudgeSettings(JudgeConfig):
     # decode in lanes that take the next waiting question when a judgment ends, not in chunks that wait for their
     # longest (rrc_jax.inference.lanes; the same judgments; one process)
     continuous: bool = False
+    # the judgments' expected length, for the planner's decode with continuous batching (0: max_new_tokens); a run
+    # logs its measured mean as judge/mean_judgment_tokens
+    expected_tokens: int = 0
 
     def __post_init__(self):
         if self.votes < 1:
@@ -47,6 +50,9 @@ class JudgeSettings(JudgeConfig):
                               "reward.judge.votes=1")
         if self.max_batch < 1:
             raise field_error("reward.judge", "max_batch", f"{self.max_batch} must be >= 1")
+        if not 0 <= self.expected_tokens <= self.max_new_tokens:
+            raise field_error("reward.judge", "expected_tokens", f"{self.expected_tokens} must be in [0, "
+                              f"max_new_tokens={self.max_new_tokens}] (0: max_new_tokens)")
         if self.max_batch_tokens < 1:
             raise field_error("reward.judge", "max_batch_tokens", f"{self.max_batch_tokens} must be >= 1")
         super().__post_init__()  # the sampling fields
@@ -77,7 +83,9 @@ def judge_metrics(judge: Judge) -> dict[str, float]:
     decode = {"judge/decode_row_steps": s["decode_row_steps"],
               "judge/row_steps_per_token": s["decode_row_steps"] / s["decoded_tokens"]} if s["decoded_tokens"] and \
         s["decode_row_steps"] else {}
-    return {**skipped, **forced, **decode, "judge/questions": s["questions"], "judge/tokens": s["judge_tokens"],
+    # the judgments' mean length, what the planner's reward.judge.expected_tokens estimates
+    mean = {"judge/mean_judgment_tokens": s["judge_tokens"] / s["questions"]} if s["questions"] else {}
+    return {**skipped, **forced, **decode, **mean, "judge/questions": s["questions"], "judge/tokens": s["judge_tokens"],
             "judge/abstain_rate": s["abstain_rate"], "judge/position_consistency": s["position_consistency"],
             "judge/prefill_tokens": s["prefill_tokens"], "judge/prefill_tokens_saved": s["prefill_tokens_saved"],
             "judge/too_long": s["too_long"],

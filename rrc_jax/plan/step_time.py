@@ -7,7 +7,8 @@ import dataclasses
 
 from rrc_jax.models.batches import bucket_length
 from rrc_jax.plan.hardware import GiB, Topology, split_size, topology
-from rrc_jax.plan.judge_work import judge_work
+from rrc_jax.inference.lanes import LanePlan, lane_plan
+from rrc_jax.plan.judge_work import JudgeWork, judge_work, template_tokens
 from rrc_jax.plan.memory import PHASES, Plan, gather_traffic_bytes, layer_slots, plan
 from rrc_jax.plan.shapes import itemsize, matmul_params, model_config, param_bytes
 
@@ -55,22 +56,123 @@ def forward_time(topo: Topology, cfg, dtype: str, shape, layout: str, tokens: fl
     return _roofline(topo, flops, hbm, ici)
 
 
-def decode_time(topo: Topology, cfg, dtype: str, shape, layout: str, rows: int, steps: int, prefixes: int,
-                prefix: int, own: int) -> tuple[float, str]:
-    """`steps` decode steps of `rows` rows continuing `prefixes` shared prefixes of `prefix` tokens, each row with
-    `own` tokens of its own before the first step: per step every weight and every cached token read once (a
-    shared prefix once for its rows), 2 FLOP per parameter and row, and the layout's communication."""
+def decode_step_reads(cfg, dtype: str, shape, layout: str, rows: int, prefixes: int, prefix: int,
+                      cached: float) -> tuple[float, float]:
+    """Bytes a device reads in one decode step of `rows` rows continuing `prefixes` shared prefixes of `prefix`
+    tokens, each row holding `cached` tokens of its own (a sliding layer at most its window): (the weights, the
+    cache), each shared prefix read once for its rows."""
     groups, tensor = shape[0] * shape[1], shape[2]
     kv = _kv_slot_bytes(cfg, dtype, tensor)
+    cache = (-(-prefixes // groups) * prefix * cfg.num_layers + -(-rows // groups) * layer_slots(cfg, cached)) * kv
+    return param_bytes(cfg, dtype, shape, layout), cache
+
+
+def decode_time(topo: Topology, cfg, dtype: str, shape, layout: str, rows: int, steps: int, prefixes: int,
+                prefix: int, own: int, mean_new: float | None = None) -> tuple[float, str]:
+    """`steps` decode steps of `rows` rows continuing `prefixes` shared prefixes of `prefix` tokens, each row with
+    `own` tokens of its own before its first step and `mean_new` decoded on average through the steps (default
+    `steps / 2`: every row from the first step to the last): per step every weight and every cached token read
+    once (a shared prefix once for its rows), 2 FLOP per parameter and row, and the layout's communication."""
+    groups, tensor = shape[0] * shape[1], shape[2]
     per_row = -(-rows // groups)
-    cached = (-(-prefixes // groups) * prefix * cfg.num_layers  # a sliding layer's own slots: its window at most
-              + per_row * layer_slots(cfg, own + steps / 2)) * kv  # (the mean over the steps)
+    weights, cache = decode_step_reads(cfg, dtype, shape, layout, rows, prefixes, prefix,
+                                       own + (steps / 2 if mean_new is None else mean_new))
     flops = 2 * matmul_params(cfg) * per_row / tensor
-    hbm = param_bytes(cfg, dtype, shape, layout) + cached
     ici = (_allreduce_bytes(cfg, per_row, dtype, tensor) if layout == "inference"
            else gather_traffic_bytes(cfg, dtype, shape))  # the training layout gathers every layer at every step
-    step, bound = _roofline(topo, flops, hbm, ici)
+    step, bound = _roofline(topo, flops, weights + cache, ici)
     return steps * step, bound
+
+
+def expected_tokens(s) -> int:
+    """The judgments' expected length: `reward.judge.expected_tokens`, else the limit."""
+    return s.judge.expected_tokens or s.judge.max_new_tokens
+
+
+def judge_lanes(s, work: JudgeWork) -> LanePlan:
+    """The lanes the engine decodes a step's questions in with continuous batching (`lanes.lane_plan`, on the
+    planner's question lengths): a lane keeps its question below the prompt, the first response included."""
+    load = s.reward.judge_load(s)
+    per_prompt = load.questions
+    return lane_plan([work.prefix] * work.prompts, [per_prompt] * work.prompts, question_tokens(s),
+                     s.judge.max_new_tokens, s.judge.max_batch, s.judge.max_batch_tokens)
+
+
+def question_tokens(s) -> int:
+    """A judge question's tokens below its prompt (its responses and the template's text around them)."""
+    _, head, tail = template_tokens(s)
+    return 2 * s.rollout.max_new_tokens + head + tail
+
+
+def judge_phases(s, p: Plan, tree: bool = True) -> list[PhaseTime]:
+    """The judge's prefill and decode of a step: in chunks that decode until their longest judgment ends (each
+    `max_new_tokens`: a chunk waits for its longest), or with `reward.judge.continuous` in lanes (`judge_lanes`)
+    that decode `expected_tokens` a question on average and prefill each question below its prompt."""
+    rl, judge = s.rollout, s.judge
+    grm, (glayout, gwhere) = model_config(s.models.grm, field="models.grm"), p.layouts["grm"]
+    work = judge_work(s, s.reward.judge_load(s), rl.prompts_per_step)
+    if judge.continuous:
+        lanes, mean = judge_lanes(s, work), expected_tokens(s)
+        tokens = rl.prompts_per_step * work.prefix + work.questions * question_tokens(s)
+        steps = -(-work.questions * mean // lanes.rows)
+        decode = decode_time(p.topology, grm, s.models.dtype, gwhere, glayout, lanes.rows, steps, lanes.slots,
+                             work.prefix, question_tokens(s), mean / 2)
+        return [PhaseTime("judge prefill", *forward_time(p.topology, grm, s.models.dtype, gwhere, glayout, tokens),
+                          f"{tokens:,} tokens: {rl.prompts_per_step} prefixes x {work.prefix}, each question's "
+                          f"{question_tokens(s)} below its prompt (continuous batching)"),
+                PhaseTime("judge decode", *decode, f"{work.questions} questions x {mean} tokens expected in "
+                          f"{lanes.rows} lanes ({lanes.slots} prompts x {lanes.lanes}), {steps:,} steps, {glayout} "
+                          "layout (continuous batching)")]
+    prefill = forward_time(p.topology, grm, s.models.dtype, gwhere, glayout,
+                           work.prefill_tokens if tree else work.flat_prefill_tokens)
+    chunk = min(work.questions, work.rows)  # (at most max_batch rows, within max_batch_tokens)
+    chunks = -(-work.questions // chunk)
+    p_, f, m, c = work.chunk
+    shared = p_ * work.prefix + p_ * f * work.first + (p_ * f * m * work.rest if c > 1 else 0)
+    leaves = p_ * f * m  # the shared levels' slots a chunk's rows read, spread over its questions
+    decode = decode_time(p.topology, grm, s.models.dtype, gwhere, glayout, chunk, judge.max_new_tokens,
+                         max(1, leaves * chunk // work.rows), shared // leaves, 0 if c > 1 else work.rest)
+    return [PhaseTime("judge prefill", *prefill, f"{work.prefill_tokens:,} tokens: {rl.prompts_per_step} prefixes "
+                                                 f"x {work.prefix}, firsts x {work.first}, questions x "
+                                                 f"{work.rest} ({work.flat_prefill_tokens:,} without the tree)"),
+            PhaseTime("judge decode", chunks * decode[0], decode[1],
+                      f"{chunks} chunks of {chunk} questions x {judge.max_new_tokens} tokens, {glayout} layout")]
+
+
+def judge_decode_reads(s, p: Plan) -> tuple[int, float, float]:
+    """The judge's decode step as configured: (rows a replica advances, bytes of weights and of cache a device
+    reads), the cache at its mean length over the step's judgments."""
+    rl, judge, (glayout, gwhere) = s.rollout, s.judge, p.layouts["grm"]
+    grm, work = model_config(s.models.grm, field="models.grm"), judge_work(s, s.reward.judge_load(s),
+                                                                           s.rollout.prompts_per_step)
+    if judge.continuous:
+        lanes = judge_lanes(s, work)
+        rows, reads = lanes.rows, decode_step_reads(grm, s.models.dtype, gwhere, glayout, lanes.rows, lanes.slots,
+                                                    work.prefix, question_tokens(s) + expected_tokens(s) / 2)
+    else:
+        rows = min(work.questions, work.rows)
+        p_, f, m, c = work.chunk
+        reads = decode_step_reads(grm, s.models.dtype, gwhere, glayout, rows, p_, work.prefix,
+                                  (0 if c > 1 else work.rest) + judge.max_new_tokens / 2)
+    return -(-rows // (gwhere[0] * gwhere[1])), *reads
+
+
+def lever_lines(s, p: Plan) -> list[str]:
+    """The judge chips to keep pace (`judge_chips`) with each built lever added in turn: chunks, then continuous
+    batching at the expected judgment length; and what bounds the judge's decode step as configured."""
+    devices, out = p.topology.devices, []
+    chunks = dataclasses.replace(s, judge=dataclasses.replace(s.judge, continuous=False))
+    lanes = dataclasses.replace(s, judge=dataclasses.replace(s.judge, continuous=True))
+    for what, x in (("chunks decoding to their longest judgment", chunks),
+                    (f"+ continuous batching, judgments of {expected_tokens(s)} tokens expected "
+                     "(reward.judge.continuous, reward.judge.expected_tokens)", lanes)):
+        times = step_times(x, p)
+        judge = sum(t.seconds for t in times if t.name.startswith("judge"))
+        out.append(f"judge chips to keep pace, {what}: {judge_chips(times, devices):,} ({judge:.1f} s of judging)")
+    rows, weights, cache = judge_decode_reads(s, p)
+    out.append(f"judge decode step: {rows} rows a replica, {weights / GiB:.2f} GiB of weights and {cache / GiB:.2f} "
+               f"GiB of cache a chip read: bound by its {'weights' if weights >= cache else 'cache'}")
+    return out
 
 
 def step_times(s, p: Plan, tree: bool = True) -> list[PhaseTime]:
@@ -88,22 +190,7 @@ def step_times(s, p: Plan, tree: bool = True) -> list[PhaseTime]:
                                                     prompt, 0),
                      f"{rows} rows x {new} tokens, {layout} layout (data={where[0] * where[1]} tensor={where[2]})")]
     if "grm" in p.layouts:
-        grm, (glayout, gwhere) = model_config(s.models.grm, field="models.grm"), p.layouts["grm"]
-        judge, work = s.judge, judge_work(s, s.reward.judge_load(s), rl.prompts_per_step)
-        prefill = forward_time(topo, grm, dtype, gwhere, glayout,
-                               work.prefill_tokens if tree else work.flat_prefill_tokens)
-        chunk = min(work.questions, work.rows)  # (at most max_batch rows, within max_batch_tokens)
-        chunks = -(-work.questions // chunk)
-        p_, f, m, c = work.chunk
-        shared = p_ * work.prefix + p_ * f * work.first + (p_ * f * m * work.rest if c > 1 else 0)
-        leaves = p_ * f * m  # the shared levels' slots a chunk's rows read, spread over its questions
-        decode = decode_time(topo, grm, dtype, gwhere, glayout, chunk, judge.max_new_tokens,
-                             max(1, leaves * chunk // work.rows), shared // leaves, 0 if c > 1 else work.rest)
-        out += [PhaseTime("judge prefill", *prefill, f"{work.prefill_tokens:,} tokens: {rl.prompts_per_step} prefixes "
-                                                     f"x {work.prefix}, firsts x {work.first}, questions x "
-                                                     f"{work.rest} ({work.flat_prefill_tokens:,} without the tree)"),
-                PhaseTime("judge decode", chunks * decode[0], decode[1],
-                          f"{chunks} chunks of {chunk} questions x {judge.max_new_tokens} tokens, {glayout} layout")]
+        out += judge_phases(s, p, tree)
     length, shape = prompt + new, p.mesh
     passes = int(learner.mu > 1 or learner.minibatch_size < rows) + int(s.grpo.beta > 0)
     if passes:
@@ -228,7 +315,8 @@ def format_times(s, p: Plan) -> str:
     lines.append(f"{'step':<30} {total:>10.2f}")
     if "grm" in p.layouts:
         w = judge_work(s, s.reward.judge_load(s), s.rollout.prompts_per_step)
-        flat = sum(t.seconds for t in step_times(s, p, tree=False))
+        chunks = dataclasses.replace(s, judge=dataclasses.replace(s.judge, continuous=False))
+        flat = sum(t.seconds for t in step_times(chunks, p, tree=False))
         lines.append(f"judge a step: {w.questions:,} questions, {w.prefill_tokens:,} prefill tokens with the prefix "
                      f"tree ({w.flat_prefill_tokens:,} with every vote prefilled on its own: a step of {flat:.2f} s), "
                      f"up to {w.decode_tokens:,} decode tokens")
@@ -236,6 +324,7 @@ def format_times(s, p: Plan) -> str:
         lines.append(f"judge chips to keep pace: {judge_chips(times, p.topology.devices)} chips of this kind for the "
                      f"judge alone (its {judge:.1f} s of this step on {p.topology.devices} chips, against "
                      f"{total - judge:.1f} s of the policy's phases; served on chips of its own, steps overlapped)")
+        lines += lever_lines(s, p)
         lines += pipelined_lines(s, p, times)
         if w.early_questions < w.questions:
             lines.append(f"early-stopped voting (reward.judge.early_stop): {w.early_questions:,} to {w.questions:,} "
