@@ -90,7 +90,7 @@ def test_a_lane_plan_stays_within_its_rows_and_slots():
     assert (plan.slots, plan.lanes, plan.rows, plan.refill_at, plan.refill) == (2, 100, 200, 25, 32)
     assert plan.own == 128 and plan.prefix == 48 and plan.question == 32  # (length buckets; 64-slot blocks)
     small = lane_plan([30, 40], [100, 100], 20, 64, 256, max_slots=20 * 128)
-    assert small.rows * small.own + small.slots * small.prefix <= 20 * 128 and small.rows >= 16
+    assert (small.rows + small.slots) * small.own + small.slots * small.prefix <= 20 * 128 and small.rows >= 14
     assert lane_plan([5] * 300, [1] * 300, 4, 8, 256).rows == 256  # more prompts than rows: a lane each
     assert lane_plan([5], [3], 4, 8, 256)[-2:] == (1, 3)
 
@@ -101,3 +101,20 @@ def test_continuous_batching_is_one_process_and_jax_engine_only():
     from rrc_jax.inference.openai_engine import JAX_ENGINE_OPTIONS
 
     assert "continuous" in JAX_ENGINE_OPTIONS
+
+
+@pytest.mark.parametrize("max_batch", [64, 5])
+def test_a_questions_votes_prefill_it_once(max_batch):
+    """Sampled votes (a question asked 3 times, each its own stream) draw what the chunked engine draws; the lanes
+    prefill each question once for its votes (kept for the votes that start later), and each prompt once."""
+    model = tiny("llama")
+    prefixes, distinct = questions(seed=2, prompts=2, asked=(3, 4))
+    suffixes = [x for x in distinct for _ in range(3)]
+    params = SamplingParams(1.0, **VARIED)
+    ref = make_sampler("grm", model, max_batch=64).complete(prefixes, suffixes, params, rng=5)
+    lanes = make_sampler("grm", model, max_batch=max_batch, continuous=True)
+    out = lanes.complete(prefixes, suffixes, params, rng=5)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
+    assert not all(np.array_equal(out.tokens[i], out.tokens[i + 1]) for i in range(0, len(suffixes), 3))
+    assert lanes.stats.prefill_tokens == sum(map(len, prefixes)) + sum(len(s) for _, s in distinct)

@@ -530,14 +530,50 @@ def test_continuous_batching_decodes_the_expected_tokens_and_prefills_each_quest
         lanes[expected] = decode.seconds
         work = plan.judge_work(s, s.reward.judge_load(s), 32)
         plan_ = judge_lanes(s, work)
-        assert plan_.rows * plan_.own + plan_.slots * plan_.prefix <= s.judge.max_batch_tokens
-        assert f"{work.questions * expected // plan_.rows + 1:,} steps" in decode.detail
-        assert f"{32 * work.prefix + work.questions * question_tokens(s):,} tokens" in prefill.detail
+        assert (plan_.rows + plan_.slots) * plan_.own + plan_.slots * plan_.prefix <= s.judge.max_batch_tokens
+        assert f"{-(-work.questions * expected // plan_.rows):,} steps" in decode.detail
+        different = s.reward.judge_load(s).leaves  # a question's votes share its prefill
+        assert f"{32 * (work.prefix + different * question_tokens(s)):,} tokens" in prefill.detail
     assert lanes[512] < 0.6 * lanes[1024]  # half the tokens, and each step reads a shorter cache
     out = plan.report(s, "v5e-64")
-    assert "judge chips to keep pace, chunks decoding to their longest judgment: 1,782" in out, out
+    assert ("judge chips to keep pace, chunks decoding to their longest judgment, 256 rows and 917,504 slots a call: "
+            "1,782") in out, out
     assert "+ continuous batching, judgments of 512 tokens expected" in out
     assert "rows a replica" in out and "bound by its weights" in out
     config.reward.judge.expected_tokens = 2048
     with pytest.raises(Exception, match="expected_tokens"):
         validate(config)
+
+
+def test_the_judges_rows_fill_the_memory_its_devices_report():
+    """`reward.judge.fill_memory`: on devices that report their memory the trainer's judge takes the rows and slots
+    a call the plan leaves its cache (`judge_rows`: the reward phase then fills the budget); on XLA:CPU's it keeps
+    `max_batch` and `max_batch_tokens`. The report's levers: chunks, continuous batching, rows filling chips of the
+    judge's own, int8 weights, each fewer judge chips."""
+    from rrc_jax.plan.step_time import judge_rows
+
+    config = paper_recipe()
+    config.reward.judge.max_new_tokens = 1024
+    config.reward.judge.fill_memory = True
+    s = validate(config)
+    shape = plan.plan(s, "v5e-64").mesh
+    chosen, why = plan.judge_rows_choice(s, _Mesh(_chips(16, 64), shape))
+    p = plan.plan(s, "v5e-64", mesh=shape)
+    rows, slots = judge_rows(s, p)
+    assert (chosen.judge.max_batch, chosen.judge.max_batch_tokens) == (rows, slots) and slots > s.judge.max_batch_tokens
+    assert why.startswith(f"on: max_batch={rows}, max_batch_tokens={slots:,} fill the memory"), why
+    cache = sum(r.bytes for r in p.rows if r.name == "judge KV cache")
+    free = p.budget_bytes - p.phase_bytes("resident") - p.phase_bytes("reward") + cache
+    grm = plan.model_config("llama3-8b")
+    per_slot = grm.num_layers * 2 * 2 * grm.head_dim * 2  # 8 kv heads over tensor = 4, bf16: a slot a chip
+    data, fsdp, tensor = p.layouts["grm"][1]
+    assert tensor == 4 and slots == free // per_slot * data * fsdp  # a slot a data group, its kv heads over tensor
+    cpu = jax.make_mesh((1, 1, 1), MESH_AXES, devices=jax.devices()[:1])
+    kept, why = plan.judge_rows_choice(s, cpu)
+    assert kept is s and why.startswith("on, kept max_batch=256"), why
+    config.reward.judge.expected_tokens = 512
+    out = plan.report(validate(config), "v5e-64")
+    chips = [int(line.rsplit(": ", 1)[1].split(" ")[0].replace(",", ""))
+             for line in out.splitlines() if line.startswith("judge chips to keep pace, ")]
+    assert len(chips) == 4 and chips[0] == 1782 and chips == sorted(chips, reverse=True), out
+    assert "(reward.judge.weight_qtype=int8)" in out

@@ -14,7 +14,8 @@ from rrc_jax import distributed
 from rrc_jax.constructions.base import Construction, JudgeLoad, RewardResult, step_seed
 from rrc_jax.inference.factory import role_sampler
 from rrc_jax.judge import Judge, JudgeConfig
-from rrc_jax.settings import field_error
+from rrc_jax.models.lora import WEIGHT_QTYPES
+from rrc_jax.settings import field_error, one_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,11 @@ class JudgeSettings(JudgeConfig):
     # the judgments' expected length, for the planner's decode with continuous batching (0: max_new_tokens); a run
     # logs its measured mean as judge/mean_judgment_tokens
     expected_tokens: int = 0
+    # the judge's rows and cache slots a call from the memory its chips leave it (rrc_jax.plan.judge_rows), where
+    # the devices report their memory (TPU, GPU); elsewhere max_batch and max_batch_tokens
+    fill_memory: bool = False
+    # the frozen judge's weights: "" (models.dtype), "int8" (qwix, one scale per output channel) or "nf4"
+    weight_qtype: str = ""
 
     def __post_init__(self):
         if self.votes < 1:
@@ -53,6 +59,7 @@ class JudgeSettings(JudgeConfig):
         if not 0 <= self.expected_tokens <= self.max_new_tokens:
             raise field_error("reward.judge", "expected_tokens", f"{self.expected_tokens} must be in [0, "
                               f"max_new_tokens={self.max_new_tokens}] (0: max_new_tokens)")
+        one_of("reward.judge", "weight_qtype", self.weight_qtype, WEIGHT_QTYPES)
         if self.max_batch_tokens < 1:
             raise field_error("reward.judge", "max_batch_tokens", f"{self.max_batch_tokens} must be >= 1")
         super().__post_init__()  # the sampling fields

@@ -281,7 +281,7 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
     if not (value_head or cfg.lm_head):
         raise ConfigError(f"{path}: a sequence-classification checkpoint (a score head, no lm_head) loads only as a "
                           "reward model (value_head=True, the DRM); give a causal LM checkpoint here")
-    cfg = cfg.replace(value_head=value_head, lora=lora if lora is not None and lora.enabled else None)
+    cfg = cfg.replace(value_head=value_head, lora=lora if lora is not None and lora.applies else None)
     with sharding.model_context(None):  # abstract, the logical names kept as metadata; placed by `layout` below
         model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     tensors = _tensor_map(cfg)
@@ -328,7 +328,7 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
                 if layer == 0:  # the stacked parameter, placed whole, then filled one layer at a time
                     v.set_value(_zeros(v.shape, v.dtype, v.out_sharding, layout))
                 v.set_value(_set_layer(v[...], x, layer))
-    if cfg.lora is not None:
+    if cfg.lora is not None and cfg.lora.enabled:
         lora_.init_adapters(model, layout)
     return model
 

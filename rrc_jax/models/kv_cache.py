@@ -159,24 +159,67 @@ def fresh_rows(cache: KVCache, n: int) -> KVCache:
                         ring=cache.ring)
 
 
-def put_rows_of(cache: KVCache, rows: jax.Array, new: KVCache, ends: jax.Array) -> KVCache:
-    """`cache` (of lanes, `KVCache.lanes`) with its rows `rows [n]` (an index >= B: none, dropped) replaced by the
-    own slots of `new` (`n` rows, `fresh_rows`' layout, filled by `extend`), their cursors at `ends [n]`."""
+class OwnRows(NamedTuple):
+    """The rows' own slots of a cache, every kind of layer's in one array (whatever its blocks): k `[L, n, K, D, S]`,
+    v `[L, n, K, S, D]` (the full layers'), valid `[n, S]`, positions `[n]`, logits `[n, V]`, end `[n]` (each row's
+    cursor), and the rings when the cache keeps them (`KVCache.ring`, else None). What a lane takes from a
+    prefilled question (`own_rows`, `put_rows_of`)."""
+
+    k: jax.Array | None
+    v: jax.Array | None
+    valid: jax.Array
+    positions: jax.Array
+    logits: jax.Array
+    end: jax.Array
+    ring_k: jax.Array | None = None
+    ring_v: jax.Array | None = None
+    ring_positions: jax.Array | None = None
+
+    ROW_AXIS = dict(k=1, v=1, valid=0, positions=0, logits=0, end=0, ring_k=1, ring_v=1, ring_positions=0)
+
+    def take(self, rows: jax.Array) -> OwnRows:
+        """The rows `rows [m]` (repeats allowed)."""
+        return OwnRows(*(None if x is None else jnp.take(x, rows, axis=self.ROW_AXIS[f])
+                         for f, x in zip(self._fields, self)))
+
+    def concat(self, other: OwnRows) -> OwnRows:
+        """These rows, then `other`'s."""
+        return OwnRows(*(None if x is None else jnp.concatenate([x, y], axis=self.ROW_AXIS[f])
+                         for f, x, y in zip(self._fields, self, other)))
+
+    def put(self, rows: jax.Array, new: OwnRows) -> OwnRows:
+        """These rows with `rows [m]` (an index past the last: none, dropped) replaced by `new`'s m rows."""
+        return OwnRows(*(None if x is None else x.at[(slice(None),) * self.ROW_AXIS[f] + (rows,)].set(y, mode="drop")
+                         for f, x, y in zip(self._fields, self, new)))
+
+
+def own_rows(cache: KVCache, ends: jax.Array | None = None) -> OwnRows:
+    """The `OwnRows` of `cache` (its own slots, not its shared prefixes), the cursors `ends [B]` (default: the
+    cache's, one per row)."""
+    whole = lambda blocks, axis: jnp.concatenate(blocks, axis=axis) if blocks else None
+    end = jnp.broadcast_to(cache.end, (cache.batch_size,)) if ends is None else ends
+    return OwnRows(whole(cache.k, 4), whole(cache.v, 3), cache.valid, cache.positions, cache.logits,
+                   end.astype(jnp.int32), cache.ring_k, cache.ring_v, cache.ring_positions)
+
+
+def put_rows_of(cache: KVCache, rows: jax.Array, new: OwnRows) -> KVCache:
+    """`cache` (of lanes, `KVCache.lanes`) with its rows `rows [n]` (an index >= B: none, dropped) replaced by
+    `new`'s n rows (`own_rows` of a cache laid out as its own slots, `fresh_rows`), each block updated in place."""
     put = lambda x, y, axis: x.at[(slice(None),) * axis + (rows,)].set(y, mode="drop")
-    slots = lambda blocks, axis: jnp.concatenate(blocks, axis=axis) if blocks else None
     out = []
-    for blocks, new_blocks, axis in ((cache.k, new.k, 4), (cache.v, new.v, 3)):
-        whole, start, mine = slots(new_blocks, axis), 0, []
+    for blocks, whole, axis in ((cache.k, new.k, 4), (cache.v, new.v, 3)):
+        start, mine = 0, []
         for block in blocks:  # the new rows' slots cut to this cache's blocks
             n = block.shape[axis]
             mine.append(put(block, jax.lax.slice_in_dim(whole, start, start + n, axis=axis), 1))
             start += n
         out.append(tuple(mine))
-    ring = {} if not cache.ring else dict(ring_k=put(cache.ring_k, new.ring_k, 1), ring_v=put(cache.ring_v, new.ring_v, 1),
+    ring = {} if not cache.ring else dict(ring_k=put(cache.ring_k, new.ring_k, 1),
+                                          ring_v=put(cache.ring_v, new.ring_v, 1),
                                           ring_positions=put(cache.ring_positions, new.ring_positions, 0))
     return cache.replace(k=out[0], v=out[1], valid=put(cache.valid, new.valid, 0),
                          positions=put(cache.positions, new.positions, 0), logits=put(cache.logits, new.logits, 0),
-                         end=put(cache.end, ends, 0), **ring)
+                         end=put(cache.end, new.end, 0), **ring)
 
 
 def put_prefix(cache: KVCache, one: KVCache, slot: jax.Array) -> KVCache:

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rrc_jax import sharding
-from rrc_jax.settings import at_least, field_error, one_of
+from rrc_jax.settings import at_least, field_error, not_in_config, one_of
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # the projections, by their Hugging Face names
 WEIGHT_QTYPES = ("", "int8", "nf4")  # the frozen base's storage ("": the compute dtype)
@@ -61,6 +61,8 @@ class LoraConfig:
     dropout: float = 0.0  # on each adapter's input in the learner's forward pass (PEFT's lora_dropout)
     weight_qtype: str = ""  # the frozen base: "" (the compute dtype), "int8" or "nf4" (QLoRA)
     block_size: int = 64  # nf4: input weights per scale (QLoRA's 64)
+    # a frozen model's quantized weights without adapters (`frozen_base`: a judge in int8); set by the code
+    frozen: bool = not_in_config(False)
 
     def __post_init__(self):
         at_least("policy.lora", "rank", self.rank, 0)
@@ -72,7 +74,7 @@ class LoraConfig:
         if not 0.0 <= self.dropout < 1.0:  # also NaN
             raise field_error("policy.lora", "dropout", f"{self.dropout} must be in [0, 1)")
         one_of("policy.lora", "weight_qtype", self.weight_qtype, WEIGHT_QTYPES)
-        if self.weight_qtype and not self.rank:
+        if self.weight_qtype and not self.rank and not self.frozen:
             raise field_error("policy.lora", "weight_qtype", f"{self.weight_qtype!r} quantizes the frozen base of "
                               "LoRA; set policy.lora.rank > 0 too (a full fine-tune trains every weight)")
         at_least("policy.lora", "block_size", self.block_size, 1)
@@ -80,6 +82,12 @@ class LoraConfig:
     @property
     def enabled(self) -> bool:
         return self.rank > 0
+
+    @property
+    def applies(self) -> bool:
+        """Whether a model loaded with it differs from the checkpoint's: adapters, or quantized weights."""
+        return self.enabled or bool(self.weight_qtype)
+
 
     @property
     def target_names(self) -> tuple[str, ...]:
@@ -102,6 +110,13 @@ class LoraConfig:
                 raise field_error("policy.lora", "rank", f"{self.rank} exceeds the smaller side of {where}'s {name} "
                                   f"projection ({sides[name][0]} x {sides[name][1]}); use a rank <= "
                                   f"{min(min(sides[t]) for t in self.target_names)}")
+
+
+def frozen_base(weight_qtype: str) -> LoraConfig | None:
+    """The weights of a model that never trains (the judge) stored in `weight_qtype` ("int8", "nf4"; "": None, the
+    compute dtype) as a QLoRA base is, with no adapters: each projection dequantized one layer at a time as the
+    decoder's scan reaches it, so that decoding reads a byte a weight (int8) instead of two (bfloat16)."""
+    return LoraConfig(weight_qtype=weight_qtype, frozen=True) if weight_qtype else None
 
 
 def trainable(model) -> type[nnx.Variable]:

@@ -22,7 +22,7 @@ from rrc_jax.plan.memory import (LOGPROB_CHUNK_ARRAYS, PHASES, Plan, Row, activa
                                  layer_activation_bytes, layer_param_bytes, logprob_chunk_bytes, plan, role_layouts,
                                  roles, shared_block, sync_transient_bytes, tree_cache_bytes)
 from rrc_jax.plan.judge_work import JudgeWork, judge_chunk, judge_work
-from rrc_jax.plan.report import format_table, remat_choice, report, suggest
+from rrc_jax.plan.report import format_table, judge_rows_choice, remat_choice, report, suggest
 from rrc_jax.plan.shapes import (PRESETS, lora_param_bytes, matmul_params, mesh_axes, model_config, param_bytes,
                                  param_count, param_shapes)
 from rrc_jax.plan.step_time import (JETSTREAM, PhaseTime, decode_time, forward_time, jetstream_prediction, judge_chips,
@@ -33,7 +33,8 @@ __all__ = ["ACCELERATORS", "GiB", "HEADROOM", "Topology", "live_topology", "reso
            "Plan", "Row", "activation_bytes", "branched_cache_bytes", "decode_step_bytes", "forward_bytes",
            "gathered_bytes", "inference_shape", "JudgeWork", "judge_chunk", "judge_work", "kv_cache_bytes",
            "layer_activation_bytes", "layer_param_bytes", "tree_cache_bytes", "logprob_chunk_bytes", "plan",
-           "role_layouts", "roles", "shared_block", "sync_transient_bytes", "format_table", "remat_choice", "report",
+           "role_layouts", "roles", "shared_block", "sync_transient_bytes", "format_table", "judge_rows_choice",
+           "remat_choice", "report",
            "suggest",
            "PRESETS", "lora_param_bytes", "matmul_params", "mesh_axes", "model_config", "param_bytes", "param_count",
            "param_shapes", "JETSTREAM", "PhaseTime", "decode_time", "forward_time", "jetstream_prediction",

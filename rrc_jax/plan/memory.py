@@ -23,6 +23,7 @@ from rrc_jax.plan.shapes import (
     param_count,
     param_shapes,
     shard_size,
+    weight_bytes,
 )
 
 LOGPROB_CHUNK_ARRAYS = 4  # float32 [rows, chunk, vocab] arrays live at once in a log-prob chunk (see above)
@@ -407,8 +408,9 @@ def plan(s, topo: Topology | str, *, mesh: tuple[int, int, int] | None = None,
             rows.append(Row("policy LoRA adapters", "resident", adapters,
                             f"{size(count)} float32, rank {lora.rank} on {lora.targets}"))
             continue
-        rows.append(Row(f"{role} parameters", "resident", param_bytes(cfg, stored, where, layout),
-                        f"{size(n)} {stored}, {placed}"))
+        qtype = s.judge.weight_qtype if role == "grm" else ""  # a judge stored quantized (reward.judge.weight_qtype)
+        rows.append(Row(f"{role} parameters", "resident", weight_bytes(cfg, stored, where, layout, qtype),
+                        f"{size(n)} {qtype or stored}, {placed}"))
         if cfg.num_kv_heads % where[2]:
             notes.append(f"{role}: tensor={where[2]} does not divide its {cfg.num_kv_heads} kv heads: they are "
                          "replicated over tensor (their weights, KV caches and attention)")

@@ -7,6 +7,7 @@ import jax
 
 from rrc_jax.plan.hardware import GiB, HEADROOM, live_topology, topology, Topology
 from rrc_jax.plan.memory import PHASES, Plan, plan
+from rrc_jax.plan import step_time
 from rrc_jax.plan.step_time import format_times
 
 
@@ -48,6 +49,23 @@ def remat_choice(s, mesh) -> tuple[bool, str]:
         return True, f"unset, on: the plan fits {topo.name} only with it ({fit})"
     return False, (f"unset, off: the plan fits {topo.name} without it ({fit})" if p.fits else
                    f"unset, off: the plan does not fit {topo.name} either way ({fit}; python -m rrc_jax.plan)")
+
+
+def judge_rows_choice(s, mesh):
+    """The trainer's settings `s` with the judge's rows a call chosen from the memory of the JAX `mesh`'s devices
+    (`reward.judge.fill_memory`: `step_time.judge_rows` on the plan of this run on them) where they report it,
+    and a line saying what was chosen; `s` as it is otherwise (the line says why)."""
+    judge = s.judge
+    given = f"max_batch={judge.max_batch}, max_batch_tokens={judge.max_batch_tokens:,}"
+    topo = live_topology(list(mesh.devices.flat), jax.process_index())
+    if topo is None:
+        return s, f"on, kept {given}: the devices report no memory limit to plan against"
+    p = plan(s, topo, mesh=tuple(mesh.shape[a] for a in ("data", "fsdp", "tensor")))
+    if "grm" not in p.layouts:
+        return s, f"on, kept {given}: this run's judge runs no model here"
+    filled = step_time.filled(s, p)
+    return filled, (f"on: max_batch={filled.judge.max_batch}, max_batch_tokens={filled.judge.max_batch_tokens:,} "
+                    f"fill the memory {topo.name} leaves the judge")
 
 
 def _preference(p: Plan) -> tuple:

@@ -87,6 +87,16 @@ def itemsize(dtype: str) -> int:
     return {"float32": 4, "bfloat16": 2}[dtype]
 
 
+def weight_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int], layout: str = "train", qtype: str = "") -> int:
+    """`param_bytes`, or with `qtype` ("int8", "nf4") the bytes of the weights of a frozen model stored so
+    (`rrc_jax.models.lora.frozen_base`: the projections quantized with their scales, the rest in `dtype`)."""
+    if not qtype:
+        return param_bytes(cfg, dtype, mesh_shape, layout)
+    from rrc_jax.models.lora import frozen_base
+
+    return lora_param_bytes(cfg, frozen_base(qtype), dtype, mesh_shape, layout)[0]
+
+
 def lora_param_bytes(cfg, lora, dtype: str, mesh_shape: tuple[int, int, int], layout: str = "train"
                      ) -> tuple[int, int, int]:
     """(frozen base, adapters, adapter count) per device of `Decoder(cfg)` under `lora` (`LoraConfig`) on a mesh in

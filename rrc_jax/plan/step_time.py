@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 
 from rrc_jax.models.batches import bucket_length
+from rrc_jax.models.kv_cache import ATTENTION_BLOCK
 from rrc_jax.plan.hardware import GiB, Topology, split_size, topology
 from rrc_jax.inference.lanes import LanePlan, lane_plan
 from rrc_jax.plan.judge_work import JudgeWork, judge_work, template_tokens
 from rrc_jax.plan.memory import PHASES, Plan, gather_traffic_bytes, layer_slots, plan
-from rrc_jax.plan.shapes import itemsize, matmul_params, model_config, param_bytes
+from rrc_jax.plan.shapes import itemsize, matmul_params, model_config, param_bytes, weight_bytes
 
 # JetStream serving Llama-3-8B in bf16 on a v5e-8 at batch 128, 1,024 tokens in and out: 8,249 tokens/s
 # (AI-Hypercomputer/jetstream-pytorch, benchmarks/summary.md): the planner's sanity anchor.
@@ -44,31 +45,32 @@ def _allreduce_bytes(cfg, rows: float, dtype: str, tensor: int) -> float:
     return 2 * cfg.num_layers * rows * cfg.hidden_size * itemsize(dtype) * 2 * (tensor - 1) / tensor
 
 
-def forward_time(topo: Topology, cfg, dtype: str, shape, layout: str, tokens: float) -> tuple[float, str]:
+def forward_time(topo: Topology, cfg, dtype: str, shape, layout: str, tokens: float, qtype: str = ""
+                 ) -> tuple[float, str]:
     """A forward pass over `tokens` tokens (rows over the mesh's row groups): every weight read once, 2 FLOP per
     parameter and token, and the layout's communication (the inference layout's all-reduces; the training
     layout's gather of every weight over fsdp, a layer at a time)."""
     groups, tensor = shape[0] * shape[1], shape[2]
     flops = 2 * matmul_params(cfg) * tokens / (groups * tensor)
-    hbm = param_bytes(cfg, dtype, shape, layout)
+    hbm = weight_bytes(cfg, dtype, shape, layout, qtype)
     ici = (_allreduce_bytes(cfg, tokens / groups, dtype, tensor) if layout == "inference"
            else gather_traffic_bytes(cfg, dtype, shape))
     return _roofline(topo, flops, hbm, ici)
 
 
 def decode_step_reads(cfg, dtype: str, shape, layout: str, rows: int, prefixes: int, prefix: int,
-                      cached: float) -> tuple[float, float]:
+                      cached: float, qtype: str = "") -> tuple[float, float]:
     """Bytes a device reads in one decode step of `rows` rows continuing `prefixes` shared prefixes of `prefix`
     tokens, each row holding `cached` tokens of its own (a sliding layer at most its window): (the weights, the
     cache), each shared prefix read once for its rows."""
     groups, tensor = shape[0] * shape[1], shape[2]
     kv = _kv_slot_bytes(cfg, dtype, tensor)
     cache = (-(-prefixes // groups) * prefix * cfg.num_layers + -(-rows // groups) * layer_slots(cfg, cached)) * kv
-    return param_bytes(cfg, dtype, shape, layout), cache
+    return weight_bytes(cfg, dtype, shape, layout, qtype), cache
 
 
 def decode_time(topo: Topology, cfg, dtype: str, shape, layout: str, rows: int, steps: int, prefixes: int,
-                prefix: int, own: int, mean_new: float | None = None) -> tuple[float, str]:
+                prefix: int, own: int, mean_new: float | None = None, qtype: str = "") -> tuple[float, str]:
     """`steps` decode steps of `rows` rows continuing `prefixes` shared prefixes of `prefix` tokens, each row with
     `own` tokens of its own before its first step and `mean_new` decoded on average through the steps (default
     `steps / 2`: every row from the first step to the last): per step every weight and every cached token read
@@ -76,7 +78,7 @@ def decode_time(topo: Topology, cfg, dtype: str, shape, layout: str, rows: int, 
     groups, tensor = shape[0] * shape[1], shape[2]
     per_row = -(-rows // groups)
     weights, cache = decode_step_reads(cfg, dtype, shape, layout, rows, prefixes, prefix,
-                                       own + (steps / 2 if mean_new is None else mean_new))
+                                       own + (steps / 2 if mean_new is None else mean_new), qtype)
     flops = 2 * matmul_params(cfg) * per_row / tensor
     ici = (_allreduce_bytes(cfg, per_row, dtype, tensor) if layout == "inference"
            else gather_traffic_bytes(cfg, dtype, shape))  # the training layout gathers every layer at every step
@@ -113,30 +115,54 @@ def judge_phases(s, p: Plan, tree: bool = True) -> list[PhaseTime]:
     work = judge_work(s, s.reward.judge_load(s), rl.prompts_per_step)
     if judge.continuous:
         lanes, mean = judge_lanes(s, work), expected_tokens(s)
-        tokens = rl.prompts_per_step * work.prefix + work.questions * question_tokens(s)
+        load = s.reward.judge_load(s)  # each different question prefilled once for its votes
+        tokens = rl.prompts_per_step * (work.prefix + load.leaves * question_tokens(s))
         steps = -(-work.questions * mean // lanes.rows)
         decode = decode_time(p.topology, grm, s.models.dtype, gwhere, glayout, lanes.rows, steps, lanes.slots,
-                             work.prefix, question_tokens(s), mean / 2)
-        return [PhaseTime("judge prefill", *forward_time(p.topology, grm, s.models.dtype, gwhere, glayout, tokens),
-                          f"{tokens:,} tokens: {rl.prompts_per_step} prefixes x {work.prefix}, each question's "
-                          f"{question_tokens(s)} below its prompt (continuous batching)"),
+                             work.prefix, question_tokens(s), mean / 2, judge.weight_qtype)
+        return [PhaseTime("judge prefill", *forward_time(p.topology, grm, s.models.dtype, gwhere, glayout, tokens,
+                                                                     judge.weight_qtype),
+                          f"{tokens:,} tokens: {rl.prompts_per_step} prefixes x {work.prefix}, each different "
+                          f"question's {question_tokens(s)} below its prompt (continuous batching)"),
                 PhaseTime("judge decode", *decode, f"{work.questions} questions x {mean} tokens expected in "
                           f"{lanes.rows} lanes ({lanes.slots} prompts x {lanes.lanes}), {steps:,} steps, {glayout} "
                           "layout (continuous batching)")]
     prefill = forward_time(p.topology, grm, s.models.dtype, gwhere, glayout,
-                           work.prefill_tokens if tree else work.flat_prefill_tokens)
+                           work.prefill_tokens if tree else work.flat_prefill_tokens, judge.weight_qtype)
     chunk = min(work.questions, work.rows)  # (at most max_batch rows, within max_batch_tokens)
     chunks = -(-work.questions // chunk)
     p_, f, m, c = work.chunk
     shared = p_ * work.prefix + p_ * f * work.first + (p_ * f * m * work.rest if c > 1 else 0)
     leaves = p_ * f * m  # the shared levels' slots a chunk's rows read, spread over its questions
     decode = decode_time(p.topology, grm, s.models.dtype, gwhere, glayout, chunk, judge.max_new_tokens,
-                         max(1, leaves * chunk // work.rows), shared // leaves, 0 if c > 1 else work.rest)
+                         max(1, leaves * chunk // work.rows), shared // leaves, 0 if c > 1 else work.rest,
+                         qtype=judge.weight_qtype)
     return [PhaseTime("judge prefill", *prefill, f"{work.prefill_tokens:,} tokens: {rl.prompts_per_step} prefixes "
                                                  f"x {work.prefix}, firsts x {work.first}, questions x "
                                                  f"{work.rest} ({work.flat_prefill_tokens:,} without the tree)"),
             PhaseTime("judge decode", chunks * decode[0], decode[1],
                       f"{chunks} chunks of {chunk} questions x {judge.max_new_tokens} tokens, {glayout} layout")]
+
+
+def judge_rows(s, p: Plan, own: bool = False) -> tuple[int, int]:
+    """(`reward.judge.max_batch`, `max_batch_tokens`) that fill the memory plan `p` leaves the judge's cache in its
+    reward phase: the budget less the resident part (with `own`, on chips of the judge's own: its weights alone,
+    stored as `reward.judge.weight_qtype` says) and the phase's other rows, in cache slots of every layer over the
+    judge's data groups; the rows then as many as those slots hold (the slots bind)."""
+    grm, (layout, shape) = model_config(s.models.grm, field="models.grm"), p.layouts["grm"]
+    cache = sum(r.bytes for r in p.rows if r.name == "judge KV cache")
+    resident = (weight_bytes(grm, s.models.dtype, shape, layout, s.judge.weight_qtype) if own
+                else p.phase_bytes("resident"))
+    free = p.budget_bytes - resident - p.phase_bytes("reward") + cache
+    per_slot = grm.num_layers * _kv_slot_bytes(grm, s.models.dtype, shape[2])
+    slots = max(1, free // per_slot) * shape[0] * shape[1]
+    return max(1, slots // ATTENTION_BLOCK), int(slots)
+
+
+def filled(s, p: Plan, own: bool = False):
+    """`s` with the judge's rows filling its memory on plan `p` (`judge_rows`)."""
+    rows, slots = judge_rows(s, p, own)
+    return dataclasses.replace(s, judge=dataclasses.replace(s.judge, max_batch=rows, max_batch_tokens=slots))
 
 
 def judge_decode_reads(s, p: Plan) -> tuple[int, float, float]:
@@ -148,12 +174,13 @@ def judge_decode_reads(s, p: Plan) -> tuple[int, float, float]:
     if judge.continuous:
         lanes = judge_lanes(s, work)
         rows, reads = lanes.rows, decode_step_reads(grm, s.models.dtype, gwhere, glayout, lanes.rows, lanes.slots,
-                                                    work.prefix, question_tokens(s) + expected_tokens(s) / 2)
+                                                    work.prefix, question_tokens(s) + expected_tokens(s) / 2,
+                                                    judge.weight_qtype)
     else:
         rows = min(work.questions, work.rows)
         p_, f, m, c = work.chunk
         reads = decode_step_reads(grm, s.models.dtype, gwhere, glayout, rows, p_, work.prefix,
-                                  (0 if c > 1 else work.rest) + judge.max_new_tokens / 2)
+                                  (0 if c > 1 else work.rest) + judge.max_new_tokens / 2, judge.weight_qtype)
     return -(-rows // (gwhere[0] * gwhere[1])), *reads
 
 
@@ -161,15 +188,23 @@ def lever_lines(s, p: Plan) -> list[str]:
     """The judge chips to keep pace (`judge_chips`) with each built lever added in turn: chunks, then continuous
     batching at the expected judgment length; and what bounds the judge's decode step as configured."""
     devices, out = p.topology.devices, []
-    chunks = dataclasses.replace(s, judge=dataclasses.replace(s.judge, continuous=False))
-    lanes = dataclasses.replace(s, judge=dataclasses.replace(s.judge, continuous=True))
-    for what, x in (("chunks decoding to their longest judgment", chunks),
+    given = dataclasses.replace(s, judge=dataclasses.replace(s.judge, fill_memory=False))
+    chunks = dataclasses.replace(given, judge=dataclasses.replace(given.judge, continuous=False))
+    lanes = dataclasses.replace(given, judge=dataclasses.replace(given.judge, continuous=True))
+    int8 = dataclasses.replace(lanes, judge=dataclasses.replace(lanes.judge, weight_qtype="int8"))
+    full, full8 = filled(lanes, p, own=True), filled(int8, p, own=True)
+    for what, x in ((f"chunks decoding to their longest judgment, {s.judge.max_batch} rows and "
+                     f"{s.judge.max_batch_tokens:,} slots a call", chunks),
                     (f"+ continuous batching, judgments of {expected_tokens(s)} tokens expected "
-                     "(reward.judge.continuous, reward.judge.expected_tokens)", lanes)):
+                     "(reward.judge.continuous, reward.judge.expected_tokens)", lanes),
+                    (f"+ rows that fill the memory of chips of the judge's own, {full.judge.max_batch_tokens:,} "
+                     "slots a call (reward.judge.fill_memory)", full),
+                    (f"+ int8 weights, the rows filling what they leave, {full8.judge.max_batch_tokens:,} slots a call "
+                     "(reward.judge.weight_qtype=int8)", full8)):
         times = step_times(x, p)
         judge = sum(t.seconds for t in times if t.name.startswith("judge"))
         out.append(f"judge chips to keep pace, {what}: {judge_chips(times, devices):,} ({judge:.1f} s of judging)")
-    rows, weights, cache = judge_decode_reads(s, p)
+    rows, weights, cache = judge_decode_reads(filled(given, p) if s.judge.fill_memory else s, p)
     out.append(f"judge decode step: {rows} rows a replica, {weights / GiB:.2f} GiB of weights and {cache / GiB:.2f} "
                f"GiB of cache a chip read: bound by its {'weights' if weights >= cache else 'cache'}")
     return out
@@ -177,7 +212,10 @@ def lever_lines(s, p: Plan) -> list[str]:
 
 def step_times(s, p: Plan, tree: bool = True) -> list[PhaseTime]:
     """The roofline seconds of each phase of one step of the trainer's settings `s` on plan `p`'s topology and
-    layouts; `tree=False`: the judge prefilling every vote on its own after its prompt's prefix (`JudgeWork.flat`)."""
+    layouts; `tree=False`: the judge prefilling every vote on its own after its prompt's prefix (`JudgeWork.flat`).
+    With `reward.judge.fill_memory`, the judge's rows fill its memory (`judge_rows`)."""
+    if s.judge.fill_memory and "grm" in p.layouts:
+        s = filled(dataclasses.replace(s, judge=dataclasses.replace(s.judge, fill_memory=False)), p)
     topo, rl, learner, dtype = p.topology, s.rollout, s.learner, s.models.dtype
     policy = model_config(s.models.policy)
     prompt = bucket_length(s.prompts.data.max_prompt_tokens)

@@ -24,7 +24,7 @@ from rrc_jax.errors import ConfigError
 from rrc_jax.models import Decoder, DecoderConfig, load_hf, load_tokenizer
 from rrc_jax.models.decoder_config import is_sequence_classifier
 from rrc_jax.models.hf_io import decoder_config, read_hf_config
-from rrc_jax.models.lora import LoraConfig, frozen_copy
+from rrc_jax.models.lora import LoraConfig, frozen_base, frozen_copy
 from rrc_jax.models.peft_io import is_adapter_dir, load_adapter
 from rrc_jax.models.real_model import real_model_dir
 from rrc_jax.progress import say
@@ -73,12 +73,13 @@ class Roles:
     """Lazily resolved and loaded models of a run (`models`), each sharded over `mesh` by its logical axes (None:
     the default device); `toy`: the toy world its `toy` roles are built from (the config's `toy` group,
     `rrc_jax.data.toy.world.ToyWorldConfig`); `init_from`: another run's checkpoints, where the policy (and, unless
-    `models.reference` is set, the reference) start. `loaded` lists the roles loaded so far."""
+    `models.reference` is set, the reference) start; `grm_weights`: the judge's weights stored quantized ("int8",
+    "nf4"; "": in `models.dtype`, `lora.frozen_base`). `loaded` lists the roles loaded so far."""
 
     def __init__(self, models: ModelsConfig, *, toy: ToyWorldConfig | None = None, init_from: str = "", mesh=None,
-                 layouts: MeshConfig = MeshConfig(), lora: LoraConfig = LoraConfig()):
+                 layouts: MeshConfig = MeshConfig(), lora: LoraConfig = LoraConfig(), grm_weights: str = ""):
         self.models, self.toy, self.init_from, self.mesh, self.layouts = models, toy, init_from, mesh, layouts
-        self.lora = lora
+        self.lora, self.grm_weights = lora, grm_weights
         self.loaded: list[str] = []
         self._models: dict[str, Decoder] = {}
         self._tokenizers: dict[str, object] = {}
@@ -87,8 +88,9 @@ class Roles:
     @classmethod
     def of_run(cls, s, mesh=None) -> Roles:
         """The roles of a trainer's settings `s` (`rrc_jax.config.TrainerSettings`: `models`, `toy`, `init_from`,
-        `lora`, the layouts of `mesh`)."""
-        return cls(s.models, toy=s.toy, init_from=s.init_from, mesh=mesh, layouts=s.mesh, lora=s.lora)
+        `lora`, the layouts of `mesh`, the judge's `reward.judge.weight_qtype`)."""
+        return cls(s.models, toy=s.toy, init_from=s.init_from, mesh=mesh, layouts=s.mesh, lora=s.lora,
+                   grm_weights=s.judge.weight_qtype)
 
     def layout(self, role: str, name: str | None = None) -> Layout:
         """Where `role`'s parameters live (`MeshConfig.layout`: the policy's master in the training layout, a frozen
@@ -169,7 +171,8 @@ class Roles:
             own = layout.mesh is not None and set(layout.mesh.devices.flat) != set(self.mesh.devices.flat)
             with use_mesh(layout.mesh) if own else contextlib.nullcontext():  # on devices of its own (judge_devices)
                 model = load_hf(path, dtype=dtype, param_dtype="float32" if role == "policy" and not adapted else dtype,
-                                value_head=role == "drm" or None, layout=layout, lora=self.lora if adapted else None)
+                                value_head=role == "drm" or None, layout=layout,
+                                lora=self.lora if adapted else frozen_base(self.grm_weights) if role == "grm" else None)
             if self._from_init(role):
                 self._initialize(role, model)
             self._models[role] = model

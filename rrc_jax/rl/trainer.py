@@ -59,7 +59,7 @@ from rrc_jax.workdir import WorkdirLock, check_resume, config_hash, save_config
 from rrc_jax.metrics import MetricsLogger
 from rrc_jax.models import save_hf
 from rrc_jax.models.peft_io import save_adapter
-from rrc_jax.plan import remat_choice
+from rrc_jax.plan import judge_rows_choice, remat_choice
 from rrc_jax.progress import Progress, say
 from rrc_jax.rl.held_out import held_out_metrics
 from rrc_jax.rl.alarms import Alarms, config_warnings, signal_metrics
@@ -92,8 +92,11 @@ class Trainer:
     sampler, the reward construction and the learner."""
 
     def __init__(self, settings: TrainerSettings):
+        self.mesh = settings.mesh.make()
+        if settings.judge.fill_memory:
+            settings, why = judge_rows_choice(settings, self.mesh)
+            say(f"reward.judge.fill_memory: {why}")
         self.settings = settings
-        self.mesh = self.settings.mesh.make()
         with jax.set_mesh(self.mesh):
             self._build()
 
