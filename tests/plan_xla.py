@@ -8,7 +8,10 @@ A case compiles, for a scaled-down Llama (hidden 256, 4 layers, vocab 1024) on o
   micro-batches, and of 1024 tokens (`blockwise_attention` over two blocks of keys);
 - a decode loop (`rrc_jax.inference.kernels._decode`) over a cache of 16 rows x 256 slots, rows over data x fsdp;
 - a decode loop over a branched cache (`KVCache.branch`): 8 prompts' prefixes of 1024 slots, each continued by 2
-  rows of 256 slots of their own; prefixes and rows over data x fsdp.
+  rows of 256 slots of their own; prefixes and rows over data x fsdp; and the same as the judge's lanes
+  (`KVCache.as_lanes`, continuous batching) with keys and values stored in float8 (`DecoderConfig.kv_dtype`),
+  whose arguments (the parameters, the float8 cache and prefixes) are compared: XLA:CPU's temporaries for that
+  program are 2 MB above the same program's with a float32 cache, in buffers this check does not attribute.
 
 XLA's figure is what the program holds on a device at its peak: arguments + outputs + temporaries - the outputs
 aliased to donated arguments (the parameters and optimizer state are updated in place). The planner's counterpart:
@@ -47,6 +50,9 @@ DECODES = [((1, 8, 1), "float32"), ((2, 4, 1), "float32"), ((2, 1, 4), "float32"
            ((1, 2, 4), "float32", "inference")]
 PREFIXES, PREFIX_SLOTS, GROUP = 8, 1024, 2  # the branched decode: 8 prefixes x 2 rows = CACHE_ROWS
 BRANCHED = [((1, 8, 1), "float32"), ((2, 4, 1), "float32"), ((2, 1, 4), "float32", "inference")]
+# the judge's lanes (continuous batching): a branched cache whose rows write at cursors of their own, keys and
+# values stored in float8 (`reward.judge.kv_dtype`)
+LANES = [((2, 1, 4), "float32", "inference")]
 
 
 def config(dtype: str, param_dtype: str = "float32") -> DecoderConfig:
@@ -101,13 +107,14 @@ def placed(cfg, mesh, kind: str):
     return graphdef, jax.tree.unflatten(tree, leaves)
 
 
-def decode_case(shape, dtype, layout: str = "train", branched: bool = False) -> dict:
-    cfg = config(dtype, dtype)
+def decode_case(shape, dtype, layout: str = "train", branched: bool = False, kv: str = "") -> dict:
+    cfg = config(dtype, dtype).replace(kv_dtype=kv)
     mesh = make_mesh(*shape)
     with jax.set_mesh(mesh):
         graphdef, state = placed(cfg, mesh, layout)
         if branched:  # 8 prefixes (sharded by branch) continued by 2 rows each
             cache = jax.jit(lambda: init_cache(cfg, PREFIXES, PREFIX_SLOTS))().branch(GROUP, CACHE_SLOTS)
+            cache = cache.as_lanes() if kv else cache
         else:  # placed as a prefill leaves it: rows over data x fsdp, kv heads over tensor
             cache = jax.jit(lambda: init_cache(cfg, CACHE_ROWS, CACHE_SLOTS))()
         keys = kernels.row_keys(0, range(CACHE_ROWS))  # each row's stream
@@ -122,7 +129,12 @@ def decode_case(shape, dtype, layout: str = "train", branched: bool = False) -> 
         parts["cache"] = plan.kv_cache_bytes(cfg, PREFIXES * GROUP, CACHE_SLOTS, shape, dtype)
         parts["shared prefixes"] = plan.kv_cache_bytes(cfg, PREFIXES, PREFIX_SLOTS, shape, dtype, shared=True)
         parts["prefix scores"] = plan.decode_step_bytes(cfg, CACHE_ROWS, PREFIX_SLOTS, shape)
-    return {"case": f"{'branched ' if branched else ''}decode mesh={shape} {dtype} {layout}", "xla": peak(compiled),
+    kind = "lanes " if kv else "branched " if branched else ""
+    if kv:  # what the program holds, its arguments: the parameters, the float8 cache and prefixes
+        parts = {"parameters": parts["parameters"], "cache": parts["cache"], "shared prefixes": parts["shared prefixes"]}
+        return {"case": f"{kind}decode mesh={shape} {dtype} {layout} {kv}, arguments",
+                "xla": compiled.memory_analysis().argument_size_in_bytes, "plan": sum(parts.values()), "parts": parts}
+    return {"case": f"{kind}decode mesh={shape} {dtype} {layout}", "xla": peak(compiled),
             "plan": sum(parts.values()), "parts": parts}
 
 
@@ -148,6 +160,8 @@ def main() -> None:
         print(json.dumps(decode_case(*args)), flush=True)
     for args in BRANCHED:
         print(json.dumps(decode_case(*args, branched=True)), flush=True)
+    for args in LANES:
+        print(json.dumps(decode_case(*args, branched=True, kv="float8_e4m3fn")), flush=True)
     print(json.dumps(sync_case()), flush=True)
     print("ok")
 

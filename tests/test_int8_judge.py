@@ -45,6 +45,8 @@ def test_the_toy_judge_in_int8_gives_the_bfloat16_judges_verdicts(toy_cache, tmp
     int8 = Roles.of_run(validate(config))
     assert int8.model("grm").layers.mlp.down[...].dtype == jnp.int8
     assert plain.model("grm").layers.mlp.down[...].dtype == jnp.bfloat16
+    config.reward.judge.kv_dtype = "float8_e4m3fn"
+    assert Roles.of_run(validate(config)).model("grm").cfg.cache_dtype == jnp.float8_e4m3fn
     rng, task = np.random.default_rng(1), ToyTaskConfig().task
     pairs = [sample_pair(task, rng, held_out=True) for _ in range(48)]
     asking = JudgeConfig(template="toy_pairwise_cot", max_new_tokens=24, temperature=0.0)
@@ -60,7 +62,8 @@ def test_the_toy_judge_in_int8_gives_the_bfloat16_judges_verdicts(toy_cache, tmp
 
 def test_the_planner_counts_an_int8_judges_bytes():
     """The GRM's resident parameters with `reward.judge.weight_qtype=int8`: a byte a projection weight (their
-    scales and the embedding in bfloat16), about half of bfloat16's."""
+    scales and the embedding in bfloat16), about half of bfloat16's; with `reward.judge.kv_dtype=float8_e4m3fn`
+    the judge's KV cache, a byte a value, about half too."""
     from rrc_jax import plan
     from rrc_jax.config import base_config, validate
 
@@ -74,6 +77,11 @@ def test_the_planner_counts_an_int8_judges_bytes():
         sizes[qtype] = rows["grm parameters"].bytes
         assert ("int8" in rows["grm parameters"].detail) == bool(qtype)
     assert 0.5 < sizes["int8"] / sizes[""] < 0.6
+    caches = {}
+    for kv in ("", "float8_e4m3fn"):
+        config.reward.judge.kv_dtype = kv
+        caches[kv] = {r.name: r for r in plan.plan(validate(config), "v5e-64").rows}["judge KV cache"].bytes
+    assert 0.5 <= caches["float8_e4m3fn"] / caches[""] < 0.55  # (the slot masks stay a byte a slot)
     with pytest.raises(Exception, match="weight_qtype"):
         config.reward.judge.weight_qtype = "int4"
         validate(config)

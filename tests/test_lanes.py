@@ -19,10 +19,10 @@ FAMILIES = {
 }
 
 
-def tiny(family: str) -> Decoder:
+def tiny(family: str, kv_dtype: str = "") -> Decoder:
     cfg = DecoderConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                         num_kv_heads=2, head_dim=8, max_position_embeddings=512, bos_token_id=1, eos_token_ids=(2,),
-                        pad_token_id=0, **FAMILIES[family])
+                        pad_token_id=0, kv_dtype=kv_dtype, **FAMILIES[family])
     with model_context(None):
         return Decoder(cfg, rngs=nnx.Rngs(3))
 
@@ -118,3 +118,21 @@ def test_a_questions_votes_prefill_it_once(max_batch):
     np.testing.assert_array_equal(out.lengths, ref.lengths)
     assert not all(np.array_equal(out.tokens[i], out.tokens[i + 1]) for i in range(0, len(suffixes), 3))
     assert lanes.stats.prefill_tokens == sum(map(len, prefixes)) + sum(len(s) for _, s in distinct)
+
+
+def test_a_float8_cache_decodes_in_lanes_as_in_chunks():
+    """Keys and values stored in float8 (`DecoderConfig.kv_dtype`, a judge's `reward.judge.kv_dtype`): the cache
+    holds a byte a value, and the lanes give every question what the chunked engine gives it over the same cache."""
+    import jax.numpy as jnp
+
+    from rrc_jax.models.kv_cache import init_cache
+
+    model = tiny("gemma2", kv_dtype="float8_e4m3fn")
+    cache = init_cache(model.cfg, 2, 128)
+    assert all(x.dtype == jnp.float8_e4m3fn for x in (*cache.k, *cache.v, cache.ring_k, cache.ring_v))
+    prefixes, suffixes = questions()
+    params = SamplingParams(1.0, **VARIED)
+    ref = make_sampler("grm", model, max_batch=64).complete(prefixes, suffixes, params, rng=4)
+    out = make_sampler("grm", model, max_batch=6, continuous=True).complete(prefixes, suffixes, params, rng=4)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_array_equal(out.lengths, ref.lengths)

@@ -14,6 +14,7 @@ from rrc_jax import distributed
 from rrc_jax.constructions.base import Construction, JudgeLoad, RewardResult, step_seed
 from rrc_jax.inference.factory import role_sampler
 from rrc_jax.judge import Judge, JudgeConfig
+from rrc_jax.models.decoder_config import KV_DTYPES
 from rrc_jax.models.lora import WEIGHT_QTYPES
 from rrc_jax.settings import field_error, one_of
 
@@ -46,6 +47,8 @@ class JudgeSettings(JudgeConfig):
     fill_memory: bool = False
     # the frozen judge's weights: "" (models.dtype), "int8" (qwix, one scale per output channel) or "nf4"
     weight_qtype: str = ""
+    # the judge's KV cache: "" (models.dtype) or "float8_e4m3fn" (a byte a value: twice the slots, half the reads)
+    kv_dtype: str = ""
 
     def __post_init__(self):
         if self.votes < 1:
@@ -60,6 +63,7 @@ class JudgeSettings(JudgeConfig):
             raise field_error("reward.judge", "expected_tokens", f"{self.expected_tokens} must be in [0, "
                               f"max_new_tokens={self.max_new_tokens}] (0: max_new_tokens)")
         one_of("reward.judge", "weight_qtype", self.weight_qtype, WEIGHT_QTYPES)
+        one_of("reward.judge", "kv_dtype", self.kv_dtype, KV_DTYPES)
         if self.max_batch_tokens < 1:
             raise field_error("reward.judge", "max_batch_tokens", f"{self.max_batch_tokens} must be >= 1")
         super().__post_init__()  # the sampling fields

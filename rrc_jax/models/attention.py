@@ -55,13 +55,21 @@ def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
     Rows and kv heads stay two batch axes: merging them would merge an axis split over the row axes with one split
     over `tensor`, which XLA does by gathering the cache's kv heads at every decoding step."""
     b, kh, g, t, d = q.shape
-    return jnp.einsum("bkqd,bkds->bkqs", q.reshape(b, kh, g * t, d), k.astype(q.dtype),
+    return jnp.einsum("bkqd,bkds->bkqs", q.reshape(b, kh, g * t, d), stored(k, q).astype(q.dtype),
                       preferred_element_type=jnp.float32).reshape(b, kh, g, t, -1)
 
 
-def _weighted(p: jax.Array, v: jax.Array) -> jax.Array:
-    """`p [B, K, G, T, S] @ v [B, K, S, D]` -> `[B, K, G, T, D]` float32 (rows and kv heads two batch axes)."""
+def stored(x: jax.Array, q: jax.Array) -> jax.Array:
+    """Cached keys or values as attention multiplies them by the queries `q`: in `q`'s dtype when stored in a byte
+    (a float8 cache, `DecoderConfig.kv_dtype`), else as they are."""
+    return x.astype(q.dtype) if x.dtype.itemsize == 1 else x
+
+
+def _weighted(p: jax.Array, v: jax.Array, q: jax.Array | None = None) -> jax.Array:
+    """`p [B, K, G, T, S] @ v [B, K, S, D]` -> `[B, K, G, T, D]` float32 (rows and kv heads two batch axes); `v`
+    as `stored` reads it for the queries `q`."""
     b, kh, g, t, s = p.shape
+    v = v if q is None else stored(v, q)
     return jnp.einsum("bkqs,bksd->bkqd", p.astype(v.dtype).reshape(b, kh, g * t, s), v,
                       preferred_element_type=jnp.float32).reshape(b, kh, g, t, -1)
 
@@ -111,7 +119,7 @@ def _attend(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Ar
     """
     scoring = scoring or Scoring(q.shape[-1] ** -0.5)
     s = jnp.where(mask[:, None, None], scoring(_scores(q, k)), _MASK_VALUE)
-    return _softmax_step(carry, s, lambda p: _weighted(p, v))
+    return _softmax_step(carry, s, lambda p: _weighted(p, v, q))
 
 
 def _softmax_step(carry: tuple, s: jax.Array, weighted_values) -> tuple:
@@ -185,9 +193,10 @@ def shared_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mas
     def fold(c, kvm):
         kj, vj, mj = kvm[:3]
         nj = mj.shape[-1]
-        s = jnp.einsum("pkqd,pkdn->pkqn", qg, kj.astype(q.dtype), preferred_element_type=jnp.float32)
+        s = jnp.einsum("pkqd,pkdn->pkqn", qg, stored(kj, q).astype(q.dtype), preferred_element_type=jnp.float32)
         s = jnp.where(seen(*kvm[2:]), scoring(s.reshape(p, kh, m, g, t, nj)), _MASK_VALUE)
-        weighted = lambda w: jnp.einsum("pkqn,pknd->pkqd", w.astype(vj.dtype).reshape(p, kh, m * g * t, nj), vj,
+        vq = stored(vj, q)
+        weighted = lambda w: jnp.einsum("pkqn,pknd->pkqd", w.astype(vq.dtype).reshape(p, kh, m * g * t, nj), vq,
                                         preferred_element_type=jnp.float32).reshape(p, kh, m, g, t, d)
         return _softmax_step(c, s, weighted), None
 

@@ -20,6 +20,9 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 LAYER_TYPES = ("full_attention", "sliding_attention")  # `config.json`'s `layer_types`
+# A KV cache's storage besides the compute dtype: float8 (e4m3), a byte a value, no scales to carry; keys and values
+# are cast to it as written and back to the compute dtype as attention reads them
+KV_DTYPES = ("", "float8_e4m3fn")
 
 
 NO_WINDOW = np.iinfo(np.int32).max  # the window of a full-attention layer
@@ -69,6 +72,7 @@ class DecoderConfig:
     pad_token_id: int | None = None
     dtype: str = "float32"  # compute dtype
     param_dtype: str = "float32"
+    kv_dtype: str = ""  # the KV cache's storage: "" (the compute dtype) or KV_DTYPES' 1-byte float8 (a frozen judge)
     lora: LoraConfig | None = None  # adapters on the projections, a quantized base (`rrc_jax.models.lora`)
 
     def __post_init__(self):
@@ -84,6 +88,8 @@ class DecoderConfig:
         if self.layer_types and (len(self.layer_types) != self.num_layers or set(self.layer_types) - set(LAYER_TYPES)):
             raise ValueError(f"layer_types must name one of {', '.join(LAYER_TYPES)} for each of the {self.num_layers} "
                              f"layers; got {list(self.layer_types)}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype={self.kv_dtype!r}: use one of {', '.join(map(repr, KV_DTYPES))}")
         if any(self.sliding) and not (self.sliding_window and self.sliding_window >= 1):
             raise ValueError(f"sliding-attention layers need sliding_window >= 1; got {self.sliding_window}")
 
@@ -107,6 +113,11 @@ class DecoderConfig:
     @property
     def compute_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
+
+    @property
+    def cache_dtype(self) -> jnp.dtype:
+        """What the KV cache stores keys and values in: `kv_dtype`, else the compute dtype."""
+        return jnp.dtype(self.kv_dtype or self.dtype)
 
     @property
     def params_dtype(self) -> jnp.dtype:

@@ -253,7 +253,7 @@ def decoder_config(path: str | os.PathLike, *, dtype: str = "float32", param_dty
 
 def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str | None = None,
             value_head: bool | None = None, pad_token_id: int | None = None,
-            layout: sharding.Layout = sharding.Layout(), lora: LoraConfig | None = None) -> Decoder:
+            layout: sharding.Layout = sharding.Layout(), lora: LoraConfig | None = None, kv_dtype: str = "") -> Decoder:
     """Load a checkpoint of a supported family (`rrc_jax.models.families`; causal LM or sequence classifier) from a
     local Hugging Face directory.
 
@@ -272,6 +272,7 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
       lora: adapters to add (`rrc_jax.models.lora`; rank 0: none), initialized as PEFT does (B zero: the model
         computes as the checkpoint); with its `weight_qtype` the projections are quantized one layer at a time as
         they are read, and stored so (the `param_dtype` is then their scales').
+      kv_dtype: what its KV caches store keys and values in (`DecoderConfig.kv_dtype`; "": the compute dtype).
     """
     path = Path(path)
     cfg = decoder_config(path, dtype=dtype, param_dtype=param_dtype, pad_token_id=pad_token_id)
@@ -281,7 +282,8 @@ def load_hf(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
     if not (value_head or cfg.lm_head):
         raise ConfigError(f"{path}: a sequence-classification checkpoint (a score head, no lm_head) loads only as a "
                           "reward model (value_head=True, the DRM); give a causal LM checkpoint here")
-    cfg = cfg.replace(value_head=value_head, lora=lora if lora is not None and lora.applies else None)
+    cfg = cfg.replace(value_head=value_head, lora=lora if lora is not None and lora.applies else None,
+                      kv_dtype=kv_dtype)
     with sharding.model_context(None):  # abstract, the logical names kept as metadata; placed by `layout` below
         model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     tensors = _tensor_map(cfg)

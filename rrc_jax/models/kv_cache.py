@@ -366,10 +366,10 @@ def _empty_cache(sliding: tuple[bool, ...], window: int, b: int, kh: int, s: int
 
 
 def init_cache(cfg: DecoderConfig, batch_size: int, size: int, *, ring: bool = True) -> KVCache:
-    """An empty cache of `size` slots for `batch_size` rows, in the compute dtype. `ring`: the sliding layers keep
+    """An empty cache of `size` slots for `batch_size` rows, in `cfg.cache_dtype`. `ring`: the sliding layers keep
     only their window when it is shorter than `size` (`KVCache`); False for a cache to `branch` (its prefixes)."""
     return _empty_cache(cfg.sliding, cfg.sliding_window or 0, batch_size, cfg.num_kv_heads, size, cfg.head_dim,
-                        cfg.compute_dtype, cfg.vocab_size, ring=ring)
+                        cfg.cache_dtype, cfg.vocab_size, ring=ring)
 
 
 SHARED_ATTENTION_BLOCK = 512  # prefix slots per block of `shared_attention`

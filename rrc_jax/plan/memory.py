@@ -57,7 +57,7 @@ def kv_cache_bytes(cfg, rows: int, slots: int, mesh_shape: tuple[int, int, int],
     only (`KVCache.ring`: `layer_slots`), with the positions its slots hold `[rows, window]` (int32); the shared
     prefixes keep every slot of every layer."""
     kv = split_size(cfg.num_kv_heads, mesh_shape[2])
-    per_slot = 2 * kv * cfg.head_dim * itemsize(dtype)  # one token's keys and values in one layer
+    per_slot = 2 * kv * cfg.head_dim * itemsize(cfg.kv_dtype or dtype)  # one token's keys and values in one layer
     if shared:
         return _prefixes_per_device(rows, mesh_shape) * (cfg.num_layers * slots * per_slot + slots)
     ring = ring_size(cfg.sliding, cfg.sliding_window or 0, slots) or 0
@@ -447,7 +447,8 @@ def plan(s, topo: Topology | str, *, mesh: tuple[int, int, int] | None = None,
         notes.append(f"dynamic sampling: a step draws 1 to rl.max_draws = {rl.max_draws} batches of prompts until "
                      "its groups' rewards differ; rollout and judging below are one draw's")
     if "grm" in cfgs:
-        judged, note = _judging(s, cfgs["grm"], layouts["grm"][1], dtype, layouts["grm"][0])
+        judged, note = _judging(s, cfgs["grm"].replace(kv_dtype=s.judge.kv_dtype), layouts["grm"][1], dtype,
+                                layouts["grm"][0])
         rows += judged
         notes.append(note)
     if "drm" in cfgs:

@@ -84,7 +84,7 @@ def shard_size(shape, names, mesh_shape, layout: str) -> int:
 
 
 def itemsize(dtype: str) -> int:
-    return {"float32": 4, "bfloat16": 2}[dtype]
+    return {"float32": 4, "bfloat16": 2, "float8_e4m3fn": 1}[dtype]
 
 
 def weight_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int], layout: str = "train", qtype: str = "") -> int:

@@ -30,7 +30,7 @@ class PhaseTime:
 
 def _kv_slot_bytes(cfg, dtype: str, tensor: int) -> int:
     """Bytes per device of one token's keys and values in one layer."""
-    return 2 * split_size(cfg.num_kv_heads, tensor) * cfg.head_dim * itemsize(dtype)
+    return 2 * split_size(cfg.num_kv_heads, tensor) * cfg.head_dim * itemsize(cfg.kv_dtype or dtype)
 
 
 def _roofline(topo: Topology, flops: float, hbm: float, ici: float) -> tuple[float, str]:
@@ -86,6 +86,11 @@ def decode_time(topo: Topology, cfg, dtype: str, shape, layout: str, rows: int, 
     return steps * step, bound
 
 
+def judge_config(s):
+    """The GRM's `DecoderConfig` as the judge runs it: its KV cache stored as `reward.judge.kv_dtype` says."""
+    return model_config(s.models.grm, field="models.grm").replace(kv_dtype=s.judge.kv_dtype)
+
+
 def expected_tokens(s) -> int:
     """The judgments' expected length: `reward.judge.expected_tokens`, else the limit."""
     return s.judge.expected_tokens or s.judge.max_new_tokens
@@ -111,7 +116,7 @@ def judge_phases(s, p: Plan, tree: bool = True) -> list[PhaseTime]:
     `max_new_tokens`: a chunk waits for its longest), or with `reward.judge.continuous` in lanes (`judge_lanes`)
     that decode `expected_tokens` a question on average and prefill each question below its prompt."""
     rl, judge = s.rollout, s.judge
-    grm, (glayout, gwhere) = model_config(s.models.grm, field="models.grm"), p.layouts["grm"]
+    grm, (glayout, gwhere) = judge_config(s), p.layouts["grm"]
     work = judge_work(s, s.reward.judge_load(s), rl.prompts_per_step)
     if judge.continuous:
         lanes, mean = judge_lanes(s, work), expected_tokens(s)
@@ -149,7 +154,7 @@ def judge_rows(s, p: Plan, own: bool = False) -> tuple[int, int]:
     reward phase: the budget less the resident part (with `own`, on chips of the judge's own: its weights alone,
     stored as `reward.judge.weight_qtype` says) and the phase's other rows, in cache slots of every layer over the
     judge's data groups; the rows then as many as those slots hold (the slots bind)."""
-    grm, (layout, shape) = model_config(s.models.grm, field="models.grm"), p.layouts["grm"]
+    grm, (layout, shape) = judge_config(s), p.layouts["grm"]
     cache = sum(r.bytes for r in p.rows if r.name == "judge KV cache")
     resident = (weight_bytes(grm, s.models.dtype, shape, layout, s.judge.weight_qtype) if own
                 else p.phase_bytes("resident"))
@@ -169,7 +174,7 @@ def judge_decode_reads(s, p: Plan) -> tuple[int, float, float]:
     """The judge's decode step as configured: (rows a replica advances, bytes of weights and of cache a device
     reads), the cache at its mean length over the step's judgments."""
     rl, judge, (glayout, gwhere) = s.rollout, s.judge, p.layouts["grm"]
-    grm, work = model_config(s.models.grm, field="models.grm"), judge_work(s, s.reward.judge_load(s),
+    grm, work = judge_config(s), judge_work(s, s.reward.judge_load(s),
                                                                            s.rollout.prompts_per_step)
     if judge.continuous:
         lanes = judge_lanes(s, work)
@@ -185,14 +190,16 @@ def judge_decode_reads(s, p: Plan) -> tuple[int, float, float]:
 
 
 def lever_lines(s, p: Plan) -> list[str]:
-    """The judge chips to keep pace (`judge_chips`) with each built lever added in turn: chunks, then continuous
-    batching at the expected judgment length; and what bounds the judge's decode step as configured."""
+    """The judge chips to keep pace (`judge_chips`) with each lever added in turn: chunks, continuous batching at the
+    expected judgment length, rows that fill chips of the judge's own, int8 weights, a float8 KV cache; and what
+    bounds the judge's decode step as configured."""
     devices, out = p.topology.devices, []
     given = dataclasses.replace(s, judge=dataclasses.replace(s.judge, fill_memory=False))
     chunks = dataclasses.replace(given, judge=dataclasses.replace(given.judge, continuous=False))
     lanes = dataclasses.replace(given, judge=dataclasses.replace(given.judge, continuous=True))
     int8 = dataclasses.replace(lanes, judge=dataclasses.replace(lanes.judge, weight_qtype="int8"))
-    full, full8 = filled(lanes, p, own=True), filled(int8, p, own=True)
+    fp8 = dataclasses.replace(int8, judge=dataclasses.replace(int8.judge, kv_dtype="float8_e4m3fn"))
+    full, full8, full_kv = filled(lanes, p, own=True), filled(int8, p, own=True), filled(fp8, p, own=True)
     for what, x in ((f"chunks decoding to their longest judgment, {s.judge.max_batch} rows and "
                      f"{s.judge.max_batch_tokens:,} slots a call", chunks),
                     (f"+ continuous batching, judgments of {expected_tokens(s)} tokens expected "
@@ -200,7 +207,9 @@ def lever_lines(s, p: Plan) -> list[str]:
                     (f"+ rows that fill the memory of chips of the judge's own, {full.judge.max_batch_tokens:,} "
                      "slots a call (reward.judge.fill_memory)", full),
                     (f"+ int8 weights, the rows filling what they leave, {full8.judge.max_batch_tokens:,} slots a call "
-                     "(reward.judge.weight_qtype=int8)", full8)):
+                     "(reward.judge.weight_qtype=int8)", full8),
+                    (f"+ a float8 KV cache, {full_kv.judge.max_batch_tokens:,} slots a call "
+                     "(reward.judge.kv_dtype=float8_e4m3fn)", full_kv)):
         times = step_times(x, p)
         judge = sum(t.seconds for t in times if t.name.startswith("judge"))
         out.append(f"judge chips to keep pace, {what}: {judge_chips(times, devices):,} ({judge:.1f} s of judging)")

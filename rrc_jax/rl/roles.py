@@ -74,12 +74,14 @@ class Roles:
     the default device); `toy`: the toy world its `toy` roles are built from (the config's `toy` group,
     `rrc_jax.data.toy.world.ToyWorldConfig`); `init_from`: another run's checkpoints, where the policy (and, unless
     `models.reference` is set, the reference) start; `grm_weights`: the judge's weights stored quantized ("int8",
-    "nf4"; "": in `models.dtype`, `lora.frozen_base`). `loaded` lists the roles loaded so far."""
+    "nf4"; "": in `models.dtype`, `lora.frozen_base`) and `grm_kv` its KV cache's (`DecoderConfig.kv_dtype`).
+    `loaded` lists the roles loaded so far."""
 
     def __init__(self, models: ModelsConfig, *, toy: ToyWorldConfig | None = None, init_from: str = "", mesh=None,
-                 layouts: MeshConfig = MeshConfig(), lora: LoraConfig = LoraConfig(), grm_weights: str = ""):
+                 layouts: MeshConfig = MeshConfig(), lora: LoraConfig = LoraConfig(), grm_weights: str = "",
+                 grm_kv: str = ""):
         self.models, self.toy, self.init_from, self.mesh, self.layouts = models, toy, init_from, mesh, layouts
-        self.lora, self.grm_weights = lora, grm_weights
+        self.lora, self.grm_weights, self.grm_kv = lora, grm_weights, grm_kv
         self.loaded: list[str] = []
         self._models: dict[str, Decoder] = {}
         self._tokenizers: dict[str, object] = {}
@@ -88,9 +90,9 @@ class Roles:
     @classmethod
     def of_run(cls, s, mesh=None) -> Roles:
         """The roles of a trainer's settings `s` (`rrc_jax.config.TrainerSettings`: `models`, `toy`, `init_from`,
-        `lora`, the layouts of `mesh`, the judge's `reward.judge.weight_qtype`)."""
+        `lora`, the layouts of `mesh`, the judge's `reward.judge.weight_qtype` and `kv_dtype`)."""
         return cls(s.models, toy=s.toy, init_from=s.init_from, mesh=mesh, layouts=s.mesh, lora=s.lora,
-                   grm_weights=s.judge.weight_qtype)
+                   grm_weights=s.judge.weight_qtype, grm_kv=s.judge.kv_dtype)
 
     def layout(self, role: str, name: str | None = None) -> Layout:
         """Where `role`'s parameters live (`MeshConfig.layout`: the policy's master in the training layout, a frozen
@@ -172,7 +174,8 @@ class Roles:
             with use_mesh(layout.mesh) if own else contextlib.nullcontext():  # on devices of its own (judge_devices)
                 model = load_hf(path, dtype=dtype, param_dtype="float32" if role == "policy" and not adapted else dtype,
                                 value_head=role == "drm" or None, layout=layout,
-                                lora=self.lora if adapted else frozen_base(self.grm_weights) if role == "grm" else None)
+                                lora=self.lora if adapted else frozen_base(self.grm_weights) if role == "grm" else None,
+                                kv_dtype=self.grm_kv if role == "grm" else "")
             if self._from_init(role):
                 self._initialize(role, model)
             self._models[role] = model
