@@ -21,6 +21,7 @@ from rrc_jax.config import check_config_argv, resolve_config_argv, settings_of
 from rrc_jax.errors import ConfigError, Diverged
 from rrc_jax.models import load_hf, load_tokenizer
 from rrc_jax.models.hf_io import read_hf_config
+from rrc_jax.models.lora import frozen_base
 from rrc_jax.sharding import Layout, inference_mesh, make_mesh, mesh_from_flag
 
 # The flags this module's helpers define belong to the command that calls them (its `--help` lists them).
@@ -191,9 +192,10 @@ def sampling_flags(*, max_new_tokens: int, temperature: float, what: str = "", s
         flags.DEFINE_integer("seed", seed, "PRNG seed."))
 
 
-def load_model(path: str, dtype: str, mesh_spec: str):
+def load_model(path: str, dtype: str, mesh_spec: str, *, weight_qtype: str = "", kv_dtype: str = ""):
     """(model, tokenizer, mesh) of a checkpoint command: the process group started, the mesh of `--mesh`, the
-    checkpoint in `dtype` in the inference layout over it. A checkpoint that does not load is a `ConfigError`
+    checkpoint in `dtype` in the inference layout over it (its projections stored as `weight_qtype`, its KV cache in
+    `kv_dtype`: `lora.frozen_base`, `DecoderConfig.kv_dtype`). A checkpoint that does not load is a `ConfigError`
     naming `--model`."""
     distributed.initialize()
     try:
@@ -201,7 +203,9 @@ def load_model(path: str, dtype: str, mesh_spec: str):
             mesh = inference_mesh(make_mesh(1, -1, 1), "auto", int(read_hf_config(path).get("num_attention_heads", 1)))
         else:
             mesh = mesh_from_flag(mesh_spec)
-        return load_hf(path, dtype=dtype, layout=Layout(mesh, "inference")), load_tokenizer(path), mesh
+        model = load_hf(path, dtype=dtype, layout=Layout(mesh, "inference"), lora=frozen_base(weight_qtype),
+                        kv_dtype=kv_dtype)
+        return model, load_tokenizer(path), mesh
     except ConfigError:
         raise
     except (FileNotFoundError, ValueError, OSError) as e:

@@ -29,6 +29,10 @@ _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.")
 _NAME = flags.DEFINE_string("served_name", "", "The model name requests may give (default: the directory's name).")
 _MAX_BATCH = flags.DEFINE_integer("max_batch", 64, "Most rows (prompts x n) of one engine call; a larger request runs "
                                   "as several, taking turns with the others.")
+_WEIGHTS = flags.DEFINE_enum("weight_qtype", "", ["", "int8", "nf4"], "Store the frozen model's projections quantized "
+                              "(qwix; the judge's reward.judge.weight_qtype): a byte a weight read per decode step.")
+_KV = flags.DEFINE_enum("kv_dtype", "", ["", "float8_e4m3fn"], "Store the KV cache's keys and values in a byte (the "
+                        "judge's reward.judge.kv_dtype); default: the compute dtype.")
 _WAIT = flags.DEFINE_float("batch_wait_ms", 5.0, "How long a batch waits for more requests after its first.")
 _MAX_BODY = flags.DEFINE_integer("max_body_mb", 16, "Largest request body in MiB; a larger one is a 413, read no "
                                  "further than this.")
@@ -51,7 +55,8 @@ def serve() -> None:
                           "choose a free port, or stop what holds it") from None
 
     with sock:
-        model, tokenizer, _ = cli.load_model(_MODEL.model.value, _MODEL.dtype.value, _MODEL.mesh.value)
+        model, tokenizer, _ = cli.load_model(_MODEL.model.value, _MODEL.dtype.value, _MODEL.mesh.value,
+                                             weight_qtype=_WEIGHTS.value, kv_dtype=_KV.value)
         if jax.process_count() > 1:
             raise ConfigError("rrc_jax.serve runs in one process; serve from one host (its devices hold the model)")
         name = _NAME.value or Path(_MODEL.model.value).name

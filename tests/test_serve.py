@@ -182,14 +182,16 @@ def test_the_main_job_with_the_served_judge_or_the_reward_service_gives_the_in_p
 
 
 def test_the_serve_command_serves_a_checkpoint(grm, tmp_path):
-    """`python -m rrc_jax.serve --model=DIR --port=P` answers a completion, and a client that drops mid-body leaves
-    no traceback in its log; a bad flag, and a busy port (said before the model loads), are one line."""
+    """`python -m rrc_jax.serve --model=DIR --port=P` (the judge in int8 weights and a float8 KV cache:
+    `--weight_qtype`, `--kv_dtype`) answers a completion, and a client that drops mid-body leaves no traceback in
+    its log; a bad flag, and a busy port (said before the model loads), are one line."""
     path, _, _ = grm
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "rrc_jax.serve", f"--model={path}", f"--port={port}",
-                             "--served_name=judge"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--served_name=judge", "--weight_qtype=int8", "--kv_dtype=float8_e4m3fn"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ask = {"prompt": "3+4=", "max_tokens": 4, "temperature": 0, "model": "judge"}
     try:
         url, deadline = f"http://127.0.0.1:{port}", time.time() + 300

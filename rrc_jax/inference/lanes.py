@@ -1,15 +1,17 @@
 """Continuous batching of `JaxSampler.complete`: decoding lanes that take the next waiting question when their
 judgment ends, instead of chunks that decode until their longest judgment ends.
 
-A call's questions are grouped by their prefix (the judge's `[instruction, prompt]`). The lanes are P groups of M
-rows; group p continues prefix slot p, a shared level of the cache (`KVCache.branch`: read once per step for its M
-lanes), and each lane holds the rest of its question (its first response, second response and the question's end)
-and its judgment in slots of its own, written at a cursor of its own (`KVCache.lanes`). The decode loop
-(`kernels.decode_rows`) returns when `refill_at` of the lanes that have work waiting are done; the host reads the
-finished judgments, gives each free lane the next question of its group's prompt (`_refill`: the questions'
-tokens prefilled in a batch of `refill_at` rows that reads the lanes' prefixes, then placed in the lanes' rows)
-and, once a group's prompt has no question left and its lanes are free, puts the next prompt in its slot
-(`put_prefix`). The loop then goes on, so rows idle only while fewer than `refill_at` lanes wait, and at the end.
+A call's questions are grouped by their prefix (the judge's `[instruction, prompt]`), a question's copies (votes)
+together. The lanes are P groups of M rows; group p continues prefix slot p, a shared level of the cache
+(`KVCache.branch`: read once per step for its M lanes), and each lane holds the rest of its question (its first
+response, second response and the question's end) and its judgment in slots of its own, written at a cursor of its
+own (`KVCache.lanes`). The decode loop (`kernels.decode_rows`) returns when `refill_at` of the lanes that have work
+waiting are done; the host reads the finished judgments and gives each free lane the next question of its group's
+prompt (`_refill`: the new questions prefilled together in a batch of `refill` rows that reads the lanes' prefixes,
+then placed in the lanes' rows; a group keeps its last prefilled question in a pool row, so that its later votes
+copy it rather than prefill it again) and, once a group's prompt has no question left and its lanes are free, puts
+the next prompt in its slot (`put_prefix`). The loop then goes on, so rows idle only while fewer than `refill_at`
+lanes wait, and at the end.
 
 A question draws from its own stream (`streams[q]`), its t-th token with `fold_in(stream key, t)`, as in a chunk
 (`kernels._decode`): its judgment is a function of its tokens, the key and its stream, whichever lane takes it and
