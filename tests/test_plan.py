@@ -549,7 +549,7 @@ def test_the_judges_rows_fill_the_memory_its_devices_report():
     """`reward.judge.fill_memory`: on devices that report their memory the trainer's judge takes the rows and slots
     a call the plan leaves its cache (`judge_rows`: the reward phase then fills the budget); on XLA:CPU's it keeps
     `max_batch` and `max_batch_tokens`. The report's levers: chunks, continuous batching, rows filling chips of the
-    judge's own, int8 weights, each fewer judge chips."""
+    judge's own, int8 weights, a float8 KV cache, each fewer judge chips (the recipe's 1,782 down to 256 or fewer)."""
     from rrc_jax.plan.step_time import judge_rows
 
     config = paper_recipe()
@@ -575,5 +575,5 @@ def test_the_judges_rows_fill_the_memory_its_devices_report():
     out = plan.report(validate(config), "v5e-64")
     chips = [int(line.rsplit(": ", 1)[1].split(" ")[0].replace(",", ""))
              for line in out.splitlines() if line.startswith("judge chips to keep pace, ")]
-    assert len(chips) == 4 and chips[0] == 1782 and chips == sorted(chips, reverse=True), out
-    assert "(reward.judge.weight_qtype=int8)" in out
+    assert len(chips) == 5 and chips[0] == 1782 and chips[-1] <= 256 and chips == sorted(chips, reverse=True), out
+    assert "(reward.judge.weight_qtype=int8)" in out and "(reward.judge.kv_dtype=float8_e4m3fn)" in out

@@ -20,6 +20,7 @@ from rrc_jax.models.char_tokenizer import SPECIAL_TOKENS
 from rrc_jax.models.decoder import Decoder
 from rrc_jax.models.decoder_config import DecoderConfig
 from rrc_jax.models.hf_io import read_hf_config
+from rrc_jax.models.lora import frozen_base
 from rrc_jax.sharding import LAYOUTS, MESH_AXES, model_context, partition
 
 # Size presets: DecoderConfig fields from the public Hugging Face config.json of each model, one family's in its
@@ -92,8 +93,6 @@ def weight_bytes(cfg, dtype: str, mesh_shape: tuple[int, int, int], layout: str 
     (`rrc_jax.models.lora.frozen_base`: the projections quantized with their scales, the rest in `dtype`)."""
     if not qtype:
         return param_bytes(cfg, dtype, mesh_shape, layout)
-    from rrc_jax.models.lora import frozen_base
-
     return lora_param_bytes(cfg, frozen_base(qtype), dtype, mesh_shape, layout)[0]
 
 
