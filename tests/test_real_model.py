@@ -45,10 +45,16 @@ def loaded(real_model):
 
 
 def test_the_fixture_is_the_checked_model(real_model):
+    """The built directory is SmolLM2-135M-Instruct, unquantized; the planner's `real` (a size preset: it plans the
+    real recipe without building the model) is its config field for field."""
+    from rrc_jax.models.decoder_config import DecoderConfig
+    from rrc_jax.plan import model_config
+
     cfg = read_hf_config(real_model)
     assert (cfg["model_type"], cfg["num_hidden_layers"], cfg["vocab_size"], cfg["tie_word_embeddings"]) == (
         "llama", 30, 49152, True)
     assert "quantization_config" not in cfg
+    assert model_config("real") == DecoderConfig.from_hf(cfg)
 
 
 def test_logits_and_greedy_text_are_transformers(real_model, loaded):

