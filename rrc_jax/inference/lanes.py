@@ -148,10 +148,10 @@ def complete(sampler, prefixes: Sequence[Sequence[int]], suffixes: Sequence[Suff
     graphdef, state = nnx.split(model)
     asked = lambda i: (suffixes[i][0], tuple(suffixes[i][1]))  # noqa: E731 - a question's text: its copies share it
     while True:
-        for b in np.flatnonzero(run.done & (lane_question >= 0)):  # finished judgments
-            i = lane_question[b]
-            out.tokens[i], out.logprobs[i], out.lengths[i], out.truncated[i] = (x[b] for x in run_output(run))
-            lane_question[b] = -1
+        ended = np.flatnonzero(run.done & (lane_question >= 0))  # finished judgments
+        for mine, theirs in zip(out, run_output(run)):
+            mine[lane_question[ended]] = theirs[ended]
+        lane_question[ended] = -1
         for slot, owner in enumerate(slot_owner):  # a group done with its prompt takes the next
             if owners and (owner < 0 or not queues[owner]) and (lane_question[slot * m:(slot + 1) * m] < 0).all():
                 slot_owner[slot] = owner = owners.popleft()

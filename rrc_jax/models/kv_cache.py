@@ -205,21 +205,17 @@ def own_rows(cache: KVCache, ends: jax.Array | None = None) -> OwnRows:
 def put_rows_of(cache: KVCache, rows: jax.Array, new: OwnRows) -> KVCache:
     """`cache` (of lanes, `KVCache.lanes`) with its rows `rows [n]` (an index >= B: none, dropped) replaced by
     `new`'s n rows (`own_rows` of a cache laid out as its own slots, `fresh_rows`), each block updated in place."""
-    put = lambda x, y, axis: x.at[(slice(None),) * axis + (rows,)].set(y, mode="drop")
     out = []
     for blocks, whole, axis in ((cache.k, new.k, 4), (cache.v, new.v, 3)):
         start, mine = 0, []
         for block in blocks:  # the new rows' slots cut to this cache's blocks
             n = block.shape[axis]
-            mine.append(put(block, jax.lax.slice_in_dim(whole, start, start + n, axis=axis), 1))
+            mine.append(block.at[:, rows].set(jax.lax.slice_in_dim(whole, start, start + n, axis=axis), mode="drop"))
             start += n
         out.append(tuple(mine))
-    ring = {} if not cache.ring else dict(ring_k=put(cache.ring_k, new.ring_k, 1),
-                                          ring_v=put(cache.ring_v, new.ring_v, 1),
-                                          ring_positions=put(cache.ring_positions, new.ring_positions, 0))
-    return cache.replace(k=out[0], v=out[1], valid=put(cache.valid, new.valid, 0),
-                         positions=put(cache.positions, new.positions, 0), logits=put(cache.logits, new.logits, 0),
-                         end=put(cache.end, new.end, 0), **ring)
+    rest = OwnRows(None, None, cache.valid, cache.positions, cache.logits, cache.end, cache.ring_k, cache.ring_v,
+                   cache.ring_positions).put(rows, new._replace(k=None, v=None))
+    return cache.replace(**(rest._asdict() | dict(k=out[0], v=out[1])))
 
 
 def put_prefix(cache: KVCache, one: KVCache, slot: jax.Array) -> KVCache:

@@ -4,6 +4,7 @@ the interconnect, checked against a published JetStream figure (`jetstream_predi
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 from rrc_jax.models.batches import bucket_length
 from rrc_jax.models.kv_cache import ATTENTION_BLOCK
@@ -99,9 +100,7 @@ def expected_tokens(s) -> int:
 def judge_lanes(s, work: JudgeWork) -> LanePlan:
     """The lanes the engine decodes a step's questions in with continuous batching (`lanes.lane_plan`, on the
     planner's question lengths): a lane keeps its question below the prompt, the first response included."""
-    load = s.reward.judge_load(s)
-    per_prompt = load.questions
-    return lane_plan([work.prefix] * work.prompts, [per_prompt] * work.prompts, question_tokens(s),
+    return lane_plan([work.prefix] * work.prompts, [s.reward.judge_load(s).questions] * work.prompts, question_tokens(s),
                      s.judge.max_new_tokens, s.judge.max_batch, s.judge.max_batch_tokens)
 
 
@@ -111,42 +110,62 @@ def question_tokens(s) -> int:
     return 2 * s.rollout.max_new_tokens + head + tail
 
 
-def judge_phases(s, p: Plan, tree: bool = True) -> list[PhaseTime]:
-    """The judge's prefill and decode of a step: in chunks that decode until their longest judgment ends (each
-    `max_new_tokens`: a chunk waits for its longest), or with `reward.judge.continuous` in lanes (`judge_lanes`)
-    that decode `expected_tokens` a question on average and prefill each question below its prompt."""
-    rl, judge = s.rollout, s.judge
-    grm, (glayout, gwhere) = judge_config(s), p.layouts["grm"]
-    work = judge_work(s, s.reward.judge_load(s), rl.prompts_per_step)
-    if judge.continuous:
+class JudgeDecode(NamedTuple):
+    """The judge's decode of a step as `decode_time` counts it: `rows` advanced a step for `steps` steps (per chunk,
+    `calls` of them), continuing `prefixes` shared prefixes of `prefix` slots, each row with `own` tokens before its
+    first step and `mean_new` decoded on average."""
+
+    calls: int
+    rows: int
+    steps: int
+    prefixes: int
+    prefix: int
+    own: int
+    mean_new: float
+
+
+def judge_decode(s, work: JudgeWork) -> JudgeDecode:
+    """The `JudgeDecode` of `work`: in chunks that decode until their longest judgment ends (each `max_new_tokens`),
+    or with `reward.judge.continuous` in lanes (`judge_lanes`) that decode `expected_tokens` a question."""
+    if s.judge.continuous:
         lanes, mean = judge_lanes(s, work), expected_tokens(s)
-        load = s.reward.judge_load(s)  # each different question prefilled once for its votes
-        tokens = rl.prompts_per_step * (work.prefix + load.leaves * question_tokens(s))
-        steps = -(-work.questions * mean // lanes.rows)
-        decode = decode_time(p.topology, grm, s.models.dtype, gwhere, glayout, lanes.rows, steps, lanes.slots,
-                             work.prefix, question_tokens(s), mean / 2, judge.weight_qtype)
-        return [PhaseTime("judge prefill", *forward_time(p.topology, grm, s.models.dtype, gwhere, glayout, tokens,
-                                                                     judge.weight_qtype),
-                          f"{tokens:,} tokens: {rl.prompts_per_step} prefixes x {work.prefix}, each different "
-                          f"question's {question_tokens(s)} below its prompt (continuous batching)"),
-                PhaseTime("judge decode", *decode, f"{work.questions} questions x {mean} tokens expected in "
-                          f"{lanes.rows} lanes ({lanes.slots} prompts x {lanes.lanes}), {steps:,} steps, {glayout} "
-                          "layout (continuous batching)")]
-    prefill = forward_time(p.topology, grm, s.models.dtype, gwhere, glayout,
-                           work.prefill_tokens if tree else work.flat_prefill_tokens, judge.weight_qtype)
+        return JudgeDecode(1, lanes.rows, -(-work.questions * mean // lanes.rows), lanes.slots, work.prefix,
+                           question_tokens(s), mean / 2)
     chunk = min(work.questions, work.rows)  # (at most max_batch rows, within max_batch_tokens)
-    chunks = -(-work.questions // chunk)
     p_, f, m, c = work.chunk
     shared = p_ * work.prefix + p_ * f * work.first + (p_ * f * m * work.rest if c > 1 else 0)
     leaves = p_ * f * m  # the shared levels' slots a chunk's rows read, spread over its questions
-    decode = decode_time(p.topology, grm, s.models.dtype, gwhere, glayout, chunk, judge.max_new_tokens,
-                         max(1, leaves * chunk // work.rows), shared // leaves, 0 if c > 1 else work.rest,
-                         qtype=judge.weight_qtype)
+    n = s.judge.max_new_tokens
+    return JudgeDecode(-(-work.questions // chunk), chunk, n, max(1, leaves * chunk // work.rows), shared // leaves,
+                       0 if c > 1 else work.rest, n / 2)
+
+
+def judge_phases(s, p: Plan, tree: bool = True) -> list[PhaseTime]:
+    """The judge's prefill and decode of a step (`judge_decode`); with `reward.judge.continuous` each different
+    question is prefilled below its prompt."""
+    rl, judge = s.rollout, s.judge
+    grm, (glayout, gwhere) = judge_config(s), p.layouts["grm"]
+    work = judge_work(s, s.reward.judge_load(s), rl.prompts_per_step)
+    d = judge_decode(s, work)
+    seconds, bound = decode_time(p.topology, grm, s.models.dtype, gwhere, glayout, d.rows, d.steps, d.prefixes,
+                                 d.prefix, d.own, d.mean_new, judge.weight_qtype)
+    if judge.continuous:  # each different question prefilled once for its votes
+        tokens = rl.prompts_per_step * (work.prefix + s.reward.judge_load(s).leaves * question_tokens(s))
+        lanes = judge_lanes(s, work)
+        return [PhaseTime("judge prefill", *forward_time(p.topology, grm, s.models.dtype, gwhere, glayout, tokens,
+                                                         judge.weight_qtype),
+                          f"{tokens:,} tokens: {rl.prompts_per_step} prefixes x {work.prefix}, each different "
+                          f"question's {question_tokens(s)} below its prompt (continuous batching)"),
+                PhaseTime("judge decode", seconds, bound, f"{work.questions} questions x {expected_tokens(s)} tokens "
+                          f"expected in {lanes.rows} lanes ({lanes.slots} prompts x {lanes.lanes}), {d.steps:,} "
+                          f"steps, {glayout} layout (continuous batching)")]
+    prefill = forward_time(p.topology, grm, s.models.dtype, gwhere, glayout,
+                           work.prefill_tokens if tree else work.flat_prefill_tokens, judge.weight_qtype)
     return [PhaseTime("judge prefill", *prefill, f"{work.prefill_tokens:,} tokens: {rl.prompts_per_step} prefixes "
                                                  f"x {work.prefix}, firsts x {work.first}, questions x "
                                                  f"{work.rest} ({work.flat_prefill_tokens:,} without the tree)"),
-            PhaseTime("judge decode", chunks * decode[0], decode[1],
-                      f"{chunks} chunks of {chunk} questions x {judge.max_new_tokens} tokens, {glayout} layout")]
+            PhaseTime("judge decode", d.calls * seconds, bound,
+                      f"{d.calls} chunks of {d.rows} questions x {judge.max_new_tokens} tokens, {glayout} layout")]
 
 
 def judge_rows(s, p: Plan, own: bool = False) -> tuple[int, int]:
@@ -164,29 +183,25 @@ def judge_rows(s, p: Plan, own: bool = False) -> tuple[int, int]:
     return max(1, slots // ATTENTION_BLOCK), int(slots)
 
 
+def with_judge(s, **changes):
+    """The trainer's settings `s` with `reward.judge`'s fields `changes`."""
+    return dataclasses.replace(s, judge=dataclasses.replace(s.judge, **changes))
+
+
 def filled(s, p: Plan, own: bool = False):
     """`s` with the judge's rows filling its memory on plan `p` (`judge_rows`)."""
     rows, slots = judge_rows(s, p, own)
-    return dataclasses.replace(s, judge=dataclasses.replace(s.judge, max_batch=rows, max_batch_tokens=slots))
+    return with_judge(s, max_batch=rows, max_batch_tokens=slots)
 
 
 def judge_decode_reads(s, p: Plan) -> tuple[int, float, float]:
-    """The judge's decode step as configured: (rows a replica advances, bytes of weights and of cache a device
-    reads), the cache at its mean length over the step's judgments."""
-    rl, judge, (glayout, gwhere) = s.rollout, s.judge, p.layouts["grm"]
-    grm, work = judge_config(s), judge_work(s, s.reward.judge_load(s),
-                                                                           s.rollout.prompts_per_step)
-    if judge.continuous:
-        lanes = judge_lanes(s, work)
-        rows, reads = lanes.rows, decode_step_reads(grm, s.models.dtype, gwhere, glayout, lanes.rows, lanes.slots,
-                                                    work.prefix, question_tokens(s) + expected_tokens(s) / 2,
-                                                    judge.weight_qtype)
-    else:
-        rows = min(work.questions, work.rows)
-        p_, f, m, c = work.chunk
-        reads = decode_step_reads(grm, s.models.dtype, gwhere, glayout, rows, p_, work.prefix,
-                                  (0 if c > 1 else work.rest) + judge.max_new_tokens / 2, judge.weight_qtype)
-    return -(-rows // (gwhere[0] * gwhere[1])), *reads
+    """The judge's decode step as configured (`judge_decode`): (rows a replica advances, bytes of weights and of
+    cache a device reads), the cache at its mean length over the step's judgments."""
+    glayout, gwhere = p.layouts["grm"]
+    d = judge_decode(s, judge_work(s, s.reward.judge_load(s), s.rollout.prompts_per_step))
+    reads = decode_step_reads(judge_config(s), s.models.dtype, gwhere, glayout, d.rows, d.prefixes, d.prefix,
+                              d.own + d.mean_new, s.judge.weight_qtype)
+    return -(-d.rows // (gwhere[0] * gwhere[1])), *reads
 
 
 def lever_lines(s, p: Plan) -> list[str]:
@@ -194,11 +209,10 @@ def lever_lines(s, p: Plan) -> list[str]:
     expected judgment length, rows that fill chips of the judge's own, int8 weights, a float8 KV cache; and what
     bounds the judge's decode step as configured."""
     devices, out = p.topology.devices, []
-    given = dataclasses.replace(s, judge=dataclasses.replace(s.judge, fill_memory=False))
-    chunks = dataclasses.replace(given, judge=dataclasses.replace(given.judge, continuous=False))
-    lanes = dataclasses.replace(given, judge=dataclasses.replace(given.judge, continuous=True))
-    int8 = dataclasses.replace(lanes, judge=dataclasses.replace(lanes.judge, weight_qtype="int8"))
-    fp8 = dataclasses.replace(int8, judge=dataclasses.replace(int8.judge, kv_dtype="float8_e4m3fn"))
+    given = with_judge(s, fill_memory=False)
+    chunks, lanes = with_judge(given, continuous=False), with_judge(given, continuous=True)
+    int8 = with_judge(lanes, weight_qtype="int8")
+    fp8 = with_judge(int8, kv_dtype="float8_e4m3fn")
     full, full8, full_kv = filled(lanes, p, own=True), filled(int8, p, own=True), filled(fp8, p, own=True)
     for what, x in ((f"chunks decoding to their longest judgment, {s.judge.max_batch} rows and "
                      f"{s.judge.max_batch_tokens:,} slots a call", chunks),
@@ -224,7 +238,7 @@ def step_times(s, p: Plan, tree: bool = True) -> list[PhaseTime]:
     layouts; `tree=False`: the judge prefilling every vote on its own after its prompt's prefix (`JudgeWork.flat`).
     With `reward.judge.fill_memory`, the judge's rows fill its memory (`judge_rows`)."""
     if s.judge.fill_memory and "grm" in p.layouts:
-        s = filled(dataclasses.replace(s, judge=dataclasses.replace(s.judge, fill_memory=False)), p)
+        s = filled(with_judge(s, fill_memory=False), p)
     topo, rl, learner, dtype = p.topology, s.rollout, s.learner, s.models.dtype
     policy = model_config(s.models.policy)
     prompt = bucket_length(s.prompts.data.max_prompt_tokens)
@@ -362,8 +376,7 @@ def format_times(s, p: Plan) -> str:
     lines.append(f"{'step':<30} {total:>10.2f}")
     if "grm" in p.layouts:
         w = judge_work(s, s.reward.judge_load(s), s.rollout.prompts_per_step)
-        chunks = dataclasses.replace(s, judge=dataclasses.replace(s.judge, continuous=False))
-        flat = sum(t.seconds for t in step_times(chunks, p, tree=False))
+        flat = sum(t.seconds for t in step_times(with_judge(s, continuous=False), p, tree=False))
         lines.append(f"judge a step: {w.questions:,} questions, {w.prefill_tokens:,} prefill tokens with the prefix "
                      f"tree ({w.flat_prefill_tokens:,} with every vote prefilled on its own: a step of {flat:.2f} s), "
                      f"up to {w.decode_tokens:,} decode tokens")
