@@ -265,14 +265,14 @@ def test_the_tournaments_ask_their_closed_form_and_follow_the_verdicts(model, m,
                "double_elimination": (lambda: DoubleElimination(m), None)}
     for name, (make, duels) in formats.items():
         judge = make_judge(model)
-        standings, queries = play(judge, list(prompts), [list(g) for g in groups], [make(), make()], votes=votes,
-                                  swap=True)
+        rules = [make(), make()]
+        queries = play(judge, list(prompts), [list(g) for g in groups], rules, votes=votes, swap=True)
         for b, p in enumerate((0, 1)):
             q = np.array([QUALITY[p, RESPONSES.index(r)] for r in groups[b]])
             rule = make()
             while pairs := rule.pairs():
                 rule.record(pairs, [1 if q[i] > q[j] else -1 for i, j in pairs])
-            np.testing.assert_array_equal(standings[b], rule.standing(), err_msg=name)
+            np.testing.assert_array_equal(rules[b].standing(), rule.standing(), err_msg=name)
             if duels is not None:
                 assert queries[b] == duels, name
             else:  # no ties here: the best response wins every duel, so no reset

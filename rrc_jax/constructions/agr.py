@@ -40,8 +40,9 @@ class AGRSettings:
 
 def anchor_store(s, train: PromptSet, tokenizer) -> AnchorStore:
     """The AGR anchors of a run (`s`: its settings) for its training prompts: `reward.agr.anchors_path` (default
-    `workdir/anchors.jsonl`), sampled like the rollouts (`s.rollout`)."""
-    a = s.constructions["agr"]
+    `workdir/anchors.jsonl`; an AGR variant's own group, `AGRSettings` with more fields, when it is the run's
+    reward), sampled like the rollouts (`s.rollout`)."""
+    a = s.reward_settings if isinstance(s.reward_settings, AGRSettings) else s.constructions["agr"]
     path = a.anchors_path or epath.Path(s.workdir).expanduser() / "anchors.jsonl"
     return AnchorStore(path, train, a.n_anchors, tokenizer, s.rollout.params)
 
@@ -97,7 +98,12 @@ class AGRReward(JudgeConstruction):
         return cls(**cls.judge_kwargs(s, ctx), store=anchor_store(s, ctx.train, ctx.tokenizer), votes=j.votes,
                    swap=j.swap, alpha=a.alpha, ties=a.ties, refresh_every=a.refresh_every,
                    refreshed_dir=workdir / "anchors_refreshed", checkpoints=workdir / "checkpoints",
-                   early_stop=j.early_stop, ahead=s.pipeline.max_staleness)
+                   early_stop=j.early_stop, ahead=s.pipeline.max_staleness, **cls.extra_kwargs(s))
+
+    @classmethod
+    def extra_kwargs(cls, s) -> dict:
+        """What a variant of AGR needs beyond AGR's arguments (its own settings)."""
+        return {}
 
     @classmethod
     def of_groups(cls, judge, *, votes: int, swap: bool, settings: AGRSettings):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from rrc_jax.constructions.adaptive import ActiveReward, SequentialAGRReward
 from rrc_jax.constructions.agr import AGRReward
 from rrc_jax.constructions.base import Construction
 from rrc_jax.constructions.drm import DRMReward
@@ -34,6 +35,8 @@ CONSTRUCTIONS: dict[str, type[Construction]] = {cls.kind: cls for cls in (
     DoubleEliminationReward,
     SeededKnockoutReward,
     CircularReward,
+    ActiveReward,
+    SequentialAGRReward,
 )}
 
 

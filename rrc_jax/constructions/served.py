@@ -169,8 +169,8 @@ class ServedReward(Construction):
             raise ConfigError(f"config.reward.service_url: reward.kind={kind!r} reads {', '.join(cls.columns)} per "
                               "prompt, which a trainer does not send the service; give them to the service "
                               "(--anchors) and use its rewards from another trainer's reward function")
-        if kind == "agr" and s.reward_settings.refresh_every:
-            raise ConfigError("config.reward.agr.refresh_every: refreshed anchors are sampled in process; a served "
+        if getattr(s.reward_settings, "refresh_every", 0):
+            raise ConfigError(f"config.reward.{kind}.refresh_every: refreshed anchors are sampled in process; a served "
                               "reward judges against the reference's (set it to 0)")
         if s.eval.judge_votes:
             raise ConfigError("config.eval.judge_votes: a judged evaluation needs the judge in this process; with "

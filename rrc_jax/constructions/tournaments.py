@@ -5,9 +5,9 @@ The four formats trade judge questions for fidelity: `circular` asks m per group
 cheap seeding signal), `swiss` R floor(m / 2), `double_elimination` 2m - 2 (or 2m - 1), against SCR's m(m - 1) / 2.
 Each reward is the standing's rank reward, alpha (m - 1 - position) with tied positions averaged (`rank_rewards`):
 one scale for every format, SCR's, whatever the number of duels a response played. Each duel is asked
-`reward.judge.votes` times, A/B swapped across votes with `reward.judge.swap`, and decided by the majority (a split
-or an abstention is a tie: half a point in Swiss and circular, the first listed, the better seed, advances in the
-elimination formats). The questions and judge tokens are counted as every judge construction counts them, and
+`reward.judge.votes` times, A/B swapped across votes with `reward.judge.swap` (stopped once its majority is decided
+with `reward.judge.early_stop`), and decided by the majority (a split or an abstention is a tie: half a point in
+Swiss and circular, the first listed, the better seed, advances in the elimination formats). The questions and judge tokens are counted as every judge construction counts them, and
 `judge/comparisons` is the duels per group.
 """
 
@@ -74,9 +74,10 @@ class SeededKnockoutSettings(TournamentSettings):
 class TournamentReward(JudgeConstruction):
     """A group's tournament (`rules`) judged by the GRM, its standing turned into rank rewards (module docstring)."""
 
-    def __init__(self, judge, seed: int, *, votes: int, swap: bool, alpha: float, ctx=None, eval_votes: int = 0):
+    def __init__(self, judge, seed: int, *, votes: int, swap: bool, alpha: float, ctx=None, eval_votes: int = 0,
+                 early_stop: bool = False):
         super().__init__(judge, seed, ctx=ctx, eval_votes=eval_votes)
-        self.votes, self.swap, self.alpha = votes, swap, alpha
+        self.votes, self.swap, self.alpha, self.early_stop = votes, swap, alpha, early_stop
 
     @classmethod
     def absolute_scale(cls, s) -> bool:
@@ -94,8 +95,8 @@ class TournamentReward(JudgeConstruction):
     @classmethod
     def from_settings(cls, s, ctx) -> TournamentReward:
         j = s.judge
-        return cls(**cls.judge_kwargs(s, ctx), votes=j.votes, swap=j.swap, **cls.extra_kwargs(s, ctx),
-                   **dataclasses.asdict(s.reward_settings))
+        return cls(**cls.judge_kwargs(s, ctx), votes=j.votes, swap=j.swap, early_stop=j.early_stop,
+                   **cls.extra_kwargs(s, ctx), **dataclasses.asdict(s.reward_settings))
 
     @classmethod
     def extra_kwargs(cls, s, ctx) -> dict:
@@ -114,9 +115,10 @@ class TournamentReward(JudgeConstruction):
         raise NotImplementedError
 
     def construct(self, prompts, responses, prompt_index, step) -> RewardResult:
-        standings, duels = play(self.judge, prompts, responses, self.rules(prompts, responses), votes=self.votes,
-                                swap=self.swap)
-        rewards = np.stack([rank_rewards(s, self.alpha) for s in standings]) if len(standings) else \
+        rules = self.rules(prompts, responses)
+        duels = play(self.judge, prompts, responses, rules, votes=self.votes, swap=self.swap,
+                     early_stop=self.early_stop)
+        rewards = np.stack([rank_rewards(r.standing(), self.alpha) for r in rules]) if rules else \
             np.zeros((0, len(responses[0]) if responses else 0), np.float32)
         return RewardResult(rewards, {"judge/comparisons": float(duels.mean()) if len(duels) else math.nan})
 

@@ -32,14 +32,17 @@ class Ordering(NamedTuple):
     queries: np.ndarray
 
 
-def _outcomes(judge: Judge, prompts, responses, duels, votes, swap) -> list[int]:
+def _outcomes(judge: Judge, prompts, responses, duels, votes, swap, outcome=None, order=None) -> list[int]:
     """One batched round: for each (b, i, j), +1 when the majority of its V votes prefers i, -1 when it prefers j, 0
-    when they split or abstain. A host without duels still takes part (the call is collective on several hosts)."""
+    when they split or abstain. `outcome`: stop a duel's votes once its majority is decided (`Judge.pair_votes`; the
+    same outcomes). `order(b, i, j)`: 0 shows vote 0 as (i, j), 1 as (j, i) (default `(b + i + j) % 2`). A host without
+    duels still takes part (the call is collective on several hosts)."""
     g = [d[0] for d in duels]
+    order = order or (lambda b, i, j: (b + i + j) % 2)
     pv, _ = judge.pair_votes(prompts, g, [responses[b][i] for b, i, _ in duels],
                              [responses[b][j] for b, _, j in duels], votes, swap,
-                             orders=[(b + i + j) % 2 for b, i, j in duels],
-                             tags=[{"i": i, "j": j} for _, i, j in duels])
+                             orders=[order(b, i, j) for b, i, j in duels],
+                             tags=[{"i": i, "j": j} for _, i, j in duels], outcome=outcome)
     return [int(x) for x in np.sign(pv.wins.astype(np.int64) - pv.losses)]
 
 
@@ -49,26 +52,27 @@ def _duel(judge: Judge, prompts, responses, duels, votes, swap) -> list[bool]:
 
 
 def play(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequence[str]], rules: Sequence,
-         votes: int = 1, swap: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Each prompt's tournament `rules[b]` (`rrc_jax.rewards.tournament_rules`) played to its end: every round's
-    duels of every group asked in one batched judge call (V votes each, A/B swapped across votes with `swap`), the
-    outcomes recorded. Returns the standings `[B, m]` and the duels `[B]` each group played."""
+         votes: int = 1, swap: bool = True, *, early_stop: bool = False, order=None) -> np.ndarray:
+    """Each prompt's rounds `rules[b]` (a tournament, `rrc_jax.rewards.tournament_rules`, or an adaptive schedule,
+    `rrc_jax.rewards.adaptive`) played to their end: every round's duels of every group asked in one batched judge
+    call (V votes each, A/B swapped across votes with `swap`, stopped once decided with `early_stop`: the same
+    outcomes), the outcomes recorded in the rules. `responses[b]`: the texts rule b's pairs index; `order`: as
+    `_outcomes`'s. Returns the duels `[B]` each group played."""
     check_votes(votes)
-    m = check_groups(responses, "tournament responses")
+    check_groups(responses, "tournament responses")
     queries = np.zeros(len(prompts), np.int64)
     while True:
         rounds = [rule.pairs() for rule in rules]
         duels = [(b, i, j) for b, pairs in enumerate(rounds) for i, j in pairs]
         if not distributed.any_host(bool(duels)):  # every host asks as many rounds as the longest tournament
             break
-        outcomes = _outcomes(judge, prompts, responses, duels, votes, swap)
+        outcomes = _outcomes(judge, prompts, responses, duels, votes, swap, np.sign if early_stop else None, order)
         k = 0
         for b, pairs in enumerate(rounds):
             if pairs:
                 rules[b].record(pairs, outcomes[k:k + len(pairs)])
                 k, queries[b] = k + len(pairs), queries[b] + len(pairs)
-    standings = np.stack([rule.standing() for rule in rules]) if rules else np.zeros((0, m))
-    return standings, queries
+    return queries
 
 
 def merge_sort(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequence[str]], votes: int = 1,
