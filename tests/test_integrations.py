@@ -281,7 +281,8 @@ def test_group_kinds_come_from_the_registry_with_their_settings(toy_judge):
     from rrc_jax.constructions.registry import group_kinds
 
     judge, _ = toy_judge
-    assert group_kinds() == ["prc", "scr", "agr", "swiss", "double_elimination", "seeded_knockout", "circular"]
+    assert group_kinds() == ["prc", "scr", "agr", "swiss", "double_elimination", "seeded_knockout", "circular",
+                             "active", "agr_sequential"]
     prompts = [SortTask.prompt_text(d) for d in DIGITS]
     rows = rows_of([p for p in prompts for _ in range(G)], [c for r in RESPONSES for c in r])
     swiss = GroupRewards(judge, "swiss", group_size=G, votes=1, rounds=2)

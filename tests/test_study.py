@@ -266,3 +266,26 @@ def test_the_study_keeps_compiled_programs_in_its_workdir_unless_jax_has_a_cache
     finally:
         jax.config.update("jax_compilation_cache_dir", configured[0])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", configured[1])
+
+
+def test_the_report_says_plainly_which_cheap_construction_reaches_the_round_robins_tau():
+    """`half_cost_lines`: the constructions at <= half SCR's questions, each beside SCR's tau interval; the reaching
+    ones named, or, when none does, the closest and its shortfall below the interval's lower end."""
+    from rrc_jax.study.report import half_cost_lines
+
+    def runs(name, questions, taus):
+        out = []
+        for s, tau in enumerate(taus):
+            run = summary(name, s, {0: 0.5, 4: 0.8}, [0, 1], tau=tau)
+            run["series"]["judge/questions"] = {"1": questions, "2": questions}
+            out.append(run)
+        return out
+
+    base = runs("scr", 448, [0.38, 0.40, 0.42])  # tau 0.40 +- 0.050
+    cheap = runs("active_half", 224, [0.30, 0.32, 0.34]) + runs("swiss", 192, [0.30, 0.30, 0.30])
+    lines = "\n".join(half_cost_lines(aggregate(base + cheap + runs("agr", 1024, [0.5] * 3))["constructions"]))
+    assert "| swiss | 192 | 0.43 | 0.300 ± 0.000 | below |" in lines and "| agr |" not in lines
+    assert "None reaches the round robin's tau interval (0.350 to 0.450)" in lines
+    assert "the closest, active_half (0.50x), has tau 0.320 ± 0.050, 0.030 below" in lines
+    lines = half_cost_lines(aggregate(base + runs("active_half", 224, [0.36, 0.37, 0.38]))["constructions"])
+    assert lines[-1] == "Within the round robin's tau interval at <= 0.5x its questions: active_half."

@@ -20,7 +20,9 @@ pairs whose intervals do not overlap; any other pair cannot be told apart at thi
 
 The cost-fidelity frontier (`frontier`): for Kendall tau, final and peak quality, the constructions that no other
 construction beats on the mean while generating no more judge tokens per step (a construction without a judge costs
-0): the Pareto-optimal ones, named on the means; the intervals say which of their differences are real.
+0): the Pareto-optimal ones, named on the means; the intervals say which of their differences are real. Fewer
+questions (`half_cost_lines`): the constructions asking at most half the round robin's questions, and whether their
+Kendall tau lies in the round robin's interval.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ STALE = re.compile(r"(.+)_stale(\d+)$")
 # the metrics whose supported orderings the report states, with their names in it
 ORDERED = {"final": "final quality", "peak": "peak quality", "kendall_tau": "Kendall tau"}
 FRONTIER = ("kendall_tau", "final", "peak")  # each against judge tokens per step
+ROUND_ROBIN = "scr"  # the construction the cheaper ones are measured against (`half_cost_lines`)
 
 
 def t975(df: int) -> float:
@@ -229,6 +232,38 @@ def stale_lines(entries: dict) -> list[str]:
     return out
 
 
+def half_cost_lines(entries: dict, base: str = ROUND_ROBIN) -> list[str]:
+    """Fewer judge questions at what fidelity: every judged construction asking at most half the round robin's
+    questions a step (`base`, SCR's), cheapest first, with its share of them, its Kendall tau and whether that
+    lies in the round robin's 95% interval, its final and peak quality; then, plainly, which reach the interval
+    at <= 0.5x its questions, or that none does and by how much the closest falls short."""
+    if base not in entries or not math.isfinite(entries[base]["questions"]["mean"]):
+        return []
+    full, tau = entries[base]["questions"]["mean"], entries[base]["kendall_tau"]
+    cheap = sorted(((n, e) for n, e in entries.items() if 0 < e["questions"]["mean"] <= full / 2
+                    and math.isfinite(e["kendall_tau"]["mean"])), key=lambda ne: ne[1]["questions"]["mean"])
+    if not cheap or not math.isfinite(tau["ci95"]):
+        return []
+    lo = tau["mean"] - tau["ci95"]
+    out = ["", f"Fewer judge questions: the constructions asking at most half the round robin's ({base}: "
+           f"{full:.0f} questions a step, Kendall tau {_fmt(tau)}), cheapest first.", "",
+           "| construction | questions / step | of the round robin's | Kendall tau | in its tau interval | "
+           "final quality | peak quality |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, e in cheap:
+        out.append(f"| {name} | {e['questions']['mean']:.0f} | {e['questions']['mean'] / full:.2f} | "
+                   f"{_fmt(e['kendall_tau'])} | {within(e['kendall_tau'], tau)} | {_fmt(e['final'])} | "
+                   f"{_fmt(e['peak'])} |")
+    inside = [n for n, e in cheap if within(e["kendall_tau"], tau) in ("yes", "above")]
+    if inside:
+        out += ["", f"Within the round robin's tau interval at <= 0.5x its questions: {', '.join(inside)}."]
+    else:
+        name, e = max(cheap, key=lambda ne: ne[1]["kendall_tau"]["mean"])
+        out += ["", f"None reaches the round robin's tau interval ({lo:.3f} to {tau['mean'] + tau['ci95']:.3f}) at "
+                f"<= 0.5x its questions: the closest, {name} ({e['questions']['mean'] / full:.2f}x), has tau "
+                f"{_fmt(e['kendall_tau'])}, {lo - e['kendall_tau']['mean']:.3f} below the interval's lower end."]
+    return out
+
+
 def study_overrides(summaries: list[dict]) -> list[tuple[dict | None, list[str]]]:
     """The trainer fields the study set for every run (a summary's `overrides`), each distinct set with the
     constructions whose runs had it, in the order they first appear (None: summaries written before they kept
@@ -296,6 +331,7 @@ def markdown(result: dict, plots: list[str]) -> str:
     saturated = [f"{n} {_fmt(e['prc_saturation'])}" for n, e in entries.items() if e["prc_saturation"]["n"]]
     if saturated:
         lines += ["", "PRC saturation (share of P(A) in [0, 0.1] or [0.9, 1], Table 6): " + "; ".join(saturated) + "."]
+    lines += half_cost_lines(entries)
     lines += stale_lines(entries)
     lines += ["", "Orderings the intervals support (the other pairs cannot be told apart):", ""]
     for key, pairs in result["orderings"].items():
