@@ -3,9 +3,10 @@ each schedule's rounds chosen from the verdicts of the rounds before (`rrc_jax.r
 gives the rules and what is exact).
 
 * `active` (SCR's scale, alpha per win): at most `budget` x m(m - 1) / 2 pairs a group, asked in rounds of the most
-  uncertain pairs under a Bradley-Terry fit; the reward is the win count of the pairs asked plus the fitted win
-  probability of each pair not asked. With a `tolerance` a group stops before its budget once every pair not asked
-  is predicted with probability >= 1 - tolerance; `judge/tolerance_stops` is the share of groups it stopped.
+  uncertain pairs under a Bradley-Terry fit; the reward is the win count over every pair, a pair not asked half a
+  win. With a `tolerance` a pair predicted with probability >= 1 - tolerance scores its favourite's win, and a group
+  stops before its budget once every pair not asked is so predicted; `judge/tolerance_stops` is the share of groups
+  it stopped.
 * `agr_sequential` (AGR's scale, alpha per anchor beaten): each response meets its prompt's anchors (`reward.agr`'s
   store) `first` then `step` a round, and stops once the posterior standard deviation of its wins against the anchors
   it has not met is <= `tolerance` anchors; the reward is the anchors beaten plus that posterior's mean. At most

@@ -7,10 +7,13 @@ anchor set, at a stated price in fidelity. Pure host-side logic with the tournam
 
 * `ActiveRoundRobin` (SCR's scale): each round a matching of the most uncertain pairs not yet asked under a
   Bradley-Terry fit of the outcomes so far (`bradley_terry`; the first round pairs 0-1, 2-3, ...; then pairs whose
-  fitted strengths are closest, as a Swiss round pairs equal scores), until `budget` pairs are asked, or, with a
-  `tolerance`, until every pair not asked is predicted with probability at least 1 - tolerance. Its reward is
-  SCR's win count (Eq. 16) completed by the fit: alpha x (the wins asked, a tie per SCR's `ties` rule, plus the
-  fitted probability of winning each pair not asked). With every pair asked it is SCR's reward exactly.
+  fitted strengths are closest, as a Swiss round pairs equal scores), until `budget` pairs are asked. Its reward is
+  SCR's win count (Eq. 16) over every pair: a pair asked scores its verdict (a tie per SCR's `ties` rule), a pair
+  not asked half a win, what no verdict is worth either way (so that a response met once less is not a win
+  poorer). With a `tolerance`, a pair the fit predicts with probability >= 1 - tolerance scores its favourite's win
+  instead, and a group stops before its budget once every pair not asked is so predicted. With every pair asked it
+  is SCR's reward exactly. (Completing the pairs not asked by the fit's probabilities instead ranked worse, in
+  Kendall tau against the truth, on a simulated judge as noisy as the toy world's: docs/study.md.)
 * `SequentialAnchors` (AGR's scale): each response meets its prompt's anchors in order, `first` of them in the first
   round and `step` more a round, and stops once the anchors it has not met cannot move its reward by more than
   `tolerance` anchors in the sense of a posterior standard deviation: the wins left follow a beta-binomial under a
@@ -74,9 +77,10 @@ def budget_pairs(m: int, budget: float) -> int:
 
 
 class ActiveRoundRobin:
-    """Uncertainty-driven rounds of pairs completed by a Bradley-Terry fit (module docstring). `budget`: the most
-    pairs it asks, a fraction of the round robin's; `tolerance`: stop early once every pair not asked is predicted
-    with probability >= 1 - tolerance (0: never); `ties`: SCR's rule for a tied comparison."""
+    """Uncertainty-driven rounds of pairs (module docstring). `budget`: the most pairs it asks, a fraction of the
+    round robin's; `tolerance`: a pair the fit predicts with probability >= 1 - tolerance stands in for a verdict
+    (its favourite wins), and a group stops early once every pair not asked is so predicted (0: never); `ties`:
+    SCR's rule for a tied comparison."""
 
     def __init__(self, m: int, budget: float = 0.5, *, ties: str = "zero", tolerance: float = 0.0):
         self.m, self.limit, self.ties, self.tolerance = m, budget_pairs(m, budget), ties, tolerance
@@ -84,7 +88,7 @@ class ActiveRoundRobin:
         self.score = np.zeros((m, m))  # score[i, j]: what comparison (i, j) scores for i under `ties`
         self.asked = np.zeros((m, m), bool)
         self.stopped = False  # the tolerance stopped it before its budget
-        self._strengths = np.zeros(m)
+        self.p = np.full((m, m), 0.5)  # the fit's P(i beats j)
 
     @property
     def questions(self) -> int:
@@ -93,16 +97,21 @@ class ActiveRoundRobin:
     def open_pairs(self) -> list[Pair]:
         return [(i, j) for i in range(self.m) for j in range(i + 1, self.m) if not self.asked[i, j]]
 
+    def sure(self) -> np.ndarray:
+        """`[m, m]` bool: the pairs not asked whose prediction stands in for a verdict (`tolerance`)."""
+        off = ~(self.asked | np.eye(self.m, dtype=bool))
+        return off & (np.minimum(self.p, 1 - self.p) <= self.tolerance) if self.tolerance > 0 else \
+            np.zeros_like(off)
+
     def pairs(self) -> list[Pair]:
         left, candidates = self.limit - self.questions, self.open_pairs()
         if self.stopped or left <= 0 or not candidates:
             return []
-        p = win_probabilities(self._strengths)
-        if self.tolerance > 0 and self.questions and all(min(p[i, j], 1 - p[i, j]) <= self.tolerance
-                                                         for i, j in candidates):
+        sure = self.sure()
+        if self.questions and all(sure[ij] for ij in candidates):
             self.stopped = True
             return []
-        met = self.asked.sum(1)
+        p, met = self.p, self.asked.sum(1)
         # the most uncertain first (p(1 - p) largest), then the pair whose responses were compared least, then index
         ranked = sorted(candidates, key=lambda ij: (-round(p[ij] * (1 - p[ij]), 12), met[ij[0]] + met[ij[1]], ij))
         used: set[int] = set()
@@ -123,14 +132,16 @@ class ActiveRoundRobin:
             self.wins[j, i] += 1.0 if o < 0 else 0.5 if o == 0 else 0.0
             self.score[i, j] = 1.0 if o > 0 else tie if o == 0 else 0.0
             self.score[j, i] = 1.0 if o < 0 else tie if o == 0 else 0.0
-        self._strengths = bradley_terry(self.wins)
+        self.p = win_probabilities(bradley_terry(self.wins))
 
     def rewards(self, alpha: float = 1.0) -> np.ndarray:
-        """`[m]` float32: alpha x (the wins asked plus the fitted probability of each pair not asked), Eq. 16's win
-        count completed by the fit."""
-        p = win_probabilities(self._strengths)
-        guessed = np.where(self.asked | np.eye(self.m, dtype=bool), 0.0, p).sum(1)
-        return (alpha * (np.where(self.asked, self.score, 0.0).sum(1) + guessed)).astype(np.float32)
+        """`[m]` float32: alpha x Eq. 16's win count over every pair, a pair asked scoring its verdict (a tie per
+        `ties`), a pair the tolerance predicts surely scoring its favourite's win, any other pair not asked half a
+        win (what no verdict is worth either way)."""
+        off = ~(self.asked | np.eye(self.m, dtype=bool))
+        sure = self.sure()
+        guessed = np.where(sure, (self.p > 0.5).astype(float), np.where(off, 0.5, 0.0))
+        return (alpha * (np.where(self.asked, self.score, 0.0) + guessed).sum(1)).astype(np.float32)
 
 
 def wins_left(score: float, met: int, left: int) -> tuple[float, float]:

@@ -60,9 +60,10 @@ RUNS: dict[str, tuple[str, dict]] = {
     "swiss_gspo": ("swiss", {"rl.loss": "gspo"}),
     "swiss_rloo": ("swiss", {"rl.advantage": "rloo"}),
     # adaptive schedules (`rrc_jax.constructions.adaptive`) at two budgets each: the Bradley-Terry active round robin
-    # at half and a third of the round robin's pairs; AGR's anchors stopped at a posterior sd of 1 and 1.5 anchors
+    # at half the round robin's pairs (14 of 28) and at Swiss's 12 (three rounds); AGR's anchors stopped at a
+    # posterior sd of 1 and 1.5 anchors
     "active_half": ("active", {"reward.active.budget": 0.5}),
-    "active_third": ("active", {"reward.active.budget": 0.34}),
+    "active_three_rounds": ("active", {"reward.active.budget": 0.43}),
     "agr_sequential": ("agr_sequential", {"reward.agr_sequential.tolerance": 1.0}),
     "agr_sequential_loose": ("agr_sequential", {"reward.agr_sequential.tolerance": 1.5}),
     # the asynchronous step (`rl.max_staleness`, docs/async.md): rollouts 1 and 2 updates ahead of the learner
