@@ -52,6 +52,7 @@ COMMANDS = {
                                 "position consistency, agreement with the answers",
     "benchmarks/rewards.py": "win counting and CARA against literal Python, greedy against exact Kemeny",
     "benchmarks/sampler.py": "decode throughput against transformers' generate",
+    "benchmarks/schedules.py": "which pairs to ask and how to count those not asked, on a simulated noisy judge",
     "benchmarks/scaling.py": "meshes and layouts: memory per device, collectives, compile time",
     "examples/trl_rewards.py": "TRL's GRPOTrainer with RRC rewards",
     "examples/tunix_rewards.py": "tunix's GRPOLearner with RRC rewards",
