@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+from rrc_jax.constructions.registry import CONSTRUCTIONS
 from rrc_jax.models.batches import bucket_length
 from rrc_jax.models.kv_cache import ATTENTION_BLOCK
 from rrc_jax.plan.hardware import GiB, Topology, split_size, topology
@@ -188,6 +189,19 @@ def with_judge(s, **changes):
     return dataclasses.replace(s, judge=dataclasses.replace(s.judge, **changes))
 
 
+# the adaptive schedule of the levers' last line (`lever_lines`), at its registry defaults: of the study's schedules
+# at <= half the round robin's questions, the one with the highest Kendall tau (docs/study.md)
+SCHEDULE = "active"
+
+
+def with_reward(s, kind: str):
+    """The trainer's settings `s` rewarded by construction `kind` at its config group's values (None when the run's
+    config has no such group, as for a plug-in's run)."""
+    if kind not in s.constructions:
+        return None
+    return dataclasses.replace(s, reward=CONSTRUCTIONS[kind], reward_kind=kind)
+
+
 def filled(s, p: Plan, own: bool = False):
     """`s` with the judge's rows filling its memory on plan `p` (`judge_rows`)."""
     rows, slots = judge_rows(s, p, own)
@@ -206,8 +220,9 @@ def judge_decode_reads(s, p: Plan) -> tuple[int, float, float]:
 
 def lever_lines(s, p: Plan) -> list[str]:
     """The judge chips to keep pace (`judge_chips`) with each lever added in turn: chunks, continuous batching at the
-    expected judgment length, rows that fill chips of the judge's own, int8 weights, a float8 KV cache; and what
-    bounds the judge's decode step as configured."""
+    expected judgment length, rows that fill chips of the judge's own, int8 weights, a float8 KV cache, and fewer
+    questions (the adaptive schedule `SCHEDULE` in place of the run's reward); and what bounds the judge's decode step
+    as configured."""
     devices, out = p.topology.devices, []
     given = with_judge(s, fill_memory=False)
     chunks, lanes = with_judge(given, continuous=False), with_judge(given, continuous=True)
@@ -227,6 +242,17 @@ def lever_lines(s, p: Plan) -> list[str]:
         times = step_times(x, p)
         judge = sum(t.seconds for t in times if t.name.startswith("judge"))
         out.append(f"judge chips to keep pace, {what}: {judge_chips(times, devices):,} ({judge:.1f} s of judging)")
+    fewer = with_reward(fp8, SCHEDULE)
+    if fewer is not None and s.reward_kind != SCHEDULE:
+        x, load = filled(fewer, p, own=True), fewer.reward.judge_load(fewer)
+        times = step_times(x, p)
+        judge = sum(t.seconds for t in times if t.name.startswith("judge"))
+        own, m = fewer.reward_settings, s.rollout.group_size
+        out.append(f"judge chips to keep pace, + fewer questions, reward.kind={SCHEDULE} at budget {own.budget:g} "
+                   f"({load.questions // s.judge.votes} of {m * (m - 1) // 2} pairs a group, SCR's scale): "
+                   f"{load.questions * s.rollout.prompts_per_step:,} questions a step instead of "
+                   f"{s.reward.judge_load(s).questions * s.rollout.prompts_per_step:,}: {judge_chips(times, devices):,} "
+                   f"({judge:.1f} s of judging)")
     rows, weights, cache = judge_decode_reads(filled(given, p) if s.judge.fill_memory else s, p)
     out.append(f"judge decode step: {rows} rows a replica, {weights / GiB:.2f} GiB of weights and {cache / GiB:.2f} "
                f"GiB of cache a chip read: bound by its {'weights' if weights >= cache else 'cache'}")
