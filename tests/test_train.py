@@ -35,7 +35,9 @@ EXTRA = {"drm": {}, "prc": {}, "scr": {"reward.scr.cara": True}, "agr": {"rl.bet
          "pointwise": {"models.grm": "toy:pointwise", "reward.judge.template": "toy_pointwise",
                        "eval.judge_votes": 0},
          # a tournament (the others differ only in their rules: test_tournament_rules), seeded by the DRM
-         "seeded_knockout": {"eval.judge_votes": 0}}
+         "seeded_knockout": {"eval.judge_votes": 0},
+         # an adaptive schedule with AGR's anchors, under its own config group (test_adaptive: its rules)
+         "agr_sequential": {"eval.judge_votes": 0, "reward.agr_sequential.n_anchors": 3}}
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +81,10 @@ def test_two_step_run_for_each_reward_kind(kind, finished):
         assert "judge/intransitive_triads" in rows[1]
     if kind == "seeded_knockout":  # m - 1 duels of 2 votes for each of 4 prompts
         assert rows[1]["judge/comparisons"] == 3 and rows[1]["judge/questions"] == 4 * 3 * 2
+    if kind == "agr_sequential":  # each response meets 2 of its 3 anchors, then 1 more unless its tolerance stops it
+        assert 2 <= rows[1]["judge/comparisons"] <= 4 * 3 and 0 <= rows[1]["judge/tolerance_stops"] <= 1
+        assert rows[1]["judge/questions"] == rows[1]["judge/comparisons"] * 4 * 2  # 4 prompts, 2 votes
+        assert {len(json.loads(line)["anchors"]) for line in (workdir / "anchors.jsonl").open()} == {3}
     if kind == "prc":  # the P(A) histogram: ten shares summing to one
         assert sum(rows[1][f"prc/p_bin{k}"] for k in range(10)) == pytest.approx(1.0)
     if kind != "irpo":  # reward fidelity against the oracle (kendall_tau is NaN when every group is flat)

@@ -15,7 +15,9 @@ its `Construction.of_groups`:
 * `prc`: the judge's P(A) against a reference response o_ref (Eq. 5), from a dataset column (`reference_column`);
   it reads next-token log-probs, which only the in-process JAX engine gives;
 * `swiss`, `double_elimination`, `circular`, `seeded_knockout` (`seed_by='index'`: the DRM's seeds need this
-  trainer): a tournament's standing as rank rewards.
+  trainer): a tournament's standing as rank rewards;
+* `active`, `agr_sequential` (with an anchors column): the adaptive schedules, fewer questions at a stated budget
+  (`rrc_jax.constructions.adaptive`).
 
 Groups split across processes. TRL gives each process its own slice of the batch, and a slice need not hold whole
 groups (its `per_device_train_batch_size x steps_per_generation` need not be a multiple of G). `judge_whole` gathers
