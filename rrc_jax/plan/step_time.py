@@ -189,9 +189,10 @@ def with_judge(s, **changes):
     return dataclasses.replace(s, judge=dataclasses.replace(s.judge, **changes))
 
 
-# the adaptive schedule of the levers' last line (`lever_lines`), at its registry defaults: of the study's schedules
-# at <= half the round robin's questions, the one with the highest Kendall tau (docs/study.md)
-SCHEDULE = "active"
+# the schedule of the levers' last line (`lever_lines`), at the run's settings of it: of the study's constructions
+# asking at most half the round robin's questions, the one with the highest mean Kendall tau, Swiss's 3 rounds
+# (docs/study.md, "Fewer judge questions": no such schedule reaches the round robin's tau interval)
+SCHEDULE = "swiss"
 
 
 def with_reward(s, kind: str):
@@ -221,8 +222,8 @@ def judge_decode_reads(s, p: Plan) -> tuple[int, float, float]:
 def lever_lines(s, p: Plan) -> list[str]:
     """The judge chips to keep pace (`judge_chips`) with each lever added in turn: chunks, continuous batching at the
     expected judgment length, rows that fill chips of the judge's own, int8 weights, a float8 KV cache, and fewer
-    questions (the adaptive schedule `SCHEDULE` in place of the run's reward); and what bounds the judge's decode step
-    as configured."""
+    questions (the schedule `SCHEDULE` in place of the run's reward); and what bounds the judge's decode step as
+    configured."""
     devices, out = p.topology.devices, []
     given = with_judge(s, fill_memory=False)
     chunks, lanes = with_judge(given, continuous=False), with_judge(given, continuous=True)
@@ -244,12 +245,11 @@ def lever_lines(s, p: Plan) -> list[str]:
         out.append(f"judge chips to keep pace, {what}: {judge_chips(times, devices):,} ({judge:.1f} s of judging)")
     fewer = with_reward(fp8, SCHEDULE)
     if fewer is not None and s.reward_kind != SCHEDULE:
-        x, load = filled(fewer, p, own=True), fewer.reward.judge_load(fewer)
+        x, load, m = filled(fewer, p, own=True), fewer.reward.judge_load(fewer), s.rollout.group_size
         times = step_times(x, p)
         judge = sum(t.seconds for t in times if t.name.startswith("judge"))
-        own, m = fewer.reward_settings, s.rollout.group_size
-        out.append(f"judge chips to keep pace, + fewer questions, reward.kind={SCHEDULE} at budget {own.budget:g} "
-                   f"({load.questions // s.judge.votes} of {m * (m - 1) // 2} pairs a group, SCR's scale): "
+        out.append(f"judge chips to keep pace, + fewer questions, reward.kind={SCHEDULE} at its settings "
+                   f"({load.questions // s.judge.votes} of {m * (m - 1) // 2} pairs a group): "
                    f"{load.questions * s.rollout.prompts_per_step:,} questions a step instead of "
                    f"{s.reward.judge_load(s).questions * s.rollout.prompts_per_step:,}: {judge_chips(times, devices):,} "
                    f"({judge:.1f} s of judging)")
