@@ -289,3 +289,35 @@ def test_the_report_says_plainly_which_cheap_construction_reaches_the_round_robi
     assert "the closest, active_half (0.50x), has tau 0.320 ± 0.050, 0.030 below" in lines
     lines = half_cost_lines(aggregate(base + runs("active_half", 224, [0.36, 0.37, 0.38]))["constructions"])
     assert lines[-1] == "Within the round robin's tau interval at <= 0.5x its questions: active_half."
+
+
+def test_a_run_of_another_learner_is_not_held_against_the_round_robin():
+    """`swiss_gspo` ranks a GSPO policy's rollouts: its tau (above SCR's interval here) is left out of the
+    comparison with SCR's GRPO round robin (`learner_fields` from the construction's trainer config)."""
+    from rrc_jax.study.report import half_cost_lines, learner_fields
+
+    runs = []
+    for name, questions, tau in (("scr", 448, 0.40), ("swiss_gspo", 192, 0.60), ("swiss", 192, 0.30)):
+        for s in range(3):
+            run = summary(name, s, {0: 0.5, 4: 0.8}, [0, 1], tau=tau + 0.01 * s)
+            run["series"]["judge/questions"] = {"1": questions}
+            runs.append(run)
+    assert learner_fields(runs[3])["rl.loss"] == "gspo" and learner_fields(runs[0])["rl.loss"] == "grpo"
+    lines = "\n".join(half_cost_lines(aggregate(runs)["constructions"]))
+    assert "| swiss |" in lines and "swiss_gspo" not in lines and "None reaches" in lines
+
+
+def test_the_committed_report_is_made_from_the_committed_summaries(tmp_path):
+    """results/study/report.md and study.json are what the report makes of the committed run summaries (in the
+    study's order) and audit: a change to the report's code or to a summary shows here."""
+    from pathlib import Path
+
+    from rrc_jax.study.runs import plan, summary_path
+
+    root = Path(__file__).resolve().parents[1] / "results" / "study"
+    study = dataclasses.replace(parse(StudyConfig, get_config()), out=str(root))
+    paths = [p for p in (summary_path(study, n, s) for n, s in plan(study)) if p.is_file()]
+    assert len(paths) == 150
+    write_report(paths, tmp_path, json.loads((root / "audit.json").read_text()))
+    assert (tmp_path / "report.md").read_text() == (root / "report.md").read_text()
+    assert json.loads((tmp_path / "study.json").read_text()) == json.loads((root / "study.json").read_text())

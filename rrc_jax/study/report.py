@@ -37,7 +37,7 @@ import numpy as np
 from rrc_jax.config import parse
 from rrc_jax.configs.study import get_config
 from rrc_jax.constructions import CONSTRUCTIONS
-from rrc_jax.study.runs import RUNS, StudyConfig, absolute_reward, run_settings
+from rrc_jax.study.runs import RUNS, StudyConfig, absolute_reward, run_fields, run_settings
 
 # Student's t quantile t(0.975, df) for df = 1..30 (beyond: 1.96 is within 4%).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -51,6 +51,8 @@ STALE = re.compile(r"(.+)_stale(\d+)$")
 ORDERED = {"final": "final quality", "peak": "peak quality", "kendall_tau": "Kendall tau"}
 FRONTIER = ("kendall_tau", "final", "peak")  # each against judge tokens per step
 ROUND_ROBIN = "scr"  # the construction the cheaper ones are measured against (`half_cost_lines`)
+# the trainer fields outside the reward that the study's constructions vary: runs compared for fidelity share them
+LEARNER_FIELDS = tuple(sorted({k for _, given in RUNS.values() for k in given if not k.startswith("reward.")}))
 
 
 def t975(df: int) -> float:
@@ -127,7 +129,7 @@ def aggregate(summaries: list[dict]) -> dict:
     for name, runs in by.items():
         per_run = [run_metrics(s) for s in runs]
         entry = {"seeds": sorted(s["seed"] for s in runs), "kind": runs[0]["kind"], "votes": runs[0]["votes"],
-                 "absolute_reward": runs[0].get("absolute_reward")}
+                 "absolute_reward": runs[0].get("absolute_reward"), "learner": learner_fields(runs[0])}
         for k in METRICS:
             mean, half, n = interval([m[k] for m in per_run])
             entry[k] = {"mean": mean, "ci95": half, "n": n}
@@ -147,6 +149,20 @@ def aggregate(summaries: list[dict]) -> dict:
     out["orderings"] = {k: supported_orderings(out["constructions"], k) for k in ORDERED}
     out["frontier"] = {k: frontier(out["constructions"], k) for k in FRONTIER}
     return out
+
+
+def learner_fields(summary: dict) -> dict | None:
+    """The run's fields outside its reward that the study's constructions vary (`LEARNER_FIELDS`: the loss, the
+    advantage, the staleness), from its summary's `config`, or for a summary written before summaries kept it, from
+    its construction's trainer config (None for a construction this version does not know)."""
+    if "config" in summary:
+        config = summary["config"]
+    elif summary["construction"] in RUNS:
+        study = parse(StudyConfig, get_config())
+        config = run_fields(run_settings(study, summary["construction"], summary["seed"]))
+    else:
+        return None
+    return {k: config.get(k) for k in LEARNER_FIELDS}
 
 
 def judge_cost(entry: dict) -> float:
@@ -234,19 +250,21 @@ def stale_lines(entries: dict) -> list[str]:
 
 def half_cost_lines(entries: dict, base: str = ROUND_ROBIN) -> list[str]:
     """Fewer judge questions at what fidelity: every judged construction asking at most half the round robin's
-    questions a step (`base`, SCR's), cheapest first, with its share of them, its Kendall tau and whether that
-    lies in the round robin's 95% interval, its final and peak quality; then, plainly, which reach the interval
-    at <= 0.5x its questions, or that none does and by how much the closest falls short."""
+    questions a step (`base`, SCR's) with the round robin's learner (`learner_fields`: a GSPO or asynchronous run
+    ranks rollouts of another policy, so its tau is not comparable), cheapest first, with its share of them, its
+    Kendall tau and whether that lies in the round robin's 95% interval, its final and peak quality; then, plainly,
+    which reach the interval at <= 0.5x its questions, or that none does and by how much the closest falls short."""
     if base not in entries or not math.isfinite(entries[base]["questions"]["mean"]):
         return []
     full, tau = entries[base]["questions"]["mean"], entries[base]["kendall_tau"]
     cheap = sorted(((n, e) for n, e in entries.items() if 0 < e["questions"]["mean"] <= full / 2
-                    and math.isfinite(e["kendall_tau"]["mean"])), key=lambda ne: ne[1]["questions"]["mean"])
+                    and math.isfinite(e["kendall_tau"]["mean"]) and e.get("learner") == entries[base].get("learner")),
+                   key=lambda ne: ne[1]["questions"]["mean"])
     if not cheap or not math.isfinite(tau["ci95"]):
         return []
     lo = tau["mean"] - tau["ci95"]
     out = ["", f"Fewer judge questions: the constructions asking at most half the round robin's ({base}: "
-           f"{full:.0f} questions a step, Kendall tau {_fmt(tau)}), cheapest first.", "",
+           f"{full:.0f} questions a step, Kendall tau {_fmt(tau)}) with its learner, cheapest first.", "",
            "| construction | questions / step | of the round robin's | Kendall tau | in its tau interval | "
            "final quality | peak quality |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, e in cheap:
