@@ -17,7 +17,7 @@ from rrc_jax.constructions.scr import scr_result
 from rrc_jax.judge import Judge
 from rrc_jax.rewards import agr_rewards, scr_rewards
 from rrc_jax.rewards.adaptive import (ActiveRoundRobin, SequentialAnchors, bradley_terry, budget_pairs,
-                                      win_probabilities, wins_left)
+                                      copy_classes, win_probabilities, wins_left)
 from rrc_jax.testing import TextSampler
 from test_early_stop import ANCHORS, GROUPS, PROMPTS, TOKENIZER, judges
 
@@ -123,22 +123,40 @@ def text_judge():
     return Judge(TextSampler(TOKENIZER, verdict), TOKENIZER, template="toy_pairwise_cot", max_new_tokens=8)
 
 
+def fair_judge():
+    """A judge whose verdict depends on the two texts and not on their order (the text with the larger checksum
+    wins) and that abstains on two copies of one text: a verdict asked of one copy is the one any copy would get."""
+    def verdict(question):
+        a, b = (line[3:] for line in question.splitlines()[1:3])
+        return "" if a == b else "[[A]]" if zlib.crc32(a.encode()) > zlib.crc32(b.encode()) else "[[B]]"
+    return Judge(TextSampler(TOKENIZER, verdict), TOKENIZER, template="toy_pairwise_cot", max_new_tokens=8)
+
+
 @pytest.mark.parametrize("ties", ["zero", "half"])
 def test_active_with_its_whole_budget_is_scr(ties):
-    """budget = 1: every pair, shown in the round robin's A/B orders: SCR's rewards exactly."""
-    a = scr_result(text_judge(), PROMPTS, GROUPS, votes=3, swap=True, ties=ties)
-    b = active_result(text_judge(), PROMPTS, GROUPS, votes=3, swap=True, ties=ties, budget=1.0)
+    """budget = 1: every pair of different texts asked once, a verdict standing for every copy and two copies
+    tying: SCR's rewards exactly on a judge that says of any copies what it says of one (and abstains on two copies
+    of one text). The first group's 4 texts differ (6 pairs asked), the second's last copies its first (3)."""
+    groups = [GROUPS[0], [GROUPS[1][0], GROUPS[1][1], GROUPS[1][2], GROUPS[1][0]]]
+    a = scr_result(fair_judge(), PROMPTS, groups, votes=3, swap=True, ties=ties)
+    b = active_result(fair_judge(), PROMPTS, groups, votes=3, swap=True, ties=ties, budget=1.0)
     np.testing.assert_allclose(a.rewards, b.rewards, rtol=1e-6)
-    assert b.metrics["judge/comparisons"] == 6 and b.metrics["judge/tolerance_stops"] == 0
+    assert b.rewards[1, 0] == b.rewards[1, 3]  # two copies: one reward
+    assert b.metrics["judge/comparisons"] == (6 + 3) / 2 and b.metrics["judge/tolerance_stops"] == 0
 
 
 @pytest.mark.parametrize("ties", ["zero", "half", "win"])
 def test_agr_sequential_at_tolerance_zero_is_agr(ties):
-    a = agr_result(text_judge(), PROMPTS, GROUPS, ANCHORS, votes=3, swap=True, ties=ties)
-    b = sequential_result(text_judge(), PROMPTS, GROUPS, ANCHORS, votes=3, swap=True, ties=ties, tolerance=0.0,
+    """Tolerance 0: every response against every anchor, copies once, a response that copies an anchor tying it
+    without a question: AGR's rewards exactly on the fair judge. Here 4 + 3 different responses x 3 anchors, less
+    the 3 responses that copy an anchor of their prompt."""
+    a = agr_result(fair_judge(), PROMPTS, GROUPS, ANCHORS, votes=3, swap=True, ties=ties)
+    b = sequential_result(fair_judge(), PROMPTS, GROUPS, ANCHORS, votes=3, swap=True, ties=ties, tolerance=0.0,
                           first=1, step=1)
     np.testing.assert_allclose(a.rewards, b.rewards, rtol=1e-6)
-    assert b.metrics["judge/comparisons"] == 4 * 3 and b.metrics["judge/tolerance_stops"] == 0
+    same = sum(r == x for g, anchors in zip(GROUPS, ANCHORS) for r in set(g) for x in anchors)
+    assert same == 4 and b.metrics["judge/comparisons"] == ((4 + 4) * 3 - same) / 2
+    assert b.metrics["judge/tolerance_stops"] == 0
 
 
 @settings(max_examples=10, deadline=None)
@@ -164,14 +182,33 @@ def test_early_stopped_duels_replay_full_voting(votes, swap, p_abstain, schedule
 
 def test_the_tolerance_metric_counts_the_responses_it_stopped():
     """A judge that always prefers the response: every response stops after its first two anchors at a loose
-    tolerance (share 1.0) with reward 2 + the posterior mean of the rest; a tight one meets all three."""
+    tolerance (share 1.0) with reward 2 + the posterior mean of the rest; a tight one meets all three. (Responses
+    here copy no anchor and no other response.)"""
     always = Judge(TextSampler(TOKENIZER, lambda t: "[[A]]"), TOKENIZER, template="toy_pairwise_cot",
                    max_new_tokens=8)
-    loose = sequential_result(always, PROMPTS, GROUPS, ANCHORS, votes=1, swap=False, alpha=1.0, tolerance=0.5)
+    groups = [["1 1 1", "2 2 2", "3 3 3", "1 2 2"], ["9 9", "8 8", "7 7", "9 8"]]
+    loose = sequential_result(always, PROMPTS, groups, ANCHORS, votes=1, swap=False, alpha=1.0, tolerance=0.5)
     assert loose.metrics["judge/tolerance_stops"] == 1.0 and loose.metrics["judge/comparisons"] == 4 * 2
     np.testing.assert_allclose(loose.rewards, 2 + wins_left(2, 2, 1)[0])
-    tight = sequential_result(always, PROMPTS, GROUPS, ANCHORS, votes=1, swap=False, alpha=1.0, tolerance=0.1)
+    tight = sequential_result(always, PROMPTS, groups, ANCHORS, votes=1, swap=False, alpha=1.0, tolerance=0.1)
     assert tight.metrics["judge/tolerance_stops"] == 0.0 and (tight.rewards == 3).all()
+
+
+def test_copies_are_asked_once():
+    """A group of 6 responses with 3 different texts: `active` asks at most the 3 pairs of different texts, copies
+    get one reward, and a copy of the response itself is a tie; `agr_sequential` asks each different text against
+    each anchor once."""
+    group = ["1 2 3", "3 2 1", "1 2 3", "2 1 3", "3 2 1", "1 2 3"]
+    rule = ActiveRoundRobin(6, 1.0, ties="half", copies=copy_classes(group))
+    play_out(rule, lambda i, j: 1 if group[i] < group[j] else -1)  # "1 2 3" < "2 1 3" < "3 2 1": the first best
+    assert rule.questions == 3 and list(copy_classes(group)) == [0, 1, 0, 3, 1, 0]
+    r = rule.rewards()
+    assert r[0] == r[2] == r[5] == 2 + 1 + 2 * 0.5  # beats the 2 + 1 others, ties its 2 copies (half each)
+    assert r[1] == r[4] == 0.5 and r[3] == 2 and r.sum() == 15
+    seq = SequentialAnchors(6, 2, ties="win", tolerance=0.0, first=1, step=1, copies=copy_classes(group),
+                            same=[[x == "3 2 1", False] for x in group])
+    play_out(seq, lambda i, j: 1)
+    assert seq.questions == 3 * 2 - 1 and (seq.rewards() == 2).all()  # "3 2 1" copies anchor 0: a tie, a win here
 
 
 def test_the_reward_service_judges_a_cohort_in_rounds():

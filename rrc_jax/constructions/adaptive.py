@@ -12,8 +12,10 @@ gives the rules and what is exact).
   it has not met is <= `tolerance` anchors; the reward is the anchors beaten plus that posterior's mean. At most
   m x n comparisons a group; `judge/tolerance_stops` is the share of responses stopped before their last anchor.
 
-Each comparison is asked `reward.judge.votes` times and decided by its majority, stopped once decided with
-`reward.judge.early_stop` (exact: `Judge.pair_votes`). `judge/comparisons` is the comparisons a group asked.
+Both ask about each different text once: copies of a response share its verdicts and tie each other, a response
+that copies an anchor ties it. Each comparison is asked `reward.judge.votes` times and decided by its majority,
+stopped once decided with `reward.judge.early_stop` (exact: `Judge.pair_votes`). `judge/comparisons` is the
+comparisons a group asked.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from rrc_jax.constructions.agr import AGRReward, AGRSettings
 from rrc_jax.constructions.base import RewardResult
 from rrc_jax.constructions.judged import JudgeConstruction
 from rrc_jax.judge.matches import play
-from rrc_jax.rewards.adaptive import ActiveRoundRobin, SequentialAnchors, budget_pairs
+from rrc_jax.rewards.adaptive import ActiveRoundRobin, SequentialAnchors, budget_pairs, copy_classes
 from rrc_jax.rewards.win_counts import SCR_TIES
 from rrc_jax.settings import at_least, field_error, one_of
 
@@ -76,7 +78,8 @@ def active_result(judge, prompts, responses, *, votes: int, swap: bool, alpha: f
                   tolerance: float = ActiveSettings.tolerance, early_stop: bool = False) -> RewardResult:
     """`active`'s rewards `[B, m]` for B `prompts` and their groups of m `responses` (`ActiveReward`; also another
     trainer's groups, `ActiveReward.of_groups`)."""
-    rules = [ActiveRoundRobin(len(group), budget, ties=ties, tolerance=tolerance) for group in responses]
+    rules = [ActiveRoundRobin(len(group), budget, ties=ties, tolerance=tolerance, copies=copy_classes(group))
+             for group in responses]
     duels = play(judge, prompts, responses, rules, votes=votes, swap=swap, early_stop=early_stop)
     m = len(responses[0]) if responses else 0
     rewards = np.stack([r.rewards(alpha) for r in rules]) if rules else np.zeros((0, m), np.float32)
@@ -129,12 +132,14 @@ def sequential_result(judge, prompts, responses, anchors, *, votes: int, swap: b
     0 when `b + i + k` is even, as `Judge.vs_anchors` does."""
     m = len(responses[0]) if responses else 0
     n = len(anchors[0]) if anchors else 0
-    rules = [SequentialAnchors(m, n, ties=ties, tolerance=tolerance, first=first, step=step) for _ in responses]
+    rules = [SequentialAnchors(m, n, ties=ties, tolerance=tolerance, first=first, step=step,
+                               copies=copy_classes(group), same=[[r == x for x in a] for r in group])
+             for group, a in zip(responses, anchors)]
     texts = [list(group) + list(a) for group, a in zip(responses, anchors)]
     duels = play(judge, prompts, texts, rules, votes=votes, swap=swap, early_stop=early_stop,
                  order=lambda b, i, j: (b + i + j - m) % 2)
     rewards = np.stack([r.rewards(alpha) for r in rules]) if rules else np.zeros((0, m), np.float32)
-    stops = float(np.mean([r.stopped.mean() for r in rules])) if rules else 0.0
+    stops = float(np.mean([r.stopped_share() for r in rules])) if rules else 0.0
     return RewardResult(rewards, adaptive_metrics(rules, duels, stops), notes=[{"anchors": list(a)} for a in anchors])
 
 
