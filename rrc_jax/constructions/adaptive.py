@@ -12,10 +12,9 @@ gives the rules and what is exact).
   it has not met is <= `tolerance` anchors; the reward is the anchors beaten plus that posterior's mean. At most
   m x n comparisons a group; `judge/tolerance_stops` is the share of responses stopped before their last anchor.
 
-Both ask about each different text once: copies of a response share its verdicts and tie each other, a response
-that copies an anchor ties it. Each comparison is asked `reward.judge.votes` times and decided by its majority,
-stopped once decided with `reward.judge.early_stop` (exact: `Judge.pair_votes`). `judge/comparisons` is the
-comparisons a group asked.
+Neither asks about two copies of one text (half a win each). Each comparison is asked `reward.judge.votes` times
+and decided by its majority, stopped once decided with `reward.judge.early_stop` (exact: `Judge.pair_votes`).
+`judge/comparisons` is the comparisons a group asked.
 """
 
 from __future__ import annotations
@@ -133,13 +132,12 @@ def sequential_result(judge, prompts, responses, anchors, *, votes: int, swap: b
     m = len(responses[0]) if responses else 0
     n = len(anchors[0]) if anchors else 0
     rules = [SequentialAnchors(m, n, ties=ties, tolerance=tolerance, first=first, step=step,
-                               copies=copy_classes(group), same=[[r == x for x in a] for r in group])
-             for group, a in zip(responses, anchors)]
+                               same=[[r == x for x in a] for r in group]) for group, a in zip(responses, anchors)]
     texts = [list(group) + list(a) for group, a in zip(responses, anchors)]
     duels = play(judge, prompts, texts, rules, votes=votes, swap=swap, early_stop=early_stop,
                  order=lambda b, i, j: (b + i + j - m) % 2)
     rewards = np.stack([r.rewards(alpha) for r in rules]) if rules else np.zeros((0, m), np.float32)
-    stops = float(np.mean([r.stopped_share() for r in rules])) if rules else 0.0
+    stops = float(np.mean([r.stopped.mean() for r in rules])) if rules else 0.0
     return RewardResult(rewards, adaptive_metrics(rules, duels, stops), notes=[{"anchors": list(a)} for a in anchors])
 
 

@@ -21,12 +21,11 @@ anchor set, at a stated price in fidelity. Pure host-side logic with the tournam
   a tie per AGR's `ties` rule) completed by that posterior's mean. With `tolerance = 0` every response meets every
   anchor: AGR's reward (below: copies).
 
-Both ask about each different text once (`copy_classes`): responses of a group with one text are one contestant,
-its verdicts standing for every copy, two copies tying (the judge's verdict on two copies of a text says nothing of
-them), and a response that copies an anchor ties it without a question. A GRPO group repeats itself as the policy
-sharpens (the toy world's groups of 8 hold 5 to 6 different texts), and a round robin asks about each copy again.
-On a judge whose verdict on two texts does not depend on which copies are shown, every pair asked gives what the
-round robin gives.
+Neither asks the judge about two copies of one text, whose verdict says nothing of them (`copy_classes`): two
+responses of a group with one text, or a response and an anchor it copies, score half a win each, what the judge's
+coin-flip verdict on them is worth on average. A GRPO group repeats itself as the policy sharpens (of the pairs of
+the toy world's groups of 8, 13 to 26% are two copies), and a round robin asks about every such pair. Copies of a
+text against other texts are asked as any pair: each is another draw of the judge's verdict.
 
 Neither stop is exact: a pair not asked could have gone either way, and each one moves the win counts (Eq. 16, 22).
 What is exact is stopping a pair's votes once its majority is decided (`reward.judge.early_stop`, `Judge.pair_votes`),
@@ -94,34 +93,31 @@ class ActiveRoundRobin:
     """Uncertainty-driven rounds of pairs (module docstring). `budget`: the most pairs it asks, a fraction of the
     round robin's; `tolerance`: a pair the fit predicts with probability >= 1 - tolerance stands in for a verdict
     (its favourite wins), and a group stops early once every pair not asked is so predicted (0: never); `ties`:
-    SCR's rule for a tied comparison; `copies [m]` (`copy_classes`): responses with one text are one contestant,
-    asked about as their first copy, a verdict standing for every copy and two copies tying."""
+    SCR's rule for a tied comparison; `copies [m]` (`copy_classes`): two responses of one text are never asked
+    about (half a win each)."""
 
     def __init__(self, m: int, budget: float = 0.5, *, ties: str = "zero", tolerance: float = 0.0,
                  copies: Sequence[int] | None = None):
         self.m, self.limit, self.ties, self.tolerance = m, budget_pairs(m, budget), ties, tolerance
-        self.copies = np.arange(m) if copies is None else np.asarray(copies, np.int64)
-        self.firsts = np.unique(self.copies)  # one response of each text: the contestants, in index order
-        self.of = {int(r): c for c, r in enumerate(self.firsts)}  # response -> its contestant
-        k = len(self.firsts)
-        self.sizes = np.bincount([self.of[int(r)] for r in self.copies], minlength=k)  # copies of each contestant
-        self.wins = np.zeros((k, k))  # wins[a, b]: a's wins over b, a tie half to each (the fit's data)
-        self.score = np.zeros((k, k))  # score[a, b]: what comparison (a, b) scores for a under `ties`
-        self.asked = np.zeros((k, k), bool)
+        copies = np.arange(m) if copies is None else np.asarray(copies, np.int64)
+        self.copy = (copies[:, None] == copies[None, :]) & ~np.eye(m, dtype=bool)  # [m, m]: two copies of a text
+        self.wins = np.zeros((m, m))  # wins[i, j]: i's wins over j, a tie half to each (the fit's data)
+        self.score = np.zeros((m, m))  # score[i, j]: what comparison (i, j) scores for i under `ties`
+        self.asked = np.zeros((m, m), bool)
         self.stopped = False  # the tolerance stopped it before its budget
-        self.p = np.full((k, k), 0.5)  # the fit's P(a beats b)
+        self.p = np.full((m, m), 0.5)  # the fit's P(i beats j)
 
     @property
     def questions(self) -> int:
         return int(np.triu(self.asked, 1).sum())
 
     def open_pairs(self) -> list[Pair]:
-        k = len(self.firsts)
-        return [(a, b) for a in range(k) for b in range(a + 1, k) if not self.asked[a, b]]
+        return [(i, j) for i in range(self.m) for j in range(i + 1, self.m)
+                if not self.asked[i, j] and not self.copy[i, j]]
 
     def sure(self) -> np.ndarray:
-        """`[k, k]` bool: the contestants' pairs not asked whose prediction stands in for a verdict (`tolerance`)."""
-        off = ~(self.asked | np.eye(len(self.firsts), dtype=bool))
+        """`[m, m]` bool: the pairs not asked whose prediction stands in for a verdict (`tolerance`)."""
+        off = ~(self.asked | self.copy | np.eye(self.m, dtype=bool))
         return off & (np.minimum(self.p, 1 - self.p) <= self.tolerance) if self.tolerance > 0 else \
             np.zeros_like(off)
 
@@ -130,44 +126,39 @@ class ActiveRoundRobin:
         if self.stopped or left <= 0 or not candidates:
             return []
         sure = self.sure()
-        if self.questions and all(sure[ab] for ab in candidates):
+        if self.questions and all(sure[ij] for ij in candidates):
             self.stopped = True
             return []
         p, met = self.p, self.asked.sum(1)
-        # the most uncertain first (p(1 - p) largest), then the pair whose contestants were compared least, then index
-        ranked = sorted(candidates, key=lambda ab: (-round(p[ab] * (1 - p[ab]), 12), met[ab[0]] + met[ab[1]], ab))
+        # the most uncertain first (p(1 - p) largest), then the pair whose responses were compared least, then index
+        ranked = sorted(candidates, key=lambda ij: (-round(p[ij] * (1 - p[ij]), 12), met[ij[0]] + met[ij[1]], ij))
         used: set[int] = set()
         out = []
-        for a, b in ranked:
+        for i, j in ranked:
             if len(out) == left:
                 break
-            if a not in used and b not in used:
-                out.append((int(self.firsts[a]), int(self.firsts[b])))
-                used |= {a, b}
+            if i not in used and j not in used:
+                out.append((i, j))
+                used |= {i, j}
         return out
 
     def record(self, pairs: list[Pair], outcomes: list[int]) -> None:
         tie = tie_credit(self.ties)
         for (i, j), o in zip(pairs, outcomes):
-            a, b = self.of[i], self.of[j]
-            self.asked[a, b] = self.asked[b, a] = True
-            self.wins[a, b] += 1.0 if o > 0 else 0.5 if o == 0 else 0.0
-            self.wins[b, a] += 1.0 if o < 0 else 0.5 if o == 0 else 0.0
-            self.score[a, b] = 1.0 if o > 0 else tie if o == 0 else 0.0
-            self.score[b, a] = 1.0 if o < 0 else tie if o == 0 else 0.0
+            self.asked[i, j] = self.asked[j, i] = True
+            self.wins[i, j] += 1.0 if o > 0 else 0.5 if o == 0 else 0.0
+            self.wins[j, i] += 1.0 if o < 0 else 0.5 if o == 0 else 0.0
+            self.score[i, j] = 1.0 if o > 0 else tie if o == 0 else 0.0
+            self.score[j, i] = 1.0 if o < 0 else tie if o == 0 else 0.0
         self.p = win_probabilities(bradley_terry(self.wins))
 
     def rewards(self, alpha: float = 1.0) -> np.ndarray:
-        """`[m]` float32: alpha x Eq. 16's win count over every other response of the group, a pair asked scoring
-        its verdict (a tie per `ties`), a pair the tolerance predicts surely its favourite's win, any other pair not
-        asked half a win (what no verdict is worth either way), a copy of the response itself a tie."""
-        k = len(self.firsts)
-        off = ~(self.asked | np.eye(k, dtype=bool))
+        """`[m]` float32: alpha x Eq. 16's win count over every pair, a pair asked scoring its verdict (a tie per
+        `ties`), a pair the tolerance predicts surely its favourite's win, any other pair not asked (two copies of a
+        text among them) half a win (what no verdict is worth either way)."""
+        off = ~(self.asked | np.eye(self.m, dtype=bool))
         guessed = np.where(self.sure(), (self.p > 0.5).astype(float), np.where(off, 0.5, 0.0))
-        per = (np.where(self.asked, self.score, 0.0) + guessed) @ self.sizes  # [k]: against every other text's copies
-        own = (self.sizes - 1) * tie_credit(self.ties)  # against its own copies
-        c = np.array([self.of[int(r)] for r in self.copies])
-        return (alpha * (per + own)[c]).astype(np.float32)
+        return (alpha * (np.where(self.asked, self.score, 0.0) + guessed).sum(1)).astype(np.float32)
 
 
 def wins_left(score: float, met: int, left: int) -> tuple[float, float]:
@@ -183,67 +174,56 @@ def wins_left(score: float, met: int, left: int) -> tuple[float, float]:
 class SequentialAnchors:
     """Each response against its prompt's n anchors in order, stopped by `tolerance` (module docstring). Pairs are
     `(i, m + k)`: response i against anchor k (the caller's texts are the m responses, then the n anchors).
-    `copies [m]` (`copy_classes`): responses with one text meet the anchors once, as their first copy; `same [m, n]`:
-    response i's text is anchor k's, a tie met without a question."""
+    `same [m, n]`: response i's text is anchor k's, met without a question (half a win)."""
 
     def __init__(self, m: int, n: int, *, ties: str = "win", tolerance: float = 1.0, first: int = 2, step: int = 2,
-                 copies: Sequence[int] | None = None, same: np.ndarray | None = None):
+                 same: np.ndarray | None = None):
         if first < 1 or step < 1:
             raise ValueError(f"a response meets at least one anchor a round; got first={first}, step={step}")
         self.m, self.n, self.ties, self.tolerance, self.first, self.step = m, n, ties, tolerance, first, step
-        self.copies = np.arange(m) if copies is None else np.asarray(copies, np.int64)
-        self.firsts = np.unique(self.copies)  # one response of each text, in index order
-        self.of = np.searchsorted(self.firsts, self.copies)  # response -> its text's place in `firsts`
         self.same = np.zeros((m, n), bool) if same is None else np.asarray(same, bool)
-        k = len(self.firsts)
-        self.met = np.zeros(k, np.int64)  # anchors met, in order 0, 1, ...
-        self.score = np.zeros(k)  # wins, a tie per `ties`
-        self.done = np.zeros(k, bool)
-        self.stopped = np.zeros(k, bool)  # the tolerance stopped it before its last anchor
+        self.met = np.zeros(m, np.int64)  # anchors met, in order 0, 1, ...
+        self.score = np.zeros(m)  # wins, a tie per `ties`
+        self.done = np.zeros(m, bool)
+        self.stopped = np.zeros(m, bool)  # the tolerance stopped it before its last anchor
         self.asked = 0
 
     @property
     def questions(self) -> int:
         return self.asked
 
-    def _settle(self, c: int) -> None:
-        """Mark text c done when it met every anchor, or, after its first round, when its tolerance binds."""
-        left = self.n - self.met[c]
+    def _settle(self, i: int) -> None:
+        """Mark response i done when it met every anchor, or, after its first round, when its tolerance binds."""
+        left = self.n - self.met[i]
         if left == 0:
-            self.done[c] = True
-        elif self.tolerance > 0 and self.met[c] >= self.first and \
-                wins_left(self.score[c], int(self.met[c]), left)[1] <= self.tolerance:
-            self.done[c] = self.stopped[c] = True
+            self.done[i] = True
+        elif self.tolerance > 0 and self.met[i] >= self.first and \
+                wins_left(self.score[i], int(self.met[i]), left)[1] <= self.tolerance:
+            self.done[i] = self.stopped[i] = True
 
     def pairs(self) -> list[Pair]:
-        tie = tie_credit(self.ties)
         out: list[Pair] = []
         while not out and not self.done.all():
-            for c in np.flatnonzero(~self.done):
-                self._settle(c)
-                if self.done[c]:
+            for i in np.flatnonzero(~self.done):
+                self._settle(i)
+                if self.done[i]:
                     continue
-                i, start = int(self.firsts[c]), int(self.met[c])
+                start = int(self.met[i])
                 ks = range(start, min(self.n, start + (self.first if start == 0 else self.step)))
                 known = [k for k in ks if self.same[i, k]]
-                self.met[c] += len(known)  # an anchor it copies: a tie, met without a question
-                self.score[c] += tie * len(known)
-                out += [(i, self.m + k) for k in ks if not self.same[i, k]]
+                self.met[i] += len(known)  # an anchor it copies: half a win, met without a question
+                self.score[i] += 0.5 * len(known)
+                out += [(int(i), self.m + k) for k in ks if not self.same[i, k]]
         return out
 
     def record(self, pairs: list[Pair], outcomes: list[int]) -> None:
         tie = tie_credit(self.ties)
         for (i, _), o in zip(pairs, outcomes):
-            c = self.of[i]
-            self.met[c] += 1
-            self.score[c] += 1.0 if o > 0 else tie if o == 0 else 0.0
+            self.met[i] += 1
+            self.score[i] += 1.0 if o > 0 else tie if o == 0 else 0.0
         self.asked += len(pairs)
-
-    def stopped_share(self) -> float:
-        """The share of the m responses whose tolerance stopped them before their last anchor."""
-        return float(self.stopped[self.of].mean()) if self.m else 0.0
 
     def rewards(self, alpha: float = 1.0) -> np.ndarray:
         """`[m]` float32: alpha x (the anchors beaten, plus the expected wins against those not met)."""
-        guessed = np.array([wins_left(s, int(k), self.n - int(k))[0] for s, k in zip(self.score, self.met)])
-        return (alpha * (self.score + guessed)[self.of]).astype(np.float32)
+        guessed = [wins_left(s, int(k), self.n - int(k))[0] for s, k in zip(self.score, self.met)]
+        return (alpha * (self.score + np.asarray(guessed))).astype(np.float32)
