@@ -550,7 +550,7 @@ def test_the_judges_rows_fill_the_memory_its_devices_report():
     a call the plan leaves its cache (`judge_rows`: the reward phase then fills the budget); on XLA:CPU's it keeps
     `max_batch` and `max_batch_tokens`. The report's levers: chunks, continuous batching, rows filling chips of the
     judge's own, int8 weights, a float8 KV cache, each fewer judge chips (the recipe's 1,782 down to 256 or fewer),
-    and fewer questions (Swiss's 12 duels of 28 pairs); the adaptive schedules' questions counted as a run asks them."""
+    and fewer questions (the active schedule's budget, 14 of 28 pairs); questions counted as a run of each asks them."""
     from rrc_jax.plan.step_time import judge_rows
 
     config = paper_recipe()
@@ -578,9 +578,9 @@ def test_the_judges_rows_fill_the_memory_its_devices_report():
              for line in out.splitlines() if line.startswith("judge chips to keep pace, ")]
     assert len(chips) == 6 and chips[0] == 1782 and chips[-2] <= 256 and chips == sorted(chips, reverse=True), out
     assert "(reward.judge.weight_qtype=int8)" in out and "(reward.judge.kv_dtype=float8_e4m3fn)" in out
-    assert "reward.kind=swiss at its settings (12 of 28 pairs a group): 3,072 questions a step instead of 16,384" in \
-        out  # 3 rounds x 4 duels x 8 votes x 32 prompts, against 8 responses x 8 anchors x 8 votes x 32
-    for kind, questions in (("swiss", "3,072"), ("active", "3,584")):  # active: 14 of 28 pairs at its budget 0.5
+    assert "reward.kind=active at its settings (14 of 28 pairs a group): 3,584 questions a step instead of 16,384" in \
+        out  # at most 14 pairs x 8 votes x 32 prompts, against 8 responses x 8 anchors x 8 votes x 32
+    for kind, questions in (("swiss", "3,072"), ("active", "3,584")):  # Swiss: 3 rounds x 4 duels x 8 votes x 32
         config.reward.kind = kind
         run = plan.report(validate(config), "v5e-64")
-        assert f"judge a step: {questions} questions" in run and ("fewer questions" in run) == (kind != "swiss")
+        assert f"judge a step: {questions} questions" in run and ("fewer questions" in run) == (kind != "active")
