@@ -12,7 +12,8 @@ Per run (from its summary, `rrc_jax.study.runs.summarize`):
 - `kendall_tau`, `advantage_error`: reward fidelity (`rrc_jax.rl.fidelity`), averaged over the run's steps;
   `kendall_tau_late`: over its last quarter;
 - `prc_saturation`: the share of P(A) in [0, 0.1] or [0.9, 1] (PRC runs; Table 6), averaged over steps;
-- `questions`, `judge_tokens` (generated), `reward_seconds`: judge cost per step.
+- `questions`, `judge_tokens` (generated), `reward_seconds`: judge cost per step;
+- `tolerance_stops`: the adaptive schedules' share of groups or responses stopped by their tolerance, a step.
 
 Per construction, each number's mean over seeds and the half-width of its 95% interval, `t(0.975, n - 1) x sd /
 sqrt(n)` (Student's t: seeds are few). `orderings` lists, for final quality, peak quality and Kendall tau, the
@@ -44,7 +45,7 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 METRICS = ("final", "peak", "peak_step", "fell", "hacked", "length_gain", "kendall_tau", "kendall_tau_late",
            "advantage_error", "prc_saturation", "questions", "judge_tokens", "reward_seconds", "steps_per_minute",
-           "staleness")
+           "staleness", "tolerance_stops")
 # the asynchronous step's runs beside their synchronous construction (`RUNS`: `<name>_stale<k>`)
 STALE = re.compile(r"(.+)_stale(\d+)$")
 # the metrics whose supported orderings the report states, with their names in it
@@ -116,6 +117,7 @@ def run_metrics(summary: dict) -> dict[str, float]:
             sum(_mean_series(summary, k) for k in ("time/rollout", "time/reward", "time/update")))
     out["steps_per_minute"] = 60.0 / step if step > 0 else math.nan
     out["staleness"] = _mean_series(summary, "staleness/mean") if "staleness/mean" in summary["series"] else 0.0
+    out["tolerance_stops"] = _mean_series(summary, "judge/tolerance_stops")
     return out
 
 
@@ -346,6 +348,11 @@ def markdown(result: dict, plots: list[str]) -> str:
         lines.append(f"| {name} | {judge_cost(e):.0f} | {_fmt(e['kendall_tau'])} | {_fmt(e['final'])} | "
                      f"{_fmt(e['peak'])} | {marks} |")
     lines += [""] + [f"- Pareto-optimal for {ORDERED[k]}: {', '.join(front[k]) or 'none'}." for k in FRONTIER]
+    stopped = [f"{n} {_fmt(e['tolerance_stops'])}" for n, e in entries.items() if e["tolerance_stops"]["n"]]
+    if stopped:
+        lines += ["", "Tolerance stops (the adaptive schedules: the share of groups, for `active`, or of responses, for "
+                  "`agr_sequential`, that their tolerance stopped before their budget, a step): " + "; ".join(stopped)
+                  + "."]
     saturated = [f"{n} {_fmt(e['prc_saturation'])}" for n, e in entries.items() if e["prc_saturation"]["n"]]
     if saturated:
         lines += ["", "PRC saturation (share of P(A) in [0, 0.1] or [0.9, 1], Table 6): " + "; ".join(saturated) + "."]
