@@ -13,7 +13,8 @@ anchor set, at a stated price in fidelity. Pure host-side logic with the tournam
   poorer). With a `tolerance`, a pair the fit predicts with probability >= 1 - tolerance scores its favourite's win
   instead, and a group stops before its budget once every pair not asked is so predicted. With every pair asked it
   is SCR's reward (below: copies). (Completing the pairs not asked by the fit's probabilities instead ranked worse, in
-  Kendall tau against the truth, on a simulated judge as noisy as the toy world's: docs/study.md.)
+  Kendall tau against the truth, on a simulated judge as noisy as the toy world's: benchmarks/README.md, "Which
+  pairs to ask".)
 * `SequentialAnchors` (AGR's scale): each response meets its prompt's anchors in order, `first` of them in the first
   round and `step` more a round, and stops once the anchors it has not met cannot move its reward by more than
   `tolerance` anchors in the sense of a posterior standard deviation: the wins left follow a beta-binomial under a
@@ -61,7 +62,7 @@ def bradley_terry(wins: np.ndarray, prior_scale: float = PRIOR_SCALE, iters: int
     n = w + w.T
     s = np.zeros(m)
     for _ in range(iters):
-        p = 1.0 / (1.0 + np.exp(s[None, :] - s[:, None]))  # p[i, j] = P(i beats j)
+        p = win_probabilities(s)
         grad = (w - n * p).sum(1) - s / prior_scale ** 2
         c = n * p * (1 - p)
         hess = c - np.diag(c.sum(1) + 1.0 / prior_scale ** 2)
