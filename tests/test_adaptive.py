@@ -236,3 +236,20 @@ def test_the_reward_service_judges_a_cohort_in_rounds():
         assert status == 200, answer
         np.testing.assert_allclose(np.reshape(answer["rewards"], (len(PROMPTS), m)), direct.rewards, rtol=1e-6)
         assert rewards.last_metrics["judge/comparisons"] == direct.metrics["judge/comparisons"]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("reward.active.budget", 1.5, r"^config\.reward\.active\.budget: 1\.5 must be in \(0, 1\]"),
+    ("reward.active.tolerance", 0.5, r"^config\.reward\.active\.tolerance: 0\.5 must be in \[0, 0\.5\)"),
+    ("reward.agr_sequential.alpha", -1.0, r"^config\.reward\.agr_sequential\.alpha: -1\.0 must be > 0"),
+    ("reward.agr_sequential.first", 0, r"^config\.reward\.agr_sequential\.first: 0 must be >= 1"),
+])
+def test_a_bad_setting_is_one_line_naming_its_group(field, value, message):
+    """Each schedule's settings are checked in its own config group, AGR's inherited fields too."""
+    from rrc_jax.config import base_config, validate
+    from rrc_jax.errors import ConfigError
+
+    config = base_config("agr_sequential")
+    config.update_from_flattened_dict({field: value})
+    with pytest.raises(ConfigError, match=message):
+        validate(config)

@@ -20,6 +20,7 @@ and decided by its majority, stopped once decided with `reward.judge.early_stop`
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 
@@ -57,13 +58,15 @@ class SequentialAGRSettings(AGRSettings):
     first: int = 2  # anchors a response meets in the first round
     step: int = 2  # and in each later round
 
+    GROUP: ClassVar[str] = "reward.agr_sequential"
+
     def __post_init__(self):
         super().__post_init__()
         if self.tolerance < 0:
-            raise field_error("reward.agr_sequential", "tolerance", f"{self.tolerance} must be >= 0 (anchors; 0: "
+            raise field_error(self.GROUP, "tolerance", f"{self.tolerance} must be >= 0 (anchors; 0: "
                               "every anchor, AGR's reward)")
-        at_least("reward.agr_sequential", "first", self.first, 1)
-        at_least("reward.agr_sequential", "step", self.step, 1)
+        at_least(self.GROUP, "first", self.first, 1)
+        at_least(self.GROUP, "step", self.step, 1)
 
 
 def adaptive_metrics(rules, duels: np.ndarray, stops: float) -> dict[str, float]:

@@ -4,6 +4,7 @@ the anchors it beats (Eq. 22)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import numpy as np
 from etils import epath
@@ -28,14 +29,16 @@ class AGRSettings:
     anchors_path: str = ""  # default workdir/anchors.jsonl
     refresh_every: int = 0  # > 0: regenerate anchors from the current policy every k steps (beyond the paper)
 
+    GROUP: ClassVar[str] = "reward.agr"  # the config group (a variant of AGR's has its own)
+
     def __post_init__(self):
-        one_of("reward.agr", "ties", self.ties, AGR_TIES)
+        one_of(self.GROUP, "ties", self.ties, AGR_TIES)
         if not self.alpha > 0:
-            raise field_error("reward.agr", "alpha", f"{self.alpha} must be > 0 (the reward per win)")
+            raise field_error(self.GROUP, "alpha", f"{self.alpha} must be > 0 (the reward per win)")
         if self.n_anchors < 1:
-            raise field_error("reward.agr", "n_anchors", f"{self.n_anchors} must be >= 1")
+            raise field_error(self.GROUP, "n_anchors", f"{self.n_anchors} must be >= 1")
         if self.refresh_every < 0:
-            raise field_error("reward.agr", "refresh_every", "must be >= 0 (0 = never)")
+            raise field_error(self.GROUP, "refresh_every", "must be >= 0 (0 = never)")
 
 
 def anchor_store(s, train: PromptSet, tokenizer) -> AnchorStore:
