@@ -204,8 +204,11 @@ def test_the_tolerance_metric_counts_the_responses_it_stopped():
     always = Judge(TextSampler(TOKENIZER, lambda t: "[[A]]"), TOKENIZER, template="toy_pairwise_cot",
                    max_new_tokens=8)
     groups = [["1 1 1", "2 2 2", "3 3 3", "1 2 2"], ["9 9", "8 8", "7 7", "9 8"]]
+    always.trace = []
     loose = sequential_result(always, PROMPTS, groups, ANCHORS, votes=1, swap=False, alpha=1.0, tolerance=0.5)
     assert loose.metrics["judge/tolerance_stops"] == 1.0 and loose.metrics["judge/comparisons"] == 4 * 2
+    assert sorted({(r["prompt"], r["i"], r["anchor"]) for r in always.trace}) == [  # traced as AGR's: i, anchor
+        (b, i, k) for b in range(2) for i in range(4) for k in range(2)]
     np.testing.assert_allclose(loose.rewards, 2 + wins_left(2, 2, 1)[0])
     tight = sequential_result(always, PROMPTS, groups, ANCHORS, votes=1, swap=False, alpha=1.0, tolerance=0.1)
     assert tight.metrics["judge/tolerance_stops"] == 0.0 and (tight.rewards == 3).all()

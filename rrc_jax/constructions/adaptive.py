@@ -131,14 +131,14 @@ def sequential_result(judge, prompts, responses, anchors, *, votes: int, swap: b
                       step: int = SequentialAGRSettings.step, early_stop: bool = False) -> RewardResult:
     """`agr_sequential`'s rewards `[B, m]` for B `prompts`, their groups of m `responses` and each prompt's n
     `anchors` (`SequentialAGRReward`; also another trainer's groups). A comparison shows the response first in vote
-    0 when `b + i + k` is even, as `Judge.vs_anchors` does."""
+    0 when `b + i + k` is even and its judgments are traced with `i` and `anchor`, as `Judge.vs_anchors` does."""
     m = len(responses[0]) if responses else 0
     n = len(anchors[0]) if anchors else 0
     rules = [SequentialAnchors(m, n, ties=ties, tolerance=tolerance, first=first, step=step,
                                same=[[r == x for x in a] for r in group]) for group, a in zip(responses, anchors)]
     texts = [list(group) + list(a) for group, a in zip(responses, anchors)]
     duels = play(judge, prompts, texts, rules, votes=votes, swap=swap, early_stop=early_stop,
-                 order=lambda b, i, j: (b + i + j - m) % 2)
+                 order=lambda b, i, j: (b + i + j - m) % 2, tag=lambda i, j: {"i": i, "anchor": j - m})
     rewards = np.stack([r.rewards(alpha) for r in rules]) if rules else np.zeros((0, m), np.float32)
     stops = float(np.mean([r.stopped.mean() for r in rules])) if rules else 0.0
     return RewardResult(rewards, adaptive_metrics(rules, duels, stops), notes=[{"anchors": list(a)} for a in anchors])

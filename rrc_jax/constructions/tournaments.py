@@ -7,8 +7,8 @@ Each reward is the standing's rank reward, alpha (m - 1 - position) with tied po
 one scale for every format, SCR's, whatever the number of duels a response played. Each duel is asked
 `reward.judge.votes` times, A/B swapped across votes with `reward.judge.swap` (stopped once its majority is decided
 with `reward.judge.early_stop`), and decided by the majority (a split or an abstention is a tie: half a point in
-Swiss and circular, the first listed, the better seed, advances in the elimination formats). The questions and judge tokens are counted as every judge construction counts them, and
-`judge/comparisons` is the duels per group.
+Swiss and circular, the first listed, the better seed, advances in the elimination formats). The questions and
+judge tokens are counted as every judge construction counts them, and `judge/comparisons` is the duels per group.
 """
 
 from __future__ import annotations

@@ -32,17 +32,20 @@ class Ordering(NamedTuple):
     queries: np.ndarray
 
 
-def _outcomes(judge: Judge, prompts, responses, duels, votes, swap, outcome=None, order=None) -> list[int]:
+def _outcomes(judge: Judge, prompts, responses, duels, votes, swap, outcome=None, order=None,
+              tag=None) -> list[int]:
     """One batched round: for each (b, i, j), +1 when the majority of its V votes prefers i, -1 when it prefers j, 0
     when they split or abstain. `outcome`: stop a duel's votes once its majority is decided (`Judge.pair_votes`; the
-    same outcomes). `order(b, i, j)`: 0 shows vote 0 as (i, j), 1 as (j, i) (default `(b + i + j) % 2`). A host without
-    duels still takes part (the call is collective on several hosts)."""
+    same outcomes). `order(b, i, j)`: 0 shows vote 0 as (i, j), 1 as (j, i) (default `(b + i + j) % 2`); `tag(i, j)`:
+    what a trace record says of the duel (default `{"i": i, "j": j}`). A host without duels still takes part (the call
+    is collective on several hosts)."""
     g = [d[0] for d in duels]
     order = order or (lambda b, i, j: (b + i + j) % 2)
+    tag = tag or (lambda i, j: {"i": i, "j": j})
     pv, _ = judge.pair_votes(prompts, g, [responses[b][i] for b, i, _ in duels],
                              [responses[b][j] for b, _, j in duels], votes, swap,
                              orders=[order(b, i, j) for b, i, j in duels],
-                             tags=[{"i": i, "j": j} for _, i, j in duels], outcome=outcome)
+                             tags=[tag(i, j) for _, i, j in duels], outcome=outcome)
     return [int(x) for x in np.sign(pv.wins.astype(np.int64) - pv.losses)]
 
 
@@ -52,11 +55,11 @@ def _duel(judge: Judge, prompts, responses, duels, votes, swap) -> list[bool]:
 
 
 def play(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequence[str]], rules: Sequence,
-         votes: int = 1, swap: bool = True, *, early_stop: bool = False, order=None) -> np.ndarray:
+         votes: int = 1, swap: bool = True, *, early_stop: bool = False, order=None, tag=None) -> np.ndarray:
     """Each prompt's rounds `rules[b]` (a tournament, `rrc_jax.rewards.tournament_rules`, or an adaptive schedule,
     `rrc_jax.rewards.adaptive`) played to their end: every round's duels of every group asked in one batched judge
     call (V votes each, A/B swapped across votes with `swap`, stopped once decided with `early_stop`: the same
-    outcomes), the outcomes recorded in the rules. `responses[b]`: the texts rule b's pairs index; `order`: as
+    outcomes), the outcomes recorded in the rules. `responses[b]`: the texts rule b's pairs index; `order`, `tag`: as
     `_outcomes`'s. Returns the duels `[B]` each group played."""
     check_votes(votes)
     check_groups(responses, "tournament responses")
@@ -66,7 +69,8 @@ def play(judge: Judge, prompts: Sequence[str], responses: Sequence[Sequence[str]
         duels = [(b, i, j) for b, pairs in enumerate(rounds) for i, j in pairs]
         if not distributed.any_host(bool(duels)):  # every host asks as many rounds as the longest tournament
             break
-        outcomes = _outcomes(judge, prompts, responses, duels, votes, swap, np.sign if early_stop else None, order)
+        outcomes = _outcomes(judge, prompts, responses, duels, votes, swap, np.sign if early_stop else None, order,
+                             tag)
         k = 0
         for b, pairs in enumerate(rounds):
             if pairs:

@@ -251,8 +251,8 @@ def lever_lines(s, p: Plan) -> list[str]:
         out.append(f"judge chips to keep pace, + fewer questions, reward.kind={SCHEDULE} at its settings "
                    f"({load.questions // s.judge.votes} of {m * (m - 1) // 2} pairs a group): "
                    f"{load.questions * s.rollout.prompts_per_step:,} questions a step instead of "
-                   f"{s.reward.judge_load(s).questions * s.rollout.prompts_per_step:,}: {judge_chips(times, devices):,} "
-                   f"({judge:.1f} s of judging)")
+                   f"{s.reward.judge_load(s).questions * s.rollout.prompts_per_step:,}: "
+                   f"{judge_chips(times, devices):,} ({judge:.1f} s of judging)")
     rows, weights, cache = judge_decode_reads(filled(given, p) if s.judge.fill_memory else s, p)
     out.append(f"judge decode step: {rows} rows a replica, {weights / GiB:.2f} GiB of weights and {cache / GiB:.2f} "
                f"GiB of cache a chip read: bound by its {'weights' if weights >= cache else 'cache'}")

@@ -350,9 +350,9 @@ def markdown(result: dict, plots: list[str]) -> str:
     lines += [""] + [f"- Pareto-optimal for {ORDERED[k]}: {', '.join(front[k]) or 'none'}." for k in FRONTIER]
     stopped = [f"{n} {_fmt(e['tolerance_stops'])}" for n, e in entries.items() if e["tolerance_stops"]["n"]]
     if stopped:
-        lines += ["", "Tolerance stops (the adaptive schedules: the share of groups, for `active`, or of responses, for "
-                  "`agr_sequential`, that their tolerance stopped before their budget, a step): " + "; ".join(stopped)
-                  + "."]
+        lines += ["", "Tolerance stops (the adaptive schedules: the share of groups, for `active`, or of responses, "
+                  "for `agr_sequential`, that their tolerance stopped before their budget, a step): "
+                  + "; ".join(stopped) + "."]
     saturated = [f"{n} {_fmt(e['prc_saturation'])}" for n, e in entries.items() if e["prc_saturation"]["n"]]
     if saturated:
         lines += ["", "PRC saturation (share of P(A) in [0, 0.1] or [0.9, 1], Table 6): " + "; ".join(saturated) + "."]

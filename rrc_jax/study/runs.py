@@ -75,9 +75,9 @@ RUNS: dict[str, tuple[str, dict]] = {
 
 # the per-step series a summary keeps (those a run logged)
 SERIES = ("reward/mean", "oracle_quality", "fidelity/kendall_tau", "fidelity/advantage_error", "judge/questions",
-          "judge/tokens", "judge/tolerance_stops", "time/rollout", "time/reward", "time/update", "time/step", "staleness/mean",
-          "reward/prc_saturation", "kl",
-          "response_length", "eval/oracle_quality", "eval/oracle_quality_se",
+          "judge/tokens", "judge/tolerance_stops", "time/rollout", "time/reward", "time/update", "time/step",
+          "staleness/mean", "reward/prc_saturation", "kl", "response_length", "eval/oracle_quality",
+          "eval/oracle_quality_se",
           *(f"prc/p_bin{k}" for k in range(10)))
 
 
