@@ -21,6 +21,8 @@ from absl import flags
 from rrc_jax import cli
 from rrc_jax.errors import ConfigError
 from rrc_jax.inference import make_sampler
+from rrc_jax.models.decoder_config import KV_DTYPES
+from rrc_jax.models.lora import WEIGHT_QTYPES
 from rrc_jax.progress import say
 
 _MODEL = cli.model_flags("the model to serve")
@@ -29,9 +31,9 @@ _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.")
 _NAME = flags.DEFINE_string("served_name", "", "The model name requests may give (default: the directory's name).")
 _MAX_BATCH = flags.DEFINE_integer("max_batch", 64, "Most rows (prompts x n) of one engine call; a larger request runs "
                                   "as several, taking turns with the others.")
-_WEIGHTS = flags.DEFINE_enum("weight_qtype", "", ["", "int8", "nf4"], "Store the frozen model's projections quantized "
+_WEIGHTS = flags.DEFINE_enum("weight_qtype", "", list(WEIGHT_QTYPES), "Store the frozen model's projections quantized "
                               "(qwix; the judge's reward.judge.weight_qtype): a byte a weight read per decode step.")
-_KV = flags.DEFINE_enum("kv_dtype", "", ["", "float8_e4m3fn"], "Store the KV cache's keys and values in a byte (the "
+_KV = flags.DEFINE_enum("kv_dtype", "", list(KV_DTYPES), "Store the KV cache's keys and values in a byte (the "
                         "judge's reward.judge.kv_dtype); default: the compute dtype.")
 _WAIT = flags.DEFINE_float("batch_wait_ms", 5.0, "How long a batch waits for more requests after its first.")
 _MAX_BODY = flags.DEFINE_integer("max_body_mb", 16, "Largest request body in MiB; a larger one is a 413, read no "

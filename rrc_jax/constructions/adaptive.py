@@ -69,10 +69,11 @@ class SequentialAGRSettings(AGRSettings):
         at_least(self.GROUP, "step", self.step, 1)
 
 
-def adaptive_metrics(rules, duels: np.ndarray, stops: float) -> dict[str, float]:
-    """`judge/comparisons` (a group's, mean) and `judge/tolerance_stops` (the share its tolerance stopped)."""
+def adaptive_metrics(duels: np.ndarray, stopped: list[float]) -> dict[str, float]:
+    """`judge/comparisons` (a group's, mean) and `judge/tolerance_stops` (the share its tolerance stopped: `stopped`,
+    each group's) of the duels `[B]` each group played."""
     return {"judge/comparisons": float(duels.mean()) if len(duels) else float("nan"),
-            "judge/tolerance_stops": stops if rules else float("nan")}
+            "judge/tolerance_stops": float(np.mean(stopped)) if stopped else float("nan")}
 
 
 def active_result(judge, prompts, responses, *, votes: int, swap: bool, alpha: float = ActiveSettings.alpha,
@@ -85,8 +86,7 @@ def active_result(judge, prompts, responses, *, votes: int, swap: bool, alpha: f
     duels = play(judge, prompts, responses, rules, votes=votes, swap=swap, early_stop=early_stop)
     m = len(responses[0]) if responses else 0
     rewards = np.stack([r.rewards(alpha) for r in rules]) if rules else np.zeros((0, m), np.float32)
-    return RewardResult(rewards, adaptive_metrics(rules, duels, float(np.mean([r.stopped for r in rules]))
-                                                  if rules else 0.0))
+    return RewardResult(rewards, adaptive_metrics(duels, [float(r.stopped) for r in rules]))
 
 
 class ActiveReward(JudgeConstruction):
@@ -140,8 +140,8 @@ def sequential_result(judge, prompts, responses, anchors, *, votes: int, swap: b
     duels = play(judge, prompts, texts, rules, votes=votes, swap=swap, early_stop=early_stop,
                  order=lambda b, i, j: (b + i + j - m) % 2, tag=lambda i, j: {"i": i, "anchor": j - m})
     rewards = np.stack([r.rewards(alpha) for r in rules]) if rules else np.zeros((0, m), np.float32)
-    stops = float(np.mean([r.stopped.mean() for r in rules])) if rules else 0.0
-    return RewardResult(rewards, adaptive_metrics(rules, duels, stops), notes=[{"anchors": list(a)} for a in anchors])
+    return RewardResult(rewards, adaptive_metrics(duels, [float(r.stopped.mean()) for r in rules]),
+                        notes=[{"anchors": list(a)} for a in anchors])
 
 
 class SequentialAGRReward(AGRReward):

@@ -55,7 +55,7 @@ def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
     Rows and kv heads stay two batch axes: merging them would merge an axis split over the row axes with one split
     over `tensor`, which XLA does by gathering the cache's kv heads at every decoding step."""
     b, kh, g, t, d = q.shape
-    return jnp.einsum("bkqd,bkds->bkqs", q.reshape(b, kh, g * t, d), stored(k, q).astype(q.dtype),
+    return jnp.einsum("bkqd,bkds->bkqs", q.reshape(b, kh, g * t, d), k.astype(q.dtype),
                       preferred_element_type=jnp.float32).reshape(b, kh, g, t, -1)
 
 
@@ -193,7 +193,7 @@ def shared_attention(carry: tuple, q: jax.Array, k: jax.Array, v: jax.Array, mas
     def fold(c, kvm):
         kj, vj, mj = kvm[:3]
         nj = mj.shape[-1]
-        s = jnp.einsum("pkqd,pkdn->pkqn", qg, stored(kj, q).astype(q.dtype), preferred_element_type=jnp.float32)
+        s = jnp.einsum("pkqd,pkdn->pkqn", qg, kj.astype(q.dtype), preferred_element_type=jnp.float32)
         s = jnp.where(seen(*kvm[2:]), scoring(s.reshape(p, kh, m, g, t, nj)), _MASK_VALUE)
         vq = stored(vj, q)
         weighted = lambda w: jnp.einsum("pkqn,pknd->pkqd", w.astype(vq.dtype).reshape(p, kh, m * g * t, nj), vq,

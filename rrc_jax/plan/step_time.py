@@ -101,8 +101,8 @@ def expected_tokens(s) -> int:
 def judge_lanes(s, work: JudgeWork) -> LanePlan:
     """The lanes the engine decodes a step's questions in with continuous batching (`lanes.lane_plan`, on the
     planner's question lengths): a lane keeps its question below the prompt, the first response included."""
-    return lane_plan([work.prefix] * work.prompts, [s.reward.judge_load(s).questions] * work.prompts, question_tokens(s),
-                     s.judge.max_new_tokens, s.judge.max_batch, s.judge.max_batch_tokens)
+    return lane_plan([work.prefix] * work.prompts, [s.reward.judge_load(s).questions] * work.prompts,
+                     question_tokens(s), s.judge.max_new_tokens, s.judge.max_batch, s.judge.max_batch_tokens)
 
 
 def question_tokens(s) -> int:
