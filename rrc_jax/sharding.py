@@ -15,6 +15,15 @@ Explicit axes (`jax.make_mesh`'s default) every gather, scatter and dynamic upda
 different axes must be resharded by hand: the embedding lookup (`vocab` over `tensor`, ids over `batch`) and the
 KV-cache update raise `ShardingTypeError`, and each fix would be a special case in model code that must also run
 on one device.
+
+Several slices (`MeshConfig.dcn`): a TPU slice's chips are joined by ICI, slices by the data-center network (DCN),
+an order of magnitude slower. The mesh is then JAX's hybrid mesh (`hybrid_mesh`): `mesh.data/fsdp/tensor` are the
+axes' sizes inside a slice, `mesh.dcn` their sizes across slices, each mesh axis slices-outermost. By default
+(`auto`) the slices are `data` replicas: the parameters and optimizer state are sharded inside each slice (FSDP,
+tensor), a row's activations never leave its slice, and the one collective over DCN is the gradients' all-reduce,
+once per update. The inference layout (the rollout copy, the GRM, the DRM) keeps `tensor` inside a host of one
+slice and spreads rows across slices (`inference_mesh`), so that decoding sends nothing over DCN and resharding the
+master into the rollout copy gathers from the copy each slice holds.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import jax
 import numpy as np
 from absl import logging
 from flax import nnx
-from jax.experimental import multihost_utils
+from jax.experimental import mesh_utils, multihost_utils
 
 from rrc_jax import distributed
 from rrc_jax.errors import ConfigError
@@ -133,12 +142,24 @@ def inference_mesh(mesh: jax.sharding.Mesh, shape: str = "auto", num_heads: int 
     """The mesh of the inference layout over the devices of `mesh`, in their order (so that arrays of both layouts
     meet in one program): `shape` `DATA,FSDP,TENSOR` (-1: the remaining devices; the product must be the mesh's
     size, `inference_shape`), or `auto`: tensor over the largest number of devices that divides the mesh, fits on
-    one host (a host's chips share the fastest links) and divides `num_heads`, rows over the rest (`data`)."""
+    one host (a host's chips share the fastest links) and divides `num_heads`, rows over the rest (`data`).
+
+    On several slices (the devices' `slice_index`) it is a hybrid mesh, rows across slices and each slice's rows and
+    tensor inside it; a shape whose `tensor` or rows within a slice do not divide a slice's devices is refused."""
     devices = list(mesh.devices.flat)
     if shape != "auto":
-        return make_mesh(*inference_shape(shape, len(devices)), devices=devices)
-    tensor = inference_tensor(len(devices), len(devices) // jax.process_count(), num_heads)
-    return make_mesh(len(devices) // tensor, 1, tensor, devices=devices)
+        data, fsdp, tensor = inference_shape(shape, len(devices))
+    else:
+        tensor = inference_tensor(len(devices), len(devices) // jax.process_count(), num_heads)
+        data, fsdp = len(devices) // tensor, 1
+    groups = device_slices(devices, by_process=False)
+    if len(groups) == 1:
+        return make_mesh(data, fsdp, tensor, devices=devices)
+    per = len(devices) // len(groups)
+    if per % tensor or per % (tensor * fsdp):
+        raise ConfigError(f"config.mesh.inference={shape}: tensor={tensor} x fsdp={fsdp} must divide a slice's "
+                          f"{per} devices, so that no decoding step crosses the data-center network")
+    return hybrid_mesh((per // (tensor * fsdp), fsdp, tensor), (len(groups), 1, 1), devices, by_process=False)
 
 
 def inference_shape(shape: str, devices: int) -> tuple[int, int, int]:
@@ -159,25 +180,26 @@ def use_mesh(mesh: jax.sharding.Mesh | None):
 
 
 def mesh_shape(data: int, fsdp: int, tensor: int, devices: int, *, name: str = "mesh",
-               exact: bool = False) -> tuple[int, int, int]:
-    """`(data, fsdp, tensor)` on `devices` devices, a -1 (at most one) taking the remaining ones. A one-line
-    `ConfigError` naming `name` when a size is not >= 1, when the other sizes' product does not divide the devices
-    a -1 shares, or when the product exceeds `devices` (with `exact`, differs from it)."""
+               exact: bool = False, unit: str = "devices") -> tuple[int, int, int]:
+    """`(data, fsdp, tensor)` on `devices` devices (or other `unit`s: slices), a -1 (at most one) taking the
+    remaining ones. A one-line `ConfigError` naming `name` when a size is not >= 1, when the other sizes' product
+    does not divide the devices a -1 shares, or when the product exceeds `devices` (with `exact`, differs from
+    it)."""
     shape = [data, fsdp, tensor]
     given = f"{name} data={data} fsdp={fsdp} tensor={tensor}"
     if shape.count(-1) > 1 or any(n == 0 or n < -1 for n in shape):
-        raise ConfigError(f"{given}: sizes are >= 1, and at most one is -1 (the remaining devices)")
+        raise ConfigError(f"{given}: sizes are >= 1, and at most one is -1 (the remaining {unit})")
     if -1 in shape:
         known = math.prod(n for n in shape if n != -1)
         if devices % known:
-            raise ConfigError(f"{given}: the -1 axis takes the devices the others leave, but their product {known} "
-                              f"does not divide the {devices} devices; make it a divisor of {devices}")
+            raise ConfigError(f"{given}: the -1 axis takes the {unit} the others leave, but their product {known} "
+                              f"does not divide the {devices} {unit}; make it a divisor of {devices}")
         shape[shape.index(-1)] = devices // known
     total = math.prod(shape)
     if total > devices or (exact and total != devices):
-        raise ConfigError(f"{given} needs {total} devices, but {devices} are "
-                          f"{'available' if total > devices else 'in the training mesh'}; make their product "
-                          f"{devices} (or set one of them to -1)")
+        where = "available" if total > devices else ("in the training mesh" if unit == "devices" else "found")
+        raise ConfigError(f"{given} needs {total} {unit}, but {devices} are {where}; make their product {devices} "
+                          "(or set one of them to -1)")
     return shape[0], shape[1], shape[2]
 
 
@@ -199,6 +221,58 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[j
                          axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 
+def device_slice(device, by_process: bool) -> int:
+    """The slice of `device`: a TPU's `slice_index`; elsewhere (CPU, GPU hosts, whose index is always 0) its process
+    with `by_process` (each host a slice of its own, joined by the data-center network), else 0 (one slice)."""
+    if device.platform == "tpu":
+        return int(getattr(device, "slice_index", 0))
+    return device.process_index if by_process else 0
+
+
+def device_slices(devices: Sequence, by_process: bool) -> list[list]:
+    """`devices` grouped by slice (`device_slice`), slices in index order, each in the devices' order."""
+    groups: dict[int, list] = collections.defaultdict(list)
+    for d in devices:
+        groups[device_slice(d, by_process)].append(d)
+    return [groups[k] for k in sorted(groups)]
+
+
+def dcn_shape(value: str, slices: int) -> tuple[int, int, int]:
+    """`mesh.dcn` resolved on `slices` slices: `auto` is `(slices, 1, 1)` (data parallel across slices); else
+    DATA,FSDP,TENSOR with a -1 taking the remaining slices, whose product must be `slices` (a `ConfigError` naming
+    what was found otherwise)."""
+    if value == "auto":
+        return slices, 1, 1
+    data, fsdp, tensor = (int(v) for v in value.split(","))
+    return mesh_shape(data, fsdp, tensor, slices, name=f"config.mesh.dcn={value}: across slices,", exact=True,
+                      unit="slices")
+
+
+def hybrid_devices(ici: Sequence[int], dcn: Sequence[int], devices: Sequence, by_process: bool) -> np.ndarray:
+    """`[ici[0] * dcn[0], ici[1] * dcn[1], ici[2] * dcn[2]]` devices: `ici` sizes inside each slice and `dcn` sizes
+    across slices, slices outermost on every axis (`mesh_utils.create_hybrid_device_mesh`, each slice's block laid
+    out by its own physical topology): index `i` of axis `a` lies in slice block `i // ici[a]`. Slices are the
+    devices' `slice_index` on TPU, else with `by_process` their processes. A `ConfigError` when the slices are not
+    `prod(dcn)` of `prod(ici)` devices each."""
+    groups = device_slices(devices, by_process)
+    sizes = sorted({len(g) for g in groups})
+    if len(sizes) > 1:
+        raise ConfigError(f"config.mesh.dcn: the slices hold {', '.join(str(len(g)) for g in groups)} devices; a mesh "
+                          "across slices needs slices of one shape (create them with the same accelerator type)")
+    if len(groups) != math.prod(dcn) or sizes[0] != math.prod(ici):
+        raise ConfigError(f"config.mesh.dcn: {tuple(dcn)} across slices x {tuple(ici)} inside each needs "
+                          f"{math.prod(dcn)} slices of {math.prod(ici)} devices, but the devices are {len(groups)} "
+                          f"slices of {sizes[0]}")
+    return mesh_utils.create_hybrid_device_mesh(ici, dcn, list(devices),
+                                                process_is_granule=devices[0].platform != "tpu")
+
+
+def hybrid_mesh(ici: Sequence[int], dcn: Sequence[int], devices: Sequence, by_process: bool) -> jax.sharding.Mesh:
+    """The `(data, fsdp, tensor)` mesh with Auto axes of `hybrid_devices`."""
+    return jax.sharding.Mesh(hybrid_devices(ici, dcn, devices, by_process), MESH_AXES,
+                             axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
     """A run's device mesh (`mesh`): parameters over fsdp x tensor, batches over data x fsdp; -1 (at most one
@@ -217,8 +291,15 @@ class MeshConfig:
     drm: str = "inference"
     # > 0: the last `judge_devices` devices hold the reward's models (GRM, DRM; `auto` inference layout) and the
     # training mesh the others, so that the judge's programs run beside the policy's (`rl.max_staleness`,
-    # `rrc_jax.rl.pipeline`); 0: every model spans every device
+    # `rrc_jax.rl.pipeline`); 0: every model spans every device. One host only: on several slices the judge is
+    # served from slices of its own (launch/README.md).
     judge_devices: int = 0
+    # The axes' sizes across slices (`hybrid_mesh`; data, fsdp and tensor above are then inside each slice):
+    # 'auto' = data parallel over every slice the devices report (TPU `slice_index`; one slice elsewhere), or
+    # DATA,FSDP,TENSOR (-1: the remaining slices; on devices without a slice index each process is a slice).
+    # Tensor stays inside a slice; FSDP across slices gathers every layer's weights over DCN (the planner's
+    # `--slices` counts it).
+    dcn: str = "auto"
 
     def __post_init__(self):
         sizes = (self.data, self.fsdp, self.tensor)
@@ -234,6 +315,13 @@ class MeshConfig:
         if self.judge_devices < 0:
             raise ConfigError(f"config.mesh.judge_devices: {self.judge_devices} must be >= 0 (0: the judge shares "
                               "every device)")
+        if self.dcn != "auto" and not _is_shape(self.dcn):
+            raise ConfigError(f"config.mesh.dcn: {self.dcn!r}; give 'auto' (data parallel across slices) or three "
+                              "sizes DATA,FSDP,TENSOR across slices, e.g. 2,1,1")
+        if self.dcn != "auto" and int(self.dcn.split(",")[2]) != 1:
+            raise ConfigError(f"config.mesh.dcn: {self.dcn!r} puts tensor parallelism across slices, whose "
+                              "all-reduces run twice a layer on every forward pass: keep tensor 1 across slices "
+                              "(data or fsdp there)")
 
     def _split(self) -> tuple[list[jax.Device], list[jax.Device]]:
         """(the training mesh's devices, the judge's): `judge_devices` of its own last, on one host."""
@@ -242,18 +330,31 @@ class MeshConfig:
             return devices, []
         if jax.process_count() > 1:
             raise ConfigError("config.mesh.judge_devices: the judge on devices of its own runs on one host; on "
-                              "several, serve it on slices of its own (launch/README.md) and set "
+                              "several hosts or slices, serve it on slices of its own (launch/README.md) and set "
                               "inference.engine='openai'")
         if n >= len(devices):
             raise ConfigError(f"config.mesh.judge_devices={n} leaves none of the {len(devices)} devices to the "
                               f"policy; give at most {len(devices) - 1}")
         return devices[:-n], devices[-n:]
 
+    def slices(self, devices: Sequence) -> list[list]:
+        """The slices of `devices` this config's mesh spans (`device_slices`; by process only with `dcn` given)."""
+        return device_slices(devices, by_process=self.dcn != "auto")
+
     def make(self) -> jax.sharding.Mesh:
-        """The training mesh (without the judge's own devices), with `inference` checked against its devices (on one
-        device too, where no layout uses it), so that a shape that cannot span them is refused before anything
-        loads."""
-        mesh = make_mesh(self.data, self.fsdp, self.tensor, devices=self._split()[0])
+        """The training mesh (without the judge's own devices): on one slice `data x fsdp x tensor`, on several the
+        hybrid mesh of those sizes inside each slice and `dcn`'s across (`hybrid_mesh`); with `inference` checked
+        against its devices (on one device too, where no layout uses it), so that a shape that cannot span them is
+        refused before anything loads."""
+        devices = self._split()[0]
+        groups = self.slices(devices)
+        dcn = dcn_shape(self.dcn, len(groups))
+        if math.prod(dcn) == 1:
+            mesh = make_mesh(self.data, self.fsdp, self.tensor, devices=devices)
+        else:
+            ici = mesh_shape(self.data, self.fsdp, self.tensor, len(groups[0]), name="config.mesh (inside a slice)",
+                             exact=True)
+            mesh = hybrid_mesh(ici, dcn, devices, by_process=self.dcn != "auto")
         if self.inference != "auto":
             inference_shape(self.inference, mesh.size)
         return mesh

@@ -13,7 +13,7 @@ from rrc_jax.models.attention import TRAINING_ATTENTION_BLOCK
 from rrc_jax.models.attention import TRAINING_ATTENTION_BLOCK as block
 from rrc_jax.models.batches import bucket_length, length_bucket, round_up
 from rrc_jax.models.kv_cache import ATTENTION_BLOCK, SHARED_ATTENTION_BLOCK, ring_size
-from rrc_jax.plan.hardware import HEADROOM, GiB, Topology, resolve_mesh, split_size, topology
+from rrc_jax.plan.hardware import HEADROOM, GiB, Topology, slice_meshes, split_size, topology
 from rrc_jax.plan.judge_work import CHAT_FORMAT_TOKENS, judge_work, template_tokens
 from rrc_jax.plan.shapes import (
     itemsize,
@@ -227,6 +227,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
     layouts: dict = dataclasses.field(default_factory=dict)  # role (and `rollout`) -> (layout, mesh shape)
+    dcn: tuple[int, int, int] = (1, 1, 1)  # the mesh's sizes across slices (`mesh.dcn`), a factor of `mesh`'s
 
     def phase_bytes(self, phase: str) -> int:
         return sum(r.bytes for r in self.rows if r.phase == phase)
@@ -368,20 +369,25 @@ def role_layouts(s, topo: Topology, shape: tuple[int, int, int], cfgs: dict) -> 
 
 
 def plan(s, topo: Topology | str, *, mesh: tuple[int, int, int] | None = None,
-         micro_batch_size: int | None = None, remat: bool | None = None) -> Plan:
+         micro_batch_size: int | None = None, remat: bool | None = None,
+         dcn: tuple[int, int, int] | None = None) -> Plan:
     """The memory `Plan` of a trainer's settings `s` (`rrc_jax.config.TrainerSettings`) on `topo` (a `Topology` or
-    its name), on the settings' mesh, `rl.micro_batch_size` and `rl.remat` unless `mesh`, `micro_batch_size` or
-    `remat` are given. With `rl.remat` unset and no `remat`, the plan chooses: without remat unless only remat fits
-    (recomputing the forward pass costs a third more of the update's FLOPs; benchmarks/README.md)."""
+    its name), on the settings' mesh (on several slices `mesh.dcn` across them, `slice_meshes`),
+    `rl.micro_batch_size` and `rl.remat` unless `mesh` (the whole mesh, with `dcn` its sizes across slices),
+    `micro_batch_size` or `remat` are given. With `rl.remat` unset and no `remat`, the plan chooses: without remat
+    unless only remat fits (recomputing the forward pass costs a third more of the update's FLOPs;
+    benchmarks/README.md)."""
     topo = topology(topo) if isinstance(topo, str) else topo
     if remat is None and s.learner.remat is None:
-        off = plan(s, topo, mesh=mesh, micro_batch_size=micro_batch_size, remat=False)
+        off = plan(s, topo, mesh=mesh, micro_batch_size=micro_batch_size, remat=False, dcn=dcn)
         if off.fits or off.problems:
             return off
-        on = plan(s, topo, mesh=mesh, micro_batch_size=micro_batch_size, remat=True)
+        on = plan(s, topo, mesh=mesh, micro_batch_size=micro_batch_size, remat=True, dcn=dcn)
         return on if on.fits else off
     rl, learner, dtype, max_prompt = s.rollout, s.learner, s.models.dtype, s.prompts.data.max_prompt_tokens
-    shape = mesh or resolve_mesh(s.mesh.data, s.mesh.fsdp, s.mesh.tensor, topo.devices)
+    if mesh is None:
+        mesh, dcn = slice_meshes(s.mesh, topo)
+    shape, dcn = mesh, dcn or (1, 1, 1)
     data, fsdp, tensor = shape
     micro = learner.micro_batch_size if micro_batch_size is None else micro_batch_size
     remat = learner.remat if remat is None else remat
@@ -439,7 +445,7 @@ def plan(s, topo: Topology | str, *, mesh: tuple[int, int, int] | None = None,
         problems.append(f"a step's {batch} rollouts are not divisible by data x fsdp = {data * fsdp} (batches are "
                         "sharded evenly)")
     if problems:  # the run would not start: no phases
-        return Plan(topo, shape, micro, remat, tuple(rows), tuple(notes), tuple(problems), layouts)
+        return Plan(topo, shape, micro, remat, tuple(rows), tuple(notes), tuple(problems), layouts, dcn)
 
     rows += _policy_rollouts(s, policy, layouts.get("rollout", layouts["policy"])[1], dtype,
                              layouts.get("rollout", layouts["policy"])[0])
@@ -500,4 +506,4 @@ def plan(s, topo: Topology | str, *, mesh: tuple[int, int, int] | None = None,
         notes.append(f"micro-batch of {learn_rows} rows over data x fsdp = {data * fsdp}: "
                      f"{_rows_per_device(learn_rows, shape)} per device, padded")
     rows = [r for r in rows if r.bytes or r.phase == "resident"]  # e.g. no gathered weights without fsdp
-    return Plan(topo, shape, micro, remat, tuple(rows), tuple(notes), tuple(problems), layouts)
+    return Plan(topo, shape, micro, remat, tuple(rows), tuple(notes), tuple(problems), layouts, dcn)

@@ -3,9 +3,11 @@ when it does not fit the mesh and micro-batch size that do (`suggest`)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 
-from rrc_jax.plan.hardware import GiB, HEADROOM, live_topology, topology, Topology
+from rrc_jax.plan.hardware import GiB, HEADROOM, live_topology, slice_meshes, topology, Topology
 from rrc_jax.plan.memory import PHASES, Plan, plan
 from rrc_jax.plan import step_time
 from rrc_jax.plan.step_time import format_times
@@ -17,14 +19,29 @@ def _factorizations(n: int) -> list[tuple[int, int, int]]:
             if (n // t) % d == 0]
 
 
-def _candidates(s, topo: Topology) -> list[Plan]:
-    """Plans of every `(data, fsdp, tensor)` factorization of the device count, every micro-batch size dividing
-    `rl.minibatch_size`, with the config's remat setting and with remat."""
-    mb = s.learner.minibatch_size
-    return [plan(s, topo, mesh=shape, micro_batch_size=micro, remat=remat)
+def _candidates(s, topo: Topology, shapes: list[tuple[int, int, int]] | None = None) -> list[Plan]:
+    """Plans of every `(data, fsdp, tensor)` factorization of a slice's devices (or of `shapes` only) times the
+    sizes across slices (`mesh.dcn`), every micro-batch size dividing `rl.minibatch_size`, with the config's remat
+    setting and with remat."""
+    mb, dcn = s.learner.minibatch_size, slice_meshes(s.mesh, topo)[1]
+    return [plan(s, topo, mesh=(d * dcn[0], f * dcn[1], t * dcn[2]), micro_batch_size=micro, remat=remat, dcn=dcn)
             for remat in sorted({bool(s.learner.remat), True})
-            for shape in _factorizations(topo.devices)
+            for d, f, t in (shapes or _factorizations(topo.slice_devices))
             for micro in range(mb, 0, -1) if mb % micro == 0]
+
+
+def slices_needed(s, topo: Topology, most: int = 16) -> tuple[Plan, str] | None:
+    """When a run fits no single slice of `topo`'s kind: the fewest slices (2, 4, ... up to `most`) on which it
+    fits, data (`mesh.dcn=N,1,1`: fewer rows a slice) or FSDP across them (`1,N,1`: the parameters and optimizer
+    state over every slice), inside each slice the config's own mesh; (its plan, its `mesh.dcn`) or None."""
+    ici = slice_meshes(dataclasses.replace(s.mesh, dcn="auto"), topology(topo.name))[0]
+    for n in (2 ** k for k in range(1, most.bit_length())):
+        for across in (f"{n},1,1", f"1,{n},1"):
+            run = dataclasses.replace(s, mesh=dataclasses.replace(s.mesh, dcn=across))
+            fitting = [c for c in _candidates(run, topology(topo.name, n), [ici]) if c.fits]
+            if fitting:
+                return min(fitting, key=_preference), across
+    return None
 
 
 def suggest(s, topo: Topology | str) -> Plan | None:
@@ -91,9 +108,10 @@ def format_table(p: Plan) -> str:
     return "\n".join(lines)
 
 
-def report(s, topo: Topology | str) -> str:
-    """`format_table` of the plan of a trainer's settings `s` and, when it does not fit, the suggestion."""
-    p = plan(s, topo)
+def report(s, topo: Topology | str, slices: int = 1) -> str:
+    """`format_table` of the plan of a trainer's settings `s` on `slices` slices of `topo` and, when it does not fit,
+    the suggestion (on one slice, and how many slices it would fit)."""
+    p = plan(s, topology(topo, slices) if isinstance(topo, str) else topo)
     out = format_table(p)
     if not p.problems:
         out += "\n\n" + format_times(s, p)
@@ -101,16 +119,30 @@ def report(s, topo: Topology | str) -> str:
         return out
     candidates = _candidates(s, p.topology)
     fitting = [c for c in candidates if c.fits]
-    flags = lambda s: (f"--config.mesh.data={s.mesh[0]} --config.mesh.fsdp={s.mesh[1]} --config.mesh.tensor="
-                       f"{s.mesh[2]} --config.rl.micro_batch_size={s.micro_batch}"
-                       + (" --config.rl.remat=True" if s.remat else ""))
+    flags = _flags
     if not fitting:
         usable = [c for c in candidates if not c.problems]
         low = min(usable, key=lambda c: c.peak_bytes, default=None)
         bf16 = " or --config.models.dtype=bfloat16" if s.models.dtype == "float32" else ""
-        return out + (f"\nsuggestion: nothing fits on {p.topology.name} (any mesh, micro-batch size, remat); use more "
-                      f"devices, shorter sequences{bf16}" + (
-                          f". The smallest peak, {low.peak_bytes / GiB:.2f} GiB ({low.largest_phase}), is with "
-                          f"{flags(low)}" if low else ""))
+        out += (f"\nsuggestion: nothing fits on {p.topology.name} (any mesh, micro-batch size, remat); use more "
+                f"devices, shorter sequences{bf16}" + (
+                    f". The smallest peak, {low.peak_bytes / GiB:.2f} GiB ({low.largest_phase}), is with "
+                    f"{flags(low)}" if low else ""))
+        more = slices_needed(s, p.topology) if p.topology.slices == 1 else None
+        if more:
+            q, across = more
+            what = "data" if across.endswith(",1,1") else "FSDP"
+            out += (f"\nslices: it fits {q.topology.name} with {what} "
+                    f"across slices: --slices={q.topology.slices} --config.mesh.dcn={across} {flags(q)} "
+                    f"({q.peak_bytes / GiB:.2f} of {q.topology.hbm_bytes / GiB:.2f} GiB); "
+                    f"python -m rrc_jax.plan ... --slices={q.topology.slices} plans its step")
+        return out
     s = min(fitting, key=_preference)
     return out + f"\nsuggestion: {flags(s)} ({s.peak_bytes / GiB:.2f} of {s.topology.hbm_bytes / GiB:.2f} GiB)"
+
+
+def _flags(p: Plan) -> str:
+    """The flags of plan `p`'s mesh (its sizes inside a slice), micro-batch size and remat setting."""
+    (d, f, t), (dd, fd, td) = p.mesh, p.dcn
+    return (f"--config.mesh.data={d // dd} --config.mesh.fsdp={f // fd} --config.mesh.tensor={t // td} "
+            f"--config.rl.micro_batch_size={p.micro_batch}" + (" --config.rl.remat=True" if p.remat else ""))

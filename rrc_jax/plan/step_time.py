@@ -292,7 +292,55 @@ def step_times(s, p: Plan, tree: bool = True) -> list[PhaseTime]:
         copy = param_bytes(policy, dtype, p.layouts["rollout"][1], "inference")
         out.append(PhaseTime("weight sync", copy / topo.ici_bw, "interconnect",
                              f"{copy / GiB:.2f} GiB a device into the rollout copy"))
+    return out + [PhaseTime(name, sent / topo.dcn_bw, "DCN", detail) for name, sent, detail in dcn_traffic(s, p)]
+
+
+def dcn_traffic(s, p: Plan) -> list[tuple[str, float, str]]:
+    """What a device sends over the data-center network in a step on several slices (`Plan.dcn`): (phase, bytes,
+    how counted). Data across slices: each gradient shard all-reduced over them (a ring: 2 (d - 1) / d of it) once
+    per update, or once per micro-batch with gradient accumulation (the compiled update reduces every micro-batch's
+    gradients: tests/test_slices.py); FSDP across slices: every pass's weight gathers bring (f - 1) / f of the
+    weights from other slices (3 a micro-batch: gathers forward and backward, the gradients' reduce-scatter; one a
+    log-prob pass), and the rollout copy's reshard as much of the copy. Nothing else crosses: rows and tensor stay
+    inside a slice (decoding's per-step bookkeeping, a few bytes a row, is not counted)."""
+    data, fsdp, _ = p.dcn
+    if data * fsdp == 1:
+        return []
+    rl, learner = s.rollout, s.learner
+    policy, rows = model_config(s.models.policy), rl.prompts_per_step * rl.group_size
+    updates = learner.mu * -(-rows // learner.minibatch_size)
+    micro = learner.minibatch_size // p.micro_batch if 0 < p.micro_batch < learner.minibatch_size else 1
+    shard = p.rows[1 if s.lora.enabled else 0].bytes  # a device's float32 gradient (under LoRA the adapters')
+    out = []
+    if data > 1:
+        out.append(("gradients over DCN", updates * micro * 2 * (data - 1) / data * shard,
+                    f"{shard / GiB:.2f} GiB a device all-reduced over {data} slices, {updates} updates x {micro} "
+                    "micro-batches"))
+    if fsdp > 1:
+        passes = updates * micro * 3 + int(learner.mu > 1 or learner.minibatch_size < rows) + int(s.grpo.beta > 0)
+        gathered = gather_traffic_bytes(policy, "float32", p.mesh) * (fsdp - 1) / fsdp
+        out.append(("FSDP gathers over DCN", passes * gathered,
+                    f"{passes} passes x {gathered / GiB:.2f} GiB of weights from the other {fsdp - 1} slices"))
+        if "rollout" in p.layouts:
+            copy = param_bytes(policy, s.models.dtype, p.layouts["rollout"][1], "inference") * (fsdp - 1) / fsdp
+            out.append(("weight sync over DCN", copy, f"{copy / GiB:.2f} GiB of the rollout copy from other slices"))
     return out
+
+
+def dcn_line(s, p: Plan, times: list[PhaseTime]) -> str:
+    """On several slices: the bytes a chip sends over DCN a step, their seconds and whether DCN bounds the step
+    (its phases the longest of the step's)."""
+    topo, total = p.topology, sum(t.seconds for t in times)
+    dcn = [t for t in times if t.bound == "DCN"]
+    sent = sum(b for _, b, _ in dcn_traffic(s, p))
+    seconds = sum(t.seconds for t in dcn)
+    longest = max((t for t in times if t.bound != "DCN"), key=lambda t: t.seconds)
+    across = f"mesh.dcn data={p.dcn[0]} fsdp={p.dcn[1]} tensor={p.dcn[2]}"
+    bound = (f"yes: more than its longest other phase, {longest.name} ({longest.seconds:.2f} s)" if seconds >
+             longest.seconds else f"no: its longest phase is {longest.name} ({longest.seconds:.2f} s)")
+    return (f"DCN over {topo.slices} slices ({across}; {topo.dcn_bw / 1e9:.3g} GB/s a chip one way): "
+            f"{sent / GiB:.2f} GiB a chip a step, {seconds:.2f} s of the step's {total:.2f} s; DCN bounds the step: "
+            f"{bound}")
 
 
 def judge_chips(times: list[PhaseTime], devices: int) -> int:
@@ -332,10 +380,12 @@ class Split:
 
 def pipelined_step(s, p: Plan, judge: int) -> Split:
     """The `Split` of plan `p`'s chips with `judge` of them the judge's (whole hosts)."""
+    one = dataclasses.replace(s, mesh=dataclasses.replace(s.mesh, dcn="auto"))  # each side one group of chips
+
     def side(devices: int) -> tuple[Plan, list[PhaseTime]]:
-        topo = dataclasses.replace(p.topology, devices=devices, name=f"{p.topology.name}[{devices}]")
-        part = plan(s, topo, micro_batch_size=p.micro_batch, remat=p.remat)
-        return part, step_times(s, part)
+        topo = dataclasses.replace(p.topology, devices=devices, name=f"{p.topology.name}[{devices}]", slices=1)
+        part = plan(one, topo, micro_batch_size=p.micro_batch, remat=p.remat)
+        return part, step_times(one, part)
 
     (pol, pol_times), (jud, jud_times) = side(p.topology.devices - judge), side(judge)
     judging = lambda t: t.name.startswith("judge")  # noqa: E731
@@ -400,6 +450,8 @@ def format_times(s, p: Plan) -> str:
     lines = [f"{'phase (roofline)':<30} {'seconds':>10}  {'bound':<12} detail", "-" * 110]
     lines += [f"{t.name:<30} {t.seconds:>10.2f}  {t.bound:<12} {t.detail}" for t in times]
     lines.append(f"{'step':<30} {total:>10.2f}")
+    if p.topology.slices > 1:
+        lines.append(dcn_line(s, p, times))
     if "grm" in p.layouts:
         w = judge_work(s, s.reward.judge_load(s), s.rollout.prompts_per_step)
         flat = sum(t.seconds for t in step_times(with_judge(s, continuous=False), p, tree=False))

@@ -93,6 +93,10 @@ class Trainer:
 
     def __init__(self, settings: TrainerSettings):
         self.mesh = settings.mesh.make()
+        slices = len(settings.mesh.slices(list(self.mesh.devices.flat)))
+        if slices > 1:
+            say(f"mesh: {dict(self.mesh.shape)} over {slices} slices, mesh.dcn={settings.mesh.dcn} across them: "
+                "gradients reduce over the data-center network, rows and tensor stay inside a slice")
         if settings.judge.fill_memory:
             settings, why = judge_rows_choice(settings, self.mesh)
             say(f"reward.judge.fill_memory: {why}")
