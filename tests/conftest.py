@@ -24,7 +24,8 @@ if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
 # The second and third need no toy world, so that their workers do not wait while the first one's builds it. Three
 # workers on 2 cores (pyproject.toml): a worker often waits, on a subprocess it started or on one-threaded
 # compilation, and a third keeps both cores busy.
-LONGEST_FIRST = ("test_train.py", "test_layouts.py", "test_sampling.py", "test_multihost.py", "test_mesh.py",
+LONGEST_FIRST = ("test_train.py", "test_layouts.py", "test_sampling.py", "test_multihost.py", "test_slices.py",
+                 "test_mesh.py",
                  "test_faults.py", "test_lora.py", "test_plan.py", "test_serve.py", "test_generate_cli.py",
                  "test_models.py", "test_benchmarks.py", "test_tunix.py", "test_integrations.py")
 

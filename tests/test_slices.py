@@ -158,3 +158,17 @@ def test_plan_command_prints_dcn_time_on_two_slices():
     assert "2 x v5e-64: 128 devices" in out.stdout and "fits: yes" in out.stdout
     line = next(x for x in out.stdout.splitlines() if x.startswith("DCN over 2 slices"))
     assert "GiB a chip a step" in line and "DCN bounds the step: no" in line
+
+
+def test_a_70b_policy_that_fits_no_single_v5e_128_is_planned_on_two():
+    """Full fine-tuning of Llama-3-70B sampling from its master (`rl.share_weights`): no mesh, micro-batch size or
+    remat fits one v5e-128; FSDP across two slices halves every chip's parameters, optimizer state and rows."""
+    from rrc_jax.plan.report import _candidates, slices_needed
+
+    s = _settings(**{"models.policy": "llama3-70b", "rl.share_weights": True})
+    one = plan.topology("v5e-128")
+    assert not any(c.fits for c in _candidates(s, one, [(1, 128 // t, t) for t in (1, 2, 4, 8)]))
+    fitting, across = slices_needed(s, one)
+    assert (across, fitting.topology.name, fitting.mesh, fitting.dcn) == ("1,2,1", "2 x v5e-128", (1, 64, 4), (1, 2, 1))
+    assert fitting.fits and fitting.rows[0].bytes * 2 == pytest.approx(plan.plan(s, one, mesh=(1, 32, 4)).rows[0].bytes,
+                                                                       rel=0.01)  # (norms are not sharded)

@@ -33,12 +33,15 @@ def _candidates(s, topo: Topology, shapes: list[tuple[int, int, int]] | None = N
 def slices_needed(s, topo: Topology, most: int = 16) -> tuple[Plan, str] | None:
     """When a run fits no single slice of `topo`'s kind: the fewest slices (2, 4, ... up to `most`) on which it
     fits, data (`mesh.dcn=N,1,1`: fewer rows a slice) or FSDP across them (`1,N,1`: the parameters and optimizer
-    state over every slice), inside each slice the config's own mesh; (its plan, its `mesh.dcn`) or None."""
-    ici = slice_meshes(dataclasses.replace(s.mesh, dcn="auto"), topology(topo.name))[0]
+    state over every slice), inside each slice the config's own mesh or FSDP over the slice with tensor 1 to 8;
+    (its plan, its `mesh.dcn`) or None."""
+    per = topology(topo.name).devices
+    own = slice_meshes(dataclasses.replace(s.mesh, dcn="auto"), topology(topo.name))[0]
+    shapes = list(dict.fromkeys([own] + [(1, per // t, t) for t in (1, 2, 4, 8) if per % t == 0]))
     for n in (2 ** k for k in range(1, most.bit_length())):
         for across in (f"{n},1,1", f"1,{n},1"):
             run = dataclasses.replace(s, mesh=dataclasses.replace(s.mesh, dcn=across))
-            fitting = [c for c in _candidates(run, topology(topo.name, n), [ici]) if c.fits]
+            fitting = [c for c in _candidates(run, topology(topo.name, n), shapes) if c.fits]
             if fitting:
                 return min(fitting, key=_preference), across
     return None

@@ -7,6 +7,7 @@ import dataclasses
 from typing import NamedTuple
 
 from rrc_jax.constructions.registry import CONSTRUCTIONS
+from rrc_jax.errors import ConfigError
 from rrc_jax.models.batches import bucket_length
 from rrc_jax.models.kv_cache import ATTENTION_BLOCK
 from rrc_jax.plan.hardware import GiB, Topology, split_size, topology
@@ -403,7 +404,13 @@ def judge_split(s, p: Plan) -> Split | None:
     unit, devices = p.topology.host_devices, p.topology.devices
     if "grm" not in p.layouts:
         return None
-    fitting = [x for x in (pipelined_step(s, p, j) for j in range(unit, devices, unit)) if x.fits]
+    def split(judge: int) -> Split | None:
+        try:
+            return pipelined_step(s, p, judge)
+        except ConfigError:  # e.g. a `mesh.inference` shape that does not divide one side's chips
+            return None
+
+    fitting = [x for x in map(split, range(unit, devices, unit)) if x is not None and x.fits]
     return min(fitting, key=lambda x: (x.seconds, x.judge), default=None)
 
 
