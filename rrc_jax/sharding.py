@@ -118,7 +118,8 @@ def partition(names: Sequence[str | None] | None, shape: Sequence[int], rules: t
     rules, used, out = dict(rules), set(), []
     for size, name in zip(shape, tuple(names or ()) + (None,) * (len(shape) - len(names or ()))):
         axes = rules.get(name) if name is not None else None
-        parts = tuple(a for a in ((axes,) if isinstance(axes, str) else tuple(axes or ())) if a not in used)
+        parts = tuple(a for a in ((axes,) if isinstance(axes, str) else tuple(axes or ())) if a not in used
+                      and (not sizes or a in sizes))  # (an axis the mesh lacks, or holds manually: none)
         n = 1
         for a in parts:
             n *= sizes.get(a, 1)
@@ -438,7 +439,7 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return x
-    sizes = dict(mesh.shape)
+    sizes = {a: n for a, n in mesh.shape.items() if a not in mesh.manual_axes}  # (inside shard_map: its auto axes)
     parts = partition(names, x.shape, LOGICAL_RULES, sizes)
     split = [p if math.prod(sizes[a] for a in p) > 1 else () for p in parts]  # over one device: left to XLA
     return jax.lax.with_sharding_constraint(x, _partition_spec(split))

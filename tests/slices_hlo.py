@@ -134,9 +134,7 @@ def decode() -> str:
 
 def main() -> None:
     assert jax.device_count() == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
-    cfg = config("float32")
-    counts = {"layers": cfg.num_layers, "layer_bytes": plan.layer_param_bytes(cfg, "float32", (2, SLICE, 1)),
-              "gradient_bytes": plan.param_bytes(cfg, "float32", (2, SLICE, 1))}
+    counts = {"gradient_bytes": plan.param_bytes(config("float32"), "float32", (2, SLICE, 1))}
     for name, hlo in (("update", lambda: update(0)), ("update micro", lambda: update(8)), ("sync", sync),
                       ("decode", decode)):
         print(json.dumps({"program": name, "crossing": crossing(hlo()), **counts}), flush=True)

@@ -75,22 +75,20 @@ def test_slices_that_do_not_match_the_mesh_are_config_errors():
 def test_only_the_gradients_cross_slices_in_the_compiled_programs():
     """On two slices of 4 devices (data across them, fsdp inside): the rollout copy's reshard sends nothing between
     slices; decoding in the inference layout (rows across slices, tensor inside) only each step's few bytes a row of
-    bookkeeping; the update each layer's gradient shard once (the planner's `gradients over DCN`), once per
-    micro-batch when it accumulates, and the embedding's and LM head's gradients."""
+    bookkeeping; the update, with or without micro-batches, one all-reduce of each device's gradient shard (the
+    planner's `gradients over DCN`) and of a few scalars (loss, weights, metrics), outside every loop: once per
+    update."""
     out = subprocess.run([sys.executable, str(HERE / "slices_hlo.py")], env=cpu_devices_env(8), capture_output=True,
                          text=True, timeout=600, cwd=HERE)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr[-3000:]
     got = {x["program"]: x for x in map(json.loads, out.stdout.splitlines()[:-1])}
     assert got["sync"]["crossing"] == []
     assert got["decode"]["crossing"] and all(c["bytes"] <= 16 * 2 * 4 for c in got["decode"]["crossing"])
-    layer = got["update"]["layer_bytes"]  # a layer's float32 parameters a device holds (the planner's count)
-    scan = [c for c in got["update"]["crossing"] if c["depth"] == 1]
-    assert all(c["op"] == "all-reduce" for c in scan) and sum(c["bytes"] for c in scan) == layer
-    assert max(c["depth"] for c in got["update"]["crossing"]) == 1
-    total = got["update"]["layers"] * layer + sum(c["bytes"] for c in got["update"]["crossing"] if not c["depth"])
-    assert got["update"]["gradient_bytes"] <= total <= 2 * got["update"]["gradient_bytes"]
-    accumulating = [c for c in got["update micro"]["crossing"] if c["depth"] == 2]  # each micro-batch, each layer
-    assert all(c["op"] == "all-reduce" for c in accumulating) and sum(c["bytes"] for c in accumulating) == layer
+    for name in ("update", "update micro"):
+        crossing = got[name]["crossing"]
+        assert all(c["op"] == "all-reduce" and c["depth"] == 0 for c in crossing), crossing
+        gradients = got[name]["gradient_bytes"]  # a device's float32 parameters (`plan.param_bytes`)
+        assert gradients <= sum(c["bytes"] for c in crossing) <= gradients + 256, crossing
 
 
 def test_two_slices_train_as_one_slice_and_resume_exactly_after_sigkill(tmp_path, toy_cache):

@@ -299,8 +299,8 @@ def step_times(s, p: Plan, tree: bool = True) -> list[PhaseTime]:
 def dcn_traffic(s, p: Plan) -> list[tuple[str, float, str]]:
     """What a device sends over the data-center network in a step on several slices (`Plan.dcn`): (phase, bytes,
     how counted). Data across slices: each gradient shard all-reduced over them (a ring: 2 (d - 1) / d of it) once
-    per update, or once per micro-batch with gradient accumulation (the compiled update reduces every micro-batch's
-    gradients: tests/test_slices.py); FSDP across slices: every pass's weight gathers bring (f - 1) / f of the
+    per update, micro-batches or not (the learner accumulates inside each replica; tests/test_slices.py checks the
+    compiled update), with tensor > 1 once per micro-batch (`rrc_jax.rl.learner.replica_local`); FSDP across slices: every pass's weight gathers bring (f - 1) / f of the
     weights from other slices (3 a micro-batch: gathers forward and backward, the gradients' reduce-scatter; one a
     log-prob pass), and the rollout copy's reshard as much of the copy. Nothing else crosses: rows and tensor stay
     inside a slice (decoding's per-step bookkeeping, a few bytes a row, is not counted)."""
@@ -313,10 +313,11 @@ def dcn_traffic(s, p: Plan) -> list[tuple[str, float, str]]:
     micro = learner.minibatch_size // p.micro_batch if 0 < p.micro_batch < learner.minibatch_size else 1
     shard = p.rows[1 if s.lora.enabled else 0].bytes  # a device's float32 gradient (under LoRA the adapters')
     out = []
-    if data > 1:
-        out.append(("gradients over DCN", updates * micro * 2 * (data - 1) / data * shard,
-                    f"{shard / GiB:.2f} GiB a device all-reduced over {data} slices, {updates} updates x {micro} "
-                    "micro-batches"))
+    if data > 1:  # summed inside each replica unless tensor > 1 (`rrc_jax.rl.learner.replica_local`)
+        reductions = updates * (1 if p.mesh[2] == 1 else micro)
+        out.append(("gradients over DCN", reductions * 2 * (data - 1) / data * shard,
+                    f"{shard / GiB:.2f} GiB a device all-reduced over {data} slices, {reductions} times (once an "
+                    f"update{'' if p.mesh[2] == 1 else ' and micro-batch: tensor > 1'})"))
     if fsdp > 1:
         passes = updates * micro * 3 + int(learner.mu > 1 or learner.minibatch_size < rows) + int(s.grpo.beta > 0)
         gathered = gather_traffic_bytes(policy, "float32", p.mesh) * (fsdp - 1) / fsdp

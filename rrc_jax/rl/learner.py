@@ -14,6 +14,11 @@ Parameter and optimizer buffers are donated (updated in place) and keep their sh
 sharded like the parameters, gradients follow); the model object is pointed at the new parameters, so samplers
 holding it see them. Batches come as arrays with their rows over `(data, fsdp)` (`rrc_jax.sharding.put_batch`).
 Metrics stay on device until the caller reads them.
+
+On a mesh with `data` replicas (across slices by default, `rrc_jax.sharding.MeshConfig.dcn`) and no tensor
+parallelism (`replica_local`), each replica computes (and accumulates) its own rows' sums (`jax.shard_map` over `data`, `fsdp` and `tensor` left to XLA), a
+micro-batch taking every device's share of the replica's rows, and the replicas' sums are reduced once per update:
+each gradient shard crosses the data axis (the data-center network) once per update, whatever the micro-batches.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from flax import nnx
 from rrc_jax.models import Decoder
 from rrc_jax.models.lora import trainable
 from rrc_jax.settings import at_least, field_error, one_of, unset
-from rrc_jax.sharding import constrain
+from rrc_jax.sharding import constrain, mesh_of
 
 LossFn = Callable[[Decoder, dict], tuple[jax.Array, dict]]
 SCHEDULES = ("constant", "cosine")
@@ -105,9 +110,10 @@ def _weighted_loss_and_grads(params, rest, batch, *, graphdef, loss_fn):
     return weight, loss, metrics, grads
 
 
-def _accumulate(step, params, rest, micro, reductions: dict[str, str]):
+def _accumulate(step, params, rest, micro, reductions: dict[str, str], reduce=None):
     """The loss, metrics and gradients of a minibatch from those of its micro-batches `micro` (`[n, rows, ...]`
-    arrays), each combined as the module docstring says."""
+    arrays), each combined as the module docstring says; `reduce(sums, how)` ('sum', 'min', 'max') combines the
+    accumulated sums with other replicas' before the means (`_replica_accumulate`)."""
     def init(name, shape):
         fill = {"min": jnp.inf, "max": -jnp.inf}.get(reductions.get(name), 0.0)
         return jnp.full(shape.shape, fill, shape.dtype)
@@ -135,18 +141,48 @@ def _accumulate(step, params, rest, micro, reductions: dict[str, str]):
     weights = {k: jnp.zeros((), jnp.float32) for k in metric_shapes if reductions.get(k) not in ("sum", "min", "max")}
     (total, loss, grads, sums, weights), _ = jax.lax.scan(
         body, (jnp.zeros((), jnp.float32), zeros(loss_shape), zeros(grad_shapes), sums, weights), micro)
+    if reduce is not None:  # one reduction of every replica's sums
+        total, loss, grads, weights = reduce((total, loss, grads, weights), "sum")
+        sums = {k: reduce(v, reductions.get(k) if reductions.get(k) in ("min", "max") else "sum")
+                for k, v in sums.items()}
     mean = lambda a, t: jnp.where(t > 0, a / jnp.maximum(t, 1e-30), 0.0)
     metrics = {k: mean(v, weights[k]) if k in weights else v for k, v in sums.items()}
     return mean(loss, total), metrics, jax.tree.map(lambda g: mean(g, total), grads)
 
 
-def _update(params, opt_state, rest, batch, *, graphdef, tx, loss_fn, n_micro):
+def replica_local(mesh) -> bool:
+    """Whether the update sums each `data` replica's rows on its own (`_replica_accumulate`): on a mesh with data
+    replicas and no tensor parallelism. With `tensor` > 1 XLA's SPMD partitioner fails a check partitioning the
+    embedding's gather inside a program manual over `data` alone (jax 0.10); there the gradients are reduced over
+    `data` with each micro-batch's."""
+    return mesh is not None and mesh.shape["data"] > 1 and mesh.shape["tensor"] == 1
+
+
+def _replica_accumulate(step, params, rest, batch, reductions: dict[str, str], n_micro: int, mesh):
+    """`_accumulate` inside each of `mesh`'s `data` replicas (`jax.shard_map` manual over `data` only): a replica's
+    rows `[rows / data, ...]` cut into `n_micro` strided micro-batches (micro-batch i: its rows i, i + n_micro, ...,
+    so that each takes every device's share), their sums reduced over the replicas once (`psum`, `pmin`, `pmax`)."""
+    ops = {"sum": jax.lax.psum, "min": jax.lax.pmin, "max": jax.lax.pmax}
+
+    def local(params, rest, rows):
+        micro = jax.tree.map(lambda x: jnp.swapaxes(x.reshape(-1, n_micro, *x.shape[1:]), 0, 1), rows)
+        return _accumulate(step, params, rest, micro, reductions, lambda x, how: ops[how](x, "data"))
+
+    P = jax.sharding.PartitionSpec
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=P(), axis_names={"data"},
+                         check_vma=False)(params, rest, batch)
+
+
+def _update(params, opt_state, rest, batch, *, graphdef, tx, loss_fn, n_micro, mesh=None):
     step = functools.partial(_weighted_loss_and_grads, graphdef=graphdef, loss_fn=loss_fn)
-    if n_micro == 1:
+    reductions = getattr(loss_fn, "reductions", {})
+    if replica_local(mesh):
+        loss, metrics, grads = _replica_accumulate(step, params, rest, batch, reductions, n_micro, mesh)
+    elif n_micro == 1:
         _, loss, metrics, grads = step(params, rest, batch)
     else:
         micro = jax.tree.map(lambda x: x.reshape(n_micro, -1, *x.shape[1:]), batch)
-        loss, metrics, grads = _accumulate(step, params, rest, micro, getattr(loss_fn, "reductions", {}))
+        loss, metrics, grads = _accumulate(step, params, rest, micro, reductions)
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
@@ -186,7 +222,8 @@ class Learner:
         nnx.update(model, params)
         self.opt_state = commit(tx.init(params))  # each moment sharded like its parameter
         shardings = lambda tree: jax.tree.map(lambda x: x.sharding, tree)
-        self._update = jax.jit(functools.partial(_update, graphdef=graphdef, tx=tx, loss_fn=loss_fn),
+        self._update = jax.jit(functools.partial(_update, graphdef=graphdef, tx=tx, loss_fn=loss_fn,
+                                                 mesh=mesh_of(model)),
                                static_argnames=("n_micro",), donate_argnums=(0, 1),
                                out_shardings=(shardings(params), shardings(self.opt_state), None))
 
