@@ -144,6 +144,10 @@ def test_the_planner_counts_what_crosses_slices():
     assert fsdp.mesh == (1, 128, 1) and fsdp.rows[0].bytes < one.rows[0].bytes  # the shard over both slices
     names = [t.name for t in plan.step_times(_settings(**{"mesh.dcn": "1,2,1"}), fsdp)]
     assert "FSDP gathers over DCN" in names and "weight sync over DCN" in names and "gradients over DCN" not in names
+    shared = _settings(**{"mesh.dcn": "1,2,1", "rl.share_weights": True})  # sampling gathers over DCN every step
+    gathers = {t.name: t for t in plan.step_times(shared, plan.plan(shared, plan.topology("v5e-64", slices=2)))}
+    per_pass = gathers["FSDP gathers over DCN"].seconds / 14  # 4 updates x 3 + 2 log-prob passes
+    assert gathers["rollout gathers over DCN"].seconds == pytest.approx(per_pass * (1024 + 1))  # each decode step
     with pytest.raises(ConfigError, match="needs 2 slices, but 1 are"):
         plan.plan(_settings(**{"mesh.dcn": "2,1,1"}), plan.topology("v5e-64"))
 

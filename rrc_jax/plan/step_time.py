@@ -302,7 +302,8 @@ def dcn_traffic(s, p: Plan) -> list[tuple[str, float, str]]:
     per update, micro-batches or not (the learner accumulates inside each replica; tests/test_slices.py checks the
     compiled update), with tensor > 1 once per micro-batch (`rrc_jax.rl.learner.replica_local`); FSDP across slices: every pass's weight gathers bring (f - 1) / f of the
     weights from other slices (3 a micro-batch: gathers forward and backward, the gradients' reduce-scatter; one a
-    log-prob pass), and the rollout copy's reshard as much of the copy. Nothing else crosses: rows and tensor stay
+    log-prob pass), and the rollout copy's reshard as much of the copy; without a rollout copy (`rl.share_weights`)
+    every decode step's gathers, and the judge's in the training layout. Nothing else crosses: rows and tensor stay
     inside a slice (decoding's per-step bookkeeping, a few bytes a row, is not counted)."""
     data, fsdp, _ = p.dcn
     if data * fsdp == 1:
@@ -326,6 +327,15 @@ def dcn_traffic(s, p: Plan) -> list[tuple[str, float, str]]:
         if "rollout" in p.layouts:
             copy = param_bytes(policy, s.models.dtype, p.layouts["rollout"][1], "inference") * (fsdp - 1) / fsdp
             out.append(("weight sync over DCN", copy, f"{copy / GiB:.2f} GiB of the rollout copy from other slices"))
+        else:  # sampling from the master (`rl.share_weights`): every decode step gathers every weight
+            steps = rl.max_new_tokens + 1
+            out.append(("rollout gathers over DCN", steps * gathered,
+                        f"{steps} decode steps (and the prefill) in the training layout x {gathered / GiB:.2f} GiB"))
+        if p.layouts.get("grm", ("",))[0] == "train":  # a judge in the training layout (`mesh.grm=train`) likewise
+            d = judge_decode(s, judge_work(s, s.reward.judge_load(s), rl.prompts_per_step))
+            grm = gather_traffic_bytes(judge_config(s), s.models.dtype, p.mesh) * (fsdp - 1) / fsdp
+            out.append(("judge gathers over DCN", d.calls * (d.steps + 1) * grm,
+                        f"{d.calls} calls x {d.steps + 1} steps in the training layout x {grm / GiB:.2f} GiB"))
     return out
 
 
