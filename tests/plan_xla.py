@@ -66,9 +66,9 @@ def peak(compiled) -> int:
     return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
 
 
-def update_case(shape, dtype, micro, length=LENGTH) -> dict:
-    cfg = config(dtype)
-    mesh = make_mesh(*shape)
+def compiled_update(cfg, mesh, micro: int, length: int = LENGTH):
+    """The learner's update (GRPO loss) of `cfg`'s model on `mesh`, compiled for ROWS rows of `length` tokens in
+    micro-batches of `micro` rows (0: none)."""
     with jax.set_mesh(mesh):
         with model_context(mesh):
             model = Decoder(cfg, rngs=nnx.Rngs(0))
@@ -78,8 +78,13 @@ def update_case(shape, dtype, micro, length=LENGTH) -> dict:
                            "mask": np.ones((ROWS, length), bool), "loss_mask": np.ones((ROWS, length), bool),
                            "advantages": rng.normal(size=ROWS).astype(np.float32),
                            "old_logp": np.zeros((ROWS, length), np.float32)}, mesh)
-        compiled = learner._update.lower(learner.params, learner.opt_state, learner._rest, batch,
-                                         n_micro=ROWS // (micro or ROWS)).compile()
+        return learner._update.lower(learner.params, learner.opt_state, learner._rest, batch,
+                                     n_micro=ROWS // (micro or ROWS)).compile()
+
+
+def update_case(shape, dtype, micro, length=LENGTH) -> dict:
+    cfg = config(dtype)
+    compiled = compiled_update(cfg, make_mesh(*shape), micro, length)
     rows = micro or ROWS
     p32 = plan.param_bytes(cfg, "float32", shape)
     parts = {"parameters + optimizer": 3 * p32,

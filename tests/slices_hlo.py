@@ -15,16 +15,14 @@ import jax
 import numpy as np
 from flax import nnx
 
-from plan_xla import ROWS, LENGTH, CACHE_ROWS, CACHE_SLOTS, config, placed
+from plan_xla import CACHE_ROWS, CACHE_SLOTS, compiled_update, config, placed
 from rrc_jax import plan
 from rrc_jax.inference import kernels
 from rrc_jax.inference.rollout_copy import RolloutCopy
 from rrc_jax.inference.sampler import SamplingParams
 from rrc_jax.models import Decoder
 from rrc_jax.models.kv_cache import init_cache
-from rrc_jax.rl.grpo import grpo_objective
-from rrc_jax.rl.learner import Learner, make_optimizer
-from rrc_jax.sharding import Layout, MESH_AXES, model_context, put_batch
+from rrc_jax.sharding import Layout, MESH_AXES, model_context
 
 SLICE = 4  # devices per slice
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -95,18 +93,7 @@ def two_slices() -> jax.sharding.Mesh:
 
 
 def update(micro: int) -> str:
-    cfg, mesh = config("float32"), two_slices()
-    with jax.set_mesh(mesh):
-        with model_context(mesh):
-            model = Decoder(cfg, rngs=nnx.Rngs(0))
-        learner = Learner(model, make_optimizer(1e-3), grpo_objective(), micro_batch_size=micro)
-        rng = np.random.default_rng(0)
-        batch = put_batch({"ids": rng.integers(3, cfg.vocab_size, (ROWS, LENGTH)).astype(np.int32),
-                           "mask": np.ones((ROWS, LENGTH), bool), "loss_mask": np.ones((ROWS, LENGTH), bool),
-                           "advantages": rng.normal(size=ROWS).astype(np.float32),
-                           "old_logp": np.zeros((ROWS, LENGTH), np.float32)}, mesh)
-        return learner._update.lower(learner.params, learner.opt_state, learner._rest, batch,
-                                     n_micro=ROWS // (micro or ROWS)).compile().as_text()
+    return compiled_update(config("float32"), two_slices(), micro).as_text()
 
 
 def sync() -> str:
