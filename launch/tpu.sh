@@ -12,6 +12,10 @@ set -euo pipefail
 PROG=${0##*/}
 readonly PROG
 
+# The helpers both launchers share (messages, run / show, flag parsing, main).
+# shellcheck source=SCRIPTDIR/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
 # Paths on the workers, relative to the ssh user's home (written as `$HOME/...` inside remote commands).
 # REMOTE_DIR is the trainer's working directory: relative paths in its flags (assets/...) resolve there.
 readonly REMOTE_DIR="\$HOME/rrc_jax"        # src/ (the source tree), venv/, dist/ (a wheel), assets/
@@ -210,50 +214,13 @@ EOF
   esac
 }
 
-# --- messages and command execution -------------------------------------------------------------------------------
-
-log() { printf '%s: %s\n' "$PROG" "$*" >&2; }
-
-die() {
-  log "error: $*"
-  exit 1
-}
-
-# A usage error: the message names the flag; exit status 2.
-die_usage() {
-  log "error: $*"
-  log "see: $PROG ${COMMAND:+$COMMAND }--help"
-  exit 2
-}
-
-# Print the arguments as one shell-quoted line: words of safe characters as they are, others in single quotes.
-shell_quote() {
-  local word out="" escaped="'\\''"
-  for word in "$@"; do
-    if [[ $word =~ ^[-A-Za-z0-9_./=:@,+%^]+$ ]]; then
-      out+=" $word"
-    else
-      out+=" '${word//\'/$escaped}'"
-    fi
-  done
-  printf '%s\n' "${out# }"
-}
+# --- command lines and queries (log, show, run: common.sh) --------------------------------------------------------
 
 # Join shell commands into one line: "CMD1; CMD2; ...".
 join_commands() {
   local joined
   printf -v joined '%s; ' "$@"
   printf '%s\n' "${joined%; }"
-}
-
-# Show a command: on stdout in dry-run, on stderr otherwise (fd 3, opened in main).
-show() { printf '+ %s\n' "$(shell_quote "$@")" >&3; }
-
-# Run a command (after showing it); in dry-run, only show it.
-run() {
-  show "$@"
-  if ((DRY_RUN)); then return 0; fi
-  "$@"
 }
 
 # Run a command for its output, shown only in dry-run, where the output is PLACEHOLDER: query PLACEHOLDER CMD...
@@ -686,7 +653,11 @@ command_flags() {
   esac
 }
 
+is_command() { [[ $1 =~ ^(create|setup|train|logs|ssh|stop|delete|watch|judge|service|address)$ ]]; }
+
 is_switch() { [[ $1 =~ ^--(no-queue|dry-run|spot|best-effort|preemptible|async|copy|detach|follow)$ ]]; }
+
+takes_overrides() { [[ $1 =~ ^(train|watch|judge|service)$ ]]; }
 
 set_switch() {
   case $1 in
@@ -729,53 +700,6 @@ set_flag() {
     --judges) JUDGES=$value ;;
     --api-key-file) API_KEY_FILE=$value ;;
   esac
-}
-
-# Print VALUE if it is a whole number (>= 0), else fail: whole_number FLAG VALUE.
-whole_number() {
-  [[ $2 =~ ^[0-9]+$ ]] || die_usage "$1 takes a whole number, not '$2'"
-  echo "$2"
-}
-
-parse_flags() {
-  local arg flag value allowed
-  allowed=" $(command_flags "$COMMAND") "
-  while (($#)); do
-    arg=$1
-    shift
-    case $arg in
-      -h | --help)
-        usage "$COMMAND"
-        exit 0
-        ;;
-      --)
-        [[ $COMMAND =~ ^(train|watch|judge|service)$ ]] || die_usage "$COMMAND takes no flags after --"
-        TRAIN_OVERRIDES=("$@")
-        return 0
-        ;;
-      --*) flag=${arg%%=*} ;;
-      *) die_usage "unexpected argument '$arg'" ;;
-    esac
-    [[ $allowed == *" $flag "* ]] || die_usage "$COMMAND does not take $flag"
-    if is_switch "$flag"; then
-      [[ $arg == "$flag" ]] || die_usage "$flag takes no value"
-      set_switch "$flag"
-      continue
-    fi
-    if [[ $arg == *=* ]]; then
-      value=${arg#*=}
-    else
-      (($#)) || die_usage "$flag needs a value"
-      value=$1
-      shift
-    fi
-    set_flag "$flag" "$value"
-  done
-}
-
-# Fail with exit status 2 unless VARIABLE is set: require VARIABLE FLAG [ENV].
-require() {
-  [[ -n ${!1} ]] || die_usage "missing $2${3:+ (or set $3)}"
 }
 
 default_runtime_version() {
@@ -832,41 +756,6 @@ check_flags() {
     die_usage "--worker takes a worker number$([[ $COMMAND == logs ]] && echo ' or all'), not '$WORKER'"
   fi
   resolve_project
-}
-
-# --project, else gcloud's configured project (in dry-run: the placeholder $PROJECT).
-resolve_project() {
-  [[ -n $PROJECT ]] && return 0
-  if ((DRY_RUN)); then
-    PROJECT="\$PROJECT"
-    return 0
-  fi
-  PROJECT=$(gcloud config get-value project 2>/dev/null) || true
-  require PROJECT --project PROJECT
-}
-
-main() {
-  COMMAND=${1:-}
-  case $COMMAND in
-    create | setup | train | logs | ssh | stop | delete | watch | judge | service | address) shift ;;
-    -h | --help)
-      usage
-      exit 0
-      ;;
-    help)
-      usage "${2:-}"
-      exit 0
-      ;;
-    "") die_usage "missing COMMAND" ;;
-    *)
-      COMMAND=""
-      die_usage "unknown command '$1'"
-      ;;
-  esac
-  parse_flags "$@"
-  check_flags
-  if ((DRY_RUN)); then exec 3>&1; else exec 3>&2; fi
-  "cmd_$COMMAND"
 }
 
 main "$@"
