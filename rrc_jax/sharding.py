@@ -21,7 +21,7 @@ an order of magnitude slower. The mesh is then JAX's hybrid mesh (`hybrid_mesh`)
 axes' sizes inside a slice, `mesh.dcn` their sizes across slices, each mesh axis slices-outermost. By default
 (`auto`) the slices are `data` replicas: the parameters and optimizer state are sharded inside each slice (FSDP,
 tensor), a row's activations never leave its slice, and the one collective over DCN is the gradients' all-reduce,
-once per update. The inference layout (the rollout copy, the GRM, the DRM) keeps `tensor` inside a host of one
+once per update (with `tensor` 1; `rrc_jax.rl.learner.replica_local`). The inference layout (the rollout copy, the GRM, the DRM) keeps `tensor` inside a host of one
 slice and spreads rows across slices (`inference_mesh`), so that decoding sends nothing over DCN and resharding the
 master into the rollout copy gathers from the copy each slice holds.
 """
@@ -157,7 +157,7 @@ def inference_mesh(mesh: jax.sharding.Mesh, shape: str = "auto", num_heads: int 
     if len(groups) == 1:
         return make_mesh(data, fsdp, tensor, devices=devices)
     per = len(devices) // len(groups)
-    if per % tensor or per % (tensor * fsdp):
+    if per % (tensor * fsdp):
         raise ConfigError(f"config.mesh.inference={shape}: tensor={tensor} x fsdp={fsdp} must divide a slice's "
                           f"{per} devices, so that no decoding step crosses the data-center network")
     return hybrid_mesh((per // (tensor * fsdp), fsdp, tensor), (len(groups), 1, 1), devices, by_process=False)
