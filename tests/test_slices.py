@@ -153,13 +153,21 @@ def test_the_planner_counts_what_crosses_slices():
 
 
 def test_plan_command_prints_dcn_time_on_two_slices():
-    flags = [f"--config.{k}={v}" for k, v in RECIPE.items()]
+    """launch/README.md's recipe on 2 x v5e-64 (its trainer flags, the models as their size presets) fits and
+    prints the DCN line: data across the slices, once an update, and not what bounds the step."""
+    from test_xpk import RECIPE as XPK_RECIPE
+
+    presets = {"--config.models.policy": "llama3-8b", "--config.models.grm": "llama3-8b"}
+    flags = [f"{k}={presets[k]}" if k in presets else f"{k}={v}" for k, v in (f.split("=", 1) for f in XPK_RECIPE)
+             if not k.startswith("--config.data.")]
     out = subprocess.run([sys.executable, "-m", "rrc_jax.plan", "--config=agr.py", "--topology=v5e-64", "--slices=2",
                           *flags], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "2 x v5e-64: 128 devices" in out.stdout and "fits: yes" in out.stdout
+    assert "2 x v5e-64: 128 devices" in out.stdout and "mesh data=2 fsdp=64 tensor=1" in out.stdout
+    assert "fits: yes" in out.stdout
     line = next(x for x in out.stdout.splitlines() if x.startswith("DCN over 2 slices"))
     assert "GiB a chip a step" in line and "DCN bounds the step: no" in line
+    assert "(once an update)" in next(x for x in out.stdout.splitlines() if x.startswith("gradients over DCN"))
 
 
 def test_a_70b_policy_that_fits_no_single_v5e_128_is_planned_on_two():

@@ -38,7 +38,7 @@ RECIPE = ["--config.models.policy=assets/Llama-3.1-8B-Instruct", "--config.model
           "--config.reward.judge.template=rrc_pairwise_cot", "--config.reward.judge.temperature=1.0",
           "--config.reward.judge.max_new_tokens=1024", "--config.rl.max_new_tokens=1024",
           "--config.rl.prompts_per_step=128", "--config.rl.learning_rate=1e-6", "--config.models.dtype=bfloat16",
-          "--config.mesh.fsdp=-1", "--config.rl.remat=True", "--config.rl.micro_batch_size=32",
+          "--config.mesh.fsdp=-1", "--config.rl.remat=True", "--config.rl.micro_batch_size=64",
           "--config.mesh.dcn=2,1,1"]
 RUN = ["run", *LOC, "--workload=agr-v5e-x2", "--tpu-type=v5litepod-64", "--num-slices=2", f"--image={IMAGE}",
        "--config=agr.py", f"--workdir={WORKDIR}", "--assets=gs://my-bucket/assets", "--max-restarts=10"]
