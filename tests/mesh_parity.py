@@ -22,7 +22,8 @@ from rrc_jax.rl.grpo import grpo_objective
 from rrc_jax.rl.learner import Learner, make_optimizer, token_logprobs
 from rrc_jax.sharding import Layout, make_mesh, model_context, put_batch
 
-MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2)]  # each axis alone, then all three (test_mesh trains on (1, 4, 2))
+MESHES = [(8, 1, 1), (1, 8, 1), (2, 4, 1), (2, 2, 2)]  # each axis alone, data replicas over fsdp, all three
+# (test_mesh trains on (1, 4, 2))
 GREEDY = SamplingParams(0.0, max_new_tokens=6, stop_token_ids=())
 
 
@@ -56,11 +57,14 @@ def run(path, mesh, complete=False):
         generated = sampler.generate([[1, 5, 6], [1, 7], [1, 9, 9, 9]], 4, GREEDY).tokens
         completed = sampler.complete([[1, 5, 6, 7], [1, 8]], [(0, [3, 4]), (1, []), (0, [9]), (1, [10, 11, 12])],
                                      GREEDY).tokens if complete else None
-        learner = Learner(model, make_optimizer(1e-2), grpo_objective(beta=0.0))
-        metrics = jax.device_get(learner.update(put_batch(batch, mesh)))
-        assert metrics["skipped"] == 0, metrics
-        params = jax.tree.map(np.asarray, jax.device_get(nnx.to_pure_dict(learner.params)))
-    return logits, generated, completed, params
+        steps = []
+        for micro in (0, 2):  # the whole minibatch, then in micro-batches of 2 rows (per data replica on a mesh)
+            learner = Learner(load_hf(path, layout=Layout(mesh)) if micro else model, make_optimizer(1e-2),
+                              grpo_objective(beta=0.0), micro_batch_size=micro)
+            metrics = jax.device_get(learner.update(put_batch(batch, mesh)))
+            assert metrics["skipped"] == 0, metrics
+            steps.append((jax.tree.map(np.asarray, jax.device_get(nnx.to_pure_dict(learner.params))), metrics))
+    return logits, generated, completed, steps
 
 
 def main():
@@ -75,11 +79,14 @@ def main():
         np.testing.assert_array_equal(generated, want[1], err_msg=f"generate on {shape}")
         if completed is not None:
             np.testing.assert_array_equal(completed, want[2], err_msg=f"complete on {shape}")
-        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(want[3])):
-            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * max(1.0, float(np.abs(b).max())),
-                                       err_msg=f"learner step on {shape}")
+        for step, metrics in params:  # with and without micro-batches, against one device without
+            for a, b in zip(jax.tree.leaves(step), jax.tree.leaves(want[3][0][0])):
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * max(1.0, float(np.abs(b).max())),
+                                           err_msg=f"learner step on {shape}")
+            for name, value in want[3][0][1].items():  # loss, ratio min / max / mean, clip fractions, ...
+                np.testing.assert_allclose(metrics[name], value, rtol=1e-5, atol=1e-6, err_msg=f"{name} on {shape}")
         print(f"mesh {shape}: logits, generate{', complete' if completed is not None else ''} and a learner step "
-              "match one device", flush=True)
+              "(with micro-batches too) match one device", flush=True)
     print("ok")
 
 

@@ -19,7 +19,7 @@ def test_models_samplers_and_the_learner_agree_with_one_device_on_every_mesh():
     out = subprocess.run([sys.executable, str(HERE / "mesh_parity.py")], env=ENV, capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stdout + out.stderr[-3000:]
-    assert out.stdout.count("match one device") == 3
+    assert out.stdout.count("match one device") == 4
 
 
 def test_trainer_on_a_mesh_shards_its_parameters(tmp_path, toy_cache):

@@ -154,7 +154,8 @@ def replica_local(mesh) -> bool:
     """Whether the update sums each `data` replica's rows on its own (`_replica_accumulate`): on a mesh with data
     replicas and no tensor parallelism. With `tensor` > 1 XLA's SPMD partitioner fails a check partitioning the
     embedding's gather inside a program manual over `data` alone (jax 0.10); there the gradients are reduced over
-    `data` with each micro-batch's."""
+    `data` with each micro-batch's; so they are too when a replica's rows do not divide into the micro-batches (a
+    micro-batch smaller than the replicas)."""
     return mesh is not None and mesh.shape["data"] > 1 and mesh.shape["tensor"] == 1
 
 
@@ -176,7 +177,7 @@ def _replica_accumulate(step, params, rest, batch, reductions: dict[str, str], n
 def _update(params, opt_state, rest, batch, *, graphdef, tx, loss_fn, n_micro, mesh=None):
     step = functools.partial(_weighted_loss_and_grads, graphdef=graphdef, loss_fn=loss_fn)
     reductions = getattr(loss_fn, "reductions", {})
-    if replica_local(mesh):
+    if replica_local(mesh) and _rows(batch) % (mesh.shape["data"] * n_micro) == 0:
         loss, metrics, grads = _replica_accumulate(step, params, rest, batch, reductions, n_micro, mesh)
     elif n_micro == 1:
         _, loss, metrics, grads = step(params, rest, batch)
