@@ -16,12 +16,12 @@ different axes must be resharded by hand: the embedding lookup (`vocab` over `te
 KV-cache update raise `ShardingTypeError`, and each fix would be a special case in model code that must also run
 on one device.
 
-Several slices (`MeshConfig.dcn`): a TPU slice's chips are joined by ICI, slices by the data-center network (DCN),
-an order of magnitude slower. The mesh is then JAX's hybrid mesh (`hybrid_mesh`): `mesh.data/fsdp/tensor` are the
-axes' sizes inside a slice, `mesh.dcn` their sizes across slices, each mesh axis slices-outermost. By default
-(`auto`) the slices are `data` replicas: the parameters and optimizer state are sharded inside each slice (FSDP,
-tensor), a row's activations never leave its slice, and the one collective over DCN is the gradients' all-reduce,
-once per update (with `tensor` 1; `rrc_jax.rl.learner.replica_local`). The inference layout (the rollout copy, the GRM, the DRM) keeps `tensor` inside a host of one
+Several slices (`MeshConfig.dcn`): a TPU slice's chips are joined by ICI, slices by the data-center network (DCN), an
+order of magnitude slower. The mesh is then JAX's hybrid mesh (`hybrid_mesh`): `mesh.data/fsdp/tensor` are the axes'
+sizes inside a slice, `mesh.dcn` their sizes across slices, each mesh axis slices-outermost. By default (`auto`) the
+slices are `data` replicas: the parameters and optimizer state are sharded inside each slice (FSDP, tensor), a row's
+activations never leave its slice, and the one collective over DCN is the gradients' all-reduce, once per update
+(where `replica_sums`). The inference layout (the rollout copy, the GRM, the DRM) keeps `tensor` inside a host of one
 slice and spreads rows across slices (`inference_mesh`), so that decoding sends nothing over DCN and resharding the
 master into the rollout copy gathers from the copy each slice holds.
 """
@@ -272,6 +272,15 @@ def hybrid_mesh(ici: Sequence[int], dcn: Sequence[int], devices: Sequence, by_pr
     """The `(data, fsdp, tensor)` mesh with Auto axes of `hybrid_devices`."""
     return jax.sharding.Mesh(hybrid_devices(ici, dcn, devices, by_process), MESH_AXES,
                              axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+
+
+def replica_sums(data: int, tensor: int, rows: int, n_micro: int) -> bool:
+    """Whether the learner's update of `rows` rows in `n_micro` micro-batches sums each of `data` replicas' rows on
+    its own and reduces the sums over `data` once (`rrc_jax.rl.learner`): with data replicas, no tensor parallelism
+    (with `tensor` > 1 XLA's SPMD partitioner fails a check partitioning the embedding's gather inside a program
+    manual over `data` alone, jax 0.10) and a replica's rows dividing into the micro-batches. Otherwise XLA reduces
+    every micro-batch's gradients over `data`."""
+    return data > 1 and tensor == 1 and rows % (data * n_micro) == 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ from rrc_jax.plan.hardware import GiB, Topology, split_size, topology
 from rrc_jax.inference.lanes import LanePlan, lane_plan
 from rrc_jax.plan.judge_work import JudgeWork, judge_work, template_tokens
 from rrc_jax.plan.memory import PHASES, Plan, gather_traffic_bytes, layer_slots, plan
+from rrc_jax.sharding import replica_sums
 from rrc_jax.plan.shapes import itemsize, matmul_params, model_config, param_bytes, weight_bytes
 
 # JetStream serving Llama-3-8B in bf16 on a v5e-8 at batch 128, 1,024 tokens in and out: 8,249 tokens/s
@@ -297,14 +298,15 @@ def step_times(s, p: Plan, tree: bool = True) -> list[PhaseTime]:
 
 
 def dcn_traffic(s, p: Plan) -> list[tuple[str, float, str]]:
-    """What a device sends over the data-center network in a step on several slices (`Plan.dcn`): (phase, bytes,
-    how counted). Data across slices: each gradient shard all-reduced over them (a ring: 2 (d - 1) / d of it) once
-    per update, micro-batches or not (the learner accumulates inside each replica; tests/test_slices.py checks the
-    compiled update), with tensor > 1 once per micro-batch (`rrc_jax.rl.learner.replica_local`); FSDP across slices: every pass's weight gathers bring (f - 1) / f of the
-    weights from other slices (3 a micro-batch: gathers forward and backward, the gradients' reduce-scatter; one a
-    log-prob pass), and the rollout copy's reshard as much of the copy; without a rollout copy (`rl.share_weights`)
-    every decode step's gathers, and the judge's in the training layout. Nothing else crosses: rows and tensor stay
-    inside a slice (decoding's per-step bookkeeping, a few bytes a row, is not counted)."""
+    """What a device sends over the data-center network in a step on several slices (`Plan.dcn`): (phase, bytes, how
+    counted). Data across slices: each gradient shard all-reduced over them (a ring: 2 (d - 1) / d of it) once per
+    update, micro-batches or not (the learner accumulates inside each replica; tests/test_slices.py checks the
+    compiled update), else once per micro-batch (`rrc_jax.sharding.replica_sums`: tensor > 1, say); FSDP across slices:
+    every pass's weight gathers bring (f - 1) / f of the weights from other slices (3 a micro-batch: gathers forward
+    and backward, the gradients' reduce-scatter; one a log-prob pass), and the rollout copy's reshard as much of the
+    copy; without a rollout copy (`rl.share_weights`) every decode step's gathers, and the judge's in the training
+    layout. Nothing else crosses: rows and tensor stay inside a slice (decoding's per-step bookkeeping, a few bytes a
+    row, is not counted)."""
     data, fsdp, _ = p.dcn
     if data * fsdp == 1:
         return []
@@ -314,11 +316,12 @@ def dcn_traffic(s, p: Plan) -> list[tuple[str, float, str]]:
     micro = learner.minibatch_size // p.micro_batch if 0 < p.micro_batch < learner.minibatch_size else 1
     shard = p.rows[1 if s.lora.enabled else 0].bytes  # a device's float32 gradient (under LoRA the adapters')
     out = []
-    if data > 1:  # summed inside each replica unless tensor > 1 (`rrc_jax.rl.learner.replica_local`)
-        reductions = updates * (1 if p.mesh[2] == 1 else micro)
+    if data > 1:  # summed inside each replica where the learner can (`sharding.replica_sums`)
+        once = replica_sums(p.mesh[0], p.mesh[2], learner.minibatch_size, micro)
+        reductions = updates * (1 if once else micro)
         out.append(("gradients over DCN", reductions * 2 * (data - 1) / data * shard,
                     f"{shard / GiB:.2f} GiB a device all-reduced over {data} slices, {reductions} times (once an "
-                    f"update{'' if p.mesh[2] == 1 else ' and micro-batch: tensor > 1'})"))
+                    f"update{'' if once else ' and micro-batch'})"))
     if fsdp > 1:
         passes = updates * micro * 3 + int(learner.mu > 1 or learner.minibatch_size < rows) + int(s.grpo.beta > 0)
         gathered = gather_traffic_bytes(policy, "float32", p.mesh) * (fsdp - 1) / fsdp

@@ -15,9 +15,10 @@ sharded like the parameters, gradients follow); the model object is pointed at t
 holding it see them. Batches come as arrays with their rows over `(data, fsdp)` (`rrc_jax.sharding.put_batch`).
 Metrics stay on device until the caller reads them.
 
-On a mesh with `data` replicas (across slices by default, `rrc_jax.sharding.MeshConfig.dcn`) and no tensor
-parallelism (`replica_local`), each replica computes (and accumulates) its own rows' sums (`jax.shard_map` over `data`, `fsdp` and `tensor` left to XLA), a
-micro-batch taking every device's share of the replica's rows, and the replicas' sums are reduced once per update:
+On a mesh with `data` replicas (across slices by default, `rrc_jax.sharding.MeshConfig.dcn`), where
+`rrc_jax.sharding.replica_sums` allows (no tensor parallelism, micro-batches that divide a replica's rows), each
+replica computes (and accumulates) its own rows' sums (`jax.shard_map` over `data`, `fsdp` and `tensor` left to XLA),
+a micro-batch taking every device's share of the replica's rows, and the replicas' sums are reduced once per update:
 each gradient shard crosses the data axis (the data-center network) once per update, whatever the micro-batches.
 """
 
@@ -36,7 +37,7 @@ from flax import nnx
 from rrc_jax.models import Decoder
 from rrc_jax.models.lora import trainable
 from rrc_jax.settings import at_least, field_error, one_of, unset
-from rrc_jax.sharding import constrain, mesh_of
+from rrc_jax.sharding import constrain, mesh_of, replica_sums
 
 LossFn = Callable[[Decoder, dict], tuple[jax.Array, dict]]
 SCHEDULES = ("constant", "cosine")
@@ -150,15 +151,6 @@ def _accumulate(step, params, rest, micro, reductions: dict[str, str], reduce=No
     return mean(loss, total), metrics, jax.tree.map(lambda g: mean(g, total), grads)
 
 
-def replica_local(mesh) -> bool:
-    """Whether the update sums each `data` replica's rows on its own (`_replica_accumulate`): on a mesh with data
-    replicas and no tensor parallelism. With `tensor` > 1 XLA's SPMD partitioner fails a check partitioning the
-    embedding's gather inside a program manual over `data` alone (jax 0.10); there the gradients are reduced over
-    `data` with each micro-batch's; so they are too when a replica's rows do not divide into the micro-batches (a
-    micro-batch smaller than the replicas)."""
-    return mesh is not None and mesh.shape["data"] > 1 and mesh.shape["tensor"] == 1
-
-
 def _replica_accumulate(step, params, rest, batch, reductions: dict[str, str], n_micro: int, mesh):
     """`_accumulate` inside each of `mesh`'s `data` replicas (`jax.shard_map` manual over `data` only): a replica's
     rows `[rows / data, ...]` cut into `n_micro` strided micro-batches (micro-batch i: its rows i, i + n_micro, ...,
@@ -177,7 +169,7 @@ def _replica_accumulate(step, params, rest, batch, reductions: dict[str, str], n
 def _update(params, opt_state, rest, batch, *, graphdef, tx, loss_fn, n_micro, mesh=None):
     step = functools.partial(_weighted_loss_and_grads, graphdef=graphdef, loss_fn=loss_fn)
     reductions = getattr(loss_fn, "reductions", {})
-    if replica_local(mesh) and _rows(batch) % (mesh.shape["data"] * n_micro) == 0:
+    if mesh is not None and replica_sums(mesh.shape["data"], mesh.shape["tensor"], _rows(batch), n_micro):
         loss, metrics, grads = _replica_accumulate(step, params, rest, batch, reductions, n_micro, mesh)
     elif n_micro == 1:
         _, loss, metrics, grads = step(params, rest, batch)
