@@ -57,20 +57,24 @@ def _steps(workdir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_two_hosts_train_resume_after_sigkill_and_resume_on_one_device(tmp_path, toy_cache):
-    # Process 0 builds the toy world if no earlier test has (the other waits at a barrier); the first run makes
-    # the anchors (process 0 writes, both hold them), the restarts read them.
-    common = {"steps": 3, "checkpoint.save_every": 2, "eval.every": 0, "eval.judge_votes": 0}
-    workdir = tmp_path / "run"
-    procs = _launch(workdir, toy_cache, 2, 4, **common)
+def _kill_past_checkpoint(procs, workdir: Path, step: int) -> None:
+    """SIGKILL every process of a run on `workdir` once its step-`step` checkpoint is committed."""
     deadline = time.time() + 600
-    while not (workdir / "checkpoints" / "2").is_dir() and all(p.poll() is None for p in procs) and \
+    while not (workdir / "checkpoints" / str(step)).is_dir() and all(p.poll() is None for p in procs) and \
             time.time() < deadline:
         time.sleep(0.05)
     for p in procs:
         p.send_signal(signal.SIGKILL)
     _wait(procs)
-    assert (workdir / "checkpoints" / "2").is_dir(), _logs(workdir)[-3000:]
+    assert (workdir / "checkpoints" / str(step)).is_dir(), _logs(workdir)[-3000:]
+
+
+def test_two_hosts_train_resume_after_sigkill_and_resume_on_one_device(tmp_path, toy_cache):
+    # Process 0 builds the toy world if no earlier test has (the other waits at a barrier); the first run makes
+    # the anchors (process 0 writes, both hold them), the restarts read them.
+    common = {"steps": 3, "checkpoint.save_every": 2, "eval.every": 0, "eval.judge_votes": 0}
+    workdir = tmp_path / "run"
+    _kill_past_checkpoint(_launch(workdir, toy_cache, 2, 4, **common), workdir, 2)
     assert not (workdir / "checkpoints" / "3").exists(), "killed too late: the run had finished"
 
     codes = _wait(_launch(workdir, toy_cache, 2, 4, **common))

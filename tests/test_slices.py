@@ -6,17 +6,15 @@ slice index) to the one-slice run's metrics and resuming exactly after a SIGKILL
 import dataclasses
 import json
 import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import cpu_devices_env, read_metrics
 from test_faults import assert_same_metrics
-from test_multihost import _launch, _logs, _wait
+from test_multihost import _kill_past_checkpoint, _launch, _logs, _wait
 
 from rrc_jax import plan, sharding
 from rrc_jax.errors import ConfigError
@@ -99,15 +97,8 @@ def test_two_slices_train_as_one_slice_and_resume_exactly_after_sigkill(tmp_path
     common = {"steps": 3, "checkpoint.save_every": 2, "eval.every": 2, "eval.judge_votes": 0}
     one, two = tmp_path / "one", tmp_path / "two"
     assert _wait(_launch(one, toy_cache, 2, 4, **common, **{"mesh.data": 2})) == [0, 0], _logs(one)[-3000:]
-    procs = _launch(two, toy_cache, 2, 4, **common, **{"mesh.dcn": "2,1,1"})
-    deadline = time.time() + 600
-    while not (two / "checkpoints" / "2").is_dir() and all(p.poll() is None for p in procs) and \
-            time.time() < deadline:
-        time.sleep(0.05)
-    for p in procs:
-        p.send_signal(signal.SIGKILL)
-    _wait(procs)
-    assert (two / "checkpoints" / "2").is_dir() and not (two / "checkpoints" / "3").exists(), _logs(two)[-3000:]
+    _kill_past_checkpoint(_launch(two, toy_cache, 2, 4, **common, **{"mesh.dcn": "2,1,1"}), two, 2)
+    assert not (two / "checkpoints" / "3").exists(), _logs(two)[-3000:]
     assert _wait(_launch(two, toy_cache, 2, 4, **common, **{"mesh.dcn": "2,1,1"})) == [0, 0], _logs(two)[-3000:]
     logs = _logs(two)
     assert "resumed from the checkpoint of step 2" in logs and "2 slices" in logs

@@ -122,7 +122,6 @@ def report(s, topo: Topology | str, slices: int = 1) -> str:
         return out
     candidates = _candidates(s, p.topology)
     fitting = [c for c in candidates if c.fits]
-    flags = _flags
     if not fitting:
         usable = [c for c in candidates if not c.problems]
         low = min(usable, key=lambda c: c.peak_bytes, default=None)
@@ -130,18 +129,18 @@ def report(s, topo: Topology | str, slices: int = 1) -> str:
         out += (f"\nsuggestion: nothing fits on {p.topology.name} (any mesh, micro-batch size, remat); use more "
                 f"devices, shorter sequences{bf16}" + (
                     f". The smallest peak, {low.peak_bytes / GiB:.2f} GiB ({low.largest_phase}), is with "
-                    f"{flags(low)}" if low else ""))
+                    f"{_flags(low)}" if low else ""))
         more = slices_needed(s, p.topology) if p.topology.slices == 1 else None
         if more:
             q, across = more
             what = "data" if across.endswith(",1,1") else "FSDP"
             out += (f"\nslices: it fits {q.topology.name} with {what} "
-                    f"across slices: --slices={q.topology.slices} --config.mesh.dcn={across} {flags(q)} "
+                    f"across slices: --slices={q.topology.slices} --config.mesh.dcn={across} {_flags(q)} "
                     f"({q.peak_bytes / GiB:.2f} of {q.topology.hbm_bytes / GiB:.2f} GiB); "
                     f"python -m rrc_jax.plan ... --slices={q.topology.slices} plans its step")
         return out
     s = min(fitting, key=_preference)
-    return out + f"\nsuggestion: {flags(s)} ({s.peak_bytes / GiB:.2f} of {s.topology.hbm_bytes / GiB:.2f} GiB)"
+    return out + f"\nsuggestion: {_flags(s)} ({s.peak_bytes / GiB:.2f} of {s.topology.hbm_bytes / GiB:.2f} GiB)"
 
 
 def _flags(p: Plan) -> str:

@@ -342,13 +342,12 @@ def dcn_traffic(s, p: Plan) -> list[tuple[str, float, str]]:
     return out
 
 
-def dcn_line(s, p: Plan, times: list[PhaseTime]) -> str:
-    """On several slices: the bytes a chip sends over DCN a step, their seconds and whether DCN bounds the step
-    (its phases the longest of the step's)."""
+def dcn_line(p: Plan, times: list[PhaseTime]) -> str:
+    """On several slices: the bytes a chip sends over DCN a step (its DCN phases' seconds at `dcn_bw`), their seconds
+    and whether DCN bounds the step (its phases the longest of the step's)."""
     topo, total = p.topology, sum(t.seconds for t in times)
-    dcn = [t for t in times if t.bound == "DCN"]
-    sent = sum(b for _, b, _ in dcn_traffic(s, p))
-    seconds = sum(t.seconds for t in dcn)
+    seconds = sum(t.seconds for t in times if t.bound == "DCN")
+    sent = seconds * topo.dcn_bw
     longest = max((t for t in times if t.bound != "DCN"), key=lambda t: t.seconds)
     across = f"mesh.dcn data={p.dcn[0]} fsdp={p.dcn[1]} tensor={p.dcn[2]}"
     bound = (f"yes: more than its longest other phase, {longest.name} ({longest.seconds:.2f} s)" if seconds >
@@ -472,7 +471,7 @@ def format_times(s, p: Plan) -> str:
     lines += [f"{t.name:<30} {t.seconds:>10.2f}  {t.bound:<12} {t.detail}" for t in times]
     lines.append(f"{'step':<30} {total:>10.2f}")
     if p.topology.slices > 1:
-        lines.append(dcn_line(s, p, times))
+        lines.append(dcn_line(p, times))
     if "grm" in p.layouts:
         w = judge_work(s, s.reward.judge_load(s), s.rollout.prompts_per_step)
         flat = sum(t.seconds for t in step_times(with_judge(s, continuous=False), p, tree=False))
