@@ -161,6 +161,27 @@ def test_plan_command_prints_dcn_time_on_two_slices():
     assert "(once an update)" in next(x for x in out.stdout.splitlines() if x.startswith("gradients over DCN"))
 
 
+def test_a_70b_policy_that_fits_no_single_v5e_256_is_planned_on_two():
+    """Llama-3-70B sampling from its master (`rl.share_weights`) on 512 prompts a step: its rollout cache and
+    activations fit no mesh, micro-batch size or remat of one v5e-256; the report names how many slices do (data
+    across them: half the rows a slice) and its flags, and those flags plan a step that fits, gradients the only
+    bytes over DCN and DCN not what bounds the step."""
+    s = _settings(**{"models.policy": "llama3-70b", "rl.share_weights": True, "rl.prompts_per_step": 512})
+    one = plan.report(s, "v5e-256").splitlines()
+    assert "fits: no" in "\n".join(one) and any(x.startswith("suggestion: nothing fits on v5e-256") for x in one)
+    line = next(x for x in one if x.startswith("slices: "))
+    assert line.startswith("slices: it fits 2 x v5e-256 with data across slices: --slices=2 --config.mesh.dcn=2,1,1 ")
+    flags = dict(f.removeprefix("--config.").split("=") for f in line.split(": ", 2)[2].split(" (")[0].split()
+                 if f.startswith("--config."))
+    flags = {k: v if k == "mesh.dcn" else json.loads(v.lower()) for k, v in flags.items()}  # as absl's flags read them
+    assert flags["mesh.dcn"] == "2,1,1" and flags["mesh.data"] * flags["mesh.fsdp"] * flags["mesh.tensor"] == 256
+    two = plan.report(_settings(**{"models.policy": "llama3-70b", "rl.share_weights": True,
+                                   "rl.prompts_per_step": 512, **flags}), "v5e-256", slices=2).splitlines()
+    assert "2 x v5e-256: 512 devices" in two[0] and "fits: yes" in "\n".join(two)
+    assert [x.split()[0] for x in two if "over DCN" in x.split("  ")[0]] == ["gradients"]
+    assert "DCN bounds the step: no" in next(x for x in two if x.startswith("DCN over 2 slices"))
+
+
 def test_a_70b_policy_that_fits_no_single_v5e_128_is_planned_on_two():
     """Full fine-tuning of Llama-3-70B sampling from its master (`rl.share_weights`): no mesh, micro-batch size or
     remat fits one v5e-128; FSDP across two slices halves every chip's parameters, optimizer state and rows."""

@@ -6,6 +6,7 @@ before it read questions as a tree)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import NamedTuple
@@ -58,6 +59,7 @@ class JudgeWork(NamedTuple):
         return math.prod(self.chunk)
 
 
+@functools.lru_cache(maxsize=64)  # every candidate mesh of a plan asks the same call
 def judge_chunk(load: JudgeLoad, prompts: int, max_batch: int, lengths: tuple[int, int, int], extra: int = 0,
                 max_slots: int | None = None) -> tuple[int, int, int, int]:
     """(P, F, S, C) of the one chunk shape the engine runs `prompts` prompts' questions in, each asking as `load`
