@@ -166,8 +166,8 @@ def test_a_70b_policy_that_fits_no_single_v5e_256_is_planned_on_two():
     activations fit no mesh, micro-batch size or remat of one v5e-256; the report names how many slices do (data
     across them: half the rows a slice) and its flags, and those flags plan a step that fits, gradients the only
     bytes over DCN and DCN not what bounds the step."""
-    s = _settings(**{"models.policy": "llama3-70b", "rl.share_weights": True, "rl.prompts_per_step": 512})
-    one = plan.report(s, "v5e-256").splitlines()
+    run = {"models.policy": "llama3-70b", "rl.share_weights": True, "rl.prompts_per_step": 512}
+    one = plan.report(_settings(**run), "v5e-256").splitlines()
     assert "fits: no" in "\n".join(one) and any(x.startswith("suggestion: nothing fits on v5e-256") for x in one)
     line = next(x for x in one if x.startswith("slices: "))
     assert line.startswith("slices: it fits 2 x v5e-256 with data across slices: --slices=2 --config.mesh.dcn=2,1,1 ")
@@ -175,8 +175,7 @@ def test_a_70b_policy_that_fits_no_single_v5e_256_is_planned_on_two():
                  if f.startswith("--config."))
     flags = {k: v if k == "mesh.dcn" else json.loads(v.lower()) for k, v in flags.items()}  # as absl's flags read them
     assert flags["mesh.dcn"] == "2,1,1" and flags["mesh.data"] * flags["mesh.fsdp"] * flags["mesh.tensor"] == 256
-    two = plan.report(_settings(**{"models.policy": "llama3-70b", "rl.share_weights": True,
-                                   "rl.prompts_per_step": 512, **flags}), "v5e-256", slices=2).splitlines()
+    two = plan.report(_settings(**run, **flags), "v5e-256", slices=2).splitlines()
     assert "2 x v5e-256: 512 devices" in two[0] and "fits: yes" in "\n".join(two)
     assert [x.split()[0] for x in two if "over DCN" in x.split("  ")[0]] == ["gradients"]
     assert "DCN bounds the step: no" in next(x for x in two if x.startswith("DCN over 2 slices"))
